@@ -1,0 +1,118 @@
+"""Every `PAI_*` setting, read from the environment in this one place.
+
+Services call `load_settings()` once at start-up and pass the result down;
+nothing else reads `os.environ` for platform settings.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_SECRET = "pai-dev-secret-change-me"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names it."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must not be negative, got {value}")
+    return value
+
+
+def _port_range(raw: str) -> tuple[int, int]:
+    try:
+        low_text, high_text = raw.split("-", 1)
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        raise ConfigError(f"PAI_PORT_RANGE must look like 15000-40000, got {raw!r}") from None
+    if not 1 <= low <= high <= 65535:
+        raise ConfigError(f"PAI_PORT_RANGE {raw!r} is not a valid port range")
+    return low, high
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str = DEFAULT_REDIS_URL
+    api_host: str = "127.0.0.1"
+    api_port: int = 9186
+    secret_key: str = DEFAULT_SECRET
+    dev_mode: bool = True
+    admin_user: str = "admin"
+    admin_password: str = "admin-password"
+    node_name: str = field(default_factory=socket.gethostname)
+    node_ip: str = "127.0.0.1"
+    node_virtual_gpus: int | None = None
+    node_cpus: int | None = None
+    node_memory_mb: int | None = None
+    storage_roots: tuple[str, ...] = ()
+    port_range: tuple[int, int] = (15000, 40000)
+    docker_host: str | None = None
+    monitor_port: int = 9187
+    heartbeat_seconds: float = 5.0
+    node_lost_seconds: float = 30.0
+    launch_timeout_seconds: float = 120.0
+    log_max_lines: int = 100_000
+
+    @property
+    def default_fs_uri(self) -> str:
+        """The first storage root, as OpenPAI's `$PAI_DEFAULT_FS_URI`."""
+        return self.storage_roots[0] if self.storage_roots else ""
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    defaults = Settings()
+    roots_raw = env.get("PAI_STORAGE_ROOTS", "")
+    roots = tuple(
+        os.path.normpath(r.strip().removeprefix("file://"))
+        for r in roots_raw.split(",") if r.strip()
+    )
+    for root in roots:
+        if not os.path.isabs(root):
+            raise ConfigError(f"PAI_STORAGE_ROOTS entries must be absolute paths, got {root!r}")
+    dev_mode = _bool(env, "PAI_DEV_MODE") if "PAI_DEV_MODE" in env else True
+    settings = Settings(
+        redis_url=env.get("PAI_REDIS_URL") or defaults.redis_url,
+        api_host=env.get("PAI_API_HOST") or defaults.api_host,
+        api_port=_int(env, "PAI_API_PORT", defaults.api_port) or defaults.api_port,
+        secret_key=env.get("PAI_SECRET_KEY") or DEFAULT_SECRET,
+        dev_mode=dev_mode,
+        admin_user=env.get("PAI_ADMIN_USER") or defaults.admin_user,
+        admin_password=env.get("PAI_ADMIN_PASSWORD") or defaults.admin_password,
+        node_name=env.get("PAI_NODE_NAME") or defaults.node_name,
+        node_ip=env.get("PAI_NODE_IP") or defaults.node_ip,
+        node_virtual_gpus=_int(env, "PAI_NODE_VIRTUAL_GPUS", None),
+        node_cpus=_int(env, "PAI_NODE_CPUS", None),
+        node_memory_mb=_int(env, "PAI_NODE_MEMORY_MB", None),
+        storage_roots=roots,
+        port_range=_port_range(env["PAI_PORT_RANGE"]) if env.get("PAI_PORT_RANGE")
+        else defaults.port_range,
+        docker_host=env.get("PAI_DOCKER_HOST") or env.get("DOCKER_HOST") or None,
+        monitor_port=_int(env, "PAI_MONITOR_PORT", defaults.monitor_port) or defaults.monitor_port,
+        heartbeat_seconds=float(env.get("PAI_HEARTBEAT_SECONDS") or defaults.heartbeat_seconds),
+        node_lost_seconds=float(env.get("PAI_NODE_LOST_SECONDS") or defaults.node_lost_seconds),
+        launch_timeout_seconds=float(
+            env.get("PAI_LAUNCH_TIMEOUT_SECONDS") or defaults.launch_timeout_seconds),
+        log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
+        or defaults.log_max_lines,
+    )
+    if not settings.dev_mode and settings.secret_key == DEFAULT_SECRET:
+        raise ConfigError("PAI_SECRET_KEY must be set to a secret of your own outside dev mode")
+    return settings

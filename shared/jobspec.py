@@ -1,0 +1,400 @@
+"""The v1 job config (OpenPAI's JSON protocol): validation and normalization.
+
+The API validates every submitted config here, once, and stores the result;
+every later reader (scheduler, launcher, monitor) trusts the stored config
+and never re-checks it. So this module is strict where a mistake would
+otherwise surface late (a typo'd field, a path outside the storage roots, a
+`true` where a count belongs) and reports every problem at once, because a
+user fixing one error per round trip is a user lost. Every list and string
+is capped so that hostile input costs no more than its own size.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+
+MAX_TASK_ROLES = 100
+MAX_TASKS_PER_ROLE = 1000
+MAX_TOTAL_TASKS = 10_000
+MAX_CPUS = 1024
+MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
+MAX_GPUS = 64
+MAX_PORT_LABELS = 100
+MAX_PORTS_PER_LABEL = 100
+MAX_RETRIES = 100
+MAX_ENVS = 1000
+MAX_COMMAND_CHARS = 64 * 1024
+MAX_PATH_CHARS = 4096
+DEFAULT_SHM_MB = 64
+
+IGNORED_ENVS = ("isDebug", "paiAzRDMA")
+
+_JOB_NAME = r"^[A-Za-z0-9._~-]+$"
+_ROLE_NAME = r"^[A-Za-z0-9._~]+$"
+_VC_NAME = r"^[A-Za-z0-9_-]+$"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+_PAI_VAR = re.compile(r"\$(?:\{(PAI_\w+)\}|(PAI_\w+))")
+_JSON_COMMENT = re.compile(
+    r'(?P<string>"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z))'
+    r"|(?P<line>//[^\n]*+)"
+    r"|(?P<block>/\*.*?(?:\*/|\Z))",
+    re.DOTALL,
+)
+
+
+class InvalidJobConfig(ValueError):
+    """A rejected config; `fields` names every offending field by dotted path,
+    so the API can answer 400 with all of them and the CLI can print them."""
+
+    def __init__(self, message: str, fields: dict[str, list[str]]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+
+@dataclass(frozen=True)
+class ValidatedConfig:
+    """What a job runs from, plus which of the user's fields it will not act on
+    (so the response can say so instead of silently dropping them)."""
+
+    config: dict[str, Any]
+    ignored: list[str]
+
+
+# ---------------------------------------------------------------- fields
+
+
+def _pattern(regex: str) -> validate.Regexp:
+    return validate.Regexp(regex, error=f"Must match {regex}.")
+
+
+def _not_blank(value: str) -> None:
+    if not value.strip():
+        raise ValidationError("Must not be blank.")
+
+
+def _not_dot_segment(value: str) -> None:
+    # The job name becomes a path segment of the default output folder.
+    if value in (".", ".."):
+        raise ValidationError("Must not be '.' or '..'.")
+
+
+class _Int(fields.Integer):
+    """JSON has one number type, so `2.0` is a whole number; `true` and `"2"`
+    are not, although Python and marshmallow would happily coerce them."""
+
+    def _validated(self, value: Any) -> int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.make_error("invalid", input=value)
+        return value
+
+
+class _BoundedList(fields.List):
+    """Checks the length before touching any item (a million-entry list is
+    rejected in O(1)) and keeps failed items as placeholders, so indices in
+    the loaded data match the user's indices for cross-item checks."""
+
+    def __init__(self, inner: fields.Field, *, min_items: int, max_items: int,
+                 **kwargs: Any) -> None:
+        super().__init__(inner, **kwargs)
+        self._length = validate.Length(min=min_items, max=max_items)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Mapping[str, Any] | None,
+                     **kwargs: Any) -> list[Any]:
+        if not isinstance(value, list | tuple):
+            raise self.make_error("invalid")
+        self._length(value)
+        result: list[Any] = []
+        errors: dict[int, Any] = {}
+        for index, item in enumerate(value):
+            try:
+                result.append(self.inner.deserialize(item, **kwargs))
+            except ValidationError as error:
+                result.append(error.valid_data if isinstance(error.valid_data, dict) else None)
+                errors[index] = error.messages
+        if errors:
+            raise ValidationError(errors, valid_data=result)
+        return result
+
+
+def _env_value_ok(value: Any) -> bool:
+    if isinstance(value, bool | int | str):
+        return True
+    return isinstance(value, float) and value == value and abs(value) != float("inf")
+
+
+class _EnvVars(fields.Field):
+    """Every value lands in a container's environment, so keys must be real
+    variable names and values scalars (a nested object has no env form)."""
+
+    default_error_messages = {"invalid": "Must be an object of environment variables."}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Mapping[str, Any] | None,
+                     **kwargs: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.make_error("invalid")
+        if len(value) > MAX_ENVS:
+            raise ValidationError(f"At most {MAX_ENVS} variables are allowed.")
+        errors: dict[str, list[str]] = {}
+        for key, item in value.items():
+            problems = []
+            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+                problems.append("Not a valid environment variable name.")
+            if not _env_value_ok(item):
+                problems.append("Must be a string, number or boolean.")
+            if problems:
+                errors[str(key)] = problems
+        if errors:
+            raise ValidationError(errors)
+        return dict(value)
+
+
+def _path_field() -> fields.String:
+    return fields.String(validate=validate.Length(max=MAX_PATH_CHARS))
+
+
+# ---------------------------------------------------------------- schemas
+
+
+class _StrictSchema(Schema):
+    """Unknown fields raise: a typo'd `memoryMb` must not silently become a default."""
+
+    class Meta:
+        unknown = RAISE
+
+    error_messages = {"type": "Must be an object."}
+
+
+class _PortSchema(_StrictSchema):
+    label = fields.String(required=True, validate=[
+        validate.Length(min=1, max=64), _pattern(_ROLE_NAME),
+        validate.NoneOf(["default"], error="'default' is reserved for the task's own port."),
+    ])
+    beginAt = _Int(load_default=0, validate=validate.Range(min=0, max=65535))
+    portNumber = _Int(required=True, validate=validate.Range(min=1, max=MAX_PORTS_PER_LABEL))
+
+
+class _TaskRoleSchema(_StrictSchema):
+    name = fields.String(required=True,
+                         validate=[validate.Length(min=1, max=64), _pattern(_ROLE_NAME)])
+    taskNumber = _Int(required=True, validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
+    cpuNumber = _Int(required=True, validate=validate.Range(min=1, max=MAX_CPUS))
+    memoryMB = _Int(required=True, validate=validate.Range(min=100, max=MAX_MEMORY_MB))
+    gpuNumber = _Int(load_default=0, validate=validate.Range(min=0, max=MAX_GPUS))
+    shmMB = _Int(validate=validate.Range(min=0, max=MAX_MEMORY_MB))
+    portList = _BoundedList(fields.Nested(_PortSchema), min_items=0, max_items=MAX_PORT_LABELS,
+                            load_default=list)
+    command = fields.String(required=True, validate=[
+        validate.Length(min=1, max=MAX_COMMAND_CHARS), _not_blank])
+    minFailedTaskCount = _Int(allow_none=True, load_default=None,
+                              validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
+    minSucceededTaskCount = _Int(allow_none=True, load_default=None,
+                                 validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
+
+    @validates_schema(skip_on_field_errors=False)
+    def _cross_fields(self, data: dict[str, Any], **kwargs: Any) -> None:
+        # Runs even when other fields failed, so every mistake is named at once;
+        # a field that failed is simply absent from `data`.
+        errors: dict[str, Any] = {}
+        memory, shm, tasks = data.get("memoryMB"), data.get("shmMB"), data.get("taskNumber")
+        if memory is not None and shm is not None and shm > memory:
+            errors["shmMB"] = [f"Must not exceed memoryMB ({memory})."]
+        for key in ("minFailedTaskCount", "minSucceededTaskCount"):
+            count = data.get(key)
+            if count is not None and tasks is not None and count > tasks:
+                errors[key] = [f"Must be between 1 and taskNumber ({tasks})."]
+        seen: set[str] = set()
+        for index, port in enumerate(data.get("portList") or []):
+            label = port.get("label") if port else None
+            if label is not None and label in seen:
+                errors.setdefault("portList", {})[index] = {
+                    "label": [f"Duplicate label {label!r} in this task role."]}
+            if label is not None:
+                seen.add(label)
+        if errors:
+            raise ValidationError(errors)
+
+
+class _JobSchema(_StrictSchema):
+    jobName = fields.String(required=True, validate=[
+        validate.Length(min=1, max=255), _pattern(_JOB_NAME), _not_dot_segment])
+    image = fields.String(required=True,
+                          validate=[validate.Length(min=1, max=1024), _not_blank])
+    dataDir = _path_field()
+    outputDir = _path_field()
+    codeDir = _path_field()
+    authFile = fields.String(validate=validate.Length(max=MAX_PATH_CHARS))
+    virtualCluster = fields.String(load_default="default",
+                                   validate=[validate.Length(max=64), _pattern(_VC_NAME)])
+    retryCount = _Int(load_default=0, validate=validate.Range(min=0, max=MAX_RETRIES))
+    killAllOnCompletedTaskNumber = _Int(load_default=0,
+                                        validate=validate.Range(min=0, max=MAX_TOTAL_TASKS))
+    jobEnvs = _EnvVars(load_default=dict)
+    gpuType = fields.String(allow_none=True, validate=validate.Length(max=255))
+    extras = fields.Dict(load_default=dict)
+    taskRoles = _BoundedList(fields.Nested(_TaskRoleSchema), required=True,
+                             min_items=1, max_items=MAX_TASK_ROLES)
+
+    @validates_schema(skip_on_field_errors=False)
+    def _cross_roles(self, data: dict[str, Any], **kwargs: Any) -> None:
+        # Failed roles are `None` or partial dicts at their own index (see
+        # _BoundedList), so the checks below use only what did validate.
+        roles = [r or {} for r in data.get("taskRoles") or []]
+        errors: dict[str, Any] = {}
+        seen: set[str] = set()
+        for index, role in enumerate(roles):
+            name = role.get("name")
+            if name is not None and name in seen:
+                errors.setdefault("taskRoles", {})[index] = {
+                    "name": [f"Duplicate task role name {name!r}."]}
+            if name is not None:
+                seen.add(name)
+        counts = [role.get("taskNumber") for role in roles]
+        known = sum(c for c in counts if c is not None)
+        if known > MAX_TOTAL_TASKS:
+            errors.setdefault("taskRoles", {})["_schema"] = [
+                f"A job may have at most {MAX_TOTAL_TASKS} tasks in all, not {known}."]
+        kill_all = data.get("killAllOnCompletedTaskNumber")
+        if roles and None not in counts and kill_all is not None and kill_all > known:
+            errors["killAllOnCompletedTaskNumber"] = [
+                f"Must not exceed the job's total task number ({known})."]
+        if errors:
+            raise ValidationError(errors)
+
+
+_SCHEMA = _JobSchema()
+
+
+# ---------------------------------------------------------------- paths
+
+
+def _under(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
+def _resolve_dir(value: str, roots: Sequence[str]) -> tuple[str, str | None]:
+    """Returns the host path a dir will be bind-mounted from, or an error.
+
+    Only the form is checked: the API may not see the shared storage.
+    """
+    if value.startswith("hdfs://"):
+        return value, None  # Passed to the job in its environment, never mounted.
+    path = value.removeprefix("file://")
+    if "\x00" in path:
+        return value, "must not contain NUL characters"
+    if not path.startswith("/"):
+        return value, f"{value!r} must be an absolute path, a file:// URI or an hdfs:// URI"
+    if ".." in path.split("/"):
+        return value, f"{value!r} must not contain a '..' segment"
+    # POSIX keeps a leading '//' through normpath; a root check must not see it.
+    normal = "/" + posixpath.normpath(path).lstrip("/")
+    if not roots:
+        return value, "cannot be used: no storage roots are configured (PAI_STORAGE_ROOTS)"
+    if not any(_under(normal, root) for root in roots):
+        return value, (f"{normal!r} must be under one of the storage roots: "
+                       f"{', '.join(roots)}")
+    return normal, None
+
+
+def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
+                  errors: dict[str, list[str]], *, default_output: bool) -> None:
+    variables = {"PAI_DEFAULT_FS_URI": roots[0] if roots else "",
+                 "PAI_USERNAME": username, "PAI_USER_NAME": username}
+    if "jobName" in config:
+        variables["PAI_JOB_NAME"] = config["jobName"]
+
+    def substitute(match: re.Match[str]) -> str:
+        return variables.get(match.group(1) or match.group(2), match.group(0))
+
+    if default_output and not config.get("outputDir"):
+        config["outputDir"] = (posixpath.join(roots[0], username, config["jobName"], "output")
+                               if roots else "")
+    for key in ("dataDir", "outputDir", "codeDir"):
+        value = config.get(key)
+        if not value:
+            continue
+        resolved, error = _resolve_dir(_PAI_VAR.sub(substitute, value), roots)
+        if error:
+            errors.setdefault(key, []).append(error)
+        else:
+            config[key] = resolved
+
+
+# ---------------------------------------------------------------- public
+
+
+def _flatten(messages: Any, path: str, out: dict[str, list[str]]) -> None:
+    """marshmallow nests errors ({"taskRoles": {0: {"memoryMB": [...]}}}); the
+    API promises one flat map of dotted paths, which a user can read."""
+    if isinstance(messages, dict):
+        for key, sub in messages.items():
+            if key == "_schema":
+                _flatten(sub, path, out)
+            else:
+                _flatten(sub, f"{path}.{key}" if path else str(key), out)
+    elif isinstance(messages, list | tuple):
+        for item in messages:
+            _flatten(item, path, out)
+    else:
+        out.setdefault(path or "_schema", []).append(str(messages))
+
+
+def _rejected(fields_: dict[str, list[str]]) -> InvalidJobConfig:
+    count = len(fields_)
+    noun = "field" if count == 1 else "fields"
+    return InvalidJobConfig(f"job config has {count} invalid {noun}", fields_)
+
+
+def validate_job_config(
+    raw: Any, *, username: str, storage_roots: Sequence[str]
+) -> ValidatedConfig:
+    """Validate and normalize a submitted config, or raise InvalidJobConfig
+    naming every offending field. Never raises anything else, whatever `raw`
+    is, because `raw` is whatever a client sent."""
+    if not isinstance(raw, dict):
+        raise InvalidJobConfig("job config must be a JSON object",
+                               {"_schema": ["Job config must be a JSON object."]})
+    if raw.get("virtualCluster") == "":
+        raw = {**raw, "virtualCluster": "default"}  # OpenPAI's portal sends "" for it.
+    roots = [r if r == "/" else r.rstrip("/") for r in
+             ("/" + posixpath.normpath(r).lstrip("/") for r in storage_roots)]
+    errors: dict[str, list[str]] = {}
+    try:
+        config: dict[str, Any] = _SCHEMA.load(raw)
+        valid = True
+    except ValidationError as error:
+        _flatten(error.messages, "", errors)
+        config = error.valid_data if isinstance(error.valid_data, dict) else {}
+        valid = False
+    _resolve_dirs(config, username, roots, errors, default_output=valid)
+    if errors:
+        raise _rejected(errors)
+    for role in config["taskRoles"]:
+        role.setdefault("shmMB", min(DEFAULT_SHM_MB, role["memoryMB"]))
+    ignored = ["authFile"] if "authFile" in config else []
+    ignored += [f"jobEnvs.{name}" for name in IGNORED_ENVS if name in config["jobEnvs"]]
+    return ValidatedConfig(config=config, ignored=ignored)
+
+
+def strip_json_comments(text: str) -> str:
+    """OpenPAI's documents show job JSON with // and /* */ comments, and users
+    copy them; the CLI and portal strip them before sending strict JSON.
+    Comment markers inside strings ("http://x") are kept. A block comment
+    keeps its newlines so a JSON error still points at the right line."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group("string") is not None:
+            return match.group(0)
+        if match.group("line") is not None:
+            return ""
+        return "\n" * match.group(0).count("\n") or " "
+
+    return _JSON_COMMENT.sub(replace, text)

@@ -1,0 +1,90 @@
+"""Every Redis key the platform uses, built here and nowhere else.
+
+One prefix, colons between parts, plural names for index sets. A unit test
+pins the literal strings so a rename is a conscious act.
+"""
+
+from __future__ import annotations
+
+PREFIX = "pai:"
+
+# -- jobs ---------------------------------------------------------------
+JOBS = PREFIX + "jobs"  # zset job id -> created ms: every job, newest last
+QUEUE = PREFIX + "queue"  # zset job id -> queue sequence: jobs waiting to be placed
+QUEUE_SEQ = PREFIX + "queue:seq"  # counter giving each queued attempt its place
+LAUNCHING = PREFIX + "launching"  # zset "job:attempt:role:index" -> launch deadline ms
+SCHEDULER_LOCK = PREFIX + "lock:scheduler"
+
+
+def job(job_id: str) -> str:
+    """Hash: the job record (see models.Job)."""
+    return f"{PREFIX}job:{job_id}"
+
+
+def job_config(job_id: str) -> str:
+    """String: the normalized config JSON the job runs from."""
+    return f"{PREFIX}job:{job_id}:config"
+
+
+def job_tasks(job_id: str, attempt: int) -> str:
+    """Hash: "role:index" -> task JSON, for one attempt."""
+    return f"{PREFIX}job:{job_id}:attempt:{attempt}:tasks"
+
+
+def job_attempts(job_id: str) -> str:
+    """Hash: attempt index -> attempt JSON."""
+    return f"{PREFIX}job:{job_id}:attempts"
+
+
+def job_events(job_id: str) -> str:
+    """Stream: what happened to the job, in order."""
+    return f"{PREFIX}job:{job_id}:events"
+
+
+def task_log(job_id: str, attempt: int, role: str, index: int) -> str:
+    """Stream: one task attempt's stdout+stderr lines, bounded."""
+    return f"{PREFIX}log:{job_id}:{attempt}:{role}:{index}"
+
+
+def user_jobs(username: str) -> str:
+    return f"{PREFIX}user:{username}:jobs"
+
+
+def vc_jobs(vc: str) -> str:
+    return f"{PREFIX}vc:{vc}:jobs"
+
+
+def state_jobs(state: str) -> str:
+    return f"{PREFIX}state:{state}:jobs"
+
+
+# -- nodes --------------------------------------------------------------
+NODES = PREFIX + "nodes"  # zset node name -> last heartbeat ms (the lease)
+
+
+def node(name: str) -> str:
+    """String: the node's inventory JSON (see models.Node)."""
+    return f"{PREFIX}node:{name}"
+
+
+def node_alloc(name: str) -> str:
+    """Hash: allocation key -> allocation JSON for every task holding this node."""
+    return f"{PREFIX}node:{name}:alloc"
+
+
+# -- users and virtual clusters ------------------------------------------
+USERS = PREFIX + "users"
+VCS = PREFIX + "vcs"
+
+
+def user(username: str) -> str:
+    return f"{PREFIX}user:{username}"
+
+
+def user_token_epoch(username: str) -> str:
+    """Tokens issued before this time are revoked."""
+    return f"{PREFIX}user:{username}:token-epoch"
+
+
+def vc(name: str) -> str:
+    return f"{PREFIX}vc:{name}"

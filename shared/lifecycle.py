@@ -1,0 +1,288 @@
+"""Every state change of a job and its tasks, each one compare-and-set.
+
+Each function reads the job (and the tasks of the attempt it touches) under
+WATCH, decides with the pure rules (state tables, completion policy, retry
+decision), and commits only if nothing it read changed meanwhile. So any
+service may call them, on any node, as often as a message is redelivered:
+a repeated call finds the work done and returns without writing.
+
+Side effects (Celery sends, Docker calls) belong to the callers, after these
+return.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared import keys
+from shared.completion import decide_retry, evaluate_completion
+from shared.models import (
+    Allocation,
+    Attempt,
+    Job,
+    JobSpec,
+    Task,
+    TaskPlacement,
+    attempt_task_key,
+    job_id_of,
+    now_ms,
+    task_key,
+)
+from shared.states import JobState, TaskState, check_task_move
+from shared.store import Pipe, Store
+
+LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
+
+
+def initial_tasks(spec: JobSpec) -> list[Task]:
+    return [Task(role=r.name, index=i) for r in spec.task_roles for i in range(r.task_number)]
+
+
+def submit_job(store: Store, username: str, config: dict[str, Any]) -> Job:
+    """Store a validated config as a WAITING job with attempt 0 queued."""
+    spec = JobSpec.from_config(config)
+    created = now_ms()
+    job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
+              virtual_cluster=spec.virtual_cluster, created_ms=created, version=1)
+    attempt = Attempt(index=0, created_ms=created)
+    return store.create_job(job, config, initial_tasks(spec), attempt)
+
+
+def _move_task(task: Task, target: TaskState) -> None:
+    check_task_move(task.state, target)
+    task.state = target
+
+
+@dataclass(frozen=True)
+class ExitReport:
+    """What a task exit changed, so the caller knows what to tell whom."""
+
+    task_state: TaskState
+    job_state: JobState
+    attempt_ended: bool
+    retried: bool
+    node: str | None
+
+
+def _closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: int | None,
+                    reason: str, platform: bool) -> Attempt:
+    """The job's current attempt record, ended (the caller writes it)."""
+    attempt = store.read_attempt(pipe, job.id, job.attempt) or Attempt(index=job.attempt)
+    attempt.state, attempt.exit_code, attempt.reason = state, exit_code, reason
+    attempt.completed_ms, attempt.platform_failure = now_ms(), platform
+    return attempt
+
+
+def record_task_exit(
+    store: Store, job_id: str, attempt: int, role: str, index: int, *,
+    exit_code: int, diagnostics: str = "", platform_failure: bool = False,
+) -> ExitReport | None:
+    """A task's container ended (or can never run): settle the task and job.
+
+    Returns None when the task was already settled (a repeated report).
+    """
+    job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
+
+    def decide(pipe: Pipe) -> ExitReport | None:
+        pipe.watch(tasks_key)
+        job = store.read_job(pipe, job_id)
+        tasks = store.read_tasks(pipe, job_id, attempt)
+        task = tasks.get(task_key(role, index))
+        if job is None or task is None or task.state.is_final:
+            return None
+        live = attempt == job.attempt and job.state in LIVE_JOB_STATES
+        if not live:
+            target = TaskState.STOPPED
+        else:
+            target = TaskState.SUCCEEDED if exit_code == 0 else TaskState.FAILED
+        _move_task(task, target)
+        task.exit_code, task.diagnostics = exit_code, diagnostics
+        task.platform_failure, task.completed_ms = platform_failure, now_ms()
+
+        previous, retried, ended = job.state, False, False
+        new_tasks: list[Task] = []
+        closed: Attempt | None = None
+        if job.state == JobState.STOPPING and attempt == job.attempt:
+            if all(t.state.is_final for t in tasks.values()):
+                store.bump(job, JobState.STOPPED)
+                job.completed_ms = now_ms()
+                closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
+                                         "stopped by user", False)
+                ended = True
+        elif live:
+            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
+            outcome = evaluate_completion(spec, tasks.values())
+            if outcome is not None:
+                ended = True
+                closed = _closed_attempt(store, pipe, job, outcome.state, outcome.exit_code,
+                                         outcome.reason, outcome.platform_failure)
+                decision = decide_retry(outcome, retry_count=spec.retry_count,
+                                        retries=job.retries,
+                                        platform_retries=job.platform_retries)
+                if decision.retry:
+                    retried = True
+                    store.bump(job, JobState.WAITING)
+                    job.attempt += 1
+                    if decision.counts_against_retry_count:
+                        job.retries += 1
+                    else:
+                        job.platform_retries += 1
+                    job.waiting_reason = ""
+                    new_tasks = [Task(role=t.role, index=t.index) for t in tasks.values()]
+                else:
+                    store.bump(job, outcome.state)
+                    job.completed_ms = now_ms()
+                    job.exit_code = outcome.exit_code
+                    job.exit_diagnostics = outcome.reason
+        if job.state == previous and not ended:
+            job.version += 1  # a task moved: anyone deciding on the old view must re-read
+
+        pipe.multi()
+        store.write_tasks(pipe, job_id, attempt, [task])
+        pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
+        if closed is not None:
+            store.write_attempt(pipe, job_id, closed)
+        if retried:
+            store.write_tasks(pipe, job_id, job.attempt, new_tasks)
+            store.write_attempt(pipe, job_id, Attempt(index=job.attempt, created_ms=now_ms()))
+            pipe.zadd(keys.QUEUE, {job_id: job.queue_seq})
+        store.write_job(pipe, job, previous)
+        store.add_event(pipe, job_id, "task-exit", attempt=attempt, role=role, index=index,
+                        state=task.state, exitCode=exit_code, diagnostics=diagnostics)
+        if ended:
+            store.add_event(pipe, job_id, "attempt-end", attempt=attempt, state=job.state,
+                            retried=retried)
+        return ExitReport(task.state, job.state, ended, retried, task.node)
+
+    return store.transact(decide, job_key)
+
+
+def mark_task_running(
+    store: Store, job_id: str, attempt: int, role: str, index: int, container_id: str,
+) -> bool:
+    """A task's container started. False: it belongs to no live task (stop it)."""
+    job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
+
+    def decide(pipe: Pipe) -> bool:
+        pipe.watch(tasks_key)
+        job = store.read_job(pipe, job_id)
+        tasks = store.read_tasks(pipe, job_id, attempt)
+        task = tasks.get(task_key(role, index))
+        if job is None or task is None or attempt != job.attempt:
+            return False
+        if job.state not in LIVE_JOB_STATES:
+            return False
+        if task.state == TaskState.RUNNING:
+            return True
+        if task.state != TaskState.LAUNCHING:
+            return False
+        _move_task(task, TaskState.RUNNING)
+        task.container_id, task.started_ms = container_id, now_ms()
+        previous = store.bump(job, JobState.RUNNING)
+        attempt_record = None
+        if previous == JobState.WAITING:
+            attempt_record = store.read_attempt(pipe, job_id, attempt) or Attempt(index=attempt)
+            attempt_record.started_ms = task.started_ms
+        pipe.multi()
+        store.write_tasks(pipe, job_id, attempt, [task])
+        pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
+        if attempt_record is not None:
+            store.write_attempt(pipe, job_id, attempt_record)
+        store.write_job(pipe, job, previous)
+        store.add_event(pipe, job_id, "task-running", attempt=attempt, role=role, index=index,
+                        node=task.node)
+        return True
+
+    return store.transact(decide, job_key)
+
+
+def request_stop(store: Store, job_id: str) -> Job:
+    """STOP: the job goes STOPPING (or straight to STOPPED if nothing runs)."""
+    job_key = keys.job(job_id)
+
+    def decide(pipe: Pipe) -> Job:
+        job = store.require_job(pipe, job_id)
+        if job.state not in LIVE_JOB_STATES:
+            return job
+        pipe.watch(keys.job_tasks(job_id, job.attempt))
+        tasks = store.read_tasks(pipe, job_id, job.attempt)
+        waiting = [t for t in tasks.values() if t.state == TaskState.WAITING]
+        for task in waiting:
+            _move_task(task, TaskState.STOPPED)
+            task.completed_ms = now_ms()
+        previous = store.bump(job, JobState.STOPPING)
+        job.execution_type = "STOP"
+        job.waiting_reason = ""
+        closed = None
+        if all(t.state.is_final for t in tasks.values()):
+            store.bump(job, JobState.STOPPED)
+            job.completed_ms = now_ms()
+            closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
+                                     "stopped by user", False)
+        pipe.multi()
+        store.write_tasks(pipe, job_id, job.attempt, waiting)
+        if closed is not None:
+            store.write_attempt(pipe, job_id, closed)
+        pipe.zrem(keys.QUEUE, job_id)
+        store.write_job(pipe, job, previous)
+        store.add_event(pipe, job_id, "stop-requested", state=job.state)
+        return job
+
+    return store.transact(decide, job_key)
+
+
+def commit_placement(
+    store: Store, job_id: str, *, version: int, attempt: int,
+    placements: Sequence[TaskPlacement], launch_deadline_ms: int,
+) -> bool:
+    """Bind a gang: allocations on the nodes, tasks LAUNCHING, job dequeued.
+
+    Commits only if the job is the one the placement was computed for (same
+    version, still WAITING) and no node's allocations changed meanwhile.
+    """
+    job_key = keys.job(job_id)
+    node_keys = sorted({keys.node_alloc(p.node) for p in placements})
+
+    def decide(pipe: Pipe) -> bool:
+        job = store.read_job(pipe, job_id)
+        if job is None or job.version != version or job.state != JobState.WAITING \
+                or job.attempt != attempt:
+            return False
+        tasks = store.read_tasks(pipe, job_id, attempt)
+        launched = now_ms()
+        changed = []
+        for p in placements:
+            task = tasks[task_key(p.role, p.index)]
+            if task.state != TaskState.WAITING:
+                return False
+            _move_task(task, TaskState.LAUNCHING)
+            task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
+            task.launched_ms = launched
+            changed.append(task)
+        store.bump(job)
+        job.waiting_reason = ""
+        pipe.multi()
+        for p in placements:
+            store.write_allocation(pipe, Allocation(
+                job_id=job_id, attempt=attempt, role=p.role, index=p.index, node=p.node,
+                gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb, ports=p.all_ports))
+            pipe.zadd(keys.LAUNCHING,
+                      {attempt_task_key(job_id, attempt, p.role, p.index): launch_deadline_ms})
+        store.write_tasks(pipe, job_id, attempt, changed)
+        pipe.zrem(keys.QUEUE, job_id)
+        store.write_job(pipe, job, JobState.WAITING)
+        store.add_event(pipe, job_id, "placed", attempt=attempt,
+                        nodes=sorted({p.node for p in placements}))
+        return True
+
+    return store.transact(decide, job_key, *node_keys)
+
+
+def set_waiting_reason(store: Store, job_id: str, reason: str) -> None:
+    """Why a job waits: shown to users, not a state change (no CAS needed)."""
+    key = keys.job(job_id)
+    if store.r.hget(key, "waiting_reason") != reason and store.r.exists(key):
+        store.r.hset(key, "waiting_reason", reason)

@@ -1,0 +1,291 @@
+"""The Redis store: the platform's system of record.
+
+Reads work on a plain client or on a pipeline in WATCH mode (both run
+commands at once), so the same readers serve optimistic transactions.
+Writers take a pipeline in MULTI mode. `Store.transact` runs a read-decide-
+write function under WATCH and retries it on conflict: every state change
+goes through it, so two writers can never both win.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import redis
+
+from shared import keys
+from shared.models import Allocation, Attempt, Job, Node, Task, now_ms
+from shared.states import JobState, TaskState, check_job_move
+
+T = TypeVar("T")
+
+MAX_TRANSACTION_RETRIES = 200
+EVENTS_MAX_LEN = 1000
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class JobConflict(StoreError):
+    """A job of that name already exists for that user."""
+
+
+class JobNotFound(StoreError):
+    pass
+
+
+class Contention(StoreError):
+    """A transaction lost its compare-and-set too many times in a row."""
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+# redis-py types every reply as a union of bytes, str and awaitables, which
+# helps no one here (the client decodes replies): a pipeline or client is Any.
+Pipe = Any
+Reader = Any
+
+
+class Store:
+    def __init__(self, client: redis.Redis) -> None:
+        self.r: Any = client
+
+    @classmethod
+    def from_url(cls, url: str) -> Store:
+        return cls(connect(url))
+
+    # ------------------------------------------------------------ transactions
+
+    def transact(self, fn: Callable[[Pipe], T], *watch: str) -> T:
+        """Run `fn` under WATCH on `watch` (fn may WATCH more before MULTI).
+
+        `fn` reads through the pipeline, calls `pipe.multi()`, queues its
+        writes and returns; the writes commit only if nothing watched changed
+        since it was read, else `fn` runs again on fresh data.
+        """
+        with self.r.pipeline() as pipe:
+            for _ in range(MAX_TRANSACTION_RETRIES):
+                try:
+                    if watch:
+                        pipe.watch(*watch)
+                    result = fn(pipe)
+                    if pipe.explicit_transaction:
+                        pipe.execute()
+                    else:
+                        pipe.unwatch()
+                    return result
+                except redis.WatchError:
+                    pipe.reset()
+                    continue
+        raise Contention(f"gave up after {MAX_TRANSACTION_RETRIES} conflicting writes on {watch}")
+
+    # ------------------------------------------------------------------ jobs
+
+    def create_job(
+        self, job: Job, config: dict[str, Any], tasks: Sequence[Task], attempt: Attempt,
+    ) -> Job:
+        """Store a new WAITING job, queue it; JobConflict if user~name exists."""
+        job_key = keys.job(job.id)
+
+        def write(pipe: Pipe) -> Job:
+            if pipe.exists(job_key):
+                raise JobConflict(f"job {job.name} already exists for user {job.username}")
+            job.queue_seq = int(pipe.incr(keys.QUEUE_SEQ))
+            pipe.multi()
+            pipe.set(keys.job_config(job.id), json.dumps(config, separators=(",", ":")))
+            self.write_tasks(pipe, job.id, attempt.index, tasks)
+            self.write_attempt(pipe, job.id, attempt)
+            self.write_job(pipe, job, previous_state=None)
+            pipe.zadd(keys.JOBS, {job.id: job.created_ms})
+            pipe.zadd(keys.user_jobs(job.username), {job.id: job.created_ms})
+            pipe.zadd(keys.vc_jobs(job.virtual_cluster), {job.id: job.created_ms})
+            pipe.zadd(keys.QUEUE, {job.id: job.queue_seq})
+            self.add_event(pipe, job.id, "submitted", attempt=attempt.index)
+            return job
+
+        return self.transact(write, job_key)
+
+    def write_job(self, pipe: Pipe, job: Job, previous_state: JobState | None) -> None:
+        """Queue the job record's write and keep the per-state index in step."""
+        if previous_state is not None and previous_state != job.state:
+            pipe.zrem(keys.state_jobs(previous_state), job.id)
+        if previous_state != job.state:
+            pipe.zadd(keys.state_jobs(job.state), {job.id: job.created_ms})
+        pipe.hset(keys.job(job.id), mapping=job.to_fields())
+
+    def read_job(self, reader: Reader, job_id: str) -> Job | None:
+        fields = reader.hgetall(keys.job(job_id))
+        return Job.from_fields(fields) if fields else None
+
+    def get_job(self, job_id: str) -> Job | None:
+        return self.read_job(self.r, job_id)
+
+    def require_job(self, reader: Reader, job_id: str) -> Job:
+        job = self.read_job(reader, job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def get_config(self, job_id: str) -> dict[str, Any] | None:
+        raw = self.r.get(keys.job_config(job_id))
+        return json.loads(raw) if raw else None
+
+    def bump(self, job: Job, target: JobState | None = None) -> JobState:
+        """Move the job (checked against the table) and bump its version.
+
+        Returns the state it had, for `write_job`'s index upkeep.
+        """
+        previous = job.state
+        if target is not None and target != previous:
+            check_job_move(previous, target)
+            job.state = target
+        job.version += 1
+        return previous
+
+    # -------------------------------------------------------- tasks, attempts
+
+    def write_tasks(self, pipe: Pipe, job_id: str, attempt: int, tasks: Iterable[Task]) -> None:
+        mapping = {t.key: json.dumps(t.to_dict(), separators=(",", ":")) for t in tasks}
+        if mapping:
+            pipe.hset(keys.job_tasks(job_id, attempt), mapping=mapping)
+
+    def read_tasks(self, reader: Reader, job_id: str, attempt: int) -> dict[str, Task]:
+        raw: dict[str, str] = reader.hgetall(keys.job_tasks(job_id, attempt))
+        return {k: Task.from_dict(json.loads(v)) for k, v in raw.items()}
+
+    def get_tasks(self, job_id: str, attempt: int) -> list[Task]:
+        tasks = self.read_tasks(self.r, job_id, attempt).values()
+        return sorted(tasks, key=lambda t: (t.role, t.index))
+
+    def write_attempt(self, pipe: Pipe, job_id: str, attempt: Attempt) -> None:
+        pipe.hset(keys.job_attempts(job_id), str(attempt.index),
+                  json.dumps(attempt.to_dict(), separators=(",", ":")))
+
+    def read_attempt(self, reader: Reader, job_id: str, index: int) -> Attempt | None:
+        raw = reader.hget(keys.job_attempts(job_id), str(index))
+        return Attempt.from_dict(json.loads(raw)) if raw else None
+
+    def get_attempts(self, job_id: str) -> list[Attempt]:
+        raw: dict[str, str] = self.r.hgetall(keys.job_attempts(job_id))
+        return sorted((Attempt.from_dict(json.loads(v)) for v in raw.values()),
+                      key=lambda a: a.index)
+
+    # ---------------------------------------------------------------- events
+
+    def add_event(self, pipe: Pipe, job_id: str, kind: str,
+                  **data: Any) -> None:
+        fields = {"kind": kind, "time": str(now_ms())}
+        fields.update({k: json.dumps(v) for k, v in data.items()})
+        pipe.xadd(keys.job_events(job_id), fields,
+                  maxlen=EVENTS_MAX_LEN, approximate=True)
+
+    def get_events(self, job_id: str) -> list[dict[str, Any]]:
+        entries = self.r.xrange(keys.job_events(job_id))
+        events = []
+        for _entry_id, fields in entries:
+            event: dict[str, Any] = {"kind": fields["kind"], "time": int(fields["time"])}
+            event.update({k: json.loads(v) for k, v in fields.items() if k not in event})
+            events.append(event)
+        return events
+
+    # --------------------------------------------------------------- listing
+
+    def list_jobs(
+        self, *, username: str | None = None, vc: str | None = None,
+        state: str | None = None, offset: int = 0, limit: int = 50,
+    ) -> tuple[list[Job], int]:
+        """Jobs newest first, filtered through the index sets; and the total."""
+        index_keys = [keys.user_jobs(username)] if username else []
+        if vc:
+            index_keys.append(keys.vc_jobs(vc))
+        if state:
+            index_keys.append(keys.state_jobs(state))
+        if not index_keys:
+            index_keys = [keys.JOBS]
+        if len(index_keys) == 1:
+            total = int(self.r.zcard(index_keys[0]))
+            ids = self.r.zrevrange(index_keys[0], offset, offset + limit - 1)
+        else:
+            matched: list[str] = self.r.zinter(index_keys, aggregate="MAX")
+            total = len(matched)
+            ids = list(reversed(matched))[offset:offset + limit]
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job(job_id))
+        jobs = [Job.from_fields(f) for f in pipe.execute() if f]
+        return jobs, total
+
+    def queued_job_ids(self, limit: int = 100_000) -> list[str]:
+        return self.r.zrange(keys.QUEUE, 0, limit - 1)
+
+    # ---------------------------------------------------------------- nodes
+
+    def register_node(self, node: Node) -> None:
+        node.heartbeat_ms = now_ms()
+        pipe = self.r.pipeline()
+        pipe.set(keys.node(node.name), json.dumps(node.to_dict(), separators=(",", ":")))
+        pipe.zadd(keys.NODES, {node.name: node.heartbeat_ms})
+        pipe.execute()
+
+    def heartbeat(self, name: str) -> None:
+        self.r.zadd(keys.NODES, {name: now_ms()})
+
+    def node_heartbeats(self) -> dict[str, int]:
+        return {n: int(s) for n, s in self.r.zrange(keys.NODES, 0, -1, withscores=True)}
+
+    def get_nodes(self) -> list[Node]:
+        """Every node that ever reported, with its last heartbeat."""
+        beats = self.node_heartbeats()
+        if not beats:
+            return []
+        raws = self.r.mget([keys.node(n) for n in beats])
+        nodes = []
+        for name, raw in zip(beats, raws, strict=True):
+            if raw:
+                node = Node.from_dict(json.loads(raw))
+                node.heartbeat_ms = beats[name]
+                nodes.append(node)
+        return nodes
+
+    def get_allocations(self, reader: Reader, node: str) -> dict[str, Allocation]:
+        raw: dict[str, str] = reader.hgetall(keys.node_alloc(node))
+        return {k: Allocation.from_dict(json.loads(v)) for k, v in raw.items()}
+
+    def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
+        pipe.hset(keys.node_alloc(alloc.node), alloc.key,
+                  json.dumps(alloc.to_dict(), separators=(",", ":")))
+
+    def release_allocation(self, node: str, alloc_key: str) -> bool:
+        return bool(self.r.hdel(keys.node_alloc(node), alloc_key))
+
+    # ------------------------------------------------------------------ logs
+
+    def append_log(self, job_id: str, attempt: int, role: str, index: int,
+                   lines: Sequence[str], max_lines: int) -> None:
+        if not lines:
+            return
+        key = keys.task_log(job_id, attempt, role, index)
+        pipe = self.r.pipeline(transaction=False)
+        for line in lines:
+            pipe.xadd(key, {"l": line}, maxlen=max_lines, approximate=True)
+        pipe.execute()
+
+    def read_log(self, job_id: str, attempt: int, role: str, index: int,
+                 tail: int | None = None, after: str = "-") -> list[tuple[str, str]]:
+        """(entry id, line) pairs: the last `tail` lines, or those after an id."""
+        key = keys.task_log(job_id, attempt, role, index)
+        if tail is not None:
+            entries = list(reversed(self.r.xrevrange(key, count=tail)))
+        else:
+            start = "-" if after == "-" else f"({after}"
+            entries = self.r.xrange(key, min=start)
+        return [(entry_id, fields.get("l", "")) for entry_id, fields in entries]
+
+
+def task_is_live(task: Task) -> bool:
+    return task.state in (TaskState.LAUNCHING, TaskState.RUNNING)
