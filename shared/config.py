@@ -69,6 +69,7 @@ class Settings:
     node_lost_seconds: float = 30.0
     launch_timeout_seconds: float = 120.0
     log_max_lines: int = 100_000
+    log_level: str = "INFO"
 
     @property
     def default_fs_uri(self) -> str:
@@ -112,6 +113,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             env.get("PAI_LAUNCH_TIMEOUT_SECONDS") or defaults.launch_timeout_seconds),
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
+        log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),
     )
     if not settings.dev_mode and settings.secret_key == DEFAULT_SECRET:
         raise ConfigError("PAI_SECRET_KEY must be set to a secret of your own outside dev mode")

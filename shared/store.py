@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import redis
 
 from shared import keys
-from shared.models import Allocation, Attempt, Job, Node, Task, now_ms
+from shared.models import Allocation, Attempt, Job, Node, Task, now_ms, task_key
 from shared.states import JobState, TaskState, check_job_move
 
 T = TypeVar("T")
@@ -285,6 +285,20 @@ class Store:
             start = "-" if after == "-" else f"({after}"
             entries = self.r.xrange(key, min=start)
         return [(entry_id, fields.get("l", "")) for entry_id, fields in entries]
+
+    def follow_log(self, job_id: str, attempt: int, role: str, index: int, *, after: str,
+                   block_ms: int) -> list[tuple[str, str]]:
+        """Lines after entry `after`, waiting up to `block_ms` for the first one."""
+        key = keys.task_log(job_id, attempt, role, index)
+        reply = self.r.xread({key: after}, count=1000, block=block_ms or None)
+        if not reply:
+            return []
+        return [(entry_id, fields.get("l", "")) for entry_id, fields in reply[0][1]]
+
+    def task_settled(self, job_id: str, attempt: int, role: str, index: int) -> bool:
+        """The task reached a final state, or does not exist at all."""
+        raw = self.r.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
+        return raw is None or TaskState(json.loads(raw)["state"]).is_final
 
 
 def task_is_live(task: Task) -> bool:

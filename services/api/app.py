@@ -1,0 +1,30 @@
+"""The API's app factory: defaults, then the environment, then the caller's."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from services.api import cluster, jobs
+from services.api.errors import register_error_handlers
+from services.api.platform import Platform
+from shared.config import Settings, load_settings
+from shared.messaging import Messenger, make_celery
+from shared.store import Store
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or load_settings()
+    app = Flask("pai")
+    app.config.update(MAX_CONTENT_LENGTH=MAX_BODY_BYTES, JSON_SORT_KEYS=False)
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions["pai"] = Platform(
+        settings=settings,
+        store=Store.from_url(settings.redis_url),
+        messenger=Messenger(make_celery(settings, "pai-api")),
+    )
+    register_error_handlers(app)
+    app.register_blueprint(jobs.bp)
+    app.register_blueprint(cluster.bp)
+    return app

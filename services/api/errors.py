@@ -1,0 +1,53 @@
+"""One error type for the API and one place that renders every error.
+
+Every failure leaves as `{"code": "...Error", "message": "..."}` with the
+right status; nothing a client sends may produce a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask, Response, jsonify
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger("pai.api")
+
+
+class ApiError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400,
+                 **extra: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status, self.extra = code, message, status, extra
+
+    def response(self) -> tuple[Response, int]:
+        body = {"code": self.code, "message": self.message, **self.extra}
+        return jsonify(body), self.status
+
+
+_HTTP_CODES = {
+    400: "BadRequestError", 401: "UnauthorizedUserError", 403: "ForbiddenUserError",
+    404: "NotFoundError", 405: "MethodNotAllowedError", 409: "ConflictError",
+    413: "RequestEntityTooLargeError", 415: "UnsupportedMediaTypeError",
+}
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(ApiError)
+    def _api_error(error: ApiError) -> tuple[Response, int]:
+        return error.response()
+
+    @app.errorhandler(HTTPException)
+    def _http_error(error: HTTPException) -> tuple[Response, int]:
+        status = error.code or 500
+        message = error.description or error.name
+        if status == 413:
+            message = "request body is larger than the 1 MiB limit"
+        return ApiError(_HTTP_CODES.get(status, "HttpError"), message, status).response()
+
+    @app.errorhandler(Exception)
+    def _unexpected(error: Exception) -> tuple[Response, int]:
+        log.exception("unhandled error")
+        return ApiError("InternalServerError", "internal error; see the api log",
+                        500).response()

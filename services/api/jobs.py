@@ -1,0 +1,183 @@
+"""Jobs: submit, read, stop, and logs (OpenPAI v1 paths)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Blueprint, Response, request, stream_with_context
+
+from services.api.errors import ApiError
+from services.api.platform import platform
+from services.api.render import job_detail, job_summary
+from shared.feasibility import infeasible_reasons
+from shared.jobspec import InvalidJobConfig, validate_job_config
+from shared.lifecycle import request_stop, submit_job
+from shared.models import Job, JobSpec, job_id_of
+from shared.store import JobConflict
+
+bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
+
+MAX_TAIL = 100_000
+FOLLOW_BLOCK_MS = 1000
+FOLLOW_MAX_SECONDS = 24 * 3600
+
+
+def _json_body() -> Any:
+    if not request.data:
+        raise ApiError("InvalidJobConfigError", "the request body is empty; send a job config")
+    try:
+        return json.loads(request.data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ApiError("InvalidJobConfigError", f"the body is not valid JSON: {error}") \
+            from None
+
+
+def get_job_or_404(username: str, name: str) -> Job:
+    job = platform().store.get_job(job_id_of(username, name))
+    if job is None:
+        raise ApiError("NoJobError", f"job {name} of user {username} not found", 404)
+    return job
+
+
+@bp.post("/user/<username>/jobs")
+def submit_for_user(username: str) -> tuple[dict[str, Any], int]:
+    return _submit(username, _json_body())
+
+
+@bp.post("/jobs")
+def submit() -> tuple[dict[str, Any], int]:
+    body = _json_body()
+    username = request.args.get("username") or (
+        body.get("username") if isinstance(body, dict) else None)
+    if not username:
+        raise ApiError("InvalidJobConfigError", "say whose job this is: ?username=<user>")
+    if isinstance(body, dict):
+        body = {k: v for k, v in body.items() if k != "username"}
+    return _submit(str(username), body)
+
+
+def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
+    pai = platform()
+    try:
+        validated = validate_job_config(body, username=username,
+                                        storage_roots=pai.settings.storage_roots)
+    except InvalidJobConfig as error:
+        raise ApiError("InvalidJobConfigError", error.message, 400, fields=error.fields) \
+            from None
+    spec = JobSpec.from_config(validated.config)
+    reasons = infeasible_reasons(spec, pai.store.get_nodes())
+    if reasons:
+        raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,
+                       fields=reasons)
+    if request.args.get("dryRun", "").lower() in ("1", "true"):
+        return {"config": validated.config, "ignoredFields": validated.ignored}, 200
+    try:
+        job = submit_job(pai.store, username, validated.config)
+    except JobConflict as error:
+        raise ApiError("ConflictJobError", str(error), 409) from None
+    pai.messenger.schedule()
+    return {
+        "name": job.name,
+        "username": username,
+        "state": job.state.value,
+        "url": f"/api/v1/user/{username}/jobs/{job.name}",
+        "ignoredFields": validated.ignored,
+    }, 202
+
+
+@bp.get("/jobs")
+def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
+    args = request.args
+    try:
+        offset = max(0, int(args.get("offset", 0)))
+        limit = min(1000, max(1, int(args.get("limit", 50))))
+    except ValueError:
+        raise ApiError("BadRequestError", "offset and limit must be integers") from None
+    jobs, total = platform().store.list_jobs(
+        username=args.get("username") or None, vc=args.get("vc") or None,
+        state=args.get("state") or None, offset=offset, limit=limit)
+    rows = [job_summary(j) for j in jobs]
+    if args.get("withTotalCount", "").lower() in ("1", "true"):
+        return {"totalCount": total, "data": rows}
+    return rows
+
+
+@bp.get("/user/<username>/jobs")
+def list_user_jobs(username: str) -> list[dict[str, Any]]:
+    jobs, _ = platform().store.list_jobs(username=username, limit=1000)
+    return [job_summary(j) for j in jobs]
+
+
+@bp.get("/user/<username>/jobs/<name>")
+def detail(username: str, name: str) -> dict[str, Any]:
+    store = platform().store
+    job = get_job_or_404(username, name)
+    config = store.get_config(job.id) or {"taskRoles": []}
+    roles = [r["name"] for r in config["taskRoles"]]
+    return job_detail(job, roles, store.get_tasks(job.id, job.attempt),
+                      store.get_attempts(job.id), f"/api/v1/user/{username}/jobs/{name}")
+
+
+@bp.get("/user/<username>/jobs/<name>/config")
+def config(username: str, name: str) -> dict[str, Any]:
+    job = get_job_or_404(username, name)
+    found = platform().store.get_config(job.id)
+    if found is None:
+        raise ApiError("NoJobError", f"job {name} has no stored config", 404)
+    return found
+
+
+@bp.put("/user/<username>/jobs/<name>/executionType")
+def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
+    body = request.get_json(silent=True)
+    value = body.get("value") if isinstance(body, dict) else None
+    if value != "STOP":
+        raise ApiError("BadRequestError", 'send {"value": "STOP"} to stop a job')
+    pai = platform()
+    job = request_stop(pai.store, get_job_or_404(username, name).id)
+    pai.messenger.stop_job(job.id)
+    return {"message": f"stop requested for job {name}", "state": job.state.value}, 202
+
+
+@bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/log")
+def task_log(username: str, name: str, role: str, index: int) -> Response:
+    job = get_job_or_404(username, name)
+    try:
+        attempt = int(request.args.get("attempt", job.attempt))
+        tail = min(MAX_TAIL, max(0, int(request.args.get("tail", 1000))))
+    except ValueError:
+        raise ApiError("BadRequestError", "attempt and tail must be integers") from None
+    if attempt < 0 or attempt > job.attempt:
+        raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    if request.args.get("follow", "").lower() in ("1", "true"):
+        return Response(stream_with_context(_follow(job.id, attempt, role, index, tail)),
+                        mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    lines = platform().store.read_log(job.id, attempt, role, index, tail=tail)
+    text = "".join(line + "\n" for _, line in lines)
+    return Response(text, mimetype="text/plain")
+
+
+def _follow(job_id: str, attempt: int, role: str, index: int, tail: int) -> Iterator[str]:
+    """Server-sent events: the last lines, then new ones until the task ends."""
+    store = platform().store
+    last = "0-0"
+    for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
+        last = entry_id
+        yield f"data: {line}\n\n"
+    deadline = time.monotonic() + FOLLOW_MAX_SECONDS
+    while time.monotonic() < deadline:
+        entries = store.follow_log(job_id, attempt, role, index, after=last,
+                                   block_ms=FOLLOW_BLOCK_MS)
+        for entry_id, line in entries:
+            last = entry_id
+            yield f"data: {line}\n\n"
+        # The monitor ships a task's last lines before settling it: once it is
+        # settled and one more read finds nothing, every line has been sent.
+        if not entries and store.task_settled(job_id, attempt, role, index) \
+                and not store.follow_log(job_id, attempt, role, index, after=last, block_ms=0):
+            break
+    yield "event: end\ndata: \n\n"

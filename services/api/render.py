@@ -1,0 +1,91 @@
+"""The OpenPAI v1 shapes of a job: pure functions from records to JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shared.models import Attempt, Job, Task
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    """A row of the job list (OpenPAI's list item shape, plus a few fields)."""
+    return {
+        "name": job.name,
+        "username": job.username,
+        "state": job.state.value,
+        "subState": _sub_state(job),
+        "executionType": job.execution_type,
+        "retries": job.retries,
+        "createdTime": job.created_ms,
+        "completedTime": job.completed_ms,
+        "appExitCode": job.exit_code,
+        "virtualCluster": job.virtual_cluster,
+    }
+
+
+def _sub_state(job: Job) -> str:
+    if job.state.value == "WAITING" and job.waiting_reason:
+        return "WAITING_FOR_RESOURCES"
+    return job.state.value
+
+
+def task_status(task: Task, log_url: str) -> dict[str, Any]:
+    ports: dict[str, Any] = {}
+    for label, values in task.ports.items():
+        ports[label] = values[0] if label == "default" and values else ",".join(
+            str(p) for p in values)
+    return {
+        "taskIndex": task.index,
+        "taskState": task.state.value,
+        "containerId": task.container_id,
+        "containerIp": task.ip,
+        "containerPorts": ports,
+        "containerGpus": task.gpus,
+        "containerNodeName": task.node,
+        "containerExitCode": task.exit_code,
+        "containerExitDiagnostics": task.diagnostics,
+        "containerLog": log_url,
+        "launchedTime": task.launched_ms,
+        "startedTime": task.started_ms,
+        "completedTime": task.completed_ms,
+    }
+
+
+def attempt_view(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "attemptIndex": attempt.index,
+        "state": attempt.state,
+        "createdTime": attempt.created_ms,
+        "startedTime": attempt.started_ms,
+        "completedTime": attempt.completed_ms,
+        "exitCode": attempt.exit_code,
+        "reason": attempt.reason,
+        "platformFailure": attempt.platform_failure,
+    }
+
+
+def job_detail(job: Job, role_order: Sequence[str], tasks: Sequence[Task],
+               attempts: Sequence[Attempt], base_url: str) -> dict[str, Any]:
+    """`GET /user/<u>/jobs/<name>`: status, the current attempt's tasks, attempts."""
+    roles: dict[str, Any] = {}
+    for role in role_order:
+        statuses = [
+            task_status(t, f"{base_url}/tasks/{role}/{t.index}/log?attempt={job.attempt}")
+            for t in sorted(tasks, key=lambda t: t.index) if t.role == role
+        ]
+        roles[role] = {"taskRoleStatus": {"name": role}, "taskStatuses": statuses}
+    status = job_summary(job)
+    status.update({
+        "appExitDiagnostics": job.exit_diagnostics,
+        "waitingReason": job.waiting_reason,
+        "attemptIndex": job.attempt,
+        "platformRetries": job.platform_retries,
+    })
+    status.pop("name")
+    return {
+        "name": job.name,
+        "jobStatus": status,
+        "taskRoles": roles,
+        "attempts": [attempt_view(a) for a in attempts],
+    }

@@ -1,0 +1,45 @@
+"""`pai-scheduler`: the Celery worker on queue `scheduler`, plus the repair loop."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from services.scheduler.worker import create_scheduler_app
+from shared.config import load_settings
+from shared.logs import setup_logging
+
+log = logging.getLogger("pai.scheduler")
+
+RECONCILE_SECONDS = 5.0
+
+
+def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event) -> None:
+    """Periodic repair, never only events: lost nodes, stuck launches, stops."""
+    while not stop.wait(RECONCILE_SECONDS):
+        try:
+            scheduler_reconcile()
+        except Exception:
+            log.exception("reconcile failed; trying again in %.0f s", RECONCILE_SECONDS)
+
+
+def main() -> None:
+    settings = load_settings()
+    setup_logging("scheduler", settings.log_level)
+    app, scheduler = create_scheduler_app(settings)
+    stop = threading.Event()
+    threading.Thread(target=repair_loop, args=(scheduler.reconcile, stop), daemon=True,
+                     name="repair").start()
+    try:
+        app.worker_main([
+            "worker", "-Q", "scheduler", "--pool", "solo", "-n", "scheduler@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--loglevel", "INFO",
+        ])
+    finally:
+        stop.set()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""The scheduler's IO shell around the pure core: snapshot, plan, commit, send.
+
+Passes are serialized by a Redis lock and coalesced by a dirty flag: any
+number of requests while a pass runs cost one more pass, not one each.
+Releases, stops and the periodic repair are idempotent, so a redelivered
+message or a second replica does no harm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from services.scheduler.core import Cluster, JobRequest, free_view, job_request, plan_pass
+from shared import keys
+from shared.config import Settings
+from shared.lifecycle import commit_placement, record_task_exit, set_waiting_reason
+from shared.messaging import Messenger
+from shared.models import (
+    Allocation,
+    Job,
+    JobSpec,
+    Node,
+    Task,
+    TaskPlacement,
+    attempt_task_key,
+    now_ms,
+    parse_attempt_task_key,
+    task_key,
+)
+from shared.states import JobState, TaskState
+from shared.store import Store, task_is_live
+
+log = logging.getLogger("pai.scheduler")
+
+DIRTY = keys.PREFIX + "scheduler:dirty"
+MAX_PASSES_PER_CALL = 50
+LOCK_SECONDS = 60
+
+
+@dataclass
+class PassStats:
+    placed: int = 0
+    waiting: int = 0
+    seconds: float = 0.0
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, store: Store, messenger: Messenger) -> None:
+        self.settings = settings
+        self.store = store
+        self.messenger = messenger
+        self._specs: dict[str, JobSpec] = {}
+
+    # ------------------------------------------------------------ passes
+
+    def request_pass(self) -> None:
+        """Run passes until nothing asked for one; or leave it to the holder."""
+        r = self.store.r
+        r.set(DIRTY, "1")
+        for _ in range(MAX_PASSES_PER_CALL):
+            lock = r.lock(keys.SCHEDULER_LOCK, timeout=LOCK_SECONDS)
+            if not lock.acquire(blocking=False):
+                return  # the holder sees the dirty flag and passes again
+            try:
+                for _ in range(MAX_PASSES_PER_CALL):
+                    if not r.getdel(DIRTY):
+                        break
+                    self.run_pass()
+            finally:
+                try:
+                    lock.release()
+                except Exception:  # expired while we ran: nothing to release
+                    log.warning("scheduler lock expired during a pass")
+            if not r.exists(DIRTY):
+                return
+
+    def live_nodes(self) -> list[Node]:
+        cutoff = now_ms() - int(self.settings.node_lost_seconds * 1000)
+        return [n for n in self.store.get_nodes() if n.heartbeat_ms >= cutoff]
+
+    def _spec(self, job_id: str, raw: str | None) -> JobSpec | None:
+        spec = self._specs.get(job_id)
+        if spec is None and raw:
+            spec = JobSpec.from_config(json.loads(raw))
+            if len(self._specs) > 100_000:
+                self._specs.clear()
+            self._specs[job_id] = spec
+        return spec
+
+    def _queue(self) -> list[JobRequest]:
+        r = self.store.r
+        ids = self.store.queued_job_ids()
+        pipe = r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(keys.job(job_id))
+            pipe.get(keys.job_config(job_id))
+        replies = pipe.execute()
+        requests, stale = [], []
+        for i, job_id in enumerate(ids):
+            fields, raw = replies[2 * i], replies[2 * i + 1]
+            if not fields:
+                stale.append(job_id)
+                continue
+            job = Job.from_fields(fields)
+            spec = self._spec(job_id, raw)
+            if job.state != JobState.WAITING or spec is None:
+                stale.append(job_id)
+                continue
+            requests.append(job_request(job_id, job.version, job.attempt, spec))
+        if stale:
+            r.zrem(keys.QUEUE, *stale)
+        return requests
+
+    def run_pass(self) -> PassStats:
+        started = time.perf_counter()
+        nodes = self.live_nodes()
+        pipe = self.store.r.pipeline(transaction=False)
+        for node in nodes:
+            pipe.hgetall(keys.node_alloc(node.name))
+        allocs = pipe.execute() if nodes else []
+        cluster = Cluster(
+            free_view(node, (Allocation.from_dict(json.loads(v)) for v in raw.values()))
+            for node, raw in zip(nodes, allocs, strict=True))
+        queue = self._queue()
+        plan = plan_pass(cluster, queue)
+        deadline = now_ms() + int(self.settings.launch_timeout_seconds * 1000)
+        stats = PassStats(waiting=len(plan.waiting))
+        for request, placements in plan.placed:
+            if commit_placement(self.store, request.job_id, version=request.version,
+                                attempt=request.attempt, placements=placements,
+                                launch_deadline_ms=deadline):
+                stats.placed += 1
+                self._send_starts(request.job_id, request.attempt, placements)
+            else:
+                self.store.r.set(DIRTY, "1")  # the job changed under us: look again
+        for job_id, reason in plan.waiting.items():
+            set_waiting_reason(self.store, job_id, reason)
+        stats.seconds = time.perf_counter() - started
+        if stats.placed or queue:
+            log.info("pass: %d placed, %d waiting, %.1f ms", stats.placed, stats.waiting,
+                     stats.seconds * 1000)
+        return stats
+
+    def _send_starts(self, job_id: str, attempt: int,
+                     placements: tuple[TaskPlacement, ...]) -> None:
+        for p in placements:
+            self.messenger.start_task(p.node, job_id, attempt, p.role, p.index)
+
+    # ------------------------------------------------------ ends and stops
+
+    def _read_task(self, job_id: str, attempt: int, role: str, index: int) -> Task | None:
+        raw = self.store.r.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
+        return Task.from_dict(json.loads(raw)) if raw else None
+
+    def release_if_settled(self, job_id: str, attempt: int, role: str, index: int) -> bool:
+        """Free a task's allocation once its container is gone (task final)."""
+        task = self._read_task(job_id, attempt, role, index)
+        if task is None or task.node is None or not task.state.is_final:
+            return False
+        return self.store.release_allocation(task.node, attempt_task_key(job_id, attempt, role,
+                                                                         index))
+
+    def task_ended(self, job_id: str, attempt: int, role: str, index: int) -> None:
+        if self.release_if_settled(job_id, attempt, role, index):
+            self.request_pass()
+
+    def stop_attempt(self, job_id: str, attempt: int) -> None:
+        """An attempt ended or its job is stopping: stop what still runs."""
+        for task in self.store.get_tasks(job_id, attempt):
+            if task_is_live(task) and task.node:
+                self.messenger.stop_task(task.node, job_id, attempt, task.role, task.index)
+            elif task.state.is_final and task.node:
+                self.store.release_allocation(
+                    task.node, attempt_task_key(job_id, attempt, task.role, task.index))
+        self.request_pass()
+
+    def stop_job(self, job_id: str) -> None:
+        job = self.store.get_job(job_id)
+        if job is not None and job.state in (JobState.STOPPING, JobState.STOPPED):
+            self.stop_attempt(job_id, job.attempt)
+
+    # ------------------------------------------------------------ repair
+
+    def reconcile(self) -> None:
+        """Repair whatever an event missed; safe to run at any time."""
+        self.fail_lost_nodes()
+        self.sweep_allocations()
+        self.retry_stale_launches()
+        self.resend_stops()
+        self.request_pass()
+
+    def fail_lost_nodes(self) -> None:
+        lost_after = int(self.settings.node_lost_seconds * 1000)
+        now = now_ms()
+        for name, beat in self.store.node_heartbeats().items():
+            if now - beat < lost_after:
+                continue
+            for key in self.store.get_allocations(self.store.r, name):
+                job_id, attempt, role, index = parse_attempt_task_key(key)
+                task = self._read_task(job_id, attempt, role, index)
+                if task is not None and task_is_live(task):
+                    log.warning("node %s lost: failing %s", name, key)
+                    report = record_task_exit(
+                        self.store, job_id, attempt, role, index, exit_code=-1,
+                        platform_failure=True,
+                        diagnostics=f"node {name} lost (no heartbeat for "
+                                    f"{self.settings.node_lost_seconds:.0f} s)")
+                    if report is not None and report.attempt_ended:
+                        self.stop_attempt(job_id, attempt)
+                self.store.release_allocation(name, key)
+
+    def sweep_allocations(self) -> None:
+        """Release allocations of settled tasks; stop tasks of ended attempts."""
+        for node in self.store.get_nodes():
+            for key in self.store.get_allocations(self.store.r, node.name):
+                job_id, attempt, role, index = parse_attempt_task_key(key)
+                task = self._read_task(job_id, attempt, role, index)
+                job = self.store.get_job(job_id)
+                if task is None or job is None or task.state.is_final:
+                    self.store.release_allocation(node.name, key)
+                elif job.attempt != attempt or job.state not in (JobState.WAITING,
+                                                                 JobState.RUNNING):
+                    self.messenger.stop_task(node.name, job_id, attempt, role, index)
+
+    def retry_stale_launches(self) -> None:
+        r = self.store.r
+        now = now_ms()
+        due = r.zrangebyscore(keys.LAUNCHING, 0, now)
+        for member in due:
+            job_id, attempt, role, index = parse_attempt_task_key(member)
+            task = self._read_task(job_id, attempt, role, index)
+            if task is None or task.state != TaskState.LAUNCHING or not task.node:
+                r.zrem(keys.LAUNCHING, member)
+                continue
+            log.warning("launch of %s overdue: sending it again", member)
+            r.zadd(keys.LAUNCHING, {member: now + int(self.settings.launch_timeout_seconds
+                                                      * 1000)})
+            self.messenger.start_task(task.node, job_id, attempt, role, index)
+
+    def resend_stops(self) -> None:
+        for job_id in self.store.r.zrange(keys.state_jobs(JobState.STOPPING), 0, -1):
+            self.stop_job(job_id)

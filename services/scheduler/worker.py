@@ -1,0 +1,38 @@
+"""The scheduler's Celery tasks: thin wrappers that parse ids and call Scheduler."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from services.scheduler.service import Scheduler
+from shared import messaging
+from shared.config import Settings
+from shared.messaging import Messenger, make_celery
+from shared.store import Store
+
+
+def create_scheduler_app(settings: Settings) -> tuple[Celery, Scheduler]:
+    app = make_celery(settings, "pai-scheduler")
+    scheduler = Scheduler(settings, Store.from_url(settings.redis_url), Messenger(app))
+
+    @app.task(name=messaging.SCHEDULE)
+    def schedule() -> None:
+        scheduler.request_pass()
+
+    @app.task(name=messaging.TASK_ENDED)
+    def task_ended(job_id: str, attempt: int, role: str, index: int) -> None:
+        scheduler.task_ended(job_id, int(attempt), role, int(index))
+
+    @app.task(name=messaging.ATTEMPT_ENDED)
+    def attempt_ended(job_id: str, attempt: int) -> None:
+        scheduler.stop_attempt(job_id, int(attempt))
+
+    @app.task(name=messaging.STOP_JOB)
+    def stop_job(job_id: str) -> None:
+        scheduler.stop_job(job_id)
+
+    @app.task(name=messaging.RECONCILE)
+    def reconcile() -> None:
+        scheduler.reconcile()
+
+    return app, scheduler
