@@ -32,6 +32,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     return value
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
 def _port_range(raw: str) -> tuple[int, int]:
     try:
         low_text, high_text = raw.split("-", 1)
@@ -107,10 +120,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         else defaults.port_range,
         docker_host=env.get("PAI_DOCKER_HOST") or env.get("DOCKER_HOST") or None,
         monitor_port=_int(env, "PAI_MONITOR_PORT", defaults.monitor_port) or defaults.monitor_port,
-        heartbeat_seconds=float(env.get("PAI_HEARTBEAT_SECONDS") or defaults.heartbeat_seconds),
-        node_lost_seconds=float(env.get("PAI_NODE_LOST_SECONDS") or defaults.node_lost_seconds),
-        launch_timeout_seconds=float(
-            env.get("PAI_LAUNCH_TIMEOUT_SECONDS") or defaults.launch_timeout_seconds),
+        heartbeat_seconds=_seconds(env, "PAI_HEARTBEAT_SECONDS", defaults.heartbeat_seconds),
+        node_lost_seconds=_seconds(env, "PAI_NODE_LOST_SECONDS", defaults.node_lost_seconds),
+        launch_timeout_seconds=_seconds(env, "PAI_LAUNCH_TIMEOUT_SECONDS",
+                                        defaults.launch_timeout_seconds),
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
         log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),

@@ -1,0 +1,69 @@
+# pai: build, test and run the platform on this machine.
+#
+# The runtime (Redis, a Docker engine, the test image) comes from
+# scripts/runtime.sh and scripts/build-test-image.sh, which install Debian's
+# packages when missing and root, and record what they chose in .run/env
+# (DOCKER_HOST, PAI_DOCKER_HOST, PAI_REDIS_URL); the targets below source it.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+RUNTIME := scripts/runtime.sh
+TEST_IMAGE := scripts/build-test-image.sh
+# Run a command with the runtime's settings exported.
+WITH_ENV := set -a; [ ! -f .run/env ] || . .run/env; set +a;
+PYTEST_ARGS ?=
+
+.PHONY: help install test lint up down demo bench clean runtime-test runtime-up
+
+help: ## list the targets
+	@echo "usage: make TARGET"
+	@awk -F':.*## ' '/^[a-z-]+:.*## / { printf "  %-9s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+install: $(STAMP) ## create .venv and install pai with its dev tools
+
+$(STAMP): pyproject.toml
+	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV) || { \
+	    echo "could not create $(VENV): install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+runtime-test: install
+	@$(RUNTIME) redis-binary
+	@$(RUNTIME) docker
+	@$(WITH_ENV) $(TEST_IMAGE)
+
+runtime-up: install
+	@$(RUNTIME) redis
+	@$(RUNTIME) docker
+	@$(WITH_ENV) $(TEST_IMAGE)
+
+# Tests start their own Redis: never point them at the one `make up` runs.
+test: runtime-test ## the whole suite on a real Redis and Docker engine
+	$(WITH_ENV) unset PAI_REDIS_URL; $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: install ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+up: runtime-up ## the platform as local processes, logs under .run/
+	@if [ -f scripts/up.sh ]; then $(WITH_ENV) bash scripts/up.sh; \
+	else echo "Redis and Docker are up; the services arrive with the job lifecycle"; fi
+
+down: ## stop what `make up` (or `make test`) started
+	@if [ -f scripts/down.sh ]; then $(WITH_ENV) bash scripts/down.sh; fi
+	@$(RUNTIME) stop
+
+demo: up ## run examples/hello-world.json to SUCCEEDED and print its log
+	@if [ -f scripts/demo.sh ]; then $(WITH_ENV) bash scripts/demo.sh; \
+	else echo "the demo arrives with the job lifecycle"; fi
+
+bench: runtime-test ## the benchmarks in bench/
+	@if [ -f bench/__main__.py ]; then $(WITH_ENV) unset PAI_REDIS_URL; $(VENV)/bin/python -m bench; \
+	else echo "the benchmarks arrive with bench/__main__.py"; fi
+
+clean: down ## stop everything and remove .run/
+	rm -rf .run

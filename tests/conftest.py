@@ -1,0 +1,191 @@
+"""Session fixtures shared by every test: a throwaway Redis and the Docker engine.
+
+Both are real (DESIGN.md section 9). `make test` makes sure `redis-server` is
+installed, that a Docker engine answers (DOCKER_HOST) and that the test image
+exists; run bare `pytest` and these fixtures still start Redis themselves and
+build the image, but they fail, never skip, when Docker does not answer.
+
+Containers a test creates must carry `test_labels` (or at least
+`pai.test.session=<test_session_label>`) so the session removes them at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+import redis
+from docker.errors import DockerException, ImageNotFound
+from docker.models.containers import Container
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEST_IMAGE = "pai-test/busybox:latest"
+BUILD_TEST_IMAGE = REPO_ROOT / "scripts" / "build-test-image.sh"
+SESSION_LABEL = "pai.test.session"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_redis(binary: str, datadir: Path, port: int) -> subprocess.Popen[bytes] | None:
+    """Start redis-server on `port`; None when it died (e.g. someone took the port)."""
+    options = {
+        "bind": "127.0.0.1",
+        "port": str(port),
+        "dir": str(datadir),
+        "save": "",  # no RDB snapshots: the append-only file is what the platform uses
+        "appendonly": "yes",
+        "daemonize": "no",
+        "logfile": str(datadir / "redis.log"),
+    }
+    proc = subprocess.Popen(
+        [binary, *(arg for name, value in options.items() for arg in (f"--{name}", value))],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+    deadline = time.monotonic() + 15
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return None
+            try:
+                if client.ping():
+                    return proc
+            except redis.ConnectionError:
+                time.sleep(0.05)
+    finally:
+        client.close()
+    _stop(proc)
+    return None
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a throwaway redis-server for this session (or PAI_TEST_REDIS_URL)."""
+    url = os.environ.get("PAI_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail(
+            "redis-server is not on PATH: run `make test` (it installs Debian's redis-server "
+            "when root) or install it yourself, or set PAI_TEST_REDIS_URL."
+        )
+    datadir = tmp_path_factory.mktemp("redis")
+    for _ in range(5):
+        port = _free_port()
+        proc = _start_redis(binary, datadir, port)
+        if proc is not None:
+            break
+    else:
+        log = (datadir / "redis.log").read_text(errors="replace")[-2000:]
+        pytest.fail(f"redis-server did not start; the end of its log:\n{log}")
+    assert proc is not None
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture
+def redis_client(redis_server: str) -> Iterator[redis.Redis]:
+    """A client (str responses) on a database flushed before the test."""
+    client = redis.Redis.from_url(redis_server, decode_responses=True)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def test_session_label() -> str:
+    """This session's id: label containers `pai.test.session=<id>` to have them removed."""
+    return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="session")
+def test_labels(test_session_label: str) -> dict[str, str]:
+    """The labels every container a test starts should carry."""
+    return {"pai.test": "1", SESSION_LABEL: test_session_label}
+
+
+def _remove_test_containers(client: docker.DockerClient, session: str) -> None:
+    """This session's containers, and test containers that carry no session at all."""
+    for container in client.containers.list(all=True, filters={"label": "pai.test=1"}):
+        if container.labels.get(SESSION_LABEL, session) != session:
+            continue  # another session's, maybe still running on a shared engine
+        _remove(container)
+    for container in client.containers.list(
+        all=True, filters={"label": f"{SESSION_LABEL}={session}"}
+    ):
+        _remove(container)
+
+
+def _remove(container: Container) -> None:
+    # It may be gone already, or being removed by the engine itself.
+    with contextlib.suppress(DockerException):
+        container.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def docker_client(test_session_label: str) -> Iterator[docker.DockerClient]:
+    """The engine DOCKER_HOST names; fails the test, never skips, when it does not answer."""
+    where = os.environ.get("DOCKER_HOST") or "the default socket /var/run/docker.sock"
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except DockerException as exc:
+        pytest.fail(
+            f"no Docker engine answers at {where} ({exc}); `make test` starts one "
+            "(scripts/runtime.sh docker) and exports DOCKER_HOST.",
+            pytrace=False,
+        )
+    try:
+        yield client
+    finally:
+        _remove_test_containers(client, test_session_label)
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def test_image(docker_client: docker.DockerClient) -> str:
+    """`pai-test/busybox:latest`, built from Debian's busybox-static when missing."""
+    try:
+        docker_client.images.get(TEST_IMAGE)
+    except ImageNotFound:
+        result = subprocess.run(
+            ["bash", str(BUILD_TEST_IMAGE), TEST_IMAGE],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            pytest.fail(f"could not build {TEST_IMAGE}:\n{result.stderr}", pytrace=False)
+        docker_client.images.get(TEST_IMAGE)
+    return TEST_IMAGE
