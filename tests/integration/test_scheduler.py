@@ -1,0 +1,153 @@
+"""The scheduler's IO shell on a real Redis: passes, releases, lost nodes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+import redis
+
+from services.scheduler.service import Scheduler
+from shared import keys
+from shared.config import Settings
+from shared.lifecycle import mark_task_running, record_task_exit, submit_job
+from shared.messaging import Messenger, make_celery
+from shared.models import Gpu, Node
+from shared.states import JobState, TaskState
+from shared.store import Store
+
+
+@pytest.fixture
+def store(redis_client: redis.Redis) -> Store:
+    return Store(redis_client)
+
+
+@pytest.fixture
+def scheduler(redis_server: str, store: Store) -> Scheduler:
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
+    return Scheduler(settings, store, Messenger(make_celery(settings)))
+
+
+def add_node(store: Store, name: str = "n1", gpus: int = 8) -> None:
+    store.register_node(Node(name, "127.0.0.1", cpus=16, memory_mb=32000,
+                             gpus=[Gpu(i) for i in range(gpus)], port_range=(20000, 20100)))
+
+
+def config(name: str, gpus: int = 1, tasks: int = 1, retry: int = 0) -> dict[str, Any]:
+    return {"jobName": name, "image": "busybox", "retryCount": retry,
+            "taskRoles": [{"name": "main", "taskNumber": tasks, "cpuNumber": 1,
+                           "memoryMB": 128, "gpuNumber": gpus, "command": "true"}]}
+
+
+def launcher_messages(r: redis.Redis, node: str) -> list[list[Any]]:
+    """The args of the Celery messages waiting in a launcher's queue."""
+    messages = [json.loads(m) for m in r.lrange(f"launcher.{node}", 0, -1)]
+    return [json.loads(base64.b64decode(m["body"]))[0] for m in messages]
+
+
+def test_pass_places_in_order_and_sends_starts(store: Store, scheduler: Scheduler,
+                                               redis_client: redis.Redis) -> None:
+    add_node(store)
+    submit_job(store, "alice", config("a", gpus=6))
+    submit_job(store, "alice", config("b", gpus=6))
+    submit_job(store, "alice", config("c", gpus=2))
+
+    stats = scheduler.run_pass()
+
+    assert stats.placed == 2
+    a, b, c = (store.get_tasks(f"alice~{n}", 0)[0] for n in "abc")
+    assert a.state == c.state == TaskState.LAUNCHING and b.state == TaskState.WAITING
+    assert sorted(a.gpus + c.gpus) == list(range(8))
+    assert redis_client.zrange(keys.QUEUE, 0, -1) == ["alice~b"]
+    assert "needs 6 GPUs" in (store.get_job("alice~b") or pytest.fail()).waiting_reason
+    assert sorted(m[0] for m in launcher_messages(redis_client, "n1")) == \
+        ["alice~a", "alice~c"]
+
+
+def test_release_after_exit_lets_the_waiting_job_in(store: Store, scheduler: Scheduler) -> None:
+    add_node(store)
+    submit_job(store, "alice", config("a", gpus=6))
+    submit_job(store, "alice", config("b", gpus=6))
+    scheduler.run_pass()
+    mark_task_running(store, "alice~a", 0, "main", 0, "cid")
+    record_task_exit(store, "alice~a", 0, "main", 0, exit_code=0)
+
+    scheduler.task_ended("alice~a", 0, "main", 0)
+
+    b = store.get_tasks("alice~b", 0)[0]
+    assert b.state == TaskState.LAUNCHING and len(b.gpus) == 6
+    assert store.get_allocations(store.r, "n1").keys() == {"alice~b:0:main:0"}
+
+
+def test_release_ignores_a_live_task(store: Store, scheduler: Scheduler) -> None:
+    add_node(store)
+    submit_job(store, "alice", config("a"))
+    scheduler.run_pass()
+    assert not scheduler.release_if_settled("alice~a", 0, "main", 0)
+    assert len(store.get_allocations(store.r, "n1")) == 1
+
+
+def test_lost_node_fails_tasks_as_platform_failures_and_retries(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    add_node(store, "n1")
+    submit_job(store, "alice", config("a", retry=0))
+    scheduler.run_pass()
+    mark_task_running(store, "alice~a", 0, "main", 0, "cid")
+    redis_client.zadd(keys.NODES, {"n1": 1})  # its last heartbeat was long ago
+    add_node(store, "n2")
+
+    scheduler.fail_lost_nodes()
+
+    job = store.get_job("alice~a")
+    assert job is not None
+    assert (job.state, job.attempt, job.retries, job.platform_retries) == \
+        (JobState.WAITING, 1, 0, 1)
+    lost = store.get_tasks("alice~a", 0)[0]
+    assert lost.state == TaskState.FAILED and lost.platform_failure
+    assert "node n1 lost" in lost.diagnostics
+    assert store.get_allocations(store.r, "n1") == {}
+    scheduler.run_pass()
+    assert store.get_tasks("alice~a", 1)[0].node == "n2"
+
+
+def test_stale_launch_is_sent_again(store: Store, scheduler: Scheduler,
+                                    redis_client: redis.Redis) -> None:
+    add_node(store)
+    submit_job(store, "alice", config("a"))
+    scheduler.run_pass()
+    redis_client.delete("launcher.n1")
+    redis_client.zadd(keys.LAUNCHING, {"alice~a:0:main:0": 1})
+
+    scheduler.retry_stale_launches()
+
+    assert [m[0] for m in launcher_messages(redis_client, "n1")] == ["alice~a"]
+    assert redis_client.zscore(keys.LAUNCHING, "alice~a:0:main:0") > 1
+
+
+def test_sweep_releases_allocations_of_settled_tasks(store: Store,
+                                                     scheduler: Scheduler) -> None:
+    add_node(store)
+    submit_job(store, "alice", config("a"))
+    scheduler.run_pass()
+    mark_task_running(store, "alice~a", 0, "main", 0, "cid")
+    record_task_exit(store, "alice~a", 0, "main", 0, exit_code=0)
+    assert len(store.get_allocations(store.r, "n1")) == 1  # the task_ended message was lost
+
+    scheduler.sweep_allocations()
+
+    assert store.get_allocations(store.r, "n1") == {}
+
+
+def test_passes_coalesce_under_the_lock(store: Store, scheduler: Scheduler,
+                                        redis_client: redis.Redis) -> None:
+    add_node(store)
+    lock = redis_client.lock(keys.SCHEDULER_LOCK, timeout=10)
+    assert lock.acquire(blocking=False)
+    submit_job(store, "alice", config("a"))
+    scheduler.request_pass()  # someone else holds the lock: it only marks work to do
+    assert store.get_tasks("alice~a", 0)[0].state == TaskState.WAITING
+    lock.release()
+    scheduler.request_pass()
+    assert store.get_tasks("alice~a", 0)[0].state == TaskState.LAUNCHING
