@@ -13,7 +13,7 @@ return.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from shared.models import (
     Attempt,
     Job,
     JobSpec,
+    Node,
     Task,
     TaskPlacement,
     attempt_task_key,
@@ -241,7 +242,9 @@ def commit_placement(
     """Bind a gang: allocations on the nodes, tasks LAUNCHING, job dequeued.
 
     Commits only if the job is the one the placement was computed for (same
-    version, still WAITING) and no node's allocations changed meanwhile.
+    version, still WAITING), the placement covers every task, and what the
+    nodes hold now leaves room for it: a pass that overlapped another (its
+    lock expired) can never hand out a GPU or port twice.
     """
     job_key = keys.job(job_id)
     node_keys = sorted({keys.node_alloc(p.node) for p in placements})
@@ -252,6 +255,15 @@ def commit_placement(
                 or job.attempt != attempt:
             return False
         tasks = store.read_tasks(pipe, job_id, attempt)
+        if {task_key(p.role, p.index) for p in placements} != set(tasks):
+            return False
+        for name in {p.node for p in placements}:
+            raw = pipe.get(keys.node(name))
+            node = Node.from_dict(json.loads(raw)) if raw else None
+            held = store.get_allocations(pipe, name).values()
+            if node is None or not placement_fits(node, held,
+                                                  [p for p in placements if p.node == name]):
+                return False
         launched = now_ms()
         changed = []
         for p in placements:
@@ -279,6 +291,20 @@ def commit_placement(
         return True
 
     return store.transact(decide, job_key, *node_keys)
+
+
+def placement_fits(node: Node, held: Iterable[Allocation],
+                   placements: Sequence[TaskPlacement]) -> bool:
+    """Do these placements fit beside what the node's allocations hold?"""
+    held = list(held)
+    gpus = [g for a in held for g in a.gpus] + [g for p in placements for g in p.gpus]
+    ports = [q for a in held for q in a.ports] + [q for p in placements for q in p.all_ports]
+    known_gpus = {g.index for g in node.gpus}
+    return (len(gpus) == len(set(gpus)) and set(gpus) <= known_gpus
+            and len(ports) == len(set(ports))
+            and sum(a.cpus for a in held) + sum(p.cpus for p in placements) <= node.cpus
+            and sum(a.memory_mb for a in held) + sum(p.memory_mb for p in placements)
+            <= node.memory_mb)
 
 
 def set_waiting_reason(store: Store, job_id: str, reason: str) -> None:

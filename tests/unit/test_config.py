@@ -1,0 +1,215 @@
+"""Settings from the environment (DESIGN.md section 8), given as mappings."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.config import (
+    DEFAULT_REDIS_URL,
+    DEFAULT_SECRET,
+    ConfigError,
+    Settings,
+    load_settings,
+)
+
+
+def test_defaults_with_an_empty_environment() -> None:
+    settings = load_settings({})
+    assert settings.redis_url == DEFAULT_REDIS_URL == "redis://127.0.0.1:6379/0"
+    assert (settings.api_host, settings.api_port) == ("127.0.0.1", 9186)
+    assert settings.secret_key == DEFAULT_SECRET
+    assert settings.dev_mode is True
+    assert settings.node_ip == "127.0.0.1"
+    assert settings.node_name  # the host name
+    assert settings.node_virtual_gpus is None
+    assert settings.node_cpus is None
+    assert settings.node_memory_mb is None
+    assert settings.storage_roots == ()
+    assert settings.default_fs_uri == ""
+    assert settings.port_range == (15000, 40000)
+    assert settings.docker_host is None
+    assert settings.log_max_lines == 100_000
+
+
+def test_load_settings_without_a_mapping_reads_os_environ(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PAI_API_PORT", "9999")
+    monkeypatch.setenv("PAI_DEV_MODE", "1")
+    assert load_settings().api_port == 9999
+
+
+def test_values_from_the_mapping_override_defaults() -> None:
+    settings = load_settings({
+        "PAI_REDIS_URL": "redis://redis.example:6380/2",
+        "PAI_API_HOST": "0.0.0.0",
+        "PAI_API_PORT": "8080",
+        "PAI_ADMIN_USER": "root",
+        "PAI_ADMIN_PASSWORD": "s3cret-pass",
+        "PAI_NODE_NAME": "gpu-01",
+        "PAI_NODE_IP": "10.0.0.5",
+        "PAI_NODE_VIRTUAL_GPUS": "8",
+        "PAI_NODE_CPUS": "32",
+        "PAI_NODE_MEMORY_MB": "65536",
+        "PAI_LOG_MAX_LINES": "500",
+    })
+    assert settings.redis_url == "redis://redis.example:6380/2"
+    assert (settings.api_host, settings.api_port) == ("0.0.0.0", 8080)
+    assert (settings.admin_user, settings.admin_password) == ("root", "s3cret-pass")
+    assert (settings.node_name, settings.node_ip) == ("gpu-01", "10.0.0.5")
+    assert (settings.node_virtual_gpus, settings.node_cpus, settings.node_memory_mb) == (
+        8, 32, 65536)
+    assert settings.log_max_lines == 500
+
+
+def test_zero_virtual_gpus_is_kept_not_defaulted() -> None:
+    assert load_settings({"PAI_NODE_VIRTUAL_GPUS": "0"}).node_virtual_gpus == 0
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    pytest.param({"PAI_DOCKER_HOST": "unix:///a.sock", "DOCKER_HOST": "unix:///b.sock"},
+                 "unix:///a.sock", id="PAI_DOCKER_HOST wins"),
+    pytest.param({"DOCKER_HOST": "unix:///b.sock"}, "unix:///b.sock",
+                 id="else DOCKER_HOST"),
+    pytest.param({}, None, id="else None"),
+])
+def test_docker_host(env: dict[str, str], expected: str | None) -> None:
+    assert load_settings(env).docker_host == expected
+
+
+# ------------------------------------------------------------ port range
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    pytest.param("15000-40000", (15000, 40000), id="the default shape"),
+    pytest.param("20000-20000", (20000, 20000), id="a single port"),
+    pytest.param("1-65535", (1, 65535), id="the whole range"),
+    pytest.param(" 30000 - 31000 ", (30000, 31000), id="spaces around numbers"),
+])
+def test_port_range_parses(raw: str, expected: tuple[int, int]) -> None:
+    assert load_settings({"PAI_PORT_RANGE": raw}).port_range == expected
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param("15000", id="no dash"),
+    pytest.param("a-b", id="not numbers"),
+    pytest.param("15000-", id="missing high"),
+    pytest.param("15000:40000", id="colon instead of dash"),
+    pytest.param("1-2-3", id="three parts"),
+    pytest.param("40000-15000", id="low above high"),
+    pytest.param("0-100", id="port zero"),
+    pytest.param("60000-70000", id="above 65535"),
+])
+def test_port_range_errors_name_the_setting(raw: str) -> None:
+    with pytest.raises(ConfigError, match="PAI_PORT_RANGE"):
+        load_settings({"PAI_PORT_RANGE": raw})
+
+
+# ---------------------------------------------------------- storage roots
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    pytest.param("/data", ("/data",), id="one absolute path"),
+    pytest.param("file:///data", ("/data",), id="file:// is stripped"),
+    pytest.param("file:///mnt/a/, /mnt/b", ("/mnt/a", "/mnt/b"),
+                 id="several, spaces and trailing slash"),
+    pytest.param("/data,,", ("/data",), id="empty entries ignored"),
+    pytest.param("", (), id="unset means none"),
+])
+def test_storage_roots(raw: str, expected: tuple[str, ...]) -> None:
+    settings = load_settings({"PAI_STORAGE_ROOTS": raw})
+    assert settings.storage_roots == expected
+    assert settings.default_fs_uri == (expected[0] if expected else "")
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param("data", id="relative"),
+    pytest.param("/ok,relative/dir", id="one relative among absolutes"),
+    pytest.param("file://data", id="file:// with a relative path"),
+])
+def test_relative_storage_roots_are_rejected(raw: str) -> None:
+    with pytest.raises(ConfigError, match="PAI_STORAGE_ROOTS"):
+        load_settings({"PAI_STORAGE_ROOTS": raw})
+
+
+# ------------------------------------------------------------- the secret
+
+
+def test_default_secret_refused_outside_dev_mode() -> None:
+    with pytest.raises(ConfigError, match="PAI_SECRET_KEY"):
+        load_settings({"PAI_DEV_MODE": "0"})
+
+
+def test_explicit_default_secret_refused_outside_dev_mode() -> None:
+    with pytest.raises(ConfigError, match="PAI_SECRET_KEY"):
+        load_settings({"PAI_DEV_MODE": "0", "PAI_SECRET_KEY": DEFAULT_SECRET})
+
+
+def test_own_secret_accepted_outside_dev_mode() -> None:
+    settings = load_settings({"PAI_DEV_MODE": "0", "PAI_SECRET_KEY": "a-real-secret"})
+    assert settings.dev_mode is False
+    assert settings.secret_key == "a-real-secret"
+
+
+@pytest.mark.parametrize(("raw", "dev_mode"), [
+    pytest.param("1", True, id="1"),
+    pytest.param("true", True, id="true"),
+    pytest.param("YES", True, id="YES"),
+    pytest.param("on", True, id="on"),
+    pytest.param("0", False, id="0"),
+    pytest.param("false", False, id="false"),
+    pytest.param("no", False, id="no"),
+])
+def test_dev_mode_flag(raw: str, dev_mode: bool) -> None:
+    env = {"PAI_DEV_MODE": raw, "PAI_SECRET_KEY": "a-real-secret"}
+    assert load_settings(env).dev_mode is dev_mode
+
+
+def test_default_secret_allowed_in_dev_mode() -> None:
+    assert load_settings({"PAI_DEV_MODE": "1"}).secret_key == DEFAULT_SECRET
+
+
+# ------------------------------------------------------- integer settings
+
+INT_SETTINGS = ["PAI_API_PORT", "PAI_NODE_VIRTUAL_GPUS", "PAI_NODE_CPUS",
+                "PAI_NODE_MEMORY_MB", "PAI_MONITOR_PORT", "PAI_LOG_MAX_LINES"]
+
+
+@pytest.mark.parametrize("name", INT_SETTINGS)
+@pytest.mark.parametrize("raw", ["many", "1.5", "0x10"])
+def test_non_integer_setting_error_names_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match=name) as caught:
+        load_settings({name: raw})
+    assert repr(raw) in str(caught.value)
+
+
+@pytest.mark.parametrize("name", INT_SETTINGS)
+def test_negative_integer_setting_error_names_the_variable(name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        load_settings({name: "-1"})
+
+
+@pytest.mark.parametrize("name", ["PAI_HEARTBEAT_SECONDS", "PAI_NODE_LOST_SECONDS",
+                                  "PAI_LAUNCH_TIMEOUT_SECONDS"])
+def test_seconds_settings_parse(name: str) -> None:
+    field = name.removeprefix("PAI_").lower()
+    assert getattr(load_settings({name: "2.5"}), field) == 2.5
+
+
+@pytest.mark.parametrize("name", ["PAI_HEARTBEAT_SECONDS", "PAI_NODE_LOST_SECONDS",
+                                  "PAI_LAUNCH_TIMEOUT_SECONDS"])
+def test_malformed_seconds_setting_error_names_the_variable(name: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        load_settings({name: "soon"})
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "nan"])
+def test_seconds_settings_must_be_positive(raw: str) -> None:
+    with pytest.raises(ConfigError, match="PAI_HEARTBEAT_SECONDS"):
+        load_settings({"PAI_HEARTBEAT_SECONDS": raw})
+
+
+def test_settings_are_immutable() -> None:
+    settings = Settings()
+    with pytest.raises(AttributeError):
+        settings.api_port = 1  # type: ignore[misc]

@@ -1,0 +1,97 @@
+"""The literal Redis key strings: renaming one must be a conscious act."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import pytest
+
+from shared import keys
+
+JOB = "alice~mnist"
+
+LITERAL_KEYS = [
+    pytest.param(keys.PREFIX, "pai:", id="PREFIX"),
+    pytest.param(keys.JOBS, "pai:jobs", id="JOBS"),
+    pytest.param(keys.QUEUE, "pai:queue", id="QUEUE"),
+    pytest.param(keys.QUEUE_SEQ, "pai:queue:seq", id="QUEUE_SEQ"),
+    pytest.param(keys.LAUNCHING, "pai:launching", id="LAUNCHING"),
+    pytest.param(keys.SCHEDULER_LOCK, "pai:lock:scheduler", id="SCHEDULER_LOCK"),
+    pytest.param(keys.NODES, "pai:nodes", id="NODES"),
+    pytest.param(keys.USERS, "pai:users", id="USERS"),
+    pytest.param(keys.VCS, "pai:vcs", id="VCS"),
+    pytest.param(keys.job(JOB), "pai:job:alice~mnist", id="job"),
+    pytest.param(keys.job_config(JOB), "pai:job:alice~mnist:config", id="job_config"),
+    pytest.param(keys.job_tasks(JOB, 0), "pai:job:alice~mnist:attempt:0:tasks",
+                 id="job_tasks attempt 0"),
+    pytest.param(keys.job_tasks(JOB, 12), "pai:job:alice~mnist:attempt:12:tasks",
+                 id="job_tasks attempt 12"),
+    pytest.param(keys.job_attempts(JOB), "pai:job:alice~mnist:attempts", id="job_attempts"),
+    pytest.param(keys.job_events(JOB), "pai:job:alice~mnist:events", id="job_events"),
+    pytest.param(keys.task_log(JOB, 1, "worker", 3), "pai:log:alice~mnist:1:worker:3",
+                 id="task_log"),
+    pytest.param(keys.user_jobs("alice"), "pai:user:alice:jobs", id="user_jobs"),
+    pytest.param(keys.vc_jobs("default"), "pai:vc:default:jobs", id="vc_jobs"),
+    pytest.param(keys.state_jobs("RUNNING"), "pai:state:RUNNING:jobs", id="state_jobs"),
+    pytest.param(keys.node("gpu-01"), "pai:node:gpu-01", id="node"),
+    pytest.param(keys.node_alloc("gpu-01"), "pai:node:gpu-01:alloc", id="node_alloc"),
+    pytest.param(keys.user("alice"), "pai:user:alice", id="user"),
+    pytest.param(keys.user_token_epoch("alice"), "pai:user:alice:token-epoch",
+                 id="user_token_epoch"),
+    pytest.param(keys.vc("default"), "pai:vc:default", id="vc"),
+]
+
+
+@pytest.mark.parametrize(("actual", "expected"), LITERAL_KEYS)
+def test_literal_key(actual: str, expected: str) -> None:
+    assert actual == expected
+
+
+def test_state_key_from_an_enum_uses_its_value() -> None:
+    from shared.states import JobState
+
+    assert keys.state_jobs(JobState.WAITING) == "pai:state:WAITING:jobs"
+
+
+def _key_builders() -> dict[str, Callable[..., str]]:
+    return {name: fn for name, fn in vars(keys).items()
+            if inspect.isfunction(fn) and fn.__module__ == keys.__name__}
+
+
+def _constants() -> dict[str, str]:
+    return {name: value for name, value in vars(keys).items()
+            if name.isupper() and isinstance(value, str)}
+
+
+def _sample_args(fn: Callable[..., str]) -> list[object]:
+    args: list[object] = []
+    for param in inspect.signature(fn).parameters.values():
+        args.append(1 if param.annotation in (int, "int") else "x")
+    return args
+
+
+def test_every_key_builder_is_pinned_above() -> None:
+    pinned = {p.id.split(" ")[0] for p in LITERAL_KEYS}  # type: ignore[union-attr]
+    assert set(_key_builders()) <= pinned
+    assert set(_constants()) <= pinned
+
+
+@pytest.mark.parametrize("name", sorted(_constants()))
+def test_every_constant_key_starts_with_the_prefix(name: str) -> None:
+    assert _constants()[name].startswith("pai:")
+
+
+@pytest.mark.parametrize("name", sorted(_key_builders()))
+def test_every_built_key_starts_with_the_prefix(name: str) -> None:
+    fn = _key_builders()[name]
+    assert fn(*_sample_args(fn)).startswith("pai:")
+
+
+def test_keys_of_different_jobs_do_not_collide() -> None:
+    a = {keys.job("alice~a"), keys.job_config("alice~a"), keys.job_attempts("alice~a"),
+         keys.job_events("alice~a"), keys.job_tasks("alice~a", 0)}
+    b = {keys.job("bob~a"), keys.job_config("bob~a"), keys.job_attempts("bob~a"),
+         keys.job_events("bob~a"), keys.job_tasks("bob~a", 0)}
+    assert len(a) == 5
+    assert not a & b
