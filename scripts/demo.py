@@ -16,14 +16,18 @@ from typing import Any
 
 HOST = os.environ.get("PAI_API_HOST", "127.0.0.1")
 API = f"http://{HOST}:{os.environ.get('PAI_API_PORT', '9186')}"
-USER = os.environ.get("PAI_DEMO_USER", "demo")
+USER = os.environ.get("PAI_ADMIN_USER", "admin")
+PASSWORD = os.environ.get("PAI_ADMIN_PASSWORD", "admin-password")
+TOKEN: list[str] = []
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
 def call(method: str, path: str, body: Any = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(API + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if TOKEN:
+        headers["Authorization"] = f"Bearer {TOKEN[0]}"
+    req = urllib.request.Request(API + path, data=data, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as resp:
         raw = resp.read().decode()
         return json.loads(raw) if resp.headers.get_content_type() == "application/json" else raw
@@ -33,6 +37,7 @@ def main(path: str) -> int:
     with open(path) as f:
         config = json.load(f)
     config["jobName"] = f"{config['jobName']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    TOKEN.append(call("POST", "/api/v1/token", {"username": USER, "password": PASSWORD})["token"])
     try:
         submitted = call("POST", f"/api/v1/user/{USER}/jobs", config)
     except urllib.error.HTTPError as error:

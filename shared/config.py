@@ -11,7 +11,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-DEFAULT_SECRET = "pai-dev-secret-change-me"
+DEFAULT_SECRET = "pai-dev-secret-change-me-before-production"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -130,4 +130,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     )
     if not settings.dev_mode and settings.secret_key == DEFAULT_SECRET:
         raise ConfigError("PAI_SECRET_KEY must be set to a secret of your own outside dev mode")
+    if not settings.dev_mode and len(settings.secret_key) < 32:
+        raise ConfigError("PAI_SECRET_KEY must be at least 32 characters outside dev mode")
     return settings

@@ -86,5 +86,10 @@ def user_token_epoch(username: str) -> str:
     return f"{PREFIX}user:{username}:token-epoch"
 
 
+def revoked_token(token_id: str) -> str:
+    """A logged-out token's id, kept until the token would have expired."""
+    return f"{PREFIX}token:revoked:{token_id}"
+
+
 def vc(name: str) -> str:
     return f"{PREFIX}vc:{name}"

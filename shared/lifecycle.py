@@ -280,7 +280,8 @@ def commit_placement(
         for p in placements:
             store.write_allocation(pipe, Allocation(
                 job_id=job_id, attempt=attempt, role=p.role, index=p.index, node=p.node,
-                gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb, ports=p.all_ports))
+                gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb, ports=p.all_ports,
+                vc=job.virtual_cluster))
             pipe.zadd(keys.LAUNCHING,
                       {attempt_task_key(job_id, attempt, p.role, p.index): launch_deadline_ms})
         store.write_tasks(pipe, job_id, attempt, changed)
@@ -312,3 +313,27 @@ def set_waiting_reason(store: Store, job_id: str, reason: str) -> None:
     key = keys.job(job_id)
     if store.r.hget(key, "waiting_reason") != reason and store.r.exists(key):
         store.r.hset(key, "waiting_reason", reason)
+
+
+def delete_job(store: Store, job_id: str) -> bool:
+    """Forget a finished job and everything it kept, so its name is free again."""
+    job_key = keys.job(job_id)
+
+    def decide(pipe: Pipe) -> bool:
+        job = store.read_job(pipe, job_id)
+        if job is None or not job.state.is_final:
+            return False
+        doomed = [job_key, keys.job_config(job_id), keys.job_attempts(job_id),
+                  keys.job_events(job_id)]
+        for attempt in range(job.attempt + 1):
+            doomed.append(keys.job_tasks(job_id, attempt))
+            for task in store.read_tasks(pipe, job_id, attempt).values():
+                doomed.append(keys.task_log(job_id, attempt, task.role, task.index))
+        pipe.multi()
+        pipe.delete(*doomed)
+        for index in (keys.JOBS, keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster),
+                      keys.state_jobs(job.state), keys.QUEUE):
+            pipe.zrem(index, job_id)
+        return True
+
+    return store.transact(decide, job_key)

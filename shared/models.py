@@ -288,6 +288,7 @@ class Allocation:
     cpus: int
     memory_mb: int
     ports: tuple[int, ...]
+    vc: str = "default"
 
     @property
     def key(self) -> str:
@@ -302,7 +303,7 @@ class Allocation:
             job_id=data["job_id"], attempt=int(data["attempt"]), role=data["role"],
             index=int(data["index"]), node=data["node"], gpus=tuple(data["gpus"]),
             cpus=int(data["cpus"]), memory_mb=int(data["memory_mb"]),
-            ports=tuple(data["ports"]),
+            ports=tuple(data["ports"]), vc=data.get("vc", "default"),
         )
 
 

@@ -197,9 +197,17 @@ class Store:
 
     def list_jobs(
         self, *, username: str | None = None, vc: str | None = None,
-        state: str | None = None, offset: int = 0, limit: int = 50,
-    ) -> tuple[list[Job], int]:
-        """Jobs newest first, filtered through the index sets; and the total."""
+        state: str | None = None, keyword: str | None = None, offset: int = 0,
+        limit: int = 50, count_total: bool = True,
+    ) -> tuple[list[Job], int | None]:
+        """Jobs newest first, filtered through the index sets; and the total.
+
+        One filter and no keyword is a plain range of its index. Otherwise the
+        smallest index drives: it is walked newest first in chunks, each
+        checked against the other indexes (ZMSCORE) and the keyword (in the
+        job id), until the page is full; cost follows the page's depth, not
+        the number of jobs stored.
+        """
         index_keys = [keys.user_jobs(username)] if username else []
         if vc:
             index_keys.append(keys.vc_jobs(vc))
@@ -207,18 +215,49 @@ class Store:
             index_keys.append(keys.state_jobs(state))
         if not index_keys:
             index_keys = [keys.JOBS]
-        if len(index_keys) == 1:
+        if len(index_keys) == 1 and not keyword:
             total = int(self.r.zcard(index_keys[0]))
             ids = self.r.zrevrange(index_keys[0], offset, offset + limit - 1)
-        else:
-            matched: list[str] = self.r.zinter(index_keys, aggregate="MAX")
-            total = len(matched)
-            ids = list(reversed(matched))[offset:offset + limit]
+            return self._jobs(ids), total
+        sizes = [int(n) for n in self._pipeline_zcard(index_keys)]
+        driver = index_keys[sizes.index(min(sizes))]
+        others = [k for k in index_keys if k != driver]
+        wanted = offset + limit if not count_total else None
+        matched = self._matching_ids(driver, others, keyword, wanted)
+        return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
+
+    def _pipeline_zcard(self, index_keys: Sequence[str]) -> list[int]:
+        pipe = self.r.pipeline(transaction=False)
+        for key in index_keys:
+            pipe.zcard(key)
+        return list(pipe.execute())
+
+    def _matching_ids(self, driver: str, others: Sequence[str], keyword: str | None,
+                      wanted: int | None, chunk: int = 1000) -> list[str]:
+        needle = keyword.lower() if keyword else None
+        matched: list[str] = []
+        start = 0
+        while wanted is None or len(matched) < wanted:
+            ids = self.r.zrevrange(driver, start, start + chunk - 1)
+            if not ids:
+                break
+            start += chunk
+            if needle:
+                ids = [i for i in ids if needle in i.partition("~")[2].lower()]
+            if others and ids:
+                pipe = self.r.pipeline(transaction=False)
+                for key in others:
+                    pipe.zmscore(key, ids)
+                scores = pipe.execute()
+                ids = [i for n, i in enumerate(ids) if all(s[n] is not None for s in scores)]
+            matched.extend(ids)
+        return matched if wanted is None else matched[:wanted]
+
+    def _jobs(self, ids: Sequence[str]) -> list[Job]:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id))
-        jobs = [Job.from_fields(f) for f in pipe.execute() if f]
-        return jobs, total
+        return [Job.from_fields(f) for f in pipe.execute() if f] if ids else []
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
@@ -255,6 +294,15 @@ class Store:
     def get_allocations(self, reader: Reader, node: str) -> dict[str, Allocation]:
         raw: dict[str, str] = reader.hgetall(keys.node_alloc(node))
         return {k: Allocation.from_dict(json.loads(v)) for k, v in raw.items()}
+
+    def all_allocations(self, node_names: Sequence[str]) -> dict[str, list[Allocation]]:
+        """Every allocation of the named nodes, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in node_names:
+            pipe.hgetall(keys.node_alloc(name))
+        replies = pipe.execute() if node_names else []
+        return {name: [Allocation.from_dict(json.loads(v)) for v in raw.values()]
+                for name, raw in zip(node_names, replies, strict=True)}
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from flask import Flask
 
-from services.api import cluster, jobs
+from services.api import auth, cluster, jobs, users, vcs
 from services.api.errors import register_error_handlers
 from services.api.platform import Platform
+from shared.accounts import Accounts
 from shared.config import Settings, load_settings
 from shared.messaging import Messenger, make_celery
 from shared.store import Store
@@ -25,6 +26,9 @@ def create_app(settings: Settings | None = None) -> Flask:
         messenger=Messenger(make_celery(settings, "pai-api")),
     )
     register_error_handlers(app)
-    app.register_blueprint(jobs.bp)
-    app.register_blueprint(cluster.bp)
+    app.before_request(auth.authenticate)
+    for blueprint in (auth.bp, users.bp, jobs.bp, vcs.bp, cluster.bp):
+        app.register_blueprint(blueprint)
+    Accounts(app.extensions["pai"].store).bootstrap(settings.admin_user,
+                                                   settings.admin_password)
     return app

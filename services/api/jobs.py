@@ -7,15 +7,19 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import yaml
 from flask import Blueprint, Response, request, stream_with_context
 
+from services.api.auth import current_user, require_self_or_admin
 from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
+from shared.accounts import Accounts
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, validate_job_config
-from shared.lifecycle import request_stop, submit_job
+from shared.lifecycle import delete_job, request_stop, submit_job
 from shared.models import Job, JobSpec, job_id_of
+from shared.states import JobState
 from shared.store import JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
@@ -35,7 +39,11 @@ def _json_body() -> Any:
             from None
 
 
-def get_job_or_404(username: str, name: str) -> Job:
+def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
+                   action: str = "do this") -> Job:
+    """The job, or 404; with owner_only, 403 unless the caller owns it or is admin."""
+    if owner_only:
+        require_self_or_admin(username, f"{action} for this job")
     job = platform().store.get_job(job_id_of(username, name))
     if job is None:
         raise ApiError("NoJobError", f"job {name} of user {username} not found", 404)
@@ -49,17 +57,31 @@ def submit_for_user(username: str) -> tuple[dict[str, Any], int]:
 
 @bp.post("/jobs")
 def submit() -> tuple[dict[str, Any], int]:
-    body = _json_body()
-    username = request.args.get("username") or (
-        body.get("username") if isinstance(body, dict) else None)
-    if not username:
-        raise ApiError("InvalidJobConfigError", "say whose job this is: ?username=<user>")
-    if isinstance(body, dict):
-        body = {k: v for k, v in body.items() if k != "username"}
-    return _submit(str(username), body)
+    return _submit(current_user().username, _json_body())
+
+
+def _check_vc(username: str, vc_name: str, gpus: int) -> None:
+    """The VC exists, the user may use it, and its quota can ever hold the job."""
+    accounts = Accounts(platform().store)
+    vc = accounts.get_vc(vc_name)
+    if vc is None:
+        raise ApiError("NoVirtualClusterError", f"virtual cluster {vc_name} does not exist",
+                       400, fields={"virtualCluster": [f"no virtual cluster {vc_name}"]})
+    owner = accounts.get_user(username)
+    if owner is None:
+        raise ApiError("NoUserError", f"user {username} does not exist", 404)
+    if not owner.may_use(vc_name):
+        raise ApiError("ForbiddenUserError",
+                       f"user {username} may not use virtual cluster {vc_name}", 403)
+    if vc.gpu_quota is not None and gpus > vc.gpu_quota:
+        raise ApiError("InvalidJobConfigError", "the job can never run in its virtual cluster",
+                       400, fields={"virtualCluster": [
+                           f"the job needs {gpus} GPUs at once; the quota of {vc_name} "
+                           f"is {vc.gpu_quota}"]})
 
 
 def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
+    require_self_or_admin(username, "submit jobs")
     pai = platform()
     try:
         validated = validate_job_config(body, username=username,
@@ -68,6 +90,8 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
         raise ApiError("InvalidJobConfigError", error.message, 400, fields=error.fields) \
             from None
     spec = JobSpec.from_config(validated.config)
+    _check_vc(username, spec.virtual_cluster,
+              sum(r.gpu_number * r.task_number for r in spec.task_roles))
     reasons = infeasible_reasons(spec, pai.store.get_nodes())
     if reasons:
         raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,
@@ -96,11 +120,17 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
         limit = min(1000, max(1, int(args.get("limit", 50))))
     except ValueError:
         raise ApiError("BadRequestError", "offset and limit must be integers") from None
+    state = args.get("state") or None
+    if state is not None and state not in JobState.__members__:
+        raise ApiError("BadRequestError",
+                       f"state is one of {', '.join(JobState.__members__)}")
+    with_total = args.get("withTotalCount", "").lower() in ("1", "true")
     jobs, total = platform().store.list_jobs(
-        username=args.get("username") or None, vc=args.get("vc") or None,
-        state=args.get("state") or None, offset=offset, limit=limit)
+        username=args.get("username") or None, vc=args.get("vc") or None, state=state,
+        keyword=args.get("keyword") or None, offset=offset, limit=limit,
+        count_total=with_total)
     rows = [job_summary(j) for j in jobs]
-    if args.get("withTotalCount", "").lower() in ("1", "true"):
+    if with_total:
         return {"totalCount": total, "data": rows}
     return rows
 
@@ -109,6 +139,16 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
 def list_user_jobs(username: str) -> list[dict[str, Any]]:
     jobs, _ = platform().store.list_jobs(username=username, limit=1000)
     return [job_summary(j) for j in jobs]
+
+
+@bp.delete("/user/<username>/jobs/<name>")
+def remove(username: str, name: str) -> dict[str, Any]:
+    job = get_job_or_404(username, name, owner_only=True, action="delete")
+    if not job.state.is_final:
+        raise ApiError("ConflictJobError",
+                       f"job {name} is {job.state.value}; stop it before deleting it", 409)
+    delete_job(platform().store, job.id)
+    return {"message": f"job {name} deleted; its name may be used again"}
 
 
 @bp.get("/user/<username>/jobs/<name>")
@@ -122,11 +162,15 @@ def detail(username: str, name: str) -> dict[str, Any]:
 
 
 @bp.get("/user/<username>/jobs/<name>/config")
-def config(username: str, name: str) -> dict[str, Any]:
-    job = get_job_or_404(username, name)
+def config(username: str, name: str) -> Response | dict[str, Any]:
+    job = get_job_or_404(username, name, owner_only=True, action="read the config")
     found = platform().store.get_config(job.id)
     if found is None:
         raise ApiError("NoJobError", f"job {name} has no stored config", 404)
+    best = request.accept_mimetypes.best_match(
+        ["application/json", "application/yaml", "text/yaml"], default="application/json")
+    if best in ("application/yaml", "text/yaml"):
+        return Response(yaml.safe_dump(found, sort_keys=False), mimetype=best)
     return found
 
 
@@ -137,14 +181,15 @@ def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
     if value != "STOP":
         raise ApiError("BadRequestError", 'send {"value": "STOP"} to stop a job')
     pai = platform()
-    job = request_stop(pai.store, get_job_or_404(username, name).id)
+    job = request_stop(pai.store, get_job_or_404(username, name, owner_only=True,
+                                                 action="stop").id)
     pai.messenger.stop_job(job.id)
     return {"message": f"stop requested for job {name}", "state": job.state.value}, 202
 
 
 @bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/log")
 def task_log(username: str, name: str, role: str, index: int) -> Response:
-    job = get_job_or_404(username, name)
+    job = get_job_or_404(username, name, owner_only=True, action="read the logs")
     try:
         attempt = int(request.args.get("attempt", job.attempt))
         tail = min(MAX_TAIL, max(0, int(request.args.get("tail", 1000))))

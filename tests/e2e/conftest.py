@@ -57,6 +57,7 @@ class Platform:
         self.storage = Path(env["PAI_STORAGE_ROOTS"])
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.http = requests.Session()
+        self.admin = requests.Session()
 
     # -------------------------------------------------------------- processes
 
@@ -87,12 +88,26 @@ class Platform:
                 if proc.poll() is not None:
                     pytest.fail(f"{name} exited:\n{self.log_tail(name)}")
             try:
-                nodes = self.http.get(f"{self.url}/api/v1/nodes", timeout=2).json()
+                if "Authorization" not in self.admin.headers:
+                    self.login(self.admin, self.env["PAI_ADMIN_USER"],
+                               self.env["PAI_ADMIN_PASSWORD"])
+                nodes = self.admin.get(f"{self.url}/api/v1/nodes", timeout=2).json()
             except requests.RequestException:
                 return False
             return any(n["name"] == self.node and n["state"] == "READY" for n in nodes)
 
         wait_for(ready, timeout=60, what="the platform to come up")
+
+    def login(self, session: requests.Session, username: str, password: str) -> None:
+        resp = session.post(f"{self.url}/api/v1/token",
+                            json={"username": username, "password": password}, timeout=10)
+        resp.raise_for_status()
+        session.headers["Authorization"] = f"Bearer {resp.json()['token']}"
+
+    def create_user(self, username: str, password: str) -> None:
+        resp = self.admin.post(f"{self.url}/api/v1/user",
+                               json={"username": username, "password": password}, timeout=10)
+        assert resp.status_code in (201, 409), resp.text
 
     # ------------------------------------------------------------------- HTTP
 
@@ -170,6 +185,8 @@ def platform(redis_server: str, docker_client: docker.DockerClient, test_image: 
         "PAI_PORT_RANGE": "21000-21999",
         "PAI_HEARTBEAT_SECONDS": "1",
         "PAI_LAUNCH_TIMEOUT_SECONDS": "20",
+        "PAI_ADMIN_USER": "root",
+        "PAI_ADMIN_PASSWORD": "root-password",
     })
     if "DOCKER_HOST" in os.environ:
         env["PAI_DOCKER_HOST"] = os.environ["DOCKER_HOST"]
@@ -178,6 +195,8 @@ def platform(redis_server: str, docker_client: docker.DockerClient, test_image: 
         pai.start(service)
     try:
         pai.wait_ready()
+        pai.create_user("alice", "alice-password")
+        pai.login(pai.http, "alice", "alice-password")
         yield pai
     finally:
         pai.stop_all()

@@ -127,7 +127,7 @@ def test_stop_running_job(platform: Platform, unique: Callable[[str], str]) -> N
     wait_for(lambda: not platform.job_containers(name), what="containers to be removed")
 
     def freed() -> bool:
-        nodes = platform.http.get(f"{platform.url}/api/v1/nodes", timeout=5).json()
+        nodes = platform.admin.get(f"{platform.url}/api/v1/nodes", timeout=5).json()
         mine = next(n for n in nodes if n["name"] == platform.node)
         return bool(mine["gpuUsed"] == 0 and mine["tasks"] == 0)
     wait_for(freed, what="the job's GPUs to be free again")

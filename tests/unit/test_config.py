@@ -146,9 +146,10 @@ def test_explicit_default_secret_refused_outside_dev_mode() -> None:
 
 
 def test_own_secret_accepted_outside_dev_mode() -> None:
-    settings = load_settings({"PAI_DEV_MODE": "0", "PAI_SECRET_KEY": "a-real-secret"})
+    settings = load_settings({"PAI_DEV_MODE": "0",
+                              "PAI_SECRET_KEY": "a-real-secret-of-at-least-32-characters"})
     assert settings.dev_mode is False
-    assert settings.secret_key == "a-real-secret"
+    assert settings.secret_key == "a-real-secret-of-at-least-32-characters"
 
 
 @pytest.mark.parametrize(("raw", "dev_mode"), [
@@ -161,7 +162,7 @@ def test_own_secret_accepted_outside_dev_mode() -> None:
     pytest.param("no", False, id="no"),
 ])
 def test_dev_mode_flag(raw: str, dev_mode: bool) -> None:
-    env = {"PAI_DEV_MODE": raw, "PAI_SECRET_KEY": "a-real-secret"}
+    env = {"PAI_DEV_MODE": raw, "PAI_SECRET_KEY": "a-real-secret-of-at-least-32-characters"}
     assert load_settings(env).dev_mode is dev_mode
 
 
@@ -213,3 +214,8 @@ def test_settings_are_immutable() -> None:
     settings = Settings()
     with pytest.raises(AttributeError):
         settings.api_port = 1  # type: ignore[misc]
+
+
+def test_short_secret_refused_outside_dev_mode() -> None:
+    with pytest.raises(ConfigError, match="at least 32 characters"):
+        load_settings({"PAI_DEV_MODE": "0", "PAI_SECRET_KEY": "short"})

@@ -40,6 +40,7 @@ LITERAL_KEYS = [
     pytest.param(keys.user_token_epoch("alice"), "pai:user:alice:token-epoch",
                  id="user_token_epoch"),
     pytest.param(keys.vc("default"), "pai:vc:default", id="vc"),
+    pytest.param(keys.revoked_token("abc"), "pai:token:revoked:abc", id="revoked_token"),
 ]
 
 

@@ -1,0 +1,134 @@
+"""Users: admins create and manage them; everyone may change their password."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, request
+
+from services.api.auth import accounts, current_user, require_admin, require_self_or_admin
+from services.api.errors import ApiError
+from shared.accounts import AccountError, UserExists
+
+bp = Blueprint("users", __name__, url_prefix="/api/v1")
+
+MIN_PASSWORD = 6
+
+
+def _body() -> dict[str, Any]:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ApiError("BadRequestError", "send a JSON object")
+    return body
+
+
+def _password(value: Any, field: str = "password") -> str:
+    if not isinstance(value, str) or not MIN_PASSWORD <= len(value) <= 256:
+        raise ApiError("BadRequestError", f"{field} must be {MIN_PASSWORD}-256 characters")
+    return value
+
+
+def _vcs(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ApiError("BadRequestError", "virtualClusters is a list of names")
+    known = {vc.name for vc in accounts().list_vcs()}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ApiError("NoVirtualClusterError",
+                       f"no such virtual cluster: {', '.join(unknown)}", 400)
+    return list(value)
+
+
+def _user_or_404(username: str) -> dict[str, Any]:
+    user = accounts().get_user(username)
+    if user is None:
+        raise ApiError("NoUserError", f"user {username} does not exist", 404)
+    return user.view()
+
+
+@bp.post("/user")
+def create_user() -> tuple[dict[str, Any], int]:
+    require_admin()
+    body = _body()
+    username = body.get("username")
+    if not isinstance(username, str):
+        raise ApiError("BadRequestError", "username is required")
+    admin = body.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ApiError("BadRequestError", "admin is true or false")
+    vcs = _vcs(body.get("virtualClusters", ["default"]))
+    try:
+        user = accounts().create_user(username, _password(body.get("password")), admin=admin,
+                                      virtual_clusters=vcs)
+    except UserExists as error:
+        raise ApiError("ConflictUserError", str(error), 409) from None
+    except AccountError as error:
+        raise ApiError("BadRequestError", str(error)) from None
+    return user.view(), 201
+
+
+@bp.get("/user")
+def list_users() -> list[dict[str, Any]]:
+    require_admin()
+    return [u.view() for u in accounts().list_users()]
+
+
+@bp.get("/user/<username>")
+def get_user(username: str) -> dict[str, Any]:
+    require_self_or_admin(username, "see this user")
+    return _user_or_404(username)
+
+
+@bp.delete("/user/<username>")
+def delete_user(username: str) -> dict[str, Any]:
+    admin = require_admin()
+    if username == admin.username:
+        raise ApiError("BadRequestError", "an admin cannot delete their own account")
+    _user_or_404(username)
+    accounts().delete_user(username)
+    return {"message": f"user {username} deleted"}
+
+
+@bp.put("/user/<username>/password")
+def set_password(username: str) -> dict[str, Any]:
+    caller = require_self_or_admin(username, "change this password")
+    body = _body()
+    _user_or_404(username)
+    new = _password(body.get("newPassword"), "newPassword")
+    found = accounts()
+    if not caller.admin or caller.username == username:
+        old = body.get("oldPassword")
+        if not isinstance(old, str) or not found.check_password(username, old):
+            raise ApiError("IncorrectPasswordError", "oldPassword is incorrect", 401)
+    found.set_password(username, new)
+    return {"message": "password changed; every token of this user is revoked"}
+
+
+@bp.put("/user/<username>/admin")
+def set_admin(username: str) -> dict[str, Any]:
+    require_admin()
+    value = _body().get("value")
+    if not isinstance(value, bool):
+        raise ApiError("BadRequestError", 'send {"value": true} or {"value": false}')
+    if username == current_user().username and not value:
+        raise ApiError("BadRequestError", "an admin cannot take their own admin right")
+    _user_or_404(username)
+    accounts().set_admin(username, value)
+    return _user_or_404(username)
+
+
+@bp.put("/user/<username>/virtualClusters")
+def set_virtual_clusters(username: str) -> dict[str, Any]:
+    require_admin()
+    vcs = _vcs(_body().get("virtualClusters"))
+    _user_or_404(username)
+    accounts().set_virtual_clusters(username, vcs)
+    return _user_or_404(username)
+
+
+@bp.delete("/user/<username>/tokens")
+def revoke_tokens(username: str) -> dict[str, Any]:
+    require_self_or_admin(username, "revoke these tokens")
+    _user_or_404(username)
+    accounts().revoke_all_tokens(username)
+    return {"message": f"every token of {username} is revoked"}

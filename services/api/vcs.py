@@ -1,0 +1,108 @@
+"""Virtual clusters: GPU quotas, what each uses now and who waits in it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from flask import Blueprint, request
+
+from services.api.auth import accounts, require_admin
+from services.api.errors import ApiError
+from services.api.platform import platform
+from shared import keys
+from shared.accounts import DEFAULT_VC, AccountError, VirtualCluster
+from shared.states import JobState
+
+bp = Blueprint("vcs", __name__, url_prefix="/api/v1")
+
+
+def _usage() -> tuple[Counter[str], Counter[str], Counter[str], Counter[str]]:
+    """GPUs, CPUs, memory and tasks held per VC, from the nodes' allocations."""
+    store = platform().store
+    gpus: Counter[str] = Counter()
+    cpus: Counter[str] = Counter()
+    memory: Counter[str] = Counter()
+    tasks: Counter[str] = Counter()
+    names = [n for n, _ in store.node_heartbeats().items()]
+    for allocs in store.all_allocations(names).values():
+        for a in allocs:
+            gpus[a.vc] += len(a.gpus)
+            cpus[a.vc] += a.cpus
+            memory[a.vc] += a.memory_mb
+            tasks[a.vc] += 1
+    return gpus, cpus, memory, tasks
+
+
+def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
+    gpus, cpus, memory, tasks = _usage()
+    r = platform().store.r
+    pipe = r.pipeline(transaction=False)
+    for vc in vcs:
+        for state in (JobState.WAITING, JobState.RUNNING):
+            pipe.zintercard(2, [keys.vc_jobs(vc.name), keys.state_jobs(state)])
+    counts = pipe.execute() if vcs else []
+    return {
+        vc.name: {
+            "name": vc.name,
+            "description": vc.description,
+            "gpuQuota": vc.gpu_quota,
+            "resourcesUsed": {"GPUs": gpus[vc.name], "CPUs": cpus[vc.name],
+                              "memoryMB": memory[vc.name], "tasks": tasks[vc.name]},
+            "gpuFree": None if vc.gpu_quota is None else max(0, vc.gpu_quota - gpus[vc.name]),
+            "waitingJobs": counts[2 * i],
+            "runningJobs": counts[2 * i + 1],
+        }
+        for i, vc in enumerate(vcs)
+    }
+
+
+def _vc_or_404(name: str) -> VirtualCluster:
+    vc = accounts().get_vc(name)
+    if vc is None:
+        raise ApiError("NoVirtualClusterError", f"virtual cluster {name} does not exist", 404)
+    return vc
+
+
+@bp.get("/virtual-clusters")
+def list_vcs() -> dict[str, dict[str, Any]]:
+    return _views(accounts().list_vcs())
+
+
+@bp.get("/virtual-clusters/<name>")
+def get_vc(name: str) -> dict[str, Any]:
+    return _views([_vc_or_404(name)])[name]
+
+
+@bp.put("/virtual-clusters/<name>")
+def put_vc(name: str) -> tuple[dict[str, Any], int]:
+    require_admin()
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ApiError("BadRequestError", 'send {"gpuQuota": <GPUs or null>, "description": ...}')
+    quota = body.get("gpuQuota")
+    if quota is not None and (not isinstance(quota, int) or isinstance(quota, bool)
+                              or not 0 <= quota <= 1_000_000):
+        raise ApiError("BadRequestError", "gpuQuota is a number of GPUs (0 or more) or null")
+    description = body.get("description", "")
+    if not isinstance(description, str) or len(description) > 1024:
+        raise ApiError("BadRequestError", "description is a string of up to 1024 characters")
+    existed = accounts().get_vc(name) is not None
+    try:
+        accounts().put_vc(VirtualCluster(name, quota, description))
+    except AccountError as error:
+        raise ApiError("BadRequestError", str(error)) from None
+    return _views([_vc_or_404(name)])[name], 200 if existed else 201
+
+
+@bp.delete("/virtual-clusters/<name>")
+def delete_vc(name: str) -> dict[str, Any]:
+    require_admin()
+    if name == DEFAULT_VC:
+        raise ApiError("ForbiddenVirtualClusterError", "the default virtual cluster stays", 403)
+    view = _views([_vc_or_404(name)])[name]
+    if view["waitingJobs"] or view["runningJobs"]:
+        raise ApiError("ConflictVirtualClusterError",
+                       f"virtual cluster {name} still has waiting or running jobs", 409)
+    accounts().delete_vc(name)
+    return {"message": f"virtual cluster {name} deleted"}
