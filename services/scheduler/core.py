@@ -12,7 +12,7 @@ later job of that shape or larger.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shared.models import Allocation, JobSpec, Node, TaskPlacement
@@ -45,6 +45,11 @@ class JobRequest:
     version: int
     attempt: int
     tasks: tuple[TaskRequest, ...]
+    vc: str = "default"
+
+    @property
+    def gpus(self) -> int:
+        return sum(t.gpus for t in self.tasks)
 
 
 def job_request(job_id: str, version: int, attempt: int, spec: JobSpec) -> JobRequest:
@@ -56,7 +61,7 @@ def job_request(job_id: str, version: int, attempt: int, spec: JobSpec) -> JobRe
         )
         for role in spec.task_roles for i in range(role.task_number)
     )
-    return JobRequest(job_id, version, attempt, tasks)
+    return JobRequest(job_id, version, attempt, tasks, spec.virtual_cluster)
 
 
 @dataclass(frozen=True)
@@ -251,12 +256,23 @@ class PassPlan:
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> reason
 
 
-def plan_pass(cluster: Cluster, queue: Sequence[JobRequest]) -> PassPlan:
+def plan_pass(cluster: Cluster, queue: Sequence[JobRequest],
+              quotas: Mapping[str, int | None] | None = None,
+              used: Mapping[str, int] | None = None) -> PassPlan:
     """Place queued jobs in order, greedily: a job that does not fit waits
-    and later, smaller jobs may still start (backfill)."""
+    and later, smaller jobs may still start (backfill). A job whose virtual
+    cluster's GPU quota it would overrun waits whatever the nodes have."""
     plan = PassPlan()
+    quotas = quotas or {}
+    vc_used: dict[str, int] = dict(used or {})
     failed_shapes: dict[tuple[tuple[int, int, int, int], ...], str] = {}
     for request in queue:
+        quota = quotas.get(request.vc)
+        if quota is not None and vc_used.get(request.vc, 0) + request.gpus > quota:
+            plan.waiting[request.job_id] = (
+                f"virtual cluster {request.vc} is at its quota: {vc_used.get(request.vc, 0)} "
+                f"of {quota} GPUs in use; the job needs {request.gpus}")
+            continue
         shape = tuple(sorted(t.shape for t in request.tasks))
         known = failed_shapes.get(shape)
         if known is not None:
@@ -265,6 +281,7 @@ def plan_pass(cluster: Cluster, queue: Sequence[JobRequest]) -> PassPlan:
         result = place_gang(cluster, request)
         if result.placed:
             plan.placed.append((request, result.placements))
+            vc_used[request.vc] = vc_used.get(request.vc, 0) + request.gpus
         else:
             assert result.shortfall is not None
             reason = ("no node has reported in yet" if not cluster.nodes

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request, plan_pass
 from shared import keys
+from shared.accounts import Accounts
 from shared.config import Settings
 from shared.lifecycle import commit_placement, record_task_exit, set_waiting_reason
 from shared.messaging import Messenger
 from shared.models import (
-    Allocation,
     Job,
     JobSpec,
     Node,
@@ -52,6 +53,7 @@ class Scheduler:
         self.settings = settings
         self.store = store
         self.messenger = messenger
+        self.accounts = Accounts(store)
         self._specs: dict[str, JobSpec] = {}
 
     # ------------------------------------------------------------ passes
@@ -77,9 +79,9 @@ class Scheduler:
             if not r.exists(DIRTY):
                 return
 
-    def live_nodes(self) -> list[Node]:
+    def live(self, nodes: list[Node]) -> list[Node]:
         cutoff = now_ms() - int(self.settings.node_lost_seconds * 1000)
-        return [n for n in self.store.get_nodes() if n.heartbeat_ms >= cutoff]
+        return [n for n in nodes if n.heartbeat_ms >= cutoff]
 
     def _spec(self, job_id: str, raw: str | None) -> JobSpec | None:
         spec = self._specs.get(job_id)
@@ -116,16 +118,15 @@ class Scheduler:
 
     def run_pass(self) -> PassStats:
         started = time.perf_counter()
-        nodes = self.live_nodes()
-        pipe = self.store.r.pipeline(transaction=False)
-        for node in nodes:
-            pipe.hgetall(keys.node_alloc(node.name))
-        allocs = pipe.execute() if nodes else []
-        cluster = Cluster(
-            free_view(node, (Allocation.from_dict(json.loads(v)) for v in raw.values()))
-            for node, raw in zip(nodes, allocs, strict=True))
+        nodes = self.store.get_nodes()
+        allocations = self.store.all_allocations([n.name for n in nodes])
+        cluster = Cluster(free_view(node, allocations[node.name]) for node in self.live(nodes))
+        used: Counter[str] = Counter()
+        for allocs in allocations.values():
+            for alloc in allocs:
+                used[alloc.vc] += len(alloc.gpus)
         queue = self._queue()
-        plan = plan_pass(cluster, queue)
+        plan = plan_pass(cluster, queue, self.accounts.gpu_quotas(), used)
         deadline = now_ms() + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         for request, placements in plan.placed:

@@ -165,3 +165,14 @@ def test_placement_never_double_books(nodes: list[NodeFree],
     placed_ids = {r.job_id for r, _ in plan.placed}
     assert placed_ids.isdisjoint(plan.waiting)
     assert placed_ids | set(plan.waiting) == {r.job_id for r in requests}
+
+
+def test_vc_quota_holds_a_job_back_whatever_the_nodes_have() -> None:
+    small = JobRequest("small", 1, 0, (TaskRequest("r", 0, 1, 100, 2),), vc="research")
+    big = JobRequest("big", 1, 0, (TaskRequest("r", 0, 1, 100, 4),), vc="research")
+    other = JobRequest("other", 1, 0, (TaskRequest("r", 0, 1, 100, 4),), vc="default")
+    plan = plan_pass(Cluster([node("a", gpus=8)]), [small, big, other],
+                     quotas={"research": 4, "default": None}, used={"research": 1})
+    assert [r.job_id for r, _ in plan.placed] == ["small", "other"]
+    assert plan.waiting == {"big": "virtual cluster research is at its quota: 3 of 4 GPUs "
+                                   "in use; the job needs 4"}
