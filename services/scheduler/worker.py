@@ -15,23 +15,23 @@ def create_scheduler_app(settings: Settings) -> tuple[Celery, Scheduler]:
     app = make_celery(settings, "pai-scheduler")
     scheduler = Scheduler(settings, Store.from_url(settings.redis_url), Messenger(app))
 
-    @app.task(name=messaging.SCHEDULE)
+    @app.task(name=messaging.SCHEDULE, shared=False)
     def schedule() -> None:
         scheduler.request_pass()
 
-    @app.task(name=messaging.TASK_ENDED)
+    @app.task(name=messaging.TASK_ENDED, shared=False)
     def task_ended(job_id: str, attempt: int, role: str, index: int) -> None:
         scheduler.task_ended(job_id, int(attempt), role, int(index))
 
-    @app.task(name=messaging.ATTEMPT_ENDED)
+    @app.task(name=messaging.ATTEMPT_ENDED, shared=False)
     def attempt_ended(job_id: str, attempt: int) -> None:
         scheduler.stop_attempt(job_id, int(attempt))
 
-    @app.task(name=messaging.STOP_JOB)
+    @app.task(name=messaging.STOP_JOB, shared=False)
     def stop_job(job_id: str) -> None:
         scheduler.stop_job(job_id)
 
-    @app.task(name=messaging.RECONCILE)
+    @app.task(name=messaging.RECONCILE, shared=False)
     def reconcile() -> None:
         scheduler.reconcile()
 

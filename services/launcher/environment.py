@@ -1,0 +1,168 @@
+"""The environment of a task's container (DESIGN.md section 5). No IO.
+
+Every variable is computed from the job's spec and the placed tasks of one
+attempt, so peers find each other (`PAI_TASK_ROLE_0_HOST_LIST`, ...) without
+asking the platform at run time.
+
+Choices where OpenPAI leaves room:
+
+- Role names and port labels may hold `.` and `~`, which a shell cannot use in
+  a variable name. In the *names* of role- and label-keyed variables every
+  character outside `[A-Za-z0-9_]` becomes `_` (`PAI_RESOURCE_my_role` for
+  role `my.role`); *values* keep the exact names (`PAI_TASK_ROLE_LIST`,
+  `PAI_CURRENT_TASK_ROLE_NAME`).
+- When two variables end up with the same name (roles `a.b` and `a_b`, or a
+  role named `1` whose by-name host list meets role number 1's), the first
+  one written keeps it. The order is: GPU variables, this task's variables,
+  host lists by role number, then per role and per task in config order, and
+  the job's `jobEnvs` last: so a `jobEnvs` entry can never replace a platform
+  variable (a job must not widen its own `NVIDIA_VISIBLE_DEVICES`).
+- `PAI_MIN_FAILED_TASK_COUNT_<role>` / `PAI_MIN_SUCCEEDED_TASK_COUNT_<role>`
+  give the effective values, as OpenPAI's runtime did: an unset
+  minFailedTaskCount is `1` (one failure fails the attempt) and an unset
+  minSucceededTaskCount is `-1` (never reached).
+- GPU indices are the node's. On a node with the NVIDIA runtime the container
+  sees only its own GPUs, renumbered from 0, so `CUDA_VISIBLE_DEVICES` counts
+  from 0 there (`renumbered_gpus=True`) while `NVIDIA_VISIBLE_DEVICES` names
+  the node's devices; without the runtime (virtual GPUs) both carry the node's
+  indices.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from shared.models import JobSpec, Task
+
+DEFAULT_PORT_LABEL = "default"
+NO_GPUS_NVIDIA = "none"  # the NVIDIA runtime then mounts no GPU at all
+NO_GPUS_CUDA = ""  # CUDA then sees no device
+
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+class IncompletePlacement(ValueError):
+    """A task of the attempt has no node IP or default port: a platform bug,
+    since placement is all-or-nothing."""
+
+
+def env_name_part(name: str) -> str:
+    """`name` as it appears inside a variable name (see the module notes)."""
+    return _NOT_IN_NAME.sub("_", name)
+
+
+def env_value(value: Any) -> str:
+    """A `jobEnvs` value as its string: JSON spelling for booleans."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _joined(values: Iterable[int | str]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _host_port(task: Task) -> str:
+    if not task.ip or task.default_port is None:
+        raise IncompletePlacement(f"task {task.role}[{task.index}] has no IP or default port")
+    return f"{task.ip}:{task.default_port}"
+
+
+def _port_lists(task: Task) -> dict[str, list[int]]:
+    """The task's ports by label, `default` first."""
+    ports = {DEFAULT_PORT_LABEL: list(task.ports.get(DEFAULT_PORT_LABEL, []))}
+    ports.update({label: list(p) for label, p in task.ports.items()
+                  if label != DEFAULT_PORT_LABEL})
+    return ports
+
+
+def gpu_environment(gpus: Sequence[int], *, renumbered_gpus: bool = False) -> dict[str, str]:
+    """`NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` for a task's GPUs."""
+    if not gpus:
+        return {"NVIDIA_VISIBLE_DEVICES": NO_GPUS_NVIDIA, "CUDA_VISIBLE_DEVICES": NO_GPUS_CUDA}
+    cuda = range(len(gpus)) if renumbered_gpus else gpus
+    return {"NVIDIA_VISIBLE_DEVICES": _joined(gpus), "CUDA_VISIBLE_DEVICES": _joined(cuda)}
+
+
+def task_environment(
+    spec: JobSpec, username: str, tasks: Sequence[Task], role: str, index: int, *,
+    default_fs_uri: str, renumbered_gpus: bool = False,
+) -> dict[str, str]:
+    """Every variable of DESIGN.md section 5 for task `role`[`index`].
+
+    `tasks` are the attempt's tasks, all placed (node IP and ports set).
+    Raises KeyError when the task is not among them, IncompletePlacement when
+    a task lacks its IP or default port.
+    """
+    by_role: dict[str, list[Task]] = {r.name: [] for r in spec.task_roles}
+    for task in tasks:
+        by_role.setdefault(task.role, []).append(task)
+    for members in by_role.values():
+        members.sort(key=lambda t: t.index)
+    current = next((t for t in by_role.get(role, []) if t.index == index), None)
+    if current is None:
+        raise KeyError(f"task {role}[{index}] is not among the attempt's tasks")
+    for r in spec.task_roles:
+        if len(by_role[r.name]) != r.task_number:
+            raise IncompletePlacement(
+                f"role {r.name} has {len(by_role[r.name])} of its {r.task_number} tasks")
+    role_spec = spec.role(role)
+    role_no = [r.name for r in spec.task_roles].index(role)
+    _host_port(current)  # raises early if this task itself is not placed
+
+    env: dict[str, str] = {}
+
+    def put(name: str, value: Any) -> None:
+        env.setdefault(name, value if isinstance(value, str) else str(value))
+
+    for name, value in gpu_environment(current.gpus, renumbered_gpus=renumbered_gpus).items():
+        put(name, value)
+
+    # The job and this task (the seed's table, then OpenPAI's later names).
+    put("PAI_JOB_NAME", spec.name)
+    put("PAI_USER_NAME", username)
+    put("PAI_USERNAME", username)
+    put("PAI_DEFAULT_FS_URI", default_fs_uri)
+    put("PAI_DATA_DIR", spec.data_dir)
+    put("PAI_OUTPUT_DIR", spec.output_dir)
+    put("PAI_CODE_DIR", spec.code_dir)
+    put("PAI_TASK_ROLE_NAME", role)
+    put("PAI_TASK_ROLE_NUM", role_spec.task_number)
+    put("PAI_TASK_CPU_NUM", role_spec.cpu_number)
+    put("PAI_TASK_MEM_MB", role_spec.memory_mb)
+    put("PAI_TASK_GPU_NUM", role_spec.gpu_number)
+    put("PAI_TASK_ROLE_INDEX", index)
+    put("PAI_TASK_ROLE_NO", role_no)
+    put("PAI_TASKS_NUM", spec.total_tasks)
+    put("PAI_TASK_ROLES_NUM", len(spec.task_roles))
+    put("PAI_KILL_ALL_ON_COMPLETED_TASK_NUM", spec.kill_all_on_completed_task_number)
+    put("PAI_CURRENT_CONTAINER_IP", current.ip or "")
+    put("PAI_CURRENT_CONTAINER_PORT", current.default_port)
+    put("PAI_CURRENT_TASK_ROLE_NAME", role)
+    put("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", index)
+    for label, ports in _port_lists(current).items():
+        put(f"PAI_CONTAINER_HOST_{env_name_part(label)}_PORT_LIST", _joined(ports))
+    put("PAI_TASK_ROLE_COUNT", len(spec.task_roles))
+    put("PAI_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles))
+
+    # Peers: the seed's by-number host lists first, as its examples rely on them.
+    for number, r in enumerate(spec.task_roles):
+        put(f"PAI_TASK_ROLE_{number}_HOST_LIST", _joined(_host_port(t) for t in by_role[r.name]))
+    for r in spec.task_roles:
+        name = env_name_part(r.name)
+        members = by_role[r.name]
+        put(f"PAI_TASK_ROLE_{name}_HOST_LIST", _joined(_host_port(t) for t in members))
+        put(f"PAI_TASK_ROLE_TASK_COUNT_{name}", r.task_number)
+        put(f"PAI_RESOURCE_{name}", _joined((r.gpu_number, r.cpu_number, r.memory_mb, r.shm_mb)))
+        put(f"PAI_MIN_FAILED_TASK_COUNT_{name}", r.min_failed_task_count or 1)
+        put(f"PAI_MIN_SUCCEEDED_TASK_COUNT_{name}", r.min_succeeded_task_count or -1)
+        for task in members:
+            put(f"PAI_HOST_IP_{name}_{task.index}", task.ip or "")
+            for label, ports in _port_lists(task).items():
+                put(f"PAI_PORT_LIST_{name}_{task.index}_{env_name_part(label)}", _joined(ports))
+
+    for key, value in spec.job_envs.items():
+        put(str(key), env_value(value))
+    return env

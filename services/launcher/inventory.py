@@ -1,0 +1,123 @@
+"""What this node offers the scheduler: GPUs (NVML), CPUs, memory, ports.
+
+The mapping from NVML (or the operator's declared figures) to a `Node` is
+pure; `discover_node` only gathers the facts: NVML, the CPU affinity, the
+memory size and whether Docker knows the NVIDIA runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import docker
+import pynvml
+
+from shared.config import Settings
+from shared.models import Gpu, Node
+
+log = logging.getLogger("pai.launcher")
+
+MIB = 1024 * 1024
+
+
+def _text(value: str | bytes) -> str:
+    """Older NVML bindings return bytes, newer ones str."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def gpus_from_nvml(nvml: Any) -> list[Gpu]:
+    """Every device an initialized NVML reports, by its index."""
+    gpus = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        gpus.append(Gpu(
+            index=index,
+            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            model=_text(nvml.nvmlDeviceGetName(handle)),
+            memory_mb=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // MIB,
+        ))
+    return gpus
+
+
+def virtual_gpus(node_name: str, count: int) -> list[Gpu]:
+    """Declared GPUs for testing: only their environment variables are set."""
+    return [Gpu(index=i, uuid=f"virtual-{node_name}-{i}", model="virtual") for i in range(count)]
+
+
+def choose_gpus(node_name: str, nvml_gpus: list[Gpu], declared: int | None) -> list[Gpu]:
+    """The operator's declaration wins over what NVML found, as with CPUs."""
+    return virtual_gpus(node_name, declared) if declared is not None else nvml_gpus
+
+
+def read_nvml_gpus() -> list[Gpu]:
+    """The GPUs NVML sees; none when there is no NVML (no driver, no GPU)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        log.info("no NVML on this node (%s): it has no GPUs of its own", error)
+        return []
+    try:
+        return gpus_from_nvml(pynvml)
+    except pynvml.NVMLError as error:
+        log.warning("NVML failed while listing GPUs (%s): reporting none", error)
+        return []
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def real_cpus() -> int:
+    """The CPUs this process may run on (what Docker can give a container)."""
+    return len(os.sched_getaffinity(0))
+
+
+def real_memory_mb(meminfo: str = "/proc/meminfo") -> int:
+    with open(meminfo, encoding="ascii") as lines:
+        for line in lines:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024  # the figure is in kB
+    raise RuntimeError(f"no MemTotal line in {meminfo}")
+
+
+def has_nvidia_runtime(docker_info: dict[str, Any]) -> bool:
+    return "nvidia" in (docker_info.get("Runtimes") or {})
+
+
+def build_node(
+    settings: Settings, *, gpus: list[Gpu], cpus: int, memory_mb: int, nvidia_runtime: bool,
+) -> Node:
+    """The node record from observed figures and the operator's overrides.
+
+    `nvidia_runtime` says whether containers get their GPUs through the
+    NVIDIA runtime; with declared (virtual) GPUs they never do, since those
+    indices need not exist: only the environment variables are set.
+    """
+    declared = settings.node_virtual_gpus
+    return Node(
+        name=settings.node_name,
+        ip=settings.node_ip,
+        cpus=settings.node_cpus or cpus,
+        memory_mb=settings.node_memory_mb or memory_mb,
+        gpus=choose_gpus(settings.node_name, gpus, declared),
+        port_range=settings.port_range,
+        real_cpus=cpus,
+        nvidia_runtime=nvidia_runtime and declared is None,
+    )
+
+
+def discover_node(settings: Settings, docker_client: docker.DockerClient) -> Node:
+    node = build_node(
+        settings,
+        gpus=read_nvml_gpus(),
+        cpus=real_cpus(),
+        memory_mb=real_memory_mb(),
+        nvidia_runtime=has_nvidia_runtime(docker_client.info()),
+    )
+    log.info("node %s (%s): %d CPUs (%d real), %d MB, %d GPUs%s, NVIDIA runtime %s",
+             node.name, node.ip, node.cpus, node.real_cpus, node.memory_mb, len(node.gpus),
+             " (virtual)" if settings.node_virtual_gpus is not None else "",
+             "yes" if node.nvidia_runtime else "no")
+    return node

@@ -1,0 +1,40 @@
+"""`pai-launcher`: this node's Celery worker on queue `launcher.<node>`, plus
+the heartbeat thread that keeps the node's lease."""
+
+from __future__ import annotations
+
+import threading
+
+from services.launcher.worker import create_launcher_app
+from shared.config import load_settings
+from shared.logs import setup_logging
+from shared.messaging import launcher_queue
+
+# Container creation blocks on Docker (and image pulls); threads let one slow
+# pull not hold up the node's other launches.
+CONCURRENCY = 8
+
+
+def worker_argv(node: str, log_level: str = "INFO") -> list[str]:
+    return [
+        "worker", "-Q", launcher_queue(node), "--pool", "threads",
+        "--concurrency", str(CONCURRENCY), "-n", f"launcher@{node}",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", log_level,
+    ]
+
+
+def main() -> None:
+    settings = load_settings()
+    setup_logging("launcher", settings.log_level)
+    app, launcher = create_launcher_app(settings)
+    stop = threading.Event()
+    threading.Thread(target=launcher.heartbeat_loop, args=(stop,), daemon=True,
+                     name="heartbeat").start()
+    try:
+        app.worker_main(worker_argv(settings.node_name, settings.log_level))
+    finally:
+        stop.set()
+
+
+if __name__ == "__main__":
+    main()

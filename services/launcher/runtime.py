@@ -1,0 +1,161 @@
+"""The Docker side of a task: create and start its container, find it, stop it.
+
+A container is named after its task (`containers.container_name`), so every
+call is idempotent: a repeated start returns the container the first one
+made, and two racing starts end with one container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+from docker.models.containers import Container
+from docker.types import DeviceRequest, Mount
+
+from services.launcher.mounts import TaskSetupError, plan_storage
+from shared.config import Settings
+from shared.containers import TaskRef, task_labels
+from shared.models import JobSpec, Node, Task
+
+log = logging.getLogger("pai.launcher")
+
+ENTRYPOINT = ["/bin/sh", "-c"]
+NAME_CONFLICT = 409
+
+
+class ImageUnavailable(Exception):
+    """The job's image is not on the node and cannot be pulled."""
+
+
+class DockerRuntime:
+    def __init__(
+        self, client: docker.DockerClient, settings: Settings, *,
+        extra_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.extra_labels = dict(extra_labels or {})
+
+    # ------------------------------------------------------------------ find
+
+    def find(self, ref: TaskRef) -> Container | None:
+        try:
+            return self.client.containers.get(ref.container_name)
+        except NotFound:
+            return None
+
+    # ----------------------------------------------------------------- start
+
+    def start(
+        self, ref: TaskRef, spec: JobSpec, username: str, vc: str, task: Task,
+        env: Mapping[str, str], node: Node,
+    ) -> str:
+        """Create and start the task's container, or return the one there is.
+
+        Raises ImageUnavailable, or TaskSetupError for what the user can fix
+        (a missing dataDir, a container Docker refuses to create or start).
+        """
+        existing = self.find(ref)
+        if existing is not None:
+            return self._started(existing)
+        storage = plan_storage(spec, self.settings.storage_roots, node.name)
+        role = spec.role(ref.role)
+        options: dict[str, Any] = {
+            "name": ref.container_name,
+            "entrypoint": ENTRYPOINT,
+            "labels": {**self.extra_labels,
+                       **task_labels(ref, node=node.name, username=username, vc=vc)},
+            "environment": dict(env),
+            "network_mode": "host",
+            "nano_cpus": min(role.cpu_number, node.real_cpus or role.cpu_number) * 10**9,
+            "mem_limit": f"{role.memory_mb}m",
+            "shm_size": f"{role.shm_mb}m" if role.shm_mb else None,
+            "privileged": False,
+            "init": True,  # PID 1 forwards the stop signal and reaps zombies
+            "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only)
+                       for m in storage.mounts],
+            "working_dir": storage.working_dir,
+            "device_requests": self._device_requests(task, node),
+        }
+        try:
+            container = self._create(spec.image, [role.command], options)
+        except APIError as error:
+            if error.status_code == NAME_CONFLICT:
+                raced = self.find(ref)  # a concurrent launch of the same task won
+                if raced is not None:
+                    return self._started(raced)
+            raise TaskSetupError(f"Docker refused the container: {_explain(error)}") from None
+        log.info("created %s for %s", container.name, ref)
+        return self._started(container)
+
+    def _create(self, image: str, command: list[str], options: dict[str, Any]) -> Container:
+        """Create; a missing image is pulled once (not looked up first: the
+        common case, an image already here, costs no extra round trip)."""
+        try:
+            return self.client.containers.create(image, command, **options)
+        except ImageNotFound:
+            self.pull(image)
+        try:
+            return self.client.containers.create(image, command, **options)
+        except ImageNotFound:
+            raise ImageUnavailable(f"image {image} vanished right after its pull") from None
+
+    def _started(self, container: Container) -> str:
+        """Start a container that was created but never started; its id."""
+        if container.status != "created":
+            return str(container.id)
+        try:
+            container.start()
+        except NotFound:
+            return str(container.id)  # removed meanwhile: its exit was handled elsewhere
+        except APIError as error:
+            # e.g. the image has no /bin/sh: it will never start, so do not leave it.
+            self._remove(container)
+            raise TaskSetupError(f"the container did not start: {_explain(error)}") from None
+        return str(container.id)
+
+    def _device_requests(self, task: Task, node: Node) -> list[DeviceRequest]:
+        if not node.nvidia_runtime or not task.gpus:
+            return []
+        return [DeviceRequest(device_ids=[str(i) for i in task.gpus], capabilities=[["gpu"]])]
+
+    def pull(self, image: str) -> None:
+        """Pull the image once; ImageUnavailable if that fails."""
+        log.info("pulling image %s", image)
+        try:
+            self.client.images.pull(image)
+        except APIError as error:
+            raise ImageUnavailable(f"image {image} cannot be pulled: {_explain(error)}") from None
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self, ref: TaskRef, timeout: int = 10) -> bool:
+        """Stop the task's container: True when one had started (its exit is
+        then seen by the monitor); False when there is none, or it never
+        started (it is removed, and the caller settles the task)."""
+        container = self.find(ref)
+        if container is None:
+            return False
+        if container.status == "created":
+            self._remove(container)
+            return False
+        with contextlib.suppress(NotFound):  # gone meanwhile: the monitor saw it exit
+            container.stop(timeout=timeout)
+        return True
+
+    def _remove(self, container: Container) -> None:
+        try:
+            container.remove(force=True)
+        except NotFound:
+            pass
+        except APIError as error:
+            log.warning("could not remove container %s: %s", container.name, _explain(error))
+
+
+def _explain(error: APIError) -> str:
+    return str(error.explanation or error)

@@ -1,0 +1,139 @@
+"""The launcher of one node: start and stop its task containers, keep it alive.
+
+Plain methods that re-read Redis on every call ("assert the world"): a
+message may arrive twice, late, or for a task that moved on, so each one
+first checks the task is still this node's to start (or stop). The monitor
+observes the containers; the launcher only settles a task itself when its
+container never existed (image unavailable, bad storage, stopped first).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import redis
+
+from services.launcher.environment import IncompletePlacement, task_environment
+from services.launcher.mounts import TaskSetupError
+from services.launcher.runtime import DockerRuntime, ImageUnavailable
+from shared.completion import NON_RETRYABLE_PREFIX
+from shared.config import Settings
+from shared.containers import TaskRef
+from shared.lifecycle import LIVE_JOB_STATES, record_task_exit
+from shared.messaging import Messenger
+from shared.models import JobSpec, Node, task_key
+from shared.states import TaskState
+from shared.store import Store, task_is_live
+
+log = logging.getLogger("pai.launcher")
+
+# Exit codes of tasks whose container never ran (user programs exit 0..255).
+EXIT_SETUP_FAILED = -1  # storage missing, Docker refused the container, stopped first
+EXIT_IMAGE_UNAVAILABLE = -2  # the image could not be pulled: never retried
+
+REGISTER_SECONDS = 60.0
+STOP_TIMEOUT_SECONDS = 10
+
+
+class Launcher:
+    def __init__(
+        self, settings: Settings, store: Store, messenger: Messenger, runtime: DockerRuntime,
+        node: Node,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.messenger = messenger
+        self.runtime = runtime
+        self.node = node
+
+    # ---------------------------------------------------------------- start
+
+    def start_task(self, job_id: str, attempt: int, role: str, index: int) -> None:
+        """Start the task's container if it is still this node's to start."""
+        what = f"{job_id} attempt {attempt} {role}[{index}]"
+        job = self.store.get_job(job_id)
+        if job is None:
+            log.info("not starting %s: the job is gone", what)
+            return
+        if job.attempt != attempt or job.state not in LIVE_JOB_STATES:
+            log.info("not starting %s: the job is %s on attempt %d", what, job.state, job.attempt)
+            return
+        tasks = self.store.get_tasks(job_id, attempt)
+        task = next((t for t in tasks if t.key == task_key(role, index)), None)
+        if task is None or task.state != TaskState.LAUNCHING or task.node != self.node.name:
+            log.info("not starting %s: the task is %s on node %s", what,
+                     task.state if task else "missing", task.node if task else None)
+            return
+        config = self.store.get_config(job_id)
+        if config is None:
+            log.warning("not starting %s: the job has no config", what)
+            return
+        spec = JobSpec.from_config(config)
+        ref = TaskRef(job_id, attempt, role, index)
+        try:
+            env = task_environment(spec, job.username, tasks, role, index,
+                                   default_fs_uri=self.settings.default_fs_uri,
+                                   renumbered_gpus=self.node.nvidia_runtime)
+            container_id = self.runtime.start(ref, spec, job.username, job.virtual_cluster,
+                                              task, env, self.node)
+        except IncompletePlacement as error:
+            # A platform bug, not the user's: leave the task to the launch lease.
+            log.error("not starting %s: %s", what, error)
+            return
+        except ImageUnavailable as error:
+            log.warning("%s failed: %s", what, error)
+            self._settle(ref, EXIT_IMAGE_UNAVAILABLE, f"{NON_RETRYABLE_PREFIX} {error}")
+            return
+        except TaskSetupError as error:
+            log.warning("%s failed: %s", what, error)
+            self._settle(ref, EXIT_SETUP_FAILED, str(error))
+            return
+        log.info("started %s in container %s", what, container_id[:12])
+
+    # ----------------------------------------------------------------- stop
+
+    def stop_task(self, job_id: str, attempt: int, role: str, index: int) -> None:
+        """Stop the task's container; settle the task if it never had one."""
+        ref = TaskRef(job_id, attempt, role, index)
+        if self.runtime.stop(ref, timeout=STOP_TIMEOUT_SECONDS):
+            log.info("stopped %s attempt %d %s[%d]", job_id, attempt, role, index)
+            return  # the monitor records the exit it sees
+        tasks = self.store.get_tasks(job_id, attempt)
+        task = next((t for t in tasks if t.key == task_key(role, index)), None)
+        if task is not None and task_is_live(task) and task.node == self.node.name:
+            self._settle(ref, EXIT_SETUP_FAILED, "stopped before its container started",
+                         platform_failure=True)
+
+    def _settle(self, ref: TaskRef, exit_code: int, diagnostics: str, *,
+                platform_failure: bool = False) -> None:
+        """Record the exit of a task that never ran, and tell the scheduler."""
+        report = record_task_exit(self.store, ref.job_id, ref.attempt, ref.role, ref.index,
+                                  exit_code=exit_code, diagnostics=diagnostics,
+                                  platform_failure=platform_failure)
+        if report is None:
+            return  # already settled by someone else
+        self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
+        if report.attempt_ended:
+            self.messenger.attempt_ended(ref.job_id, ref.attempt)
+
+    # ------------------------------------------------------------ heartbeat
+
+    def heartbeat_loop(self, stop_event: threading.Event) -> None:
+        """Keep the node's lease: its full record every minute (and at start,
+        so a restarted launcher reports fresh figures), a heartbeat between."""
+        registered_at: float | None = None
+        while not stop_event.is_set():
+            now = time.monotonic()
+            try:
+                if registered_at is None or now - registered_at >= REGISTER_SECONDS:
+                    self.store.register_node(self.node)
+                    registered_at = now
+                else:
+                    self.store.heartbeat(self.node.name)
+            except redis.RedisError as error:
+                log.warning("heartbeat of node %s failed: %s", self.node.name, error)
+            except Exception:
+                log.exception("heartbeat of node %s failed", self.node.name)
+            stop_event.wait(self.settings.heartbeat_seconds)

@@ -1,0 +1,450 @@
+"""The launcher on a real Redis and a real Docker engine.
+
+Redis state is prepared as the API and scheduler leave it (submit_job, then
+commit_placement); the launcher is driven through its plain methods, and the
+containers it makes are inspected on the engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import redis
+from docker.models.containers import Container
+
+from services.launcher.inventory import discover_node
+from services.launcher.runtime import DockerRuntime
+from services.launcher.service import EXIT_IMAGE_UNAVAILABLE, EXIT_SETUP_FAILED, Launcher
+from shared.completion import NON_RETRYABLE_PREFIX
+from shared.config import Settings
+from shared.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
+from shared.jobspec import validate_job_config
+from shared.lifecycle import commit_placement, request_stop, submit_job
+from shared.messaging import SCHEDULER_QUEUE, Messenger, make_celery
+from shared.models import Job, Node, Task, TaskPlacement, now_ms
+from shared.states import JobState, TaskState
+from shared.store import Store
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+WAIT_SECONDS = 30
+USER = "alice"
+MISSING_IMAGE = "127.0.0.1:1/pai-test/missing:never"  # a registry that refuses at once
+
+
+@dataclass
+class Rig:
+    settings: Settings
+    store: Store
+    launcher: Launcher
+    node: Node
+    docker: docker.DockerClient
+    image: str
+    storage: Path
+
+    def config(self, command: str = "sleep 300", **overrides: Any) -> dict[str, Any]:
+        role = {"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 256,
+                "shmMB": 32, "command": command, **overrides.pop("role", {})}
+        name = overrides.pop("jobName", f"job-{uuid.uuid4().hex[:8]}")
+        return {"jobName": name, "image": self.image, "taskRoles": [role], **overrides}
+
+    def submit(self, config: dict[str, Any], *, validate: bool = True,
+               gpus: dict[tuple[str, int], tuple[int, ...]] | None = None,
+               node: str | None = None) -> Job:
+        """Store the job and place every task on this node (as the scheduler does)."""
+        if validate:
+            config = validate_job_config(config, username=USER,
+                                         storage_roots=self.settings.storage_roots).config
+        job = submit_job(self.store, USER, config)
+        if node is not None:
+            self.store.register_node(replace(self.node, name=node))
+        port = 20000
+        placements = []
+        for role in config["taskRoles"]:
+            for index in range(role["taskNumber"]):
+                ports = {"default": [port]}
+                for extra in role.get("portList") or []:
+                    ports[extra["label"]] = list(
+                        range(port + 1, port + 1 + extra["portNumber"]))
+                port += 10
+                placements.append(TaskPlacement(
+                    role=role["name"], index=index, node=node or self.node.name,
+                    ip=self.node.ip, gpus=(gpus or {}).get((role["name"], index), ()),
+                    cpus=role["cpuNumber"], memory_mb=role["memoryMB"], ports=ports))
+        assert commit_placement(self.store, job.id, version=job.version, attempt=0,
+                                placements=placements, launch_deadline_ms=now_ms() + 60_000)
+        return job
+
+    def container(self, job: Job, role: str = "main", index: int = 0,
+                  attempt: int = 0) -> Container | None:
+        return self.launcher.runtime.find(TaskRef(job.id, attempt, role, index))
+
+    def containers_of(self, job: Job) -> list[Container]:
+        return self.docker.containers.list(all=True, filters={"label": f"{LABEL_JOB}={job.id}"})
+
+    def task(self, job: Job, role: str = "main", index: int = 0, attempt: int = 0) -> Task:
+        tasks = {t.key: t for t in self.store.get_tasks(job.id, attempt)}
+        return tasks[f"{role}:{index}"]
+
+    def job(self, job: Job) -> Job:
+        fresh = self.store.get_job(job.id)
+        assert fresh is not None
+        return fresh
+
+
+@pytest.fixture
+def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
+        test_image: str, test_labels: dict[str, str], tmp_path: Path) -> Iterator[Rig]:
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    node_name = f"node-{uuid.uuid4().hex[:8]}"
+    settings = Settings(redis_url=redis_server, node_name=node_name, node_ip="127.0.0.1",
+                        node_virtual_gpus=2, node_cpus=64, node_memory_mb=65536,
+                        storage_roots=(str(storage),),
+                        heartbeat_seconds=0.05)
+    store = Store(redis_client)
+    node = discover_node(settings, docker_client)
+    store.register_node(node)  # the scheduler places only on registered nodes
+    runtime = DockerRuntime(docker_client, settings, extra_labels=test_labels)
+    messenger = Messenger(make_celery(settings))
+    launcher = Launcher(settings, store, messenger, runtime, node)
+    try:
+        yield Rig(settings, store, launcher, node, docker_client, test_image, storage)
+    finally:
+        for container in docker_client.containers.list(
+                all=True, filters={"label": f"{LABEL_NODE}={node_name}"}):
+            container.remove(force=True)
+
+
+def wait_for(check: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def status_of(container: Container) -> str:
+    container.reload()
+    return str(container.status)
+
+
+def env_of(container: Container) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in container.attrs["Config"]["Env"])
+    return {name: value for name, value in pairs}
+
+
+def scheduler_messages(client: redis.Redis) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of what waits in the scheduler's queue (a Redis list)."""
+    messages = []
+    for raw in client.lrange(SCHEDULER_QUEUE, 0, -1):
+        message = json.loads(raw)
+        body = message["body"]
+        if message["properties"].get("body_encoding") == "base64":
+            body = base64.b64decode(body).decode()
+        args = json.loads(body)[0]
+        messages.append((message["headers"]["task"], args))
+    return sorted(messages)
+
+
+# ------------------------------------------------------------------- starting
+
+
+def test_start_task_creates_the_container_as_the_design_says(rig: Rig) -> None:
+    job = rig.submit(rig.config(role={"portList": [{"label": "http", "portNumber": 1}]}))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+
+    container = rig.container(job)
+    assert container is not None
+    assert container.name == container_name(job.id, 0, "main", 0)
+    wait_for(lambda: status_of(container) == "running", "the container to run")
+    assert {"pai.job": job.id, "pai.attempt": "0", "pai.role": "main", "pai.index": "0",
+            "pai.node": rig.node.name, "pai.user": USER,
+            "pai.vc": "default"}.items() <= container.labels.items()
+    host = container.attrs["HostConfig"]
+    assert host["NetworkMode"] == "host"
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["Memory"] == 256 * 1024 * 1024
+    assert host["ShmSize"] == 32 * 1024 * 1024
+    assert host["Privileged"] is False
+    assert not host.get("DeviceRequests")
+    # No Docker socket, no host path but the job's default output folder.
+    output = rig.storage / USER / job.name / "output"
+    assert [(m["Source"], m["Destination"], m["RW"]) for m in container.attrs["Mounts"]] == [
+        (str(output), str(output), True)]
+    assert container.attrs["Config"]["Entrypoint"] == ["/bin/sh", "-c"]
+    assert container.attrs["Config"]["Cmd"] == ["sleep 300"]
+    env = env_of(container)
+    assert env["PAI_JOB_NAME"] == job.name
+    assert env["PAI_USER_NAME"] == USER
+    assert env["PAI_CURRENT_CONTAINER_IP"] == "127.0.0.1"
+    assert env["PAI_CURRENT_CONTAINER_PORT"] == "20000"
+    assert env["PAI_CONTAINER_HOST_http_PORT_LIST"] == "20001"
+    assert env["PAI_TASK_ROLE_0_HOST_LIST"] == "127.0.0.1:20000"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "none"
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_repeated_start_finds_the_same_container(rig: Rig) -> None:
+    job = rig.submit(rig.config())
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    first = rig.container(job)
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    assert first is not None
+    assert [c.id for c in rig.containers_of(job)] == [first.id]
+
+
+def test_racing_starts_make_one_container(rig: Rig) -> None:
+    job = rig.submit(rig.config())
+    threads = [threading.Thread(target=rig.launcher.start_task, args=(job.id, 0, "main", 0))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_SECONDS)
+    containers = rig.containers_of(job)
+    assert len(containers) == 1
+    wait_for(lambda: status_of(containers[0]) == "running", "the one container to run")
+
+
+def test_the_command_sees_its_environment_and_storage(rig: Rig) -> None:
+    user_dir = rig.storage / USER
+    (user_dir / "data").mkdir(parents=True)
+    (user_dir / "data" / "input.txt").write_text("42\n")
+    (user_dir / "code").mkdir()
+    (user_dir / "code" / "train.sh").write_text("echo trained on $(cat $PAI_DATA_DIR/input.txt)\n")
+    config = rig.config(
+        command='pwd > $PAI_OUTPUT_DIR/pwd; sh train.sh > "$PAI_OUTPUT_DIR/result"; '
+                'touch $PAI_DATA_DIR/x 2>/dev/null && echo writable > $PAI_OUTPUT_DIR/data; '
+                'env > $PAI_OUTPUT_DIR/env',
+        dataDir="$PAI_DEFAULT_FS_URI/$PAI_USER_NAME/data",
+        codeDir="$PAI_DEFAULT_FS_URI/$PAI_USER_NAME/code")
+    job = rig.submit(config)
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    assert container.wait(timeout=WAIT_SECONDS)["StatusCode"] == 0, container.logs()
+
+    output = rig.storage / USER / job.name / "output"  # the API's default outputDir
+    assert (output / "pwd").read_text() == "/pai/code\n"
+    assert (output / "result").read_text() == "trained on 42\n"
+    assert not (output / "data").exists(), "dataDir must be read-only"
+    assert f"PAI_OUTPUT_DIR={output}\n" in (output / "env").read_text()
+    targets = {m["Destination"]: m["RW"] for m in container.attrs["Mounts"]}
+    assert targets == {str(user_dir / "data"): False, str(user_dir / "code"): False,
+                       "/pai/code": False, str(output): True}
+
+
+def test_a_gpu_task_gets_its_gpus_in_the_environment_only(rig: Rig) -> None:
+    job = rig.submit(rig.config(role={"gpuNumber": 1}), gpus={("main", 0): (1,)})
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    env = env_of(container)
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_VISIBLE_DEVICES"]) == ("1", "1")
+    assert not container.attrs["HostConfig"].get("DeviceRequests")  # virtual GPUs
+
+
+def test_cpu_limit_is_capped_at_the_real_cpus(rig: Rig) -> None:
+    wanted = rig.node.real_cpus + 3
+    job = rig.submit(rig.config(role={"cpuNumber": wanted}), validate=False)
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    assert container.attrs["HostConfig"]["NanoCpus"] == rig.node.real_cpus * 1_000_000_000
+    assert env_of(container)["PAI_TASK_CPU_NUM"] == str(wanted)
+
+
+@pytest.mark.parametrize("why", ["another node", "old attempt", "not launching"])
+def test_start_task_leaves_tasks_that_are_not_its_own(rig: Rig, why: str) -> None:
+    job = rig.submit(rig.config(), node="elsewhere" if why == "another node" else None)
+    attempt = 0
+    if why == "old attempt":
+        attempt = 1
+    if why == "not launching":
+        request_stop(rig.store, job.id)
+    rig.launcher.start_task(job.id, attempt, "main", 0)
+    assert rig.containers_of(job) == []
+
+
+# ------------------------------------------------------------------- failing
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_job_without_retry(
+        rig: Rig, redis_client: redis.Redis) -> None:
+    job = rig.submit(rig.config(image=MISSING_IMAGE, retryCount=2))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+
+    task = rig.task(job)
+    assert task.state == TaskState.FAILED
+    assert task.exit_code == EXIT_IMAGE_UNAVAILABLE
+    assert task.diagnostics.startswith(f"{NON_RETRYABLE_PREFIX} image {MISSING_IMAGE} "
+                                       "cannot be pulled")
+    final = rig.job(job)
+    assert (final.state, final.retries, final.attempt) == (JobState.FAILED, 0, 0)
+    assert MISSING_IMAGE in final.exit_diagnostics
+    assert rig.containers_of(job) == []
+    assert scheduler_messages(redis_client) == [
+        ("pai.scheduler.attempt_ended", [job.id, 0]),
+        ("pai.scheduler.task_ended", [job.id, 0, "main", 0]),
+    ]
+
+
+@pytest.mark.parametrize(("data_dir", "reason"), [
+    pytest.param("/etc", "dataDir /etc is outside the storage roots", id="outside the roots"),
+    pytest.param("{root}/nothing", "dataDir {root}/nothing does not exist on node {node}",
+                 id="missing"),
+])
+def test_bad_data_dir_fails_the_task_with_its_reason(rig: Rig, data_dir: str,
+                                                     reason: str) -> None:
+    fields = {"root": rig.storage, "node": rig.node.name}
+    job = rig.submit(rig.config(dataDir=data_dir.format(**fields)), validate=False)
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    task = rig.task(job)
+    assert (task.state, task.exit_code) == (TaskState.FAILED, EXIT_SETUP_FAILED)
+    assert reason.format(**fields) in task.diagnostics
+    assert rig.job(job).state == JobState.FAILED
+    assert rig.containers_of(job) == []
+
+
+def test_a_bad_data_dir_counts_against_retries(rig: Rig) -> None:
+    job = rig.submit(rig.config(dataDir=f"{rig.storage}/nothing", retryCount=1),
+                     validate=False)
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    retried = rig.job(job)
+    assert (retried.state, retried.attempt, retried.retries) == (JobState.WAITING, 1, 1)
+
+
+@pytest.fixture
+def shell_less_image(docker_client: docker.DockerClient) -> Iterator[str]:
+    """An image holding one text file: no /bin/sh to run a command with."""
+    image = f"pai-test/no-shell:{uuid.uuid4().hex[:8]}"
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        info = tarfile.TarInfo("README")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"hi\n"))
+    docker_client.api.import_image_from_data(layer.getvalue(), repository=image)
+    try:
+        yield image
+    finally:
+        docker_client.images.remove(image, force=True)
+
+
+def test_an_image_without_a_shell_exits_127(rig: Rig, shell_less_image: str) -> None:
+    """The init process starts and reports the missing shell as a command not
+    found; the monitor then fails the task from that exit code."""
+    job = rig.submit(rig.config(image=shell_less_image))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    assert container.wait(timeout=WAIT_SECONDS)["StatusCode"] == 127
+
+
+def test_a_created_container_that_cannot_start_is_removed_and_fails_the_task(
+        rig: Rig, shell_less_image: str) -> None:
+    """A launcher that died between create and start left a container behind;
+    the next start_task tries it, and when Docker cannot start it, says why."""
+    job = rig.submit(rig.config(image=shell_less_image))
+    rig.docker.containers.create(shell_less_image, ["true"], entrypoint=["/bin/sh", "-c"],
+                                 name=container_name(job.id, 0, "main", 0),
+                                 labels={LABEL_NODE: rig.node.name, LABEL_JOB: job.id})
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    task = rig.task(job)
+    assert (task.state, task.exit_code) == (TaskState.FAILED, EXIT_SETUP_FAILED)
+    assert task.diagnostics.startswith("the container did not start: ")
+    assert "/bin/sh" in task.diagnostics
+    assert rig.containers_of(job) == []
+
+
+# ------------------------------------------------------------------- stopping
+
+
+def test_stop_task_stops_the_container(rig: Rig) -> None:
+    job = rig.submit(rig.config())
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    wait_for(lambda: status_of(container) == "running", "the container to run")
+    started = time.monotonic()
+    rig.launcher.stop_task(job.id, 0, "main", 0)
+    assert status_of(container) == "exited"
+    assert time.monotonic() - started < 5, "the stop signal should reach the command"
+    # The monitor records the exit it observes; the launcher leaves the task alone.
+    assert rig.task(job).state == TaskState.LAUNCHING
+
+
+def test_stop_before_the_container_exists_settles_the_task(
+        rig: Rig, redis_client: redis.Redis) -> None:
+    job = rig.submit(rig.config())
+    request_stop(rig.store, job.id)
+    rig.launcher.stop_task(job.id, 0, "main", 0)
+    task = rig.task(job)
+    assert (task.state, task.diagnostics) == (TaskState.STOPPED,
+                                              "stopped before its container started")
+    assert rig.job(job).state == JobState.STOPPED
+    assert scheduler_messages(redis_client) == [
+        ("pai.scheduler.attempt_ended", [job.id, 0]),
+        ("pai.scheduler.task_ended", [job.id, 0, "main", 0]),
+    ]
+    rig.launcher.stop_task(job.id, 0, "main", 0)  # again: nothing more happens
+    assert len(scheduler_messages(redis_client)) == 2
+
+
+def test_stop_of_a_created_container_removes_it_and_settles_the_task(rig: Rig) -> None:
+    job = rig.submit(rig.config())
+    ref = TaskRef(job.id, 0, "main", 0)
+    rig.docker.containers.create(rig.image, ["sleep", "300"], name=ref.container_name,
+                                 labels={LABEL_NODE: rig.node.name})
+    request_stop(rig.store, job.id)
+    rig.launcher.stop_task(job.id, 0, "main", 0)
+    assert rig.container(job) is None
+    assert rig.task(job).state == TaskState.STOPPED
+
+
+# ------------------------------------------------------------------ heartbeat
+
+
+def test_heartbeat_registers_the_node_and_renews_its_lease(rig: Rig) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=rig.launcher.heartbeat_loop, args=(stop,))
+    thread.start()
+    try:
+        nodes = wait_for(rig.store.get_nodes, "the node to register")
+        assert [n.name for n in nodes] == [rig.node.name]
+        assert len(nodes[0].gpus) == 2 and nodes[0].real_cpus >= 1
+        first = rig.store.node_heartbeats()[rig.node.name]
+        wait_for(lambda: rig.store.node_heartbeats()[rig.node.name] > first,
+                 "a later heartbeat")
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_heartbeat_survives_redis_errors(rig: Rig, redis_server: str) -> None:
+    broken = Store(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.1))
+    launcher = Launcher(rig.settings, broken, rig.launcher.messenger, rig.launcher.runtime,
+                        rig.node)
+    stop = threading.Event()
+    thread = threading.Thread(target=launcher.heartbeat_loop, args=(stop,))
+    thread.start()
+    time.sleep(0.3)
+    assert thread.is_alive()
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
