@@ -1,0 +1,175 @@
+"""Turning Docker's log stream into lines, and knowing where a shipper left off.
+
+No IO here. Docker sends arbitrary chunks of `<RFC3339Nano timestamp> <text>\\n`
+(one timestamp per log message, `timestamps=True`); these functions cut them
+into lines, cap each one, and keep the cursor that makes a restarted shipper
+skip exactly what was already shipped.
+
+The cursor is (the newest Docker timestamp shipped, how many lines were shipped
+with exactly that timestamp). Docker's `since` only has second precision and is
+inclusive, so a resumed stream repeats the tail of what was shipped: lines
+older than the cursor are dropped, then the first `count` lines carrying its
+timestamp, and from the first line past it everything is new. Counting equal
+timestamps matters because one burst of output can stamp several lines with
+the same nanosecond on a coarse clock.
+"""
+
+from __future__ import annotations
+
+import calendar
+import codecs
+import re
+from dataclasses import dataclass
+
+# A line longer than this is cut (the rest of it is dropped), as Docker's own
+# json-file driver splits messages at 16 KiB.
+MAX_LINE_BYTES = 16 * 1024
+# Room for the timestamp Docker puts before each line, on top of the cap.
+_TIMESTAMP_ROOM = 64
+RAW_LINE_LIMIT = MAX_LINE_BYTES + _TIMESTAMP_ROOM
+
+NANOS_PER_SECOND = 1_000_000_000
+
+_TIMESTAMP = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})")
+
+
+def parse_docker_timestamp(text: str) -> int | None:
+    """Nanoseconds since the epoch of an RFC 3339 timestamp; None if it is not one."""
+    match = _TIMESTAMP.fullmatch(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, zone = match.group(7) or "", match.group(8)
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+        return None
+    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
+    if zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        seconds -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
+    return seconds * NANOS_PER_SECOND + int(fraction.ljust(9, "0") or "0")
+
+
+def split_timestamp(raw: bytes) -> tuple[int | None, bytes]:
+    """(timestamp ns, message) of one raw line; (None, raw) when it carries none."""
+    space = raw.find(b" ", 0, _TIMESTAMP_ROOM)
+    if space <= 0:
+        return None, raw
+    stamp = parse_docker_timestamp(raw[:space].decode("ascii", "replace"))
+    if stamp is None:
+        return None, raw
+    return stamp, raw[space + 1:]
+
+
+def render_line(message: bytes, max_bytes: int = MAX_LINE_BYTES) -> str:
+    """The text a user sees: `\\r\\n` endings dropped, capped, invalid UTF-8 replaced.
+
+    A cap that falls inside a multi-byte character drops that character
+    rather than showing half of it.
+    """
+    if message.endswith(b"\r"):
+        message = message[:-1]
+    if len(message) <= max_bytes:
+        return message.decode("utf-8", "replace")
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    return decoder.decode(message[:max_bytes], final=False)
+
+
+class LineSplitter:
+    """Cuts a byte stream into lines across chunk boundaries.
+
+    A line longer than `limit` bytes keeps its first `limit` bytes; the rest
+    is dropped as it arrives, so a process that never prints a newline cannot
+    grow the buffer without bound.
+    """
+
+    def __init__(self, limit: int = RAW_LINE_LIMIT) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        while (newline := chunk.find(b"\n", start)) >= 0:
+            self._keep(chunk[start:newline])
+            lines.append(bytes(self._buffer))
+            self._buffer.clear()
+            start = newline + 1
+        self._keep(chunk[start:])
+        return lines
+
+    def finish(self) -> list[bytes]:
+        """The last line when the stream ended without a newline."""
+        if not self._buffer:
+            return []
+        line = bytes(self._buffer)
+        self._buffer.clear()
+        return [line]
+
+    def _keep(self, piece: bytes) -> None:
+        room = self._limit - len(self._buffer)
+        if room > 0 and piece:
+            self._buffer += piece[:room]
+
+
+@dataclass(frozen=True)
+class LogCursor:
+    """Where shipping got to: the newest timestamp shipped and how many lines bore it."""
+
+    ts_ns: int
+    count: int = 1
+
+    def encode(self) -> str:
+        return f"{self.ts_ns}:{self.count}"
+
+    @classmethod
+    def decode(cls, text: str | None) -> LogCursor | None:
+        if not text:
+            return None
+        stamp, _, count = text.partition(":")
+        try:
+            cursor = cls(int(stamp), int(count or "1"))
+        except ValueError:
+            return None
+        return cursor if cursor.ts_ns > 0 and cursor.count > 0 else None
+
+    @property
+    def since_seconds(self) -> int | None:
+        """Docker's `since` for a resumed stream (whole seconds, inclusive)."""
+        seconds = self.ts_ns // NANOS_PER_SECOND
+        return seconds if seconds > 0 else None
+
+
+def advance(cursor: LogCursor | None, ts_ns: int) -> LogCursor:
+    """The cursor after shipping a line stamped `ts_ns`.
+
+    A line older than the cursor (stdout and stderr are stamped by separate
+    copiers, so the log can be slightly out of order) leaves it unchanged: the
+    cursor only ever moves forward, so a resumed stream never repeats a line
+    shipped after it.
+    """
+    if cursor is None or ts_ns > cursor.ts_ns:
+        return LogCursor(ts_ns, 1)
+    if ts_ns == cursor.ts_ns:
+        return LogCursor(ts_ns, cursor.count + 1)
+    return cursor
+
+
+class ReplayFilter:
+    """Drops the lines a resumed stream repeats, up to and including the cursor."""
+
+    def __init__(self, cursor: LogCursor | None) -> None:
+        self._cursor = cursor
+        self._equal_seen = 0
+        self._passed = cursor is None
+
+    def skips(self, ts_ns: int | None) -> bool:
+        if self._passed or ts_ns is None or self._cursor is None:
+            return False
+        if ts_ns < self._cursor.ts_ns:
+            return True
+        if ts_ns == self._cursor.ts_ns and self._equal_seen < self._cursor.count:
+            self._equal_seen += 1
+            return True
+        self._passed = True
+        return False

@@ -1,0 +1,349 @@
+"""Shipping each task container's output into its task's Redis log stream.
+
+One `LogShipper` per container follows `docker logs --follow --timestamps`,
+cuts the stream into lines (loglines.py) and queues them; a shared flusher
+writes every shipper's queue to Redis every 200 ms, and a shipper writes at
+once when 500 lines are waiting. Writing is back-pressured: while Redis
+refuses, the shipper stops reading (Docker keeps the output meanwhile).
+
+Restart safety: every entry carries, beside its line, the cursor after it
+(`loglines.LogCursor`), written by the same XADD, so whatever part of a batch
+reached Redis says exactly how far shipping got. A new shipper (a restarted
+monitor, or a stream that broke) reads the last entry's cursor, asks Docker
+for the log since that second and drops what it repeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from docker.errors import DockerException, NotFound
+from docker.models.containers import Container
+from redis.exceptions import RedisError
+from requests.exceptions import RequestException
+
+from services.monitor.dispatch import backoff_delay
+from services.monitor.loglines import (
+    LineSplitter,
+    LogCursor,
+    ReplayFilter,
+    advance,
+    render_line,
+    split_timestamp,
+)
+from services.monitor.observations import Phase, describe, phase_of
+from shared import keys
+from shared.containers import TaskRef
+from shared.store import Store
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.2
+FLUSH_LINES = 500
+# A log entry's fields: the line (as Store.append_log writes it) and the cursor.
+LINE_FIELD = "l"
+CURSOR_FIELD = "c"
+# Entries written by others (no cursor) that may sit after the last shipped one.
+_CURSOR_LOOKBACK = 16
+_STOP_WAIT_SECONDS = 2.0
+# A finished shipper waits this long for the exit handler that drains it;
+# after that the flusher forgets it (a later drain just starts afresh).
+_FORGET_DONE_AFTER_SECONDS = 60.0
+_FINAL_FLUSH_TRIES = 3
+
+LogEntry = tuple[str, LogCursor | None]
+
+
+def append_log_entries(r: Any, ref: TaskRef, entries: Sequence[LogEntry],
+                       max_lines: int) -> None:
+    """Append lines, each with the cursor after it, to the task's bounded stream."""
+    if not entries:
+        return
+    key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
+    pipe = r.pipeline(transaction=False)
+    for line, cursor in entries:
+        fields = {LINE_FIELD: line}
+        if cursor is not None:
+            fields[CURSOR_FIELD] = cursor.encode()
+        pipe.xadd(key, fields, maxlen=max_lines, approximate=True)
+    pipe.execute()
+
+
+def read_log_cursor(r: Any, ref: TaskRef) -> LogCursor | None:
+    """How far shipping got for this task: the cursor of its newest shipped line."""
+    key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
+    for _entry_id, fields in r.xrevrange(key, count=_CURSOR_LOOKBACK):
+        cursor = LogCursor.decode(fields.get(CURSOR_FIELD))
+        if cursor is not None:
+            return cursor
+    return None
+
+
+class LogShipper:
+    """Follows one container's log until it stops, or until told to stop."""
+
+    def __init__(self, store: Store, container: Container, ref: TaskRef, max_lines: int,
+                 batch_lines: int = FLUSH_LINES) -> None:
+        self.store, self.container, self.ref = store, container, ref
+        self.task_name = describe(ref)
+        self.max_lines, self.batch_lines = max_lines, batch_lines
+        self.cursor: LogCursor | None = None
+        self._pending: list[LogEntry] = []
+        self._lock = threading.Lock()  # guards _pending and _stream
+        self._write_lock = threading.Lock()  # one write at a time, so lines stay in order
+        self._stream: Any = None
+        self._closing = threading.Event()
+        self._done = threading.Event()
+        self.done_at: float | None = None  # time.monotonic() when it finished
+        self._thread = threading.Thread(
+            target=self._run, name=f"pai-log-{str(container.id)[:12]}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None) -> bool:
+        """True once the log ended (the container stopped) and all of it was handed on."""
+        return self._done.wait(timeout)
+
+    def stop(self) -> None:
+        """Stop following now (the monitor is shutting down, or a drain timed out)."""
+        self._closing.set()
+        with self._lock:
+            stream = self._stream
+        close_stream(stream)
+
+    def abandon(self) -> None:
+        """Forget unwritten lines: a new shipper will read them again from Docker."""
+        self.stop()
+        with self._write_lock, self._lock:
+            self._pending = []
+
+    def flush(self) -> bool:
+        """Write the waiting lines; False (and they wait on) when Redis refused."""
+        with self._write_lock:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if not batch:
+                return True
+            try:
+                append_log_entries(self.store.r, self.ref, batch, self.max_lines)
+            except RedisError as error:
+                log.warning("cannot ship %d log lines of %s: %s", len(batch), self.task_name, error)
+                with self._lock:
+                    self._pending[:0] = batch
+                return False
+            return True
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        try:
+            if self._load_cursor():
+                self._follow()
+        except Exception:
+            log.exception("log shipping of %s failed", self.task_name)
+        finally:
+            for attempt in range(_FINAL_FLUSH_TRIES):
+                if self.flush():
+                    break
+                self._closing.wait(backoff_delay(attempt + 1, 0.2, 2.0))
+            self.done_at = time.monotonic()
+            self._done.set()
+
+    def _load_cursor(self) -> bool:
+        failures = 0
+        while not self._closing.is_set():
+            try:
+                self.cursor = read_log_cursor(self.store.r, self.ref)
+                return True
+            except RedisError as error:
+                failures += 1
+                log.warning("cannot read the log cursor of %s: %s", self.task_name, error)
+                self._closing.wait(backoff_delay(failures, 0.2, 5.0))
+        return False
+
+    def _follow(self) -> None:
+        """Read until the container stops; reopen when the stream breaks.
+
+        Docker ends a follow stream when the container stops, but a broken
+        connection (an engine restart, a proxy) ends it the same way: the SDK
+        turns socket errors into a plain end of iteration. So after any end:
+        if the container still runs, resume from the cursor; if it stopped,
+        read once more from the cursor, which catches a stream that broke
+        just before the exit.
+        """
+        failures = 0
+        while not self._closing.is_set():
+            received = self._read_stream()
+            if self._closing.is_set():
+                return
+            if not self._still_running():
+                self._read_stream()
+                return
+            failures = 0 if received else failures + 1
+            self._closing.wait(backoff_delay(failures, 0.2, 5.0))
+
+    def _read_stream(self) -> bool:
+        """One pass over the log from the cursor on; whether any new line came."""
+        since = self.cursor.since_seconds if self.cursor is not None else None
+        try:
+            stream = self.container.logs(stream=True, follow=True, stdout=True, stderr=True,
+                                         timestamps=True, since=since)
+        except NotFound:
+            return False
+        except (DockerException, RequestException) as error:
+            log.warning("cannot read the log of %s: %s", self.task_name, error)
+            return False
+        with self._lock:
+            self._stream = stream
+        if self._closing.is_set():
+            close_stream(stream)
+        splitter, replay, received = LineSplitter(), ReplayFilter(self.cursor), False
+        try:
+            for chunk in stream:
+                for raw in splitter.feed(chunk):
+                    received = self._accept(raw, replay) or received
+            if not self._closing.is_set():
+                for raw in splitter.finish():
+                    received = self._accept(raw, replay) or received
+        except (DockerException, RequestException, OSError) as error:
+            log.debug("the log stream of %s broke: %s", self.task_name, error)
+        finally:
+            with self._lock:
+                self._stream = None
+            close_stream(stream)
+        return received
+
+    def _accept(self, raw: bytes, replay: ReplayFilter) -> bool:
+        ts_ns, message = split_timestamp(raw)
+        if replay.skips(ts_ns):
+            return False
+        if ts_ns is not None:
+            self.cursor = advance(self.cursor, ts_ns)
+        with self._lock:
+            self._pending.append((render_line(message), self.cursor))
+            full = len(self._pending) >= self.batch_lines
+        if full:
+            failures = 0
+            while not self.flush() and not self._closing.is_set():
+                failures += 1
+                self._closing.wait(backoff_delay(failures, 0.2, 5.0))
+        return True
+
+    def _still_running(self) -> bool:
+        try:
+            state = self.container.client.api.inspect_container(self.container.id)["State"]
+        except NotFound:
+            return False
+        except (DockerException, RequestException) as error:
+            log.warning("cannot inspect %s: %s", self.task_name, error)
+            return True  # ask again after the backoff
+        return phase_of(state.get("Status")) == Phase.RUNNING
+
+
+def close_stream(stream: Any) -> None:
+    """Close a Docker stream from any thread; it may be closed or broken already."""
+    if stream is None:
+        return
+    try:
+        stream.close()
+    except Exception as error:  # an already closed socket, a half-open response
+        log.debug("closing a Docker stream: %s", error)
+
+
+class LogShipping:
+    """Every shipper of this node's containers, and the flusher that writes them."""
+
+    def __init__(self, store: Store, max_lines: int, flush_seconds: float = FLUSH_SECONDS,
+                 batch_lines: int = FLUSH_LINES) -> None:
+        self.store, self.max_lines = store, max_lines
+        self.flush_seconds, self.batch_lines = flush_seconds, batch_lines
+        self._shippers: dict[str, LogShipper] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    def ensure(self, container: Container, ref: TaskRef) -> LogShipper:
+        """The shipper following this container, started if there is none yet."""
+        key = str(container.id)
+        with self._lock:
+            shipper = self._shippers.get(key)
+            if shipper is not None and not shipper.done:
+                return shipper
+            if shipper is not None:
+                shipper.abandon()  # what it could not write, the new one reads again
+            shipper = LogShipper(self.store, container, ref, self.max_lines, self.batch_lines)
+            self._shippers[key] = shipper
+            shipper.start()
+            if self._flusher is None and not self._stop.is_set():
+                self._flusher = threading.Thread(
+                    target=self._flush_loop, name="pai-log-flusher", daemon=True)
+                self._flusher.start()
+        return shipper
+
+    def drain(self, container: Container, ref: TaskRef, timeout: float) -> bool:
+        """Ship a stopped container's log to its end (bounded); True if all of it went."""
+        with self._lock:
+            shipper = self._shippers.get(str(container.id))
+        if shipper is None:
+            shipper = self.ensure(container, ref)
+        complete = shipper.wait(timeout)
+        if not complete:
+            log.warning("the log of %s did not end within %.0f s: shipping what arrived",
+                        describe(ref), timeout)
+            shipper.stop()
+            shipper.wait(_STOP_WAIT_SECONDS)
+        complete = shipper.flush() and complete
+        self._forget(str(container.id), shipper)
+        return complete
+
+    def finish(self, container_id: str, timeout: float) -> None:
+        """A container vanished: write what its shipper read, and drop it."""
+        with self._lock:
+            shipper = self._shippers.get(container_id)
+        if shipper is None:
+            return
+        if not shipper.wait(timeout):
+            shipper.stop()
+            shipper.wait(_STOP_WAIT_SECONDS)
+        shipper.flush()
+        self._forget(container_id, shipper)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop following everything, writing what was read (a restart resumes)."""
+        self._stop.set()
+        with self._lock:
+            shippers = list(self._shippers.values())
+            self._shippers.clear()
+            flusher, self._flusher = self._flusher, None
+        for shipper in shippers:
+            shipper.stop()
+        for shipper in shippers:
+            shipper.wait(timeout)
+            shipper.flush()
+        if flusher is not None:
+            flusher.join(timeout)
+
+    def _forget(self, key: str, shipper: LogShipper) -> None:
+        with self._lock:
+            if self._shippers.get(key) is shipper:
+                del self._shippers[key]
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_seconds):
+            with self._lock:
+                shippers = list(self._shippers.items())
+            now = time.monotonic()
+            for key, shipper in shippers:
+                done_at = shipper.done_at  # read first: a finished shipper gets no more lines
+                if shipper.flush() and done_at is not None \
+                        and now - done_at > _FORGET_DONE_AFTER_SECONDS:
+                    self._forget(key, shipper)

@@ -1,0 +1,92 @@
+"""`pai-monitor`: the monitor of this node, until SIGTERM or SIGINT.
+
+It reconciles once (an exit that happened while no monitor ran is settled
+now), then follows Docker events and reconciles every few seconds, each on
+its own thread, as listed by `node_threads`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from services.monitor.service import Monitor
+from shared.config import load_settings
+from shared.containers import docker_client
+from shared.messaging import Messenger, make_celery
+from shared.store import Store
+
+log = logging.getLogger("pai.monitor")
+
+RECONCILE_SECONDS = 10.0
+SHUTDOWN_JOIN_SECONDS = 15.0
+
+
+def reconcile_loop(monitor: Monitor, stop: threading.Event,
+                   interval: float = RECONCILE_SECONDS) -> None:
+    """Reconcile every `interval` seconds: events can be missed, this cannot."""
+    while not stop.wait(interval):
+        try:
+            summary = monitor.reconcile()
+        except Exception:
+            log.exception("reconcile failed; trying again in %.0f s", interval)
+            continue
+        if summary.vanished:
+            log.warning("reconcile: %d task(s) lost their container", summary.vanished)
+
+
+def node_threads(monitor: Monitor, stop: threading.Event, since: float) -> list[threading.Thread]:
+    """Everything the monitor runs in the background, each until `stop` is set.
+
+    The node's Prometheus exporter joins this list when it is built.
+    """
+    return [
+        threading.Thread(target=monitor.watch_events, args=(stop, since),
+                         name="pai-monitor-events", daemon=True),
+        threading.Thread(target=reconcile_loop, args=(monitor, stop),
+                         name="pai-monitor-reconcile", daemon=True),
+    ]
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    store = Store.from_url(settings.redis_url)
+    messenger = Messenger(make_celery(settings, name="pai-monitor"))
+    monitor = Monitor(settings, store, messenger, docker_client(settings), settings.node_name)
+
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    log.info("monitor of node %s starting", settings.node_name)
+    since = time.time()  # events from here on; the first pass covers what came before
+    try:
+        summary = monitor.reconcile()
+        log.info("first reconcile: %d running, %d exited, %d vanished",
+                 summary.running, summary.exited, summary.vanished)
+    except Exception:
+        log.exception("the first reconcile failed; the loop tries again")
+    threads = node_threads(monitor, stop, since)
+    for thread in threads:
+        thread.start()
+    while not stop.wait(1.0):
+        pass
+    for thread in threads:
+        thread.join(SHUTDOWN_JOIN_SECONDS)
+    monitor.close()
+    log.info("monitor of node %s stopped", settings.node_name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,415 @@
+"""The monitor drives tasks from what its node's containers do (real Redis, real Docker).
+
+Each test places a job on a node of its own (so no other test's containers
+are seen), starts the task's container itself as the launcher would, and
+lets a Monitor observe it: through Docker events (a watcher thread), or
+through reconcile alone (a monitor that was down).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import docker
+import pytest
+import redis
+from docker.errors import NotFound
+from docker.models.containers import Container
+
+from services.monitor.logs import close_stream
+from services.monitor.service import Monitor, ReconcileSummary
+from shared.config import Settings
+from shared.containers import TaskRef, container_name, task_labels
+from shared.lifecycle import commit_placement, record_task_exit, submit_job
+from shared.messaging import ATTEMPT_ENDED, TASK_ENDED, Messenger, make_celery
+from shared.models import Job, Node, Task, TaskPlacement, now_ms
+from shared.states import JobState, TaskState
+from shared.store import Store
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+WAIT_SECONDS = 60.0
+USER = "alice"
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T], what: str, timeout: float = WAIT_SECONDS) -> T:
+    """Poll until `probe` returns something truthy; fail (never hang) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+# Until the task exits, the container waits for this file (made by `release`).
+GATE = "while [ ! -f /tmp/go ]; do sleep 0.05; done"
+
+
+class Rig:
+    """One test's node: Redis, Docker, a job placed there, monitors and containers."""
+
+    def __init__(self, redis_url: str, client: redis.Redis, docker_client: docker.DockerClient,
+                 image: str, test_labels: dict[str, str]) -> None:
+        self.redis, self.docker, self.image, self.test_labels = client, docker_client, image, \
+            test_labels
+        self.node = f"node-mon-{uuid.uuid4().hex[:8]}"
+        self.settings = Settings(redis_url=redis_url, node_name=self.node, log_max_lines=10_000)
+        self.store = Store(client)
+        self.store.register_node(Node(name=self.node, ip="127.0.0.1", cpus=64, memory_mb=1 << 20))
+        self.celery = make_celery(self.settings, name="pai-monitor-test")
+        self.messenger = Messenger(self.celery)
+        self._monitors: list[Monitor] = []
+        self._watchers: list[tuple[threading.Event, threading.Thread]] = []
+        self._containers: list[Container] = []
+
+    # --------------------------------------------------------------- set-up
+
+    def monitor(self, docker_client: docker.DockerClient | None = None) -> Monitor:
+        monitor = Monitor(self.settings, self.store, self.messenger,
+                          docker_client or self.docker, self.node)
+        self._monitors.append(monitor)
+        return monitor
+
+    def watch(self, monitor: Monitor) -> None:
+        """Run the monitor's event watcher in the background until teardown."""
+        stop = threading.Event()
+        thread = threading.Thread(target=monitor.watch_events, args=(stop, time.time() - 1),
+                                  name="test-monitor-events", daemon=True)
+        thread.start()
+        self._watchers.append((stop, thread))
+
+    def place(self, *, tasks: int = 1, retry_count: int = 0, memory_mb: int = 128) -> str:
+        """Submit a one-role job and place all its tasks on this node: they are LAUNCHING."""
+        config = {
+            "jobName": f"job-{uuid.uuid4().hex[:8]}", "image": self.image,
+            "retryCount": retry_count,
+            "taskRoles": [{"name": "main", "taskNumber": tasks, "cpuNumber": 1,
+                           "memoryMB": memory_mb, "gpuNumber": 0, "command": "true"}],
+        }
+        job = submit_job(self.store, USER, config)
+        placements = [
+            TaskPlacement(role="main", index=i, node=self.node, ip="127.0.0.1", gpus=(),
+                          cpus=1, memory_mb=memory_mb, ports={"default": [15000 + i]})
+            for i in range(tasks)
+        ]
+        assert commit_placement(self.store, job.id, version=job.version, attempt=0,
+                                placements=placements, launch_deadline_ms=now_ms() + 600_000)
+        return job.id
+
+    def run(self, job_id: str, script: str, *, index: int = 0, attempt: int = 0,
+            **options: Any) -> Container:
+        """Start the task's container as the launcher would (name, labels, host network)."""
+        ref = TaskRef(job_id, attempt, "main", index)
+        labels = {**task_labels(ref, node=self.node, username=USER, vc="default"),
+                  **self.test_labels}
+        container: Container = self.docker.containers.run(
+            self.image, ["/bin/sh", "-c", script], name=container_name(*_parts(ref)),
+            labels=labels, network_mode="host", detach=True, **options)
+        self._containers.append(container)
+        return container
+
+    def close(self) -> None:
+        for stop, _thread in self._watchers:
+            stop.set()
+        for _stop, thread in self._watchers:
+            thread.join(WAIT_SECONDS)
+        for monitor in self._monitors:
+            monitor.close()
+        self.celery.close()
+        for container in self._containers:
+            with contextlib.suppress(NotFound):
+                container.remove(force=True)
+
+    # ------------------------------------------------------------- reading
+
+    def job(self, job_id: str) -> Job:
+        job = self.store.get_job(job_id)
+        assert job is not None
+        return job
+
+    def task(self, job_id: str, index: int = 0, attempt: int = 0) -> Task:
+        tasks = {t.index: t for t in self.store.get_tasks(job_id, attempt)}
+        return tasks[index]
+
+    def log(self, job_id: str, index: int = 0, attempt: int = 0) -> list[str]:
+        return [line for _id, line in self.store.read_log(job_id, attempt, "main", index)]
+
+    def messages(self) -> list[tuple[str, list[Any]]]:
+        """(task name, args) of every message sent to the scheduler, oldest first."""
+        sent = []
+        for raw in reversed(self.redis.lrange("scheduler", 0, -1)):
+            message = json.loads(raw)
+            body = json.loads(base64.b64decode(message["body"]))
+            sent.append((message["headers"]["task"], body[0]))
+        return sent
+
+    def gone(self, container: Container) -> bool:
+        try:
+            self.docker.containers.get(str(container.id))
+        except NotFound:
+            return True
+        return False
+
+    def exited(self, container: Container) -> Container:
+        container.wait(timeout=WAIT_SECONDS)
+        container.reload()
+        return container
+
+
+def _parts(ref: TaskRef) -> tuple[str, int, str, int]:
+    return ref.job_id, ref.attempt, ref.role, ref.index
+
+
+def release(container: Container) -> None:
+    """Let a container waiting on GATE go on."""
+    result = container.exec_run(["touch", "/tmp/go"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture
+def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
+        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
+    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _final_job(rig: Rig, job_id: str) -> Job:
+    wait_for(lambda: rig.job(job_id).state.is_final, f"job {job_id} to end")
+    return rig.job(job_id)
+
+
+# ---------------------------------------------------------------- via events
+
+
+def test_a_task_that_exits_0_succeeds_with_its_log(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place()
+    container = rig.run(job_id, "echo one; echo two; echo three")
+
+    job = _final_job(rig, job_id)
+
+    assert job.state == JobState.SUCCEEDED
+    task = rig.task(job_id)
+    assert (task.state, task.exit_code) == (TaskState.SUCCEEDED, 0)
+    assert rig.log(job_id) == ["one", "two", "three"]  # shipped before the task settled
+    wait_for(lambda: rig.gone(container), "the container to be removed")
+    assert (TASK_ENDED, [job_id, 0, "main", 0]) in rig.messages()
+    assert (ATTEMPT_ENDED, [job_id, 0]) in rig.messages()
+
+
+def test_a_task_that_exits_3_fails_with_exit_code_3(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place()
+    container = rig.run(job_id, "echo failing >&2; exit 3")  # stderr is shipped too
+
+    job = _final_job(rig, job_id)
+
+    assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+    task = rig.task(job_id)
+    assert (task.state, task.exit_code, task.diagnostics) == (TaskState.FAILED, 3, "exit code 3")
+    assert rig.log(job_id) == ["failing"]
+    wait_for(lambda: rig.gone(container), "the container to be removed")
+
+
+def test_a_started_container_makes_its_task_and_job_running(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place()
+    container = rig.run(job_id, f"echo started; {GATE}; echo finished")
+
+    wait_for(lambda: rig.task(job_id).state == TaskState.RUNNING, "the task to run")
+    assert rig.job(job_id).state == JobState.RUNNING
+    assert rig.task(job_id).container_id == container.id
+    wait_for(lambda: rig.log(job_id) == ["started"], "the log to be shipped while it runs")
+
+    release(container)
+
+    assert _final_job(rig, job_id).state == JobState.SUCCEEDED
+    assert rig.log(job_id) == ["started", "finished"]
+
+
+def test_an_oom_killed_task_fails_and_says_why(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place(memory_mb=16)
+    rig.run(job_id, "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived",
+            mem_limit="16m", memswap_limit="16m")
+
+    job = _final_job(rig, job_id)
+
+    task = rig.task(job_id)
+    assert (job.state, task.state, task.exit_code) == (JobState.FAILED, TaskState.FAILED, 137)
+    assert task.diagnostics == "OOMKilled: exceeded memoryMB (16 MB)"
+
+
+# ---------------------------------------------------------------- reconcile
+
+
+def test_reconcile_settles_an_exit_that_happened_while_no_monitor_ran(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.exited(rig.run(job_id, "echo while nobody watched"))
+    assert rig.task(job_id).state == TaskState.LAUNCHING
+
+    summary = rig.monitor().reconcile()
+
+    assert (summary.exited, summary.vanished) == (1, 0)
+    assert rig.job(job_id).state == JobState.SUCCEEDED
+    assert (rig.task(job_id).state, rig.task(job_id).exit_code) == (TaskState.SUCCEEDED, 0)
+    assert rig.log(job_id) == ["while nobody watched"]
+    assert rig.gone(container)
+    assert [name for name, _args in rig.messages()] == [TASK_ENDED, ATTEMPT_ENDED]
+
+
+def test_reconcile_marks_a_running_container_running(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.run(job_id, GATE)
+    wait_for(lambda: _status(container) == "running", "the container to run")
+    monitor = rig.monitor()
+
+    assert monitor.reconcile().running == 1
+    assert rig.task(job_id).state == TaskState.RUNNING
+    assert monitor.reconcile().running == 1  # again: nothing changes
+    assert rig.task(job_id).state == TaskState.RUNNING
+    assert rig.messages() == []
+
+
+def _status(container: Container) -> str:
+    container.reload()
+    return str(container.status)
+
+
+def test_a_second_handling_of_the_same_exit_changes_nothing(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.exited(rig.run(job_id, "echo once; exit 3"))
+    monitor = rig.monitor()
+
+    first = monitor.handle_exit(container)
+    assert first is not None and first.attempt_ended
+    before = (rig.job(job_id), rig.store.get_tasks(job_id, 0), rig.store.get_attempts(job_id),
+              rig.store.get_events(job_id), rig.log(job_id))
+
+    assert monitor.handle_exit(container) is None  # removed now; its last state still says exited
+
+    after = (rig.job(job_id), rig.store.get_tasks(job_id, 0), rig.store.get_attempts(job_id),
+             rig.store.get_events(job_id), rig.log(job_id))
+    assert after == before
+    assert rig.log(job_id) == ["once"]
+    assert rig.messages() == [(TASK_ENDED, [job_id, 0, "main", 0]), (ATTEMPT_ENDED, [job_id, 0]),
+                              (TASK_ENDED, [job_id, 0, "main", 0])]
+
+
+def test_an_exit_settled_by_a_monitor_that_died_before_removing_is_cleaned_up(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.exited(rig.run(job_id, "exit 0"))
+    # The previous monitor settled the task, then died before it told anyone.
+    assert record_task_exit(rig.store, job_id, 0, "main", 0, exit_code=0) is not None
+    before = (rig.job(job_id), rig.store.get_tasks(job_id, 0))
+
+    rig.monitor().reconcile()
+
+    assert (rig.job(job_id), rig.store.get_tasks(job_id, 0)) == before
+    assert rig.gone(container)
+    assert rig.messages() == [(TASK_ENDED, [job_id, 0, "main", 0])]  # the allocation is freed
+
+
+def test_an_orphan_container_is_stopped(rig: Rig) -> None:
+    job_id = rig.place()
+    assert record_task_exit(rig.store, job_id, 0, "main", 0, exit_code=0) is not None
+    assert rig.job(job_id).state == JobState.SUCCEEDED
+    # A late launch of a task that already ended; it would run forever.
+    container = rig.run(job_id, "trap 'exit 143' TERM; while :; do sleep 0.1; done")
+    wait_for(lambda: _status(container) == "running", "the orphan to run")
+    monitor = rig.monitor()
+
+    assert monitor.handle_start(container) is False
+
+    assert _status(container) == "exited"
+    assert rig.task(job_id).state == TaskState.SUCCEEDED
+    monitor.reconcile()  # its exit: nothing to settle, the container goes
+    assert rig.gone(container)
+    assert rig.job(job_id).state == JobState.SUCCEEDED
+
+
+def test_an_orphan_is_stopped_and_removed_through_events(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place()
+    assert record_task_exit(rig.store, job_id, 0, "main", 0, exit_code=0) is not None
+    container = rig.run(job_id, "trap 'exit 143' TERM; while :; do sleep 0.1; done")
+
+    wait_for(lambda: rig.gone(container), "the orphan to be stopped and removed")
+    assert rig.job(job_id).state == JobState.SUCCEEDED
+
+
+def test_a_running_task_whose_container_vanished_is_a_platform_failure(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.run(job_id, GATE)
+    monitor = rig.monitor()
+    wait_for(lambda: _status(container) == "running", "the container to run")
+    assert monitor.handle_start(container) is True
+    assert monitor.reconcile().vanished == 0  # its container is there: nothing to do
+
+    container.remove(force=True)  # behind the monitor's back
+    summary = monitor.reconcile()
+
+    assert summary.vanished == 1
+    task = rig.task(job_id)
+    assert (task.state, task.exit_code, task.platform_failure) == (TaskState.FAILED, -1, True)
+    assert task.diagnostics == f"container vanished from node {rig.node}"
+    # Not the user's fault: a fresh attempt, not counted against retryCount.
+    job = rig.job(job_id)
+    assert (job.state, job.attempt, job.retries, job.platform_retries) == \
+        (JobState.WAITING, 1, 0, 1)
+    assert rig.store.get_attempts(job_id)[0].platform_failure
+    assert rig.messages() == [(TASK_ENDED, [job_id, 0, "main", 0]), (ATTEMPT_ENDED, [job_id, 0])]
+    assert monitor.reconcile().vanished == 0  # settled once
+
+
+def test_tasks_of_another_node_are_left_alone(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.exited(rig.run(job_id, "exit 0"))
+    other = Monitor(rig.settings, rig.store, rig.messenger, rig.docker, rig.node + "-other")
+    try:
+        assert other.reconcile() == ReconcileSummary(running=0, exited=0, vanished=0)
+    finally:
+        other.close()
+    assert rig.task(job_id).state == TaskState.LAUNCHING
+    assert not rig.gone(container)
+
+
+def test_a_multi_task_job_succeeds_when_every_task_has(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place(tasks=3)
+    for index in range(3):
+        rig.run(job_id, f"echo task {index}", index=index)
+
+    assert _final_job(rig, job_id).state == JobState.SUCCEEDED
+    for index in range(3):
+        assert rig.task(job_id, index).state == TaskState.SUCCEEDED
+        assert rig.log(job_id, index) == [f"task {index}"]
+    assert [args for name, args in rig.messages() if name == ATTEMPT_ENDED] == [[job_id, 0]]
+
+
+
+def test_the_watcher_carries_on_after_the_event_stream_breaks(rig: Rig) -> None:
+    monitor = rig.monitor()
+    rig.watch(monitor)
+    # White box: drop the event stream, as an engine restart would.
+    close_stream(wait_for(lambda: monitor._events_stream, "the watcher to follow events"))
+    job_id = rig.place()
+    container = rig.run(job_id, "echo after the break")
+
+    assert _final_job(rig, job_id).state == JobState.SUCCEEDED
+    assert rig.log(job_id) == ["after the break"]
+    wait_for(lambda: rig.gone(container), "the container to be removed")

@@ -1,0 +1,143 @@
+"""Container output reaches the task's Redis stream: whole, in order, and once.
+
+Real Redis and Docker. The restart cases stop one monitor part-way through a
+container's output and let a new one carry on, as after a crash or upgrade.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import docker
+import pytest
+import redis
+
+from services.monitor.loglines import MAX_LINE_BYTES
+from services.monitor.logs import LogShipping, close_stream
+from shared import keys
+from shared.containers import TaskRef
+from shared.states import JobState
+from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+DRAIN_SECONDS = 30.0
+
+
+@pytest.fixture
+def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
+        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
+    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _numbers(first: int, last: int) -> list[str]:
+    return [str(n) for n in range(first, last + 1)]
+
+
+def test_a_restarted_monitor_carries_on_a_running_container_without_repeats(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 10")
+    before = rig.monitor()
+    wait_for(lambda: container.reload() or container.status == "running", "the container to run")
+    assert before.handle_start(container)
+    wait_for(lambda: rig.log(job_id) == _numbers(1, 5), "the first lines to be shipped")
+    before.close()  # the monitor goes away; the container runs on
+
+    after = rig.monitor()
+    assert after.handle_start(container)  # the task is RUNNING already: resume its log
+    release(container)
+    wait_for(lambda: rig.log(job_id) == _numbers(1, 10), "the rest to be shipped")
+    after.handle_exit(rig.exited(container))
+
+    assert rig.log(job_id) == _numbers(1, 10)
+    assert rig.job(job_id).state == JobState.SUCCEEDED
+
+
+def test_a_monitor_that_comes_back_after_the_exit_ships_only_the_rest(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 10")
+    before = rig.monitor()
+    wait_for(lambda: container.reload() or container.status == "running", "the container to run")
+    before.handle_start(container)
+    wait_for(lambda: rig.log(job_id) == _numbers(1, 5), "the first lines to be shipped")
+    before.close()
+
+    release(container)
+    rig.exited(container)
+    rig.monitor().reconcile()
+
+    assert rig.log(job_id) == _numbers(1, 10)
+    assert rig.job(job_id).state == JobState.SUCCEEDED
+    assert rig.gone(container)
+
+
+def test_draining_the_same_container_twice_ships_it_once(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.exited(rig.run(job_id, "seq 1 50"))
+    ref = TaskRef(job_id, 0, "main", 0)
+
+    for _ in range(2):  # two monitors in turn, each with its own shippers
+        shipping = LogShipping(rig.store, max_lines=1000)
+        try:
+            assert shipping.drain(container, ref, DRAIN_SECONDS)
+        finally:
+            shipping.close()
+
+    assert rig.log(job_id) == _numbers(1, 50)
+
+
+def test_long_lines_are_capped_and_line_endings_normalized(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place()
+    rig.run(job_id, "head -c 40000 /dev/zero | tr '\\0' x; echo; printf 'crlf\\r\\n'; "
+                    "echo; printf 'no newline at the end'")
+
+    wait_for(lambda: rig.job(job_id).state.is_final, "the job to end")
+
+    assert rig.log(job_id) == ["x" * MAX_LINE_BYTES, "crlf", "", "no newline at the end"]
+
+
+def test_many_lines_arrive_in_order(rig: Rig) -> None:
+    rig.watch(rig.monitor())
+    job_id = rig.place()
+    rig.run(job_id, "seq 1 3000")
+
+    wait_for(lambda: rig.job(job_id).state.is_final, "the job to end")
+
+    assert rig.log(job_id) == _numbers(1, 3000)
+
+
+def test_the_log_stream_is_bounded(rig: Rig) -> None:
+    rig.settings = dataclasses.replace(rig.settings, log_max_lines=100)
+    rig.watch(rig.monitor())
+    job_id = rig.place()
+    rig.run(job_id, "seq 1 5000")
+
+    wait_for(lambda: rig.job(job_id).state.is_final, "the job to end")
+
+    length = rig.redis.xlen(keys.task_log(job_id, 0, "main", 0))
+    assert 100 <= length < 1000  # trimmed approximately, in whole stream nodes
+    assert rig.log(job_id)[-1] == "5000"
+
+
+def test_a_broken_log_stream_is_resumed_without_repeats(rig: Rig) -> None:
+    job_id = rig.place()
+    container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 10")
+    monitor = rig.monitor()
+    wait_for(lambda: container.reload() or container.status == "running", "the container to run")
+    monitor.handle_start(container)
+    wait_for(lambda: rig.log(job_id) == _numbers(1, 5), "the first lines to be shipped")
+
+    # White box: drop the shipper's connection, as an engine hiccup would.
+    shipper = monitor.shipping.ensure(container, TaskRef(job_id, 0, "main", 0))
+    close_stream(wait_for(lambda: shipper._stream, "the shipper to be reading"))
+    release(container)
+    wait_for(lambda: rig.log(job_id) == _numbers(1, 10), "the rest to be shipped")
+    monitor.handle_exit(rig.exited(container))
+
+    assert rig.log(job_id) == _numbers(1, 10)
