@@ -1,0 +1,77 @@
+"""Reading a job config from a file or standard input.
+
+OpenPAI's documents show job JSON with `//` comments and users copy them, so
+comments are stripped before parsing (the API itself takes strict JSON).
+YAML files (`.yaml`, `.yml`) are read too; the API decides what it accepts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+
+class JobFileError(Exception):
+    """The file cannot be read or is not a JSON/YAML object."""
+
+
+def read_source(source: str, stdin: IO[str]) -> tuple[str, str]:
+    """(display name, text) of a path, or of standard input for `-`."""
+    if source == "-":
+        return "<stdin>", stdin.read()
+    try:
+        return source, Path(source).read_text(encoding="utf-8")
+    except OSError as error:
+        raise JobFileError(f"cannot read {source}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise JobFileError(f"{source} is not UTF-8 text") from None
+
+
+def parse_job_config(name: str, text: str) -> dict[str, Any]:
+    """The config in `text`: YAML for .yaml/.yml names, else JSON with comments
+    (falling back to YAML when the text does not look like JSON at all)."""
+    from shared.jobspec import strip_json_comments  # marshmallow only when submitting
+
+    if name.lower().endswith((".yaml", ".yml")):
+        return _as_object(name, _load_yaml(name, text))
+    stripped = strip_json_comments(text)
+    if not stripped.strip():
+        raise JobFileError(f"{name} holds no job config")
+    if not stripped.lstrip().startswith(("{", "[")):
+        return _as_object(name, _load_yaml(name, text))
+    try:
+        return _as_object(name, json.loads(stripped))
+    except json.JSONDecodeError as error:
+        raise JobFileError(f"{name}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") \
+            from None
+
+
+def _load_yaml(name: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else name
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise JobFileError(f"{where}: invalid YAML: {problem}") from None
+
+
+def _as_object(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise JobFileError(f"{name}: a job config is an object (got "
+                           f"{type(value).__name__ if value is not None else 'nothing'})")
+    return value
+
+
+def apply_overrides(config: dict[str, Any], *, name: str | None,
+                    vc: str | None) -> dict[str, Any]:
+    """A copy of `config` with `--name` and `--vc` applied."""
+    result = dict(config)
+    if name:
+        result["jobName"] = name
+    if vc:
+        result["virtualCluster"] = vc
+    return result

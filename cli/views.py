@@ -1,0 +1,166 @@
+"""Rich renderings of the API's answers: tables for people (scripts use --output json).
+
+Every cell is plain `Text`, so a bracket in a diagnostic is never read as
+rich markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from cli.formatting import (
+    NONE,
+    ago,
+    elapsed,
+    format_gpus,
+    format_mb,
+    format_ports,
+    format_time,
+)
+
+STATE_STYLES = {
+    "WAITING": "yellow", "RUNNING": "cyan", "STOPPING": "magenta", "LAUNCHING": "cyan",
+    "SUCCEEDED": "green", "FAILED": "red", "STOPPED": "dim", "READY": "green", "LOST": "red",
+}
+
+
+def _cell(value: Any) -> Text:
+    return Text(NONE if value is None or value == "" else str(value))
+
+
+def _state(value: Any) -> Text:
+    return Text(str(value), style=STATE_STYLES.get(str(value), ""))
+
+
+def _table(title: str | None, columns: Sequence[str], *, right: Iterable[str] = (),
+           wrap: Iterable[str] = ()) -> Table:
+    """A borderless table; only the `wrap` columns (free text) wrap when the
+    terminal is narrow, so names, times and addresses stay whole."""
+    table = Table(title=title, title_justify="left", box=None, header_style="bold",
+                  pad_edge=False)
+    numeric, wrapping = set(right), set(wrap)
+    for column in columns:
+        table.add_column(column, justify="right" if column in numeric else "left",
+                         no_wrap=column not in wrapping, overflow="fold")
+    return table
+
+
+def jobs_table(rows: Sequence[Mapping[str, Any]], gpus: Mapping[str, int | None],
+               now: int) -> Table:
+    table = _table(None, ["NAME", "USER", "VC", "STATE", "GPUS", "SUBMITTED", "DURATION",
+                          "RETRIES"], right=("GPUS", "RETRIES"), wrap=("NAME",))
+    for row in rows:
+        table.add_row(_cell(row["name"]), _cell(row.get("username")),
+                      _cell(row.get("virtualCluster")), _state(row.get("state")),
+                      _cell(gpus.get(row["name"])),
+                      _cell(format_time(row.get("createdTime"), seconds=False)),
+                      _cell(elapsed(row.get("createdTime"), row.get("completedTime"), now)),
+                      _cell(row.get("retries")))
+    return table
+
+
+def _field_grid(pairs: Sequence[tuple[str, Any]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for label, value in pairs:
+        grid.add_row(Text(label), value if isinstance(value, Text) else _cell(value))
+    return grid
+
+
+def job_view(detail: Mapping[str, Any], now: int) -> RenderableType:
+    """`pai status`: the job, why it waits, its attempts and its current tasks."""
+    status = detail["jobStatus"]
+    state = status.get("state")
+    pairs: list[tuple[str, Any]] = [
+        ("Job", f"{status.get('username')}/{detail['name']}"),
+        ("State", _state(state if status.get("subState") in (None, state)
+                         else f"{state} ({status['subState']})")),
+        ("Virtual cluster", status.get("virtualCluster")),
+        ("Attempt", status.get("attemptIndex")),
+        ("Retries", status.get("retries")),
+        ("Submitted", format_time(status.get("createdTime"))),
+        ("Completed", format_time(status.get("completedTime"))),
+        ("Duration", elapsed(status.get("createdTime"), status.get("completedTime"), now)),
+    ]
+    if status.get("executionType") == "STOP" and state != "STOPPED":
+        pairs.append(("Stop", "requested"))
+    if state == "WAITING":
+        pairs.append(("Waiting for", status.get("waitingReason") or "a scheduling pass"))
+    if status.get("appExitCode") is not None:
+        pairs.append(("Exit code", status.get("appExitCode")))
+    if status.get("appExitDiagnostics"):
+        pairs.append(("Diagnostics", status.get("appExitDiagnostics")))
+    parts: list[RenderableType] = [_field_grid(pairs)]
+    attempts = detail.get("attempts") or []
+    if attempts:
+        parts += [Text(""), attempts_table(attempts)]
+    parts += [Text(""), tasks_table(detail.get("taskRoles") or {}, status.get("attemptIndex"))]
+    return Group(*parts)
+
+
+def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
+    table = _table("Attempts", ["#", "STATE", "STARTED", "COMPLETED", "EXIT", "REASON"],
+                   right=("#", "EXIT"), wrap=("REASON",))
+    for attempt in attempts:
+        reason = attempt.get("reason") or ""
+        if attempt.get("platformFailure"):
+            reason = f"{reason} (platform failure, not counted)".strip()
+        table.add_row(_cell(attempt.get("attemptIndex")), _state(attempt.get("state")),
+                      _cell(format_time(attempt.get("startedTime"))),
+                      _cell(format_time(attempt.get("completedTime"))),
+                      _cell(attempt.get("exitCode")), _cell(reason))
+    return table
+
+
+def tasks_table(roles: Mapping[str, Any], attempt: Any) -> Table:
+    """One row per task: where it runs (node, IP, ports, GPU indices) and how it ended."""
+    title = "Tasks" if attempt is None else f"Tasks (attempt {attempt})"
+    table = _table(title, ["TASK", "STATE", "NODE", "IP", "PORTS", "GPUS", "EXIT",
+                           "DIAGNOSTICS"], right=("EXIT",), wrap=("DIAGNOSTICS",))
+    for role, entry in roles.items():
+        for task in entry.get("taskStatuses") or []:
+            table.add_row(_cell(f"{role}[{task.get('taskIndex')}]"),
+                          _state(task.get("taskState")), _cell(task.get("containerNodeName")),
+                          _cell(task.get("containerIp")),
+                          _cell(format_ports(task.get("containerPorts"))),
+                          _cell(format_gpus(task.get("containerGpus"))),
+                          _cell(task.get("containerExitCode")),
+                          _cell(task.get("containerExitDiagnostics")))
+    return table
+
+
+def nodes_table(nodes: Sequence[Mapping[str, Any]], now: int) -> Table:
+    table = _table(None, ["NAME", "STATE", "IP", "GPUS", "GPU MODEL", "CPUS", "MEMORY",
+                          "TASKS", "HEARTBEAT"], right=("GPUS", "CPUS", "MEMORY", "TASKS"))
+    for node in nodes:
+        models = sorted({g.get("model") or "" for g in node.get("gpus") or []} - {""})
+        table.add_row(
+            _cell(node.get("name")), _state(node.get("state")), _cell(node.get("ip")),
+            _cell(f"{node.get('gpuUsed', 0)}/{node.get('gpuTotal', 0)}"),
+            _cell(", ".join(models)),
+            _cell(f"{node.get('cpuUsed', 0)}/{node.get('cpuTotal', 0)}"),
+            _cell(f"{format_mb(node.get('memoryMBUsed'))}/"
+                  f"{format_mb(node.get('memoryMBTotal'))}"),
+            _cell(node.get("tasks")), _cell(ago(node.get("lastHeartbeat"), now)))
+    return table
+
+
+def vcs_table(vcs: Mapping[str, Mapping[str, Any]]) -> Table:
+    table = _table(None, ["NAME", "GPU QUOTA", "GPUS USED", "GPUS FREE", "RUNNING",
+                          "WAITING", "DESCRIPTION"],
+                   right=("GPU QUOTA", "GPUS USED", "GPUS FREE", "RUNNING", "WAITING"),
+                   wrap=("DESCRIPTION",))
+    for name, vc in vcs.items():
+        quota = vc.get("gpuQuota")
+        used = (vc.get("resourcesUsed") or {}).get("GPUs")
+        table.add_row(_cell(name), _cell("unlimited" if quota is None else quota),
+                      _cell(used), _cell("-" if vc.get("gpuFree") is None else vc["gpuFree"]),
+                      _cell(vc.get("runningJobs")), _cell(vc.get("waitingJobs")),
+                      _cell(vc.get("description")))
+    return table
