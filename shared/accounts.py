@@ -149,7 +149,7 @@ class Accounts:
     def token_valid(self, username: str, token_id: str, issued_ms: int) -> bool:
         epoch, revoked = self.r.mget(keys.user_token_epoch(username),
                                      keys.revoked_token(token_id))
-        return not revoked and issued_ms >= int(epoch or 0)
+        return not revoked and issued_ms > int(epoch or 0)
 
     # ------------------------------------------------------ virtual clusters
 

@@ -47,7 +47,8 @@ def submit_job(store: Store, username: str, config: dict[str, Any]) -> Job:
     spec = JobSpec.from_config(config)
     created = now_ms()
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
-              virtual_cluster=spec.virtual_cluster, created_ms=created, version=1)
+              virtual_cluster=spec.virtual_cluster, created_ms=created, version=1,
+              gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles))
     attempt = Attempt(index=0, created_ms=created)
     return store.create_job(job, config, initial_tasks(spec), attempt)
 
@@ -186,7 +187,7 @@ def mark_task_running(
         attempt_record = None
         if previous == JobState.WAITING:
             attempt_record = store.read_attempt(pipe, job_id, attempt) or Attempt(index=attempt)
-            attempt_record.started_ms = task.started_ms
+            attempt_record.started_ms = job.started_ms = task.started_ms
         pipe.multi()
         store.write_tasks(pipe, job_id, attempt, [task])
         pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))

@@ -157,6 +157,8 @@ class Job:
     exit_diagnostics: str = ""
     waiting_reason: str = ""
     queue_seq: int = 0
+    gpus: int = 0  # GPUs the job holds when all its tasks run
+    started_ms: int | None = None  # when the current attempt started running
 
     def to_fields(self) -> dict[str, str]:
         """The job's Redis hash fields (config is stored beside them)."""
@@ -185,6 +187,8 @@ class Job:
             exit_diagnostics=fields.get("exit_diagnostics", ""),
             waiting_reason=fields.get("waiting_reason", ""),
             queue_seq=int(fields.get("queue_seq", 0)),
+            gpus=int(fields.get("gpus") or 0),
+            started_ms=opt_int("started_ms"),
         )
 
 
