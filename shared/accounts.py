@@ -21,8 +21,8 @@ from shared import keys
 from shared.models import now_ms
 from shared.store import Pipe, Store
 
-USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-VC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+VC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 DEFAULT_VC = "default"
 
 _hasher = PasswordHasher()

@@ -70,8 +70,19 @@ class ValidatedConfig:
 # ---------------------------------------------------------------- fields
 
 
+class _WholeRegexp(validate.Regexp):
+    """Regexp whose `$` really ends the value: Python's `$` also matches before
+    a trailing newline, which would let "name\n" through. The pattern keeps
+    its JSON-Schema form (for the OpenAPI document); the match is fullmatch."""
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str) and self.regex.fullmatch(value) is None:
+            raise ValidationError(self._format_error(value))
+        return value
+
+
 def _pattern(regex: str) -> validate.Regexp:
-    return validate.Regexp(regex, error=f"Must match {regex}.")
+    return _WholeRegexp(regex, error=f"Must match {regex}.")
 
 
 def _not_blank(value: str) -> None:
@@ -105,6 +116,7 @@ class _BoundedList(fields.List):
     def __init__(self, inner: fields.Field, *, min_items: int, max_items: int,
                  **kwargs: Any) -> None:
         super().__init__(inner, **kwargs)
+        self.min_items, self.max_items = min_items, max_items  # for the OpenAPI document
         self._length = validate.Length(min=min_items, max=max_items)
 
     def _deserialize(self, value: Any, attr: str | None, data: Mapping[str, Any] | None,
@@ -271,6 +283,11 @@ class _JobSchema(_StrictSchema):
 
 
 _SCHEMA = _JobSchema()
+
+# The OpenAPI document describes submitted configs with this very schema.
+JobConfigSchema = _JobSchema
+BoundedList = _BoundedList
+EnvVars = _EnvVars
 
 
 # ---------------------------------------------------------------- paths

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from services.api import auth, cluster, jobs, users, vcs
+from services.api import auth, cluster, jobs, openapi, users, vcs
 from services.api.errors import register_error_handlers
 from services.api.platform import Platform
 from shared.accounts import Accounts
@@ -13,6 +13,7 @@ from shared.messaging import Messenger, make_celery
 from shared.store import Store
 
 MAX_BODY_BYTES = 1024 * 1024
+BLUEPRINTS = (auth.bp, users.bp, jobs.bp, vcs.bp, cluster.bp, openapi.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -27,7 +28,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
     register_error_handlers(app)
     app.before_request(auth.authenticate)
-    for blueprint in (auth.bp, users.bp, jobs.bp, vcs.bp, cluster.bp):
+    for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     Accounts(app.extensions["pai"].store).bootstrap(settings.admin_user,
                                                    settings.admin_password)

@@ -98,6 +98,20 @@ def _login_fields() -> dict[str, Any]:
 
 @bp.post("/token")
 def login() -> tuple[dict[str, Any], int]:
+    """Trade a username and password (JSON or a form) for a bearer token.
+    ---
+    post:
+      requestBody:
+        required: true
+        content:
+          application/json: {schema: TokenRequest}
+          application/x-www-form-urlencoded: {schema: TokenRequest}
+      responses:
+        200: {content: {application/json: {schema: Token}}}
+        400: BadRequest
+        401: Unauthorized
+        404: NotFound
+    """
     fields = _login_fields()
     username, password = fields.get("username"), fields.get("password")
     if not isinstance(username, str) or not isinstance(password, str) \
@@ -122,6 +136,12 @@ def login() -> tuple[dict[str, Any], int]:
 
 @bp.delete("/token")
 def logout() -> dict[str, Any]:
+    """Revoke the token this request carries, at once.
+    ---
+    delete:
+      responses:
+        200: {content: {application/json: {schema: Message}}}
+    """
     claims = g.claims
     accounts().revoke_token(claims["jti"], int(claims["exp"]) * 1000)
     return {"message": "logged out"}

@@ -14,6 +14,13 @@ bp = Blueprint("cluster", __name__)
 
 @bp.get("/api/v1/nodes")
 def nodes() -> list[dict[str, Any]]:
+    """Every node that ever reported, with its free and used resources.
+    ---
+    get:
+      responses:
+        200:
+          content: {application/json: {schema: {type: array, items: Node}}}
+    """
     pai = platform()
     store = pai.store
     lost_after = int(pai.settings.node_lost_seconds * 1000)
@@ -48,6 +55,14 @@ def nodes() -> list[dict[str, Any]]:
 
 @bp.get("/healthz")
 def healthz() -> tuple[dict[str, Any], int]:
+    """Whether the API can do its job: Redis answers.
+    ---
+    get:
+      tags: [meta]
+      responses:
+        200: {content: {application/json: {schema: Health}}}
+        503: {content: {application/json: {schema: Health}}}
+    """
     try:
         platform().store.r.ping()
     except Exception as error:

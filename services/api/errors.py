@@ -44,7 +44,12 @@ def register_error_handlers(app: Flask) -> None:
         message = error.description or error.name
         if status == 413:
             message = "request body is larger than the 1 MiB limit"
-        return ApiError(_HTTP_CODES.get(status, "HttpError"), message, status).response()
+        response, status = ApiError(_HTTP_CODES.get(status, "HttpError"), message,
+                                    status).response()
+        for name, value in error.get_headers():  # e.g. the Allow a 405 must carry
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response, status
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> tuple[Response, int]:

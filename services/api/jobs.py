@@ -25,6 +25,7 @@ from shared.store import JobConflict
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 
 MAX_TAIL = 100_000
+MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_BLOCK_MS = 1000
 FOLLOW_MAX_SECONDS = 24 * 3600
 
@@ -52,11 +53,46 @@ def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
 
 @bp.post("/user/<username>/jobs")
 def submit_for_user(username: str) -> tuple[dict[str, Any], int]:
+    """Submit a job for a user (themselves, or anyone for an admin).
+    ---
+    post:
+      parameters:
+      - {in: query, schema: SubmitQuerySchema}
+      requestBody:
+        required: true
+        content: {application/json: {schema: JobConfig}}
+      responses:
+        202: {content: {application/json: {schema: Submitted}}}
+        200:
+          description: dryRun; the config as it would be stored
+          content: {application/json: {schema: DryRun}}
+        400: BadRequest
+        403: Forbidden
+        404: NotFound
+        409: Conflict
+    """
     return _submit(username, _json_body())
 
 
 @bp.post("/jobs")
 def submit() -> tuple[dict[str, Any], int]:
+    """Submit a job as the caller.
+    ---
+    post:
+      parameters:
+      - {in: query, schema: SubmitQuerySchema}
+      requestBody:
+        required: true
+        content: {application/json: {schema: JobConfig}}
+      responses:
+        202: {content: {application/json: {schema: Submitted}}}
+        200:
+          description: dryRun; the config as it would be stored
+          content: {application/json: {schema: DryRun}}
+        400: BadRequest
+        403: Forbidden
+        409: Conflict
+    """
     return _submit(current_user().username, _json_body())
 
 
@@ -114,9 +150,24 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
 
 @bp.get("/jobs")
 def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
+    """Jobs newest first, filtered; a page with the total on request.
+    ---
+    get:
+      parameters:
+      - {in: query, schema: JobListQuerySchema}
+      responses:
+        200:
+          content:
+            application/json:
+              schema:
+                oneOf:
+                - {type: array, items: JobSummary}
+                - JobPage
+        400: BadRequest
+    """
     args = request.args
     try:
-        offset = max(0, int(args.get("offset", 0)))
+        offset = min(MAX_OFFSET, max(0, int(args.get("offset", 0))))
         limit = min(1000, max(1, int(args.get("limit", 50))))
     except ValueError:
         raise ApiError("BadRequestError", "offset and limit must be integers") from None
@@ -137,12 +188,28 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
 
 @bp.get("/user/<username>/jobs")
 def list_user_jobs(username: str) -> list[dict[str, Any]]:
+    """A user's jobs, newest first (at most 1000).
+    ---
+    get:
+      responses:
+        200:
+          content: {application/json: {schema: {type: array, items: JobSummary}}}
+    """
     jobs, _ = platform().store.list_jobs(username=username, limit=1000)
     return [job_summary(j) for j in jobs]
 
 
 @bp.delete("/user/<username>/jobs/<name>")
 def remove(username: str, name: str) -> dict[str, Any]:
+    """Delete a finished job, so that its name may be used again.
+    ---
+    delete:
+      responses:
+        200: {content: {application/json: {schema: Message}}}
+        403: Forbidden
+        404: NotFound
+        409: Conflict
+    """
     job = get_job_or_404(username, name, owner_only=True, action="delete")
     if not job.state.is_final:
         raise ApiError("ConflictJobError",
@@ -153,6 +220,13 @@ def remove(username: str, name: str) -> dict[str, Any]:
 
 @bp.get("/user/<username>/jobs/<name>")
 def detail(username: str, name: str) -> dict[str, Any]:
+    """A job's status, its current attempt's tasks and every attempt.
+    ---
+    get:
+      responses:
+        200: {content: {application/json: {schema: JobDetail}}}
+        404: NotFound
+    """
     store = platform().store
     job = get_job_or_404(username, name)
     config = store.get_config(job.id) or {"taskRoles": []}
@@ -163,6 +237,18 @@ def detail(username: str, name: str) -> dict[str, Any]:
 
 @bp.get("/user/<username>/jobs/<name>/config")
 def config(username: str, name: str) -> Response | dict[str, Any]:
+    """The config a job runs from, normalized; YAML when Accept asks for it.
+    ---
+    get:
+      responses:
+        200:
+          content:
+            application/json: {schema: JobConfig}
+            application/yaml: {schema: {type: string}}
+            text/yaml: {schema: {type: string}}
+        403: Forbidden
+        404: NotFound
+    """
     job = get_job_or_404(username, name, owner_only=True, action="read the config")
     found = platform().store.get_config(job.id)
     if found is None:
@@ -176,6 +262,18 @@ def config(username: str, name: str) -> Response | dict[str, Any]:
 
 @bp.put("/user/<username>/jobs/<name>/executionType")
 def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
+    """Stop a job; a finished job is left as it is.
+    ---
+    put:
+      requestBody:
+        required: true
+        content: {application/json: {schema: StopRequest}}
+      responses:
+        202: {content: {application/json: {schema: StopAccepted}}}
+        400: BadRequest
+        403: Forbidden
+        404: NotFound
+    """
     body = request.get_json(silent=True)
     value = body.get("value") if isinstance(body, dict) else None
     if value != "STOP":
@@ -189,6 +287,20 @@ def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
 
 @bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/log")
 def task_log(username: str, name: str, role: str, index: int) -> Response:
+    """A task's log: the last lines as text, or followed as server-sent events.
+    ---
+    get:
+      parameters:
+      - {in: query, schema: TaskLogQuerySchema}
+      responses:
+        200:
+          content:
+            text/plain: {schema: {type: string}}
+            text/event-stream: {schema: {type: string}}
+        400: BadRequest
+        403: Forbidden
+        404: NotFound
+    """
     job = get_job_or_404(username, name, owner_only=True, action="read the logs")
     try:
         attempt = int(request.args.get("attempt", job.attempt))

@@ -48,6 +48,18 @@ def _user_or_404(username: str) -> dict[str, Any]:
 
 @bp.post("/user")
 def create_user() -> tuple[dict[str, Any], int]:
+    """Create a user (admin only); it may use `default` unless told otherwise.
+    ---
+    post:
+      requestBody:
+        required: true
+        content: {application/json: {schema: UserCreate}}
+      responses:
+        201: {content: {application/json: {schema: User}}}
+        400: BadRequest
+        403: Forbidden
+        409: Conflict
+    """
     require_admin()
     body = _body()
     username = body.get("username")
@@ -69,18 +81,43 @@ def create_user() -> tuple[dict[str, Any], int]:
 
 @bp.get("/user")
 def list_users() -> list[dict[str, Any]]:
+    """Every user (admin only).
+    ---
+    get:
+      responses:
+        200:
+          content: {application/json: {schema: {type: array, items: User}}}
+        403: Forbidden
+    """
     require_admin()
     return [u.view() for u in accounts().list_users()]
 
 
 @bp.get("/user/<username>")
 def get_user(username: str) -> dict[str, Any]:
+    """One user, to themselves or an admin.
+    ---
+    get:
+      responses:
+        200: {content: {application/json: {schema: User}}}
+        403: Forbidden
+        404: NotFound
+    """
     require_self_or_admin(username, "see this user")
     return _user_or_404(username)
 
 
 @bp.delete("/user/<username>")
 def delete_user(username: str) -> dict[str, Any]:
+    """Delete a user (admin only; never oneself).
+    ---
+    delete:
+      responses:
+        200: {content: {application/json: {schema: Message}}}
+        400: BadRequest
+        403: Forbidden
+        404: NotFound
+    """
     admin = require_admin()
     if username == admin.username:
         raise ApiError("BadRequestError", "an admin cannot delete their own account")
@@ -91,6 +128,19 @@ def delete_user(username: str) -> dict[str, Any]:
 
 @bp.put("/user/<username>/password")
 def set_password(username: str) -> dict[str, Any]:
+    """Change a password; every token of the user is revoked with the old one.
+    ---
+    put:
+      requestBody:
+        required: true
+        content: {application/json: {schema: PasswordChange}}
+      responses:
+        200: {content: {application/json: {schema: Message}}}
+        400: BadRequest
+        401: Unauthorized
+        403: Forbidden
+        404: NotFound
+    """
     caller = require_self_or_admin(username, "change this password")
     body = _body()
     _user_or_404(username)
@@ -106,6 +156,18 @@ def set_password(username: str) -> dict[str, Any]:
 
 @bp.put("/user/<username>/admin")
 def set_admin(username: str) -> dict[str, Any]:
+    """Grant or take the admin right (admin only; never one's own).
+    ---
+    put:
+      requestBody:
+        required: true
+        content: {application/json: {schema: AdminFlag}}
+      responses:
+        200: {content: {application/json: {schema: User}}}
+        400: BadRequest
+        403: Forbidden
+        404: NotFound
+    """
     require_admin()
     value = _body().get("value")
     if not isinstance(value, bool):
@@ -119,6 +181,18 @@ def set_admin(username: str) -> dict[str, Any]:
 
 @bp.put("/user/<username>/virtualClusters")
 def set_virtual_clusters(username: str) -> dict[str, Any]:
+    """Set the virtual clusters a user may submit to (admin only).
+    ---
+    put:
+      requestBody:
+        required: true
+        content: {application/json: {schema: UserVirtualClusters}}
+      responses:
+        200: {content: {application/json: {schema: User}}}
+        400: BadRequest
+        403: Forbidden
+        404: NotFound
+    """
     require_admin()
     vcs = _vcs(_body().get("virtualClusters"))
     _user_or_404(username)
@@ -128,6 +202,14 @@ def set_virtual_clusters(username: str) -> dict[str, Any]:
 
 @bp.delete("/user/<username>/tokens")
 def revoke_tokens(username: str) -> dict[str, Any]:
+    """Revoke every token of a user, e.g. after a laptop went missing.
+    ---
+    delete:
+      responses:
+        200: {content: {application/json: {schema: Message}}}
+        403: Forbidden
+        404: NotFound
+    """
     require_self_or_admin(username, "revoke these tokens")
     _user_or_404(username)
     accounts().revoke_all_tokens(username)

@@ -66,16 +66,50 @@ def _vc_or_404(name: str) -> VirtualCluster:
 
 @bp.get("/virtual-clusters")
 def list_vcs() -> dict[str, dict[str, Any]]:
+    """Every virtual cluster by name, with its quota, usage and queue.
+    ---
+    get:
+      responses:
+        200:
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: {$ref: '#/components/schemas/VirtualCluster'}
+    """
     return _views(accounts().list_vcs())
 
 
 @bp.get("/virtual-clusters/<name>")
 def get_vc(name: str) -> dict[str, Any]:
+    """One virtual cluster: quota, what it uses now and who waits in it.
+    ---
+    get:
+      responses:
+        200: {content: {application/json: {schema: VirtualCluster}}}
+        404: NotFound
+    """
     return _views([_vc_or_404(name)])[name]
 
 
 @bp.put("/virtual-clusters/<name>")
 def put_vc(name: str) -> tuple[dict[str, Any], int]:
+    """Create or change a virtual cluster (admin only).
+    ---
+    put:
+      requestBody:
+        required: true
+        content: {application/json: {schema: VirtualClusterPut}}
+      responses:
+        200:
+          description: changed
+          content: {application/json: {schema: VirtualCluster}}
+        201:
+          description: created
+          content: {application/json: {schema: VirtualCluster}}
+        400: BadRequest
+        403: Forbidden
+    """
     require_admin()
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
@@ -97,6 +131,15 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
 
 @bp.delete("/virtual-clusters/<name>")
 def delete_vc(name: str) -> dict[str, Any]:
+    """Delete an idle virtual cluster (admin only; `default` stays).
+    ---
+    delete:
+      responses:
+        200: {content: {application/json: {schema: Message}}}
+        403: Forbidden
+        404: NotFound
+        409: Conflict
+    """
     require_admin()
     if name == DEFAULT_VC:
         raise ApiError("ForbiddenVirtualClusterError", "the default virtual cluster stays", 403)

@@ -534,3 +534,14 @@ def test_validation_raises_only_invalid_job_config(raw: Any) -> None:
         assert all(isinstance(k, str) and v for k, v in error.fields.items())
     else:
         json.dumps(result.config)
+
+
+@pytest.mark.parametrize("field", ["jobName", "virtualCluster"])
+def test_a_trailing_newline_does_not_slip_past_a_name_pattern(field: str) -> None:
+    raw = {"jobName": "ok", "image": "busybox",
+           "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 100,
+                          "command": "true"}]}
+    raw[field] = "name\n"
+    with pytest.raises(InvalidJobConfig) as caught:
+        validate_job_config(raw, username="alice", storage_roots=["/data"])
+    assert field in caught.value.fields

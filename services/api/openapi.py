@@ -1,0 +1,160 @@
+"""`GET /api/v1/openapi.json`: the API described by its own routes.
+
+Nothing here is written per endpoint. Paths and path parameters come from
+Flask's URL map (an `int` converter is an integer), operations from the YAML
+after `---` in each view's docstring, bodies from the marshmallow schemas in
+`services.api.schemas` and `shared.jobspec`. The conventions every operation
+shares are applied once, by `_ConventionsPlugin`: the bearer token unless the
+endpoint is public (the same `PUBLIC_ENDPOINTS` the auth check reads), 401
+wherever a token is needed, 413 wherever a body is read. A route with a
+method its docstring does not document fails the build, so a new view
+cannot go undocumented.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
+
+from apispec import APISpec, BasePlugin
+from apispec.ext.marshmallow import MarshmallowPlugin
+from apispec.ext.marshmallow.openapi import OpenAPIConverter
+from apispec_webframeworks.flask import FlaskPlugin
+from flask import Blueprint, Flask, current_app
+from marshmallow import Schema, fields
+from werkzeug.routing import Rule
+
+from services.api import schemas
+from services.api.auth import PUBLIC_ENDPOINTS
+from shared.jobspec import MAX_ENVS, BoundedList, EnvVars, JobConfigSchema
+
+bp = Blueprint("openapi", __name__, url_prefix="/api/v1")
+
+OPENAPI_VERSION = "3.0.3"
+BEARER = "bearerAuth"
+_CACHE_KEY = "pai.openapi"
+_DOCUMENTED = ("/api/v1/", "/healthz")
+_HTTP_METHODS = ("get", "put", "post", "delete", "patch")
+
+# Component name -> status; views' docstrings refer to the names.
+ERROR_RESPONSES = {
+    "BadRequest": 400, "Unauthorized": 401, "Forbidden": 403, "NotFound": 404,
+    "Conflict": 409, "TooLarge": 413,
+}
+# <converter(args):name> in a Flask rule; the converter decides the type.
+_RULE_VARIABLE = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")
+_CONVERTER_TYPES: dict[str, dict[str, Any]] = {
+    "int": {"type": "integer", "minimum": 0}, "float": {"type": "number"}}
+
+
+@bp.get("/openapi.json")
+def spec() -> dict[str, Any]:
+    """This document, generated from the routes and schemas of this very server.
+    ---
+    get:
+      tags: [meta]
+      responses:
+        200:
+          description: an OpenAPI 3 document
+          content: {application/json: {schema: {type: object}}}
+    """
+    return openapi_document(current_app)
+
+
+def openapi_document(app: Flask) -> dict[str, Any]:
+    """Built on first use and kept: the routes cannot change while the app runs."""
+    document: dict[str, Any] | None = app.extensions.get(_CACHE_KEY)
+    if document is None:
+        document = build_spec(app).to_dict()
+        app.extensions[_CACHE_KEY] = document
+    return document
+
+
+def build_spec(app: Flask) -> APISpec:
+    marshmallow = MarshmallowPlugin(schema_name_resolver=_schema_name)
+    api = APISpec(
+        title="pai", version="v1", openapi_version=OPENAPI_VERSION,
+        plugins=[FlaskPlugin(), marshmallow, _ConventionsPlugin()],
+        info={"description": "Submit, watch and stop GPU jobs (OpenPAI's v1 REST shapes). "
+                             "Errors are {code, message, fields?}; times are epoch ms."},
+    )
+    assert marshmallow.converter is not None
+    marshmallow.converter.add_attribute_function(_jobspec_field_properties)
+    api.components.security_scheme(BEARER, {
+        "type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+        "description": "POST /api/v1/token gives one"})
+    for name, schema in schemas.COMPONENTS.items():
+        api.components.schema(name, schema=schema)
+    for name, status in ERROR_RESPONSES.items():
+        api.components.response(name, {
+            "description": HTTPStatus(status).phrase,
+            "content": {"application/json": {"schema": "Error"}}})
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: (r.rule, r.endpoint)):
+        if rule.rule.startswith(_DOCUMENTED):
+            api.path(view=app.view_functions[rule.endpoint], app=app, rule=rule,
+                     parameters=_path_parameters(rule))
+    return api
+
+
+def _schema_name(schema: type[Schema] | Schema) -> str:
+    cls = schema if isinstance(schema, type) else type(schema)
+    if cls is JobConfigSchema:
+        return "JobConfig"
+    return cls.__name__.lstrip("_").removesuffix("Schema")
+
+
+def _path_parameters(rule: Rule) -> list[dict[str, Any]]:
+    return [{"in": "path", "name": name, "required": True,
+             "schema": dict(_CONVERTER_TYPES.get(converter, {"type": "string"}))}
+            for converter, name in _RULE_VARIABLE.findall(rule.rule)]
+
+
+def _jobspec_field_properties(self: OpenAPIConverter, field: fields.Field,
+                              **kwargs: Any) -> dict[str, Any]:
+    """What the job config's own field types check, which apispec cannot see."""
+    if isinstance(field, BoundedList):
+        return {"minItems": field.min_items, "maxItems": field.max_items}
+    if isinstance(field, EnvVars):
+        return {"type": "object", "maxProperties": MAX_ENVS, "additionalProperties": {
+            "oneOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]}}
+    return {}
+
+
+class _ConventionsPlugin(BasePlugin):
+    """What every operation shares, applied after FlaskPlugin read the docstrings."""
+
+    def operation_helper(self, path: str | None = None,
+                         operations: dict[str, Any] | None = None,
+                         **kwargs: Any) -> None:
+        assert operations is not None
+        rule: Rule = kwargs["rule"]
+        view: Callable[..., Any] = kwargs["view"]
+        methods = {m.lower() for m in rule.methods or ()} & set(_HTTP_METHODS)
+        missing = methods - operations.keys()
+        if missing:
+            raise ValueError(f"{rule.endpoint} ({rule.rule}) documents no "
+                             f"{', '.join(sorted(missing))} operation in its docstring")
+        for method in methods:
+            self._complete(operations[method], rule, view)
+
+    @staticmethod
+    def _complete(operation: dict[str, Any], rule: Rule, view: Callable[..., Any]) -> None:
+        summary = (view.__doc__ or "").strip().split("\n", 1)[0].strip()
+        operation.setdefault("operationId", rule.endpoint)
+        operation.setdefault("tags", [rule.endpoint.split(".")[0]])
+        if summary and summary != "---":
+            operation.setdefault("summary", summary.rstrip("."))
+        responses = operation.setdefault("responses", {})
+        if rule.endpoint in PUBLIC_ENDPOINTS:
+            operation["security"] = []
+        else:
+            operation["security"] = [{BEARER: []}]
+            responses.setdefault(401, "Unauthorized")
+        if "requestBody" in operation:
+            responses.setdefault(413, "TooLarge")
+        for status, response in responses.items():
+            if isinstance(response, dict):
+                response.setdefault("description", HTTPStatus(int(status)).phrase)
+        operation["responses"] = dict(sorted(responses.items(), key=lambda r: int(r[0])))

@@ -1,0 +1,314 @@
+"""The API's bodies as marshmallow schemas, for the OpenAPI document.
+
+The views build and check their JSON by hand (their messages are OpenPAI's);
+these schemas describe the same shapes so that `/api/v1/openapi.json` is
+generated, not written, and a test holds every response to them. A field
+added to a view and not here makes that test fail, which is the point.
+The job config is not repeated: it is `shared.jobspec.JobConfigSchema`.
+"""
+
+from __future__ import annotations
+
+from marshmallow import EXCLUDE, Schema, fields, validate
+
+from services.api.auth import MAX_EXPIRATION_S
+from services.api.jobs import MAX_TAIL
+from services.api.users import MIN_PASSWORD
+from shared.accounts import USERNAME
+from shared.jobspec import JobConfigSchema
+from shared.states import JobState, TaskState
+
+JOB_STATES = [s.value for s in JobState]
+_MS = {"description": "epoch milliseconds"}
+
+
+def _ms(*, allow_none: bool = False) -> fields.Integer:
+    return fields.Integer(required=True, allow_none=allow_none, metadata=_MS)
+
+
+# ---------------------------------------------------------------- common
+
+
+class _Request(Schema):
+    """A body the views read field by field: fields they do not know are ignored,
+    so the document must not promise a 400 for them (responses stay closed)."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+
+class ErrorSchema(Schema):
+    code = fields.String(required=True, metadata={"example": "NoJobError"})
+    message = fields.String(required=True)
+    field_errors = fields.Dict(keys=fields.String(), values=fields.List(fields.String()),
+                               data_key="fields",
+                               metadata={"description": "every offending field by dotted path"})
+
+
+class MessageSchema(Schema):
+    message = fields.String(required=True)
+
+
+class HealthSchema(Schema):
+    status = fields.String(required=True, validate=validate.OneOf(["ok", "unhealthy"]))
+    redis = fields.String(required=True)
+
+
+# ---------------------------------------------------------------- tokens
+
+
+class TokenRequestSchema(_Request):
+    username = fields.String(required=True, validate=validate.Length(min=1))
+    password = fields.String(required=True, validate=validate.Length(min=1))
+    expiration = fields.Integer(validate=validate.Range(min=60, max=MAX_EXPIRATION_S),
+                                metadata={"description": "seconds the token lives"})
+
+
+class TokenSchema(Schema):
+    token = fields.String(required=True)
+    user = fields.String(required=True)
+    admin = fields.Boolean(required=True)
+    expires = _ms()
+
+
+# ---------------------------------------------------------------- users
+
+
+def _password() -> fields.String:
+    return fields.String(required=True, validate=validate.Length(min=MIN_PASSWORD, max=256))
+
+
+class UserSchema(Schema):
+    username = fields.String(required=True)
+    admin = fields.Boolean(required=True)
+    virtualClusters = fields.List(fields.String(), required=True)
+    createdTime = _ms()
+
+
+class UserCreateSchema(_Request):
+    username = fields.String(required=True, validate=validate.Regexp(USERNAME.pattern))
+    password = _password()
+    admin = fields.Boolean(load_default=False)
+    virtualClusters = fields.List(fields.String(), metadata={"default": ["default"]})
+
+
+class PasswordChangeSchema(_Request):
+    newPassword = _password()
+    oldPassword = fields.String(
+        metadata={"description": "required unless an admin changes another user's"})
+
+
+class AdminFlagSchema(_Request):
+    value = fields.Boolean(required=True)
+
+
+class UserVirtualClustersSchema(_Request):
+    virtualClusters = fields.List(fields.String(), required=True)
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobSummarySchema(Schema):
+    name = fields.String(required=True)
+    username = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
+    subState = fields.String(required=True,
+                             validate=validate.OneOf([*JOB_STATES, "WAITING_FOR_RESOURCES"]))
+    executionType = fields.String(required=True, validate=validate.OneOf(["START", "STOP"]))
+    retries = fields.Integer(required=True)
+    createdTime = _ms()
+    completedTime = _ms(allow_none=True)
+    appExitCode = fields.Integer(required=True, allow_none=True)
+    virtualCluster = fields.String(required=True)
+
+
+class JobPageSchema(Schema):
+    totalCount = fields.Integer(required=True)
+    data = fields.List(fields.Nested(JobSummarySchema), required=True)
+
+
+class JobStatusSchema(JobSummarySchema):
+    class Meta:
+        exclude = ("name",)
+
+    appExitDiagnostics = fields.String(required=True)
+    waitingReason = fields.String(required=True)
+    attemptIndex = fields.Integer(required=True)
+    platformRetries = fields.Integer(required=True)
+
+
+class TaskStatusSchema(Schema):
+    taskIndex = fields.Integer(required=True)
+    taskState = fields.String(required=True,
+                              validate=validate.OneOf([s.value for s in TaskState]))
+    containerId = fields.String(required=True, allow_none=True)
+    containerIp = fields.String(required=True, allow_none=True)
+    containerPorts = fields.Dict(
+        keys=fields.String(), required=True,
+        values=fields.Raw(metadata={"oneOf": [{"type": "integer"}, {"type": "string"}]}),
+        metadata={"description": 'label -> port: {"default": 15000, "<label>": "p1,p2"}'})
+    containerGpus = fields.List(fields.Integer(), required=True)
+    containerNodeName = fields.String(required=True, allow_none=True)
+    containerExitCode = fields.Integer(required=True, allow_none=True)
+    containerExitDiagnostics = fields.String(required=True)
+    containerLog = fields.String(required=True)
+    launchedTime = _ms(allow_none=True)
+    startedTime = _ms(allow_none=True)
+    completedTime = _ms(allow_none=True)
+
+
+class TaskRoleNameSchema(Schema):
+    name = fields.String(required=True)
+
+
+class TaskRoleStatusSchema(Schema):
+    taskRoleStatus = fields.Nested(TaskRoleNameSchema, required=True)
+    taskStatuses = fields.List(fields.Nested(TaskStatusSchema), required=True)
+
+
+class AttemptSchema(Schema):
+    attemptIndex = fields.Integer(required=True)
+    state = fields.String(required=True)
+    createdTime = _ms()
+    startedTime = _ms(allow_none=True)
+    completedTime = _ms(allow_none=True)
+    exitCode = fields.Integer(required=True, allow_none=True)
+    reason = fields.String(required=True)
+    platformFailure = fields.Boolean(required=True)
+
+
+class JobDetailSchema(Schema):
+    name = fields.String(required=True)
+    jobStatus = fields.Nested(JobStatusSchema, required=True)
+    taskRoles = fields.Dict(keys=fields.String(), values=fields.Nested(TaskRoleStatusSchema),
+                            required=True)
+    attempts = fields.List(fields.Nested(AttemptSchema), required=True)
+
+
+class SubmittedSchema(Schema):
+    name = fields.String(required=True)
+    username = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
+    url = fields.String(required=True)
+    ignoredFields = fields.List(fields.String(), required=True)
+
+
+class SubmitQuerySchema(Schema):
+    dryRun = fields.Boolean(load_default=False,
+                            metadata={"description": "validate and answer 200; store nothing"})
+
+
+class JobListQuerySchema(Schema):
+    offset = fields.Integer(load_default=0, validate=validate.Range(min=0),
+                            metadata={"description": "past the last job: an empty page"})
+    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=1000))
+    state = fields.String(validate=validate.OneOf(JOB_STATES))
+    username = fields.String()
+    vc = fields.String(metadata={"description": "virtual cluster"})
+    keyword = fields.String(metadata={"description": "part of the job name"})
+    withTotalCount = fields.Boolean(
+        load_default=False, metadata={"description": "answer {totalCount, data}, not a list"})
+
+
+class TaskLogQuerySchema(Schema):
+    attempt = fields.Integer(validate=validate.Range(min=0),
+                             metadata={"description": "default: the job's current attempt"})
+    tail = fields.Integer(load_default=1000, validate=validate.Range(min=0, max=MAX_TAIL),
+                          metadata={"description": "the last lines to send"})
+    follow = fields.Boolean(load_default=False, metadata={
+        "description": "server-sent events: the tail, then new lines until the task ends"})
+
+
+class DryRunSchema(Schema):
+    config = fields.Nested(JobConfigSchema, required=True,
+                           metadata={"description": "the config as it would be stored"})
+    ignoredFields = fields.List(fields.String(), required=True)
+
+
+class StopRequestSchema(_Request):
+    value = fields.String(required=True, validate=validate.OneOf(["STOP"]))
+
+
+class StopAcceptedSchema(Schema):
+    message = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
+
+
+# ---------------------------------------------------------------- cluster
+
+
+class ResourcesUsedSchema(Schema):
+    GPUs = fields.Integer(required=True)
+    CPUs = fields.Integer(required=True)
+    memoryMB = fields.Integer(required=True)
+    tasks = fields.Integer(required=True)
+
+
+class VirtualClusterSchema(Schema):
+    name = fields.String(required=True)
+    description = fields.String(required=True)
+    gpuQuota = fields.Integer(required=True, allow_none=True,
+                              metadata={"description": "null: no limit"})
+    resourcesUsed = fields.Nested(ResourcesUsedSchema, required=True)
+    gpuFree = fields.Integer(required=True, allow_none=True)
+    waitingJobs = fields.Integer(required=True)
+    runningJobs = fields.Integer(required=True)
+
+
+class VirtualClusterPutSchema(_Request):
+    gpuQuota = fields.Integer(allow_none=True, validate=validate.Range(min=0, max=1_000_000),
+                              metadata={"description": "GPUs, or null for no limit"})
+    description = fields.String(load_default="", validate=validate.Length(max=1024))
+
+
+class NodeGpuSchema(Schema):
+    index = fields.Integer(required=True)
+    uuid = fields.String(required=True)
+    model = fields.String(required=True)
+    memoryMB = fields.Integer(required=True)
+    used = fields.Boolean(required=True)
+
+
+class NodeSchema(Schema):
+    name = fields.String(required=True)
+    ip = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(["READY", "LOST"]))
+    lastHeartbeat = _ms()
+    gpus = fields.List(fields.Nested(NodeGpuSchema), required=True)
+    gpuTotal = fields.Integer(required=True)
+    gpuUsed = fields.Integer(required=True)
+    gpuFree = fields.Integer(required=True)
+    cpuTotal = fields.Integer(required=True)
+    cpuUsed = fields.Integer(required=True)
+    cpuFree = fields.Integer(required=True)
+    memoryMBTotal = fields.Integer(required=True)
+    memoryMBUsed = fields.Integer(required=True)
+    memoryMBFree = fields.Integer(required=True)
+    tasks = fields.Integer(required=True)
+
+
+# Component name -> schema; views' docstrings refer to these names.
+COMPONENTS: dict[str, type[Schema]] = {
+    "Error": ErrorSchema,
+    "Message": MessageSchema,
+    "Health": HealthSchema,
+    "TokenRequest": TokenRequestSchema,
+    "Token": TokenSchema,
+    "User": UserSchema,
+    "UserCreate": UserCreateSchema,
+    "PasswordChange": PasswordChangeSchema,
+    "AdminFlag": AdminFlagSchema,
+    "UserVirtualClusters": UserVirtualClustersSchema,
+    "JobConfig": JobConfigSchema,
+    "JobSummary": JobSummarySchema,
+    "JobPage": JobPageSchema,
+    "JobDetail": JobDetailSchema,
+    "Submitted": SubmittedSchema,
+    "DryRun": DryRunSchema,
+    "StopRequest": StopRequestSchema,
+    "StopAccepted": StopAcceptedSchema,
+    "VirtualCluster": VirtualClusterSchema,
+    "VirtualClusterPut": VirtualClusterPutSchema,
+    "Node": NodeSchema,
+}
