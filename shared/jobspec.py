@@ -76,7 +76,8 @@ class _WholeRegexp(validate.Regexp):
     its JSON-Schema form (for the OpenAPI document); the match is fullmatch."""
 
     def __call__(self, value: Any) -> Any:
-        if isinstance(value, str) and self.regex.fullmatch(value) is None:
+        pattern: re.Pattern[str] = self.regex  # type: ignore[assignment]
+        if isinstance(value, str) and pattern.fullmatch(value) is None:
             raise ValidationError(self._format_error(value))
         return value
 
