@@ -21,8 +21,8 @@ from shared import keys
 from shared.models import now_ms
 from shared.store import Pipe, Store
 
-USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-VC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+VC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_VC = "default"
 
 _hasher = PasswordHasher()
@@ -95,7 +95,7 @@ class Accounts:
 
     def create_user(self, username: str, password: str, *, admin: bool = False,
                     virtual_clusters: list[str] | None = None) -> User:
-        if not USERNAME.match(username):
+        if not USERNAME.fullmatch(username):
             raise AccountError(
                 "username must be 1-64 letters, digits, '_', '.' or '-', starting with a "
                 "letter or digit")
@@ -170,7 +170,7 @@ class Accounts:
         return [self._vc_from(f) for f in pipe.execute() if f]
 
     def put_vc(self, vc: VirtualCluster) -> VirtualCluster:
-        if not VC_NAME.match(vc.name):
+        if not VC_NAME.fullmatch(vc.name):
             raise AccountError("a virtual cluster name is 1-64 letters, digits, '_' or '-'")
         existing = self.get_vc(vc.name)
         vc.created_ms = existing.created_ms if existing else now_ms()

@@ -343,6 +343,14 @@ class Store:
             return []
         return [(entry_id, fields.get("l", "")) for entry_id, fields in reply[0][1]]
 
+    def last_log_id(self, job_id: str, attempt: int, role: str, index: int) -> str:
+        """The id of the newest line (or "0-0"): following starts after it."""
+        entries = self.r.xrevrange(keys.task_log(job_id, attempt, role, index), count=1)
+        return str(entries[0][0]) if entries else "0-0"
+
+    def task_exists(self, job_id: str, attempt: int, role: str, index: int) -> bool:
+        return bool(self.r.hexists(keys.job_tasks(job_id, attempt), task_key(role, index)))
+
     def task_settled(self, job_id: str, attempt: int, role: str, index: int) -> bool:
         """The task reached a final state, or does not exist at all."""
         raw = self.r.hget(keys.job_tasks(job_id, attempt), task_key(role, index))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +29,8 @@ MAX_TAIL = 100_000
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_BLOCK_MS = 1000
 FOLLOW_MAX_SECONDS = 24 * 3600
+KEEPALIVE_SECONDS = 15
+LOG_ID = re.compile(r"^\d{1,20}-\d{1,20}\Z")
 
 
 def _json_body() -> Any:
@@ -309,8 +312,14 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
         raise ApiError("BadRequestError", "attempt and tail must be integers") from None
     if attempt < 0 or attempt > job.attempt:
         raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    if not platform().store.task_exists(job.id, attempt, role, index):
+        raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
     if request.args.get("follow", "").lower() in ("1", "true"):
-        return Response(stream_with_context(_follow(job.id, attempt, role, index, tail)),
+        resume = request.headers.get("Last-Event-ID") or None
+        if resume is not None and not LOG_ID.match(resume):
+            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
+        return Response(stream_with_context(_follow(job.id, attempt, role, index, tail,
+                                                    resume)),
                         mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     lines = platform().store.read_log(job.id, attempt, role, index, tail=tail)
@@ -318,20 +327,32 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
     return Response(text, mimetype="text/plain")
 
 
-def _follow(job_id: str, attempt: int, role: str, index: int, tail: int) -> Iterator[str]:
-    """Server-sent events: the last lines, then new ones until the task ends."""
+def _follow(job_id: str, attempt: int, role: str, index: int, tail: int,
+            resume_after: str | None) -> Iterator[str]:
+    """Server-sent events: the last lines, then new ones until the task ends.
+
+    Each line carries its stream id, so a client that reconnects with
+    Last-Event-ID resumes after the last line it saw; a comment every
+    KEEPALIVE_SECONDS tells a quiet log from a dead server.
+    """
     store = platform().store
-    last = "0-0"
-    for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
-        last = entry_id
-        yield f"data: {line}\n\n"
+    last = resume_after or store.last_log_id(job_id, attempt, role, index)
+    if resume_after is None:
+        for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
+            yield f"id: {entry_id}\ndata: {line}\n\n"
     deadline = time.monotonic() + FOLLOW_MAX_SECONDS
+    quiet_since = time.monotonic()
     while time.monotonic() < deadline:
         entries = store.follow_log(job_id, attempt, role, index, after=last,
                                    block_ms=FOLLOW_BLOCK_MS)
         for entry_id, line in entries:
             last = entry_id
-            yield f"data: {line}\n\n"
+            yield f"id: {entry_id}\ndata: {line}\n\n"
+        if entries:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+            quiet_since = time.monotonic()
+            yield ": keep-alive\n\n"
         # The monitor ships a task's last lines before settling it: once it is
         # settled and one more read finds nothing, every line has been sent.
         if not entries and store.task_settled(job_id, attempt, role, index) \

@@ -21,6 +21,8 @@ def job_summary(job: Job) -> dict[str, Any]:
         "completedTime": job.completed_ms,
         "appExitCode": job.exit_code,
         "virtualCluster": job.virtual_cluster,
+        "gpus": job.gpus,
+        "startedTime": job.started_ms,
     }
 
 

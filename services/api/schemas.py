@@ -121,6 +121,8 @@ class JobSummarySchema(Schema):
     completedTime = _ms(allow_none=True)
     appExitCode = fields.Integer(required=True, allow_none=True)
     virtualCluster = fields.String(required=True)
+    gpus = fields.Integer(required=True, metadata={"description": "GPUs the job asks for"})
+    startedTime = _ms(allow_none=True)  # when the current attempt started running
 
 
 class JobPageSchema(Schema):
