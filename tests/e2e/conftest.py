@@ -149,7 +149,7 @@ class Platform:
         filters: dict[str, Any] = {"label": [f"pai.node={self.node}"]}
         if name is not None:
             filters["label"].append(f"pai.job={user}~{name}")
-        return list(self.docker.containers.list(all=True, filters=filters))
+        return list(self.docker.containers.list(all=True, filters=filters, ignore_removed=True))
 
     def config(self, name: str, command: str, *, tasks: int = 1, gpus: int = 0,
                **extra: Any) -> dict[str, Any]:
@@ -201,8 +201,9 @@ def platform(redis_server: str, docker_client: docker.DockerClient, test_image: 
     finally:
         pai.stop_all()
         for container in docker_client.containers.list(
-                all=True, filters={"label": f"pai.node={node}"}):
-            container.remove(force=True)
+                all=True, filters={"label": f"pai.node={node}"}, ignore_removed=True):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
 
 
 @pytest.fixture
