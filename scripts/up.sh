@@ -36,9 +36,17 @@ start launcher "$BIN/pai-launcher"
 start monitor "$BIN/pai-monitor"
 
 url=http://$PAI_API_HOST:$PAI_API_PORT
+login=$(printf '{"username": "%s", "password": "%s"}' \
+    "${PAI_ADMIN_USER:-admin}" "${PAI_ADMIN_PASSWORD:-admin-password}")
+node_ready() {  # this machine's node reported in: ask the api, as the admin
+    local token
+    token=$(curl -fsS -H 'Content-Type: application/json' -d "$login" "$url/api/v1/token" \
+        2>/dev/null | sed -n 's/.*"token": *"\([^"]*\)".*/\1/p')
+    [ -n "$token" ] && curl -fsS -H "Authorization: Bearer $token" "$url/api/v1/nodes" \
+        2>/dev/null | grep -q "\"name\": *\"$PAI_NODE_NAME\"[^}]*\"state\": *\"READY\""
+}
 for _ in $(seq 1 120); do
-    if curl -fsS "$url/healthz" >/dev/null 2>&1 \
-        && [ "$(curl -fsS "$url/api/v1/nodes" 2>/dev/null | grep -c '"READY"')" -gt 0 ]; then
+    if curl -fsS "$url/healthz" >/dev/null 2>&1 && node_ready; then
         echo "up: pai is ready at $url (node $PAI_NODE_NAME, storage ${PAI_STORAGE_ROOTS})"
         exit 0
     fi

@@ -183,6 +183,12 @@ class Accounts:
         return vc
 
     def delete_vc(self, name: str) -> None:
+        """Delete the VC and take it from every user, so a VC made later under
+        the same name does not quietly hand its old users access."""
+        for user in self.list_users():
+            if name in user.virtual_clusters:
+                self.set_virtual_clusters(
+                    user.username, [v for v in user.virtual_clusters if v != name])
         pipe = self.r.pipeline()
         pipe.delete(keys.vc(name))
         pipe.srem(keys.VCS, name)

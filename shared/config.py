@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 DEFAULT_SECRET = "pai-dev-secret-change-me-before-production"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_ADMIN_PASSWORD = "admin-password"
 
 
 class ConfigError(ValueError):
@@ -68,7 +69,7 @@ class Settings:
     secret_key: str = DEFAULT_SECRET
     dev_mode: bool = True
     admin_user: str = "admin"
-    admin_password: str = "admin-password"
+    admin_password: str = DEFAULT_ADMIN_PASSWORD
     node_name: str = field(default_factory=socket.gethostname)
     node_ip: str = "127.0.0.1"
     node_virtual_gpus: int | None = None
@@ -132,4 +133,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError("PAI_SECRET_KEY must be set to a secret of your own outside dev mode")
     if not settings.dev_mode and len(settings.secret_key) < 32:
         raise ConfigError("PAI_SECRET_KEY must be at least 32 characters outside dev mode")
+    if not settings.dev_mode and settings.admin_password == DEFAULT_ADMIN_PASSWORD:
+        raise ConfigError("PAI_ADMIN_PASSWORD must be set outside dev mode: the first admin "
+                          "would otherwise get the public default password")
     return settings

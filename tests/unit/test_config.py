@@ -146,7 +146,7 @@ def test_explicit_default_secret_refused_outside_dev_mode() -> None:
 
 
 def test_own_secret_accepted_outside_dev_mode() -> None:
-    settings = load_settings({"PAI_DEV_MODE": "0",
+    settings = load_settings({"PAI_DEV_MODE": "0", "PAI_ADMIN_PASSWORD": "s3cret-admin",
                               "PAI_SECRET_KEY": "a-real-secret-of-at-least-32-characters"})
     assert settings.dev_mode is False
     assert settings.secret_key == "a-real-secret-of-at-least-32-characters"
@@ -162,7 +162,8 @@ def test_own_secret_accepted_outside_dev_mode() -> None:
     pytest.param("no", False, id="no"),
 ])
 def test_dev_mode_flag(raw: str, dev_mode: bool) -> None:
-    env = {"PAI_DEV_MODE": raw, "PAI_SECRET_KEY": "a-real-secret-of-at-least-32-characters"}
+    env = {"PAI_DEV_MODE": raw, "PAI_SECRET_KEY": "a-real-secret-of-at-least-32-characters",
+           "PAI_ADMIN_PASSWORD": "s3cret-admin"}
     assert load_settings(env).dev_mode is dev_mode
 
 
@@ -219,3 +220,9 @@ def test_settings_are_immutable() -> None:
 def test_short_secret_refused_outside_dev_mode() -> None:
     with pytest.raises(ConfigError, match="at least 32 characters"):
         load_settings({"PAI_DEV_MODE": "0", "PAI_SECRET_KEY": "short"})
+
+
+def test_default_admin_password_refused_outside_dev_mode() -> None:
+    with pytest.raises(ConfigError, match="PAI_ADMIN_PASSWORD"):
+        load_settings({"PAI_DEV_MODE": "0",
+                       "PAI_SECRET_KEY": "a-real-secret-of-at-least-32-characters"})

@@ -1,0 +1,120 @@
+"""Benchmarks (DESIGN.md section 10): figures beside a reference from the same run.
+
+Each `bench/bench_<name>.py` exposes `run() -> Figures`; `python -m bench
+[name...]` runs them and prints what they return. A figure is a number or a
+string; a table is a mapping of row name -> figures. Nothing here asserts a
+time: the figures go to docs/performance.md, read by people.
+
+The helpers below are what every benchmark needs: a throwaway Redis it can
+fill and flush, and percentiles of timed calls.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import redis
+
+Figure = float | int | str
+Table = Mapping[str, Mapping[str, Figure]]  # row label -> column -> figure
+Figures = Mapping[str, Figure | Table]
+
+REDIS_START_SECONDS = 15.0
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not set itself up (no redis-server, say)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_for_ping(proc: subprocess.Popen[bytes], port: int) -> bool:
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+    deadline = time.monotonic() + REDIS_START_SECONDS
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if client.ping():
+                    return True
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        return False
+    finally:
+        client.close()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait(timeout=30)
+
+
+@contextmanager
+def throwaway_redis() -> Iterator[str]:
+    """A Redis URL whose database the benchmark may fill and flush.
+
+    PAI_BENCH_REDIS_URL names one to reuse (its database is flushed first);
+    otherwise a redis-server is started on a free 127.0.0.1 port with its
+    data in a temporary directory, without persistence, and killed by its
+    PID at the end.
+    """
+    reused = os.environ.get("PAI_BENCH_REDIS_URL")
+    if reused:
+        client = redis.Redis.from_url(reused)
+        client.flushdb()
+        client.close()
+        yield reused
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise BenchError("redis-server is not on PATH: run `make bench`, or set "
+                         "PAI_BENCH_REDIS_URL to a Redis database the benchmark may flush")
+    with tempfile.TemporaryDirectory(prefix="pai-bench-redis-") as datadir:
+        for _ in range(5):  # another process may take the free port first
+            port = _free_port()
+            proc = subprocess.Popen(
+                [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", datadir,
+                 "--save", "", "--appendonly", "no", "--daemonize", "no"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if _wait_for_ping(proc, port):
+                break
+            _stop(proc)
+        else:
+            raise BenchError("redis-server did not start on a free port in five tries")
+        try:
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            _stop(proc)
+
+
+def time_calls(call: Callable[[], object], times: int, warmup: int = 3) -> list[float]:
+    """Milliseconds each of `times` calls took, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(times):
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile: the smallest sample >= `fraction` of them."""
+    if not samples:
+        raise ValueError("no samples")
+    ordered = sorted(samples)
+    rank = max(1, min(len(ordered), math.ceil(fraction * len(ordered))))
+    return ordered[rank - 1]
