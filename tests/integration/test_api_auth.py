@@ -7,7 +7,6 @@ another user's job, and admins can (DESIGN.md sections 6 and 11).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import jwt
@@ -15,60 +14,19 @@ import pytest
 import redis
 import yaml
 from flask.testing import FlaskClient
-from werkzeug.test import TestResponse
 
 from services.api.app import MAX_BODY_BYTES, create_app
-from services.api.auth import issue_token
 from shared import keys
 from shared.config import ConfigError, Settings
 from shared.models import now_ms
 from shared.store import Store
-from tests.integration.test_api_jobs import AuthedClient, config, login
-
-DAY_S = 24 * 3600
-
-
-@pytest.fixture
-def settings(redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> Settings:
-    return Settings(redis_url=redis_server, storage_roots=(str(tmp_path),),
-                    admin_user="root", admin_password="root-password")
-
-
-@pytest.fixture
-def flask_client(settings: Settings) -> FlaskClient:
-    return create_app(settings).test_client()
-
-
-def signed_in(flask_client: FlaskClient, username: str) -> AuthedClient:
-    """A client with a token from the app's own `issue_token`, as a login gives.
-
-    Fixtures sign in this way to skip a login's argon2 check (the login tests
-    below go through POST /token itself).
-    """
-    with flask_client.application.app_context():
-        token, _ = issue_token(username, DAY_S)
-    return AuthedClient(flask_client, token)
-
-
-@pytest.fixture
-def admin(flask_client: FlaskClient) -> AuthedClient:
-    return signed_in(flask_client, "root")
-
-
-def new_user(flask_client: FlaskClient, admin: AuthedClient, name: str) -> AuthedClient:
-    created = admin.post("/api/v1/user", json={"username": name, "password": "secret-pw"})
-    assert created.status_code == 201, created.json
-    return signed_in(flask_client, name)
-
-
-@pytest.fixture
-def alice(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    return new_user(flask_client, admin, "alice")
-
-
-@pytest.fixture
-def bob(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    return new_user(flask_client, admin, "bob")
+from tests.integration.api_client import (
+    DAY_S,
+    AuthedClient,
+    config,
+    error_of,
+    login,
+)
 
 
 def token_of(client: AuthedClient) -> str:
@@ -102,17 +60,6 @@ def wait_past(stamp_ms: int) -> None:
         if now_ms() > stamp_ms:
             return
     raise AssertionError("the clock did not move")
-
-
-def error_of(resp: TestResponse, status: int) -> str:
-    """The response's error code, after checking its status and shape."""
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    body = resp.json
-    assert isinstance(body, dict), resp.get_data(as_text=True)
-    assert isinstance(body.get("code"), str) and body["code"].endswith("Error")
-    assert isinstance(body.get("message"), str) and body["message"]
-    code: str = body["code"]
-    return code
 
 
 def whoami(client: AuthedClient, username: str) -> int:

@@ -3,63 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
-from flask.testing import FlaskClient
 
-from services.api.app import create_app
 from shared import keys
-from shared.config import Settings
 from shared.models import Gpu, Node
 from shared.store import Store
-
-
-class AuthedClient:
-    """The test client, sending one user's token with every request."""
-
-    def __init__(self, client: FlaskClient, token: str) -> None:
-        self.client, self.headers = client, {"Authorization": f"Bearer {token}"}
-
-    def __getattr__(self, method: str) -> Any:
-        call = getattr(self.client, method)
-        return lambda *args, **kw: call(*args, headers={**self.headers,
-                                                        **kw.pop("headers", {})}, **kw)
-
-
-def login(client: FlaskClient, username: str, password: str) -> str:
-    resp = client.post("/api/v1/token", json={"username": username, "password": password})
-    assert resp.status_code == 200, resp.json
-    token: str = resp.json["token"]  # type: ignore[index]
-    return token
+from tests.integration.api_client import AuthedClient, config
 
 
 @pytest.fixture
-def flask_client(redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> FlaskClient:
-    settings = Settings(redis_url=redis_server, storage_roots=(str(tmp_path),),
-                        admin_user="root", admin_password="root-password")
-    return create_app(settings).test_client()
-
-
-@pytest.fixture
-def admin(flask_client: FlaskClient) -> AuthedClient:
-    return AuthedClient(flask_client, login(flask_client, "root", "root-password"))
-
-
-@pytest.fixture
-def client(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    """Alice, an ordinary user of the default VC."""
-    for name in ("alice", "bob"):
-        created = admin.post("/api/v1/user", json={"username": name, "password": "secret-pw"})
-        assert created.status_code == 201
-    return AuthedClient(flask_client, login(flask_client, "alice", "secret-pw"))
-
-
-def config(name: str = "mnist", **extra: Any) -> dict[str, Any]:
-    return {"jobName": name, "image": "busybox",
-            "taskRoles": [{"name": "main", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 128,
-                           "command": "echo hi"}], **extra}
+def client(alice: AuthedClient, bob: AuthedClient) -> AuthedClient:
+    """Alice, an ordinary user of the default VC (Bob exists too)."""
+    return alice
 
 
 def test_submit_stores_a_waiting_job_and_asks_for_a_pass(

@@ -4,50 +4,25 @@ newest first; and what removes a job from the list (delete) or never adds it
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from flask.testing import FlaskClient
 
-from services.api.app import create_app
 from shared import keys
 from shared.accounts import Accounts, VirtualCluster
-from shared.config import Settings
 from shared.jobspec import validate_job_config
 from shared.lifecycle import initial_tasks
 from shared.models import Attempt, Job, JobSpec, job_id_of, now_ms
 from shared.states import JobState
 from shared.store import Store
-from tests.integration.test_api_auth import error_of, new_user, signed_in, wait_past
-from tests.integration.test_api_jobs import AuthedClient, config
+from tests.integration.api_client import AuthedClient, config, error_of
+from tests.integration.test_api_auth import wait_past
 
 # OpenPAI's list item fields; rows may carry more.
 SUMMARY_FIELDS = {"name", "username", "state", "subState", "executionType", "retries",
                   "createdTime", "completedTime", "appExitCode", "virtualCluster"}
-
-
-@pytest.fixture
-def flask_client(redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> FlaskClient:
-    settings = Settings(redis_url=redis_server, storage_roots=(str(tmp_path),),
-                        admin_user="root", admin_password="root-password")
-    return create_app(settings).test_client()
-
-
-@pytest.fixture
-def admin(flask_client: FlaskClient) -> AuthedClient:
-    return signed_in(flask_client, "root")
-
-
-@pytest.fixture
-def alice(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    return new_user(flask_client, admin, "alice")
-
-
-@pytest.fixture
-def bob(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    return new_user(flask_client, admin, "bob")
 
 
 class Jobs:

@@ -3,40 +3,20 @@ and assign virtual clusters; everyone else may only look at themselves."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from flask.testing import FlaskClient
 
-from services.api.app import create_app
 from shared import keys
-from shared.config import Settings
-from tests.integration.test_api_auth import error_of, new_user, signed_in, whoami
-from tests.integration.test_api_jobs import AuthedClient, config, login
-
-
-@pytest.fixture
-def flask_client(redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> FlaskClient:
-    settings = Settings(redis_url=redis_server, storage_roots=(str(tmp_path),),
-                        admin_user="root", admin_password="root-password")
-    return create_app(settings).test_client()
-
-
-@pytest.fixture
-def admin(flask_client: FlaskClient) -> AuthedClient:
-    return signed_in(flask_client, "root")
-
-
-@pytest.fixture
-def alice(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    return new_user(flask_client, admin, "alice")
-
-
-@pytest.fixture
-def bob(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    return new_user(flask_client, admin, "bob")
+from tests.integration.api_client import (
+    AuthedClient,
+    config,
+    error_of,
+    login,
+)
+from tests.integration.test_api_auth import whoami
 
 
 @pytest.fixture

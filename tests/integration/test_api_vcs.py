@@ -3,33 +3,17 @@ who waits, admin-only changes, and what a submission may ask of a VC."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from flask.testing import FlaskClient
 
-from services.api.app import create_app
 from shared import keys
-from shared.config import Settings
 from shared.lifecycle import commit_placement, mark_task_running
 from shared.models import Gpu, Node, TaskPlacement
 from shared.store import Store
-from tests.integration.test_api_auth import error_of, new_user, signed_in
-from tests.integration.test_api_jobs import AuthedClient, config
-
-
-@pytest.fixture
-def flask_client(redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> FlaskClient:
-    settings = Settings(redis_url=redis_server, storage_roots=(str(tmp_path),),
-                        admin_user="root", admin_password="root-password")
-    return create_app(settings).test_client()
-
-
-@pytest.fixture
-def admin(flask_client: FlaskClient) -> AuthedClient:
-    return signed_in(flask_client, "root")
+from tests.integration.api_client import AuthedClient, config, error_of, new_user
 
 
 @pytest.fixture

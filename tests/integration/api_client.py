@@ -1,0 +1,68 @@
+"""Helpers for API tests: a test client that sends a user's token, sign-in
+without a login's argon2 check, and the shape every error must have."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask.testing import FlaskClient
+from werkzeug.test import TestResponse
+
+from services.api.auth import issue_token
+
+DAY_S = 24 * 3600
+
+
+class AuthedClient:
+    """The test client, sending one user's token with every request."""
+
+    def __init__(self, client: FlaskClient, token: str) -> None:
+        self.client, self.headers = client, {"Authorization": f"Bearer {token}"}
+
+    def __getattr__(self, method: str) -> Any:
+        call = getattr(self.client, method)
+        return lambda *args, **kw: call(*args, headers={**self.headers,
+                                                        **kw.pop("headers", {})}, **kw)
+
+
+def login(client: FlaskClient, username: str, password: str) -> str:
+    """A token through POST /token itself, as a real client gets one."""
+    resp = client.post("/api/v1/token", json={"username": username, "password": password})
+    assert resp.status_code == 200, resp.json
+    token: str = resp.json["token"]  # type: ignore[index]
+    return token
+
+
+def signed_in(flask_client: FlaskClient, username: str) -> AuthedClient:
+    """A client with a token from the app's own `issue_token`, as a login gives.
+
+    Fixtures sign in this way to skip a login's argon2 check (the login tests
+    go through POST /token itself).
+    """
+    with flask_client.application.app_context():
+        token, _ = issue_token(username, DAY_S)
+    return AuthedClient(flask_client, token)
+
+
+def new_user(flask_client: FlaskClient, admin: AuthedClient, name: str) -> AuthedClient:
+    created = admin.post("/api/v1/user", json={"username": name, "password": "secret-pw"})
+    assert created.status_code == 201, created.json
+    return signed_in(flask_client, name)
+
+
+def error_of(resp: TestResponse, status: int) -> str:
+    """The response's error code, after checking its status and shape."""
+    assert resp.status_code == status, resp.get_data(as_text=True)
+    body = resp.json
+    assert isinstance(body, dict), resp.get_data(as_text=True)
+    assert isinstance(body.get("code"), str) and body["code"].endswith("Error")
+    assert isinstance(body.get("message"), str) and body["message"]
+    code: str = body["code"]
+    return code
+
+
+def config(name: str = "mnist", **extra: Any) -> dict[str, Any]:
+    """A small valid job config: two CPU tasks of one role."""
+    return {"jobName": name, "image": "busybox",
+            "taskRoles": [{"name": "main", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 128,
+                           "command": "echo hi"}], **extra}
