@@ -11,6 +11,8 @@
 #
 # usage: scripts/runtime.sh COMMAND [ARG]
 #   redis-binary       make sure redis-server is installed (pytest starts its own)
+#   prometheus-binary  make sure prometheus and promtool are installed (the monitoring
+#                      tests start their own Prometheus and run promtool)
 #   redis              PAI_REDIS_URL if it answers, else a private redis-server on
 #                      127.0.0.1:16379 (PAI_PRIVATE_REDIS_PORT) with data in .run/redis/
 #   docker             PAI_DOCKER_HOST/DOCKER_HOST or /var/run/docker.sock if it answers,
@@ -54,6 +56,17 @@ ensure_redis_binary() {
         return
     fi
     die "redis-server is missing: install Redis 7 (on Debian/Ubuntu: sudo apt-get install redis-server) and run this again."
+}
+
+ensure_prometheus_binary() {
+    command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 && return
+    if can_apt; then
+        # Debian's package may try to start its own service: the tests never use it.
+        say "prometheus is missing: installing Debian's prometheus with apt-get"
+        apt_install prometheus
+        return
+    fi
+    die "prometheus/promtool are missing: install Prometheus 2 (on Debian/Ubuntu: sudo apt-get install prometheus) and run this again."
 }
 
 ensure_docker_package() {
@@ -330,6 +343,7 @@ ensure_docker() {
 
 case "${1:-}" in
     redis-binary) ensure_redis_binary ;;
+    prometheus-binary) ensure_prometheus_binary ;;
     redis) start_redis ;;
     docker) ensure_docker ;;
     stop-redis) stop_redis ;;

@@ -79,6 +79,9 @@ class Settings:
     port_range: tuple[int, int] = (15000, 40000)
     docker_host: str | None = None
     monitor_port: int = 9187
+    # The node exporter listens where Prometheus reaches the node: its IP.
+    monitor_host: str = "127.0.0.1"
+    monitor_sample_seconds: float = 10.0
     heartbeat_seconds: float = 5.0
     node_lost_seconds: float = 30.0
     launch_timeout_seconds: float = 120.0
@@ -121,6 +124,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         else defaults.port_range,
         docker_host=env.get("PAI_DOCKER_HOST") or env.get("DOCKER_HOST") or None,
         monitor_port=_int(env, "PAI_MONITOR_PORT", defaults.monitor_port) or defaults.monitor_port,
+        monitor_host=env.get("PAI_MONITOR_HOST") or env.get("PAI_NODE_IP")
+        or defaults.monitor_host,
+        monitor_sample_seconds=_seconds(env, "PAI_MONITOR_SAMPLE_SECONDS",
+                                        defaults.monitor_sample_seconds),
         heartbeat_seconds=_seconds(env, "PAI_HEARTBEAT_SECONDS", defaults.heartbeat_seconds),
         node_lost_seconds=_seconds(env, "PAI_NODE_LOST_SECONDS", defaults.node_lost_seconds),
         launch_timeout_seconds=_seconds(env, "PAI_LAUNCH_TIMEOUT_SECONDS",

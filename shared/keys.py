@@ -14,6 +14,9 @@ QUEUE = PREFIX + "queue"  # zset job id -> queue sequence: jobs waiting to be pl
 QUEUE_SEQ = PREFIX + "queue:seq"  # counter giving each queued attempt its place
 LAUNCHING = PREFIX + "launching"  # zset "job:attempt:role:index" -> launch deadline ms
 SCHEDULER_LOCK = PREFIX + "lock:scheduler"
+SCHEDULERS = PREFIX + "schedulers"  # zset scheduler replica -> last heartbeat ms
+# set while a "schedule" message is on its way: later submits need not send one
+PASS_REQUESTED = PREFIX + "scheduler:pass-requested"
 
 
 def job(job_id: str) -> str:
@@ -93,3 +96,11 @@ def revoked_token(token_id: str) -> str:
 
 def vc(name: str) -> str:
     return f"{PREFIX}vc:{name}"
+
+
+# -- metrics --------------------------------------------------------------
+
+
+def recorded_metric(name: str) -> str:
+    """Hash: one counter's or histogram's values, a field per label set / bucket."""
+    return f"{PREFIX}metric:{name}"

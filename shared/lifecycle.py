@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys
+from shared import keys, telemetry
 from shared.completion import decide_retry, evaluate_completion
 from shared.models import (
     Allocation,
@@ -36,6 +36,7 @@ from shared.states import JobState, TaskState, check_task_move
 from shared.store import Pipe, Store
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
+PASS_REQUEST_TTL_MS = 1000
 
 
 def initial_tasks(spec: JobSpec) -> list[Task]:
@@ -154,6 +155,8 @@ def record_task_exit(
         store.write_job(pipe, job, previous)
         store.add_event(pipe, job_id, "task-exit", attempt=attempt, role=role, index=index,
                         state=task.state, exitCode=exit_code, diagnostics=diagnostics)
+        telemetry.record(pipe, telemetry.TASK_EXITS, {
+            "state": task.state, "class": "platform" if platform_failure else "user"})
         if ended:
             store.add_event(pipe, job_id, "attempt-end", attempt=attempt, state=job.state,
                             retried=retried)
@@ -193,6 +196,9 @@ def mark_task_running(
         pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
         if attempt_record is not None:
             store.write_attempt(pipe, job_id, attempt_record)
+            queued_ms = attempt_record.created_ms or job.created_ms
+            telemetry.record(pipe, telemetry.SUBMIT_TO_RUNNING, {"vc": job.virtual_cluster},
+                             max(0, (task.started_ms or queued_ms) - queued_ms) / 1000)
         store.write_job(pipe, job, previous)
         store.add_event(pipe, job_id, "task-running", attempt=attempt, role=role, index=index,
                         node=task.node)
@@ -307,6 +313,24 @@ def placement_fits(node: Node, held: Iterable[Allocation],
             and sum(a.cpus for a in held) + sum(p.cpus for p in placements) <= node.cpus
             and sum(a.memory_mb for a in held) + sum(p.memory_mb for p in placements)
             <= node.memory_mb)
+
+
+def claim_pass_request(store: Store) -> bool:
+    """Should this caller send the scheduler a "schedule" message? Only when
+    none is on its way: a burst of submits then costs one message, not one each.
+
+    The scheduler clears the flag (`take_pass_request`) before its pass reads
+    the queue, so a job queued while the flag was set is seen by the pass the
+    pending message starts. The flag expires, so a lost message delays jobs by
+    at most PASS_REQUEST_TTL_MS (and the scheduler's periodic pass repairs even
+    that).
+    """
+    return bool(store.r.set(keys.PASS_REQUESTED, "1", nx=True, px=PASS_REQUEST_TTL_MS))
+
+
+def take_pass_request(pipe: Pipe) -> None:
+    """A pass is about to read the queue: the next submit must ask again."""
+    pipe.delete(keys.PASS_REQUESTED)
 
 
 def set_waiting_reason(store: Store, job_id: str, reason: str) -> None:

@@ -328,6 +328,8 @@ class Store:
         """(entry id, line) pairs: the last `tail` lines, or those after an id."""
         key = keys.task_log(job_id, attempt, role, index)
         if tail is not None:
+            if tail <= 0:  # Redis refuses COUNT 0: nothing is asked for
+                return []
             entries = list(reversed(self.r.xrevrange(key, count=tail)))
         else:
             start = "-" if after == "-" else f"({after}"
@@ -342,6 +344,16 @@ class Store:
         if not reply:
             return []
         return [(entry_id, fields.get("l", "")) for entry_id, fields in reply[0][1]]
+
+    def log_extent(self, job_id: str, attempt: int, role: str, index: int) -> tuple[int, int]:
+        """(lines the stream keeps, lines ever appended to it): their difference is
+        what the bound dropped, oldest first."""
+        try:
+            info = self.r.xinfo_stream(keys.task_log(job_id, attempt, role, index))
+        except redis.ResponseError:  # no such key: nothing shipped yet
+            return 0, 0
+        kept = int(info["length"])
+        return kept, max(kept, int(info.get("entries-added") or kept))
 
     def last_log_id(self, job_id: str, attempt: int, role: str, index: int) -> str:
         """The id of the newest line (or "0-0"): following starts after it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from services.api import auth, cluster, jobs, openapi, users, vcs
+from services.api import auth, cluster, jobs, metrics, openapi, users, vcs
 from services.api.errors import register_error_handlers
 from services.api.platform import Platform
 from shared.accounts import Accounts
@@ -21,12 +21,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask("pai")
     app.config.update(MAX_CONTENT_LENGTH=MAX_BODY_BYTES, JSON_SORT_KEYS=False)
     app.json.sort_keys = False  # type: ignore[attr-defined]
+    store = Store.from_url(settings.redis_url)
     app.extensions["pai"] = Platform(
         settings=settings,
-        store=Store.from_url(settings.redis_url),
+        store=store,
         messenger=Messenger(make_celery(settings, "pai-api")),
     )
     register_error_handlers(app)
+    metrics.init_app(app, store, settings)  # first: it times the requests auth refuses
     app.before_request(auth.authenticate)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)

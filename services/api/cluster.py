@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, Response, request
 
+from services.api.metrics import api_metrics
 from services.api.platform import platform
 from shared.models import now_ms
 
@@ -68,3 +69,17 @@ def healthz() -> tuple[dict[str, Any], int]:
     except Exception as error:
         return {"status": "unhealthy", "redis": f"unreachable: {error}"}, 503
     return {"status": "ok", "redis": "ok"}, 200
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    """The platform's Prometheus metrics (text exposition format), computed now.
+    ---
+    get:
+      tags: [meta]
+      responses:
+        200:
+          description: Prometheus text format 0.0.4
+          content: {text/plain: {schema: {type: string}}}
+    """
+    return api_metrics().exposition(request.headers.get("Accept", ""))

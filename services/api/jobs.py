@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import yaml
-from flask import Blueprint, Response, request, stream_with_context
+from flask import Blueprint, Response, current_app, request, stream_with_context
 
 from services.api.auth import current_user, require_self_or_admin
 from services.api.errors import ApiError
@@ -18,8 +18,8 @@ from services.api.render import job_detail, job_summary
 from shared.accounts import Accounts
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, validate_job_config
-from shared.lifecycle import delete_job, request_stop, submit_job
-from shared.models import Job, JobSpec, job_id_of
+from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
+from shared.models import Job, JobSpec, Node, job_id_of
 from shared.states import JobState
 from shared.store import JobConflict
 
@@ -31,6 +31,9 @@ FOLLOW_BLOCK_MS = 1000
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
 LOG_ID = re.compile(r"^\d{1,20}-\d{1,20}\Z")
+# Feasibility at submit is judged against nodes read at most this long ago.
+NODES_FRESH_SECONDS = 1.0
+NODES_EXTENSION = "pai.known_nodes"
 
 
 def _json_body() -> Any:
@@ -106,7 +109,8 @@ def _check_vc(username: str, vc_name: str, gpus: int) -> None:
     if vc is None:
         raise ApiError("NoVirtualClusterError", f"virtual cluster {vc_name} does not exist",
                        400, fields={"virtualCluster": [f"no virtual cluster {vc_name}"]})
-    owner = accounts.get_user(username)
+    caller = current_user()  # read by this request's token check: no need to ask again
+    owner = caller if caller.username == username else accounts.get_user(username)
     if owner is None:
         raise ApiError("NoUserError", f"user {username} does not exist", 404)
     if not owner.may_use(vc_name):
@@ -117,6 +121,22 @@ def _check_vc(username: str, vc_name: str, gpus: int) -> None:
                        400, fields={"virtualCluster": [
                            f"the job needs {gpus} GPUs at once; the quota of {vc_name} "
                            f"is {vc.gpu_quota}"]})
+
+
+def _known_nodes() -> list[Node]:
+    """Every node that ever reported, as read at most NODES_FRESH_SECONDS ago.
+
+    Reading and parsing every node's inventory on each submit made a submit
+    cost O(nodes) (31 ms of CPU with 1,000 nodes, docs/performance.md); the
+    inventories change only when a node registers again.
+    """
+    cache = current_app.extensions.setdefault(NODES_EXTENSION, {})
+    now = time.monotonic()
+    if cache.get("until", 0.0) <= now:
+        cache["nodes"] = platform().store.get_nodes()
+        cache["until"] = now + NODES_FRESH_SECONDS
+    nodes: list[Node] = cache["nodes"]
+    return nodes
 
 
 def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
@@ -131,7 +151,7 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     spec = JobSpec.from_config(validated.config)
     _check_vc(username, spec.virtual_cluster,
               sum(r.gpu_number * r.task_number for r in spec.task_roles))
-    reasons = infeasible_reasons(spec, pai.store.get_nodes())
+    reasons = infeasible_reasons(spec, _known_nodes())
     if reasons:
         raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,
                        fields=reasons)
@@ -141,7 +161,8 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
         job = submit_job(pai.store, username, validated.config)
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None
-    pai.messenger.schedule()
+    if claim_pass_request(pai.store):
+        pai.messenger.schedule()
     return {
         "name": job.name,
         "username": username,
@@ -323,8 +344,21 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
                         mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     lines = platform().store.read_log(job.id, attempt, role, index, tail=tail)
-    text = "".join(line + "\n" for _, line in lines)
+    marker = _dropped_marker(job.id, attempt, role, index, tail)
+    text = "".join(line + "\n" for line in ([marker] if marker else [])
+                   + [line for _, line in lines])
     return Response(text, mimetype="text/plain")
+
+
+def _dropped_marker(job_id: str, attempt: int, role: str, index: int, tail: int) -> str | None:
+    """The line that says the log's start was dropped, when the lines asked for
+    reach back past what the bounded stream keeps."""
+    pai = platform()
+    kept, added = pai.store.log_extent(job_id, attempt, role, index)
+    if added <= kept or tail <= kept:
+        return None
+    return (f"[pai: {added - kept} earlier lines dropped; the log keeps the last "
+            f"{pai.settings.log_max_lines} lines]")
 
 
 def _follow(job_id: str, attempt: int, role: str, index: int, tail: int,
@@ -338,6 +372,9 @@ def _follow(job_id: str, attempt: int, role: str, index: int, tail: int,
     store = platform().store
     last = resume_after or store.last_log_id(job_id, attempt, role, index)
     if resume_after is None:
+        marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
+        if marker:
+            yield f"data: {marker}\n\n"
         for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
             yield f"id: {entry_id}\ndata: {line}\n\n"
     deadline = time.monotonic() + FOLLOW_MAX_SECONDS

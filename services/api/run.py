@@ -36,6 +36,9 @@ def main() -> None:
         "graceful_timeout": 5,
         "accesslog": "-",
         "loglevel": settings.log_level.lower(),
+        # gunicorn's control socket would live under $HOME, which a service
+        # user often lacks; nothing here uses it.
+        "control_socket_disable": True,
     }).run()
 
 

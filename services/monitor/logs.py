@@ -6,6 +6,9 @@ writes every shipper's queue to Redis every 200 ms, and a shipper writes at
 once when 500 lines are waiting. Writing is back-pressured: while Redis
 refuses, the shipper stops reading (Docker keeps the output meanwhile).
 
+When the job has an outputDir, each batch is also appended to the task's full
+log file there, right after it reached Redis (logfile.py).
+
 Restart safety: every entry carries, beside its line, the cursor after it
 (`loglines.LogCursor`), written by the same XADD, so whatever part of a batch
 reached Redis says exactly how far shipping got. A new shipper (a restarted
@@ -16,6 +19,7 @@ for the log since that second and drops what it repeats.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -27,6 +31,7 @@ from redis.exceptions import RedisError
 from requests.exceptions import RequestException
 
 from services.monitor.dispatch import backoff_delay
+from services.monitor.logfile import TaskLogFile, log_file_path, output_dir_on_host
 from services.monitor.loglines import (
     LineSplitter,
     LogCursor,
@@ -96,7 +101,9 @@ class LogShipper:
         self._lock = threading.Lock()  # guards _pending and _stream
         self._write_lock = threading.Lock()  # one write at a time, so lines stay in order
         self._stream: Any = None
+        self._file: TaskLogFile | None = None
         self._closing = threading.Event()
+        self._exited = threading.Event()
         self._done = threading.Event()
         self.done_at: float | None = None  # time.monotonic() when it finished
         self._thread = threading.Thread(
@@ -112,6 +119,11 @@ class LogShipper:
     def wait(self, timeout: float | None) -> bool:
         """True once the log ended (the container stopped) and all of it was handed on."""
         return self._done.wait(timeout)
+
+    def container_exited(self) -> None:
+        """The monitor saw the container exit: when the stream ends, do not ask Docker
+        whether it still runs (one inspect less per task), just read once more."""
+        self._exited.set()
 
     def stop(self) -> None:
         """Stop following now (the monitor is shutting down, or a drain timed out)."""
@@ -140,12 +152,15 @@ class LogShipper:
                 with self._lock:
                     self._pending[:0] = batch
                 return False
+            if self._file is not None:
+                self._file.append([line for line, _cursor in batch])
             return True
 
     # ------------------------------------------------------------ the thread
 
     def _run(self) -> None:
         try:
+            self._file = self._open_log_file()
             if self._load_cursor():
                 self._follow()
         except Exception:
@@ -157,6 +172,40 @@ class LogShipper:
                 self._closing.wait(backoff_delay(attempt + 1, 0.2, 2.0))
             self.done_at = time.monotonic()
             self._done.set()
+
+    def _open_log_file(self) -> TaskLogFile | None:
+        """The full log's file in the job's outputDir, if it has one on this node."""
+        try:
+            config = self.store.get_config(self.ref.job_id)
+        except RedisError as error:
+            log.warning("cannot read the config of %s (%s): its log goes to Redis only",
+                        self.task_name, error)
+            return None
+        mounts = self.container.attrs.get("Mounts")
+        if mounts is None:  # known from its start event only
+            mounts = self._listed_mounts()
+        folder = output_dir_on_host(config, mounts or ())
+        if folder is None:
+            return None
+        if not os.path.isdir(folder):
+            log.warning("the outputDir %s of %s is not on this node: its log goes to Redis only",
+                        folder, self.task_name)
+            return None
+        return TaskLogFile(log_file_path(folder, self.ref))
+
+    def _listed_mounts(self) -> list[dict[str, Any]] | None:
+        """The container's mounts, from Docker's container list: unlike an inspect,
+        the list does not wait for Docker to finish handling the container's exit,
+        which held the log (and so the task's exit) of a short task back."""
+        try:
+            found = self.container.client.api.containers(
+                all=True, filters={"id": str(self.container.id)})
+        except (DockerException, RequestException) as error:
+            log.warning("cannot list the container of %s (%s): its log goes to Redis only",
+                        self.task_name, error)
+            return None
+        mounts: list[dict[str, Any]] | None = found[0].get("Mounts") if found else None
+        return mounts
 
     def _load_cursor(self) -> bool:
         failures = 0
@@ -185,7 +234,7 @@ class LogShipper:
             received = self._read_stream()
             if self._closing.is_set():
                 return
-            if not self._still_running():
+            if self._exited.is_set() or not self._still_running():
                 self._read_stream()
                 return
             failures = 0 if received else failures + 1
@@ -295,6 +344,7 @@ class LogShipping:
             shipper = self._shippers.get(str(container.id))
         if shipper is None:
             shipper = self.ensure(container, ref)
+        shipper.container_exited()
         complete = shipper.wait(timeout)
         if not complete:
             log.warning("the log of %s did not end within %.0f s: shipping what arrived",

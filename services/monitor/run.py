@@ -13,8 +13,11 @@ import threading
 import time
 from types import FrameType
 
+import docker
+
+from services.monitor.exporter import NodeExporter
 from services.monitor.service import Monitor
-from shared.config import load_settings
+from shared.config import Settings, load_settings
 from shared.containers import docker_client
 from shared.messaging import Messenger, make_celery
 from shared.store import Store
@@ -38,17 +41,33 @@ def reconcile_loop(monitor: Monitor, stop: threading.Event,
             log.warning("reconcile: %d task(s) lost their container", summary.vanished)
 
 
-def node_threads(monitor: Monitor, stop: threading.Event, since: float) -> list[threading.Thread]:
-    """Everything the monitor runs in the background, each until `stop` is set.
-
-    The node's Prometheus exporter joins this list when it is built.
-    """
-    return [
+def node_threads(monitor: Monitor, stop: threading.Event, since: float,
+                 exporter: NodeExporter | None = None) -> list[threading.Thread]:
+    """Everything the monitor runs in the background, each until `stop` is set:
+    the event watcher, the reconcile loop and the exporter's sampler."""
+    threads = [
         threading.Thread(target=monitor.watch_events, args=(stop, since),
                          name="pai-monitor-events", daemon=True),
         threading.Thread(target=reconcile_loop, args=(monitor, stop),
                          name="pai-monitor-reconcile", daemon=True),
     ]
+    if exporter is not None:
+        threads.append(exporter.thread(stop))
+    return threads
+
+
+def start_exporter(settings: Settings, store: Store,
+                   client: docker.DockerClient) -> NodeExporter | None:
+    """The node's /metrics; the monitor's lifecycle work goes on without it."""
+    exporter = NodeExporter(settings, store, client)
+    try:
+        exporter.serve()
+    except OSError as error:
+        log.error("the node exporter cannot listen on %s:%d (%s): no node metrics",
+                  settings.monitor_host, settings.monitor_port, error)
+        exporter.close()
+        return None
+    return exporter
 
 
 def main() -> int:
@@ -57,7 +76,9 @@ def main() -> int:
     settings = load_settings()
     store = Store.from_url(settings.redis_url)
     messenger = Messenger(make_celery(settings, name="pai-monitor"))
-    monitor = Monitor(settings, store, messenger, docker_client(settings), settings.node_name)
+    client = docker_client(settings)
+    monitor = Monitor(settings, store, messenger, client, settings.node_name)
+    exporter = start_exporter(settings, store, client)
 
     stop = threading.Event()
 
@@ -76,7 +97,7 @@ def main() -> int:
                  summary.running, summary.exited, summary.vanished)
     except Exception:
         log.exception("the first reconcile failed; the loop tries again")
-    threads = node_threads(monitor, stop, since)
+    threads = node_threads(monitor, stop, since, exporter)
     for thread in threads:
         thread.start()
     while not stop.wait(1.0):
@@ -84,6 +105,8 @@ def main() -> int:
     for thread in threads:
         thread.join(SHUTDOWN_JOIN_SECONDS)
     monitor.close()
+    if exporter is not None:
+        exporter.close()
     log.info("monitor of node %s stopped", settings.node_name)
     return 0
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 from services.scheduler.worker import create_scheduler_app
+from shared import telemetry
 from shared.config import load_settings
 from shared.logs import setup_logging
 
@@ -15,11 +16,18 @@ log = logging.getLogger("pai.scheduler")
 RECONCILE_SECONDS = 5.0
 
 
-def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event) -> None:
-    """Periodic repair, never only events: lost nodes, stuck launches, stops."""
+def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event,
+                heartbeat: Callable[[], None] | None = None) -> None:
+    """Periodic repair, never only events: lost nodes, stuck launches, stops.
+
+    Each pass that completes is this replica's heartbeat (what Prometheus'
+    "scheduler down" alert watches): a scheduler that cannot repair is down.
+    """
     while not stop.wait(RECONCILE_SECONDS):
         try:
             scheduler_reconcile()
+            if heartbeat is not None:
+                heartbeat()
         except Exception:
             log.exception("reconcile failed; trying again in %.0f s", RECONCILE_SECONDS)
 
@@ -29,8 +37,10 @@ def main() -> None:
     setup_logging("scheduler", settings.log_level)
     app, scheduler = create_scheduler_app(settings)
     stop = threading.Event()
-    threading.Thread(target=repair_loop, args=(scheduler.reconcile, stop), daemon=True,
-                     name="repair").start()
+    name = telemetry.scheduler_name()
+    threading.Thread(target=repair_loop,
+                     args=(scheduler.reconcile, stop, lambda: scheduler.heartbeat(name)),
+                     daemon=True, name="repair").start()
     try:
         app.worker_main([
             "worker", "-Q", "scheduler", "--pool", "solo", "-n", "scheduler@%h",

@@ -14,11 +14,18 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from redis.exceptions import RedisError
+
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request, plan_pass
-from shared import keys
+from shared import keys, telemetry
 from shared.accounts import Accounts
 from shared.config import Settings
-from shared.lifecycle import commit_placement, record_task_exit, set_waiting_reason
+from shared.lifecycle import (
+    commit_placement,
+    record_task_exit,
+    set_waiting_reason,
+    take_pass_request,
+)
 from shared.messaging import Messenger
 from shared.models import (
     Job,
@@ -39,6 +46,7 @@ log = logging.getLogger("pai.scheduler")
 DIRTY = keys.PREFIX + "scheduler:dirty"
 MAX_PASSES_PER_CALL = 50
 LOCK_SECONDS = 60
+MAX_CACHED_SPECS = 100_000
 
 
 @dataclass
@@ -54,14 +62,21 @@ class Scheduler:
         self.store = store
         self.messenger = messenger
         self.accounts = Accounts(store)
-        self._specs: dict[str, JobSpec] = {}
+        self._specs: dict[tuple[str, int], JobSpec] = {}  # (job id, queue_seq) -> spec
+        # job id -> ((queue_seq, version, attempt), request): a waiting job that
+        # did not change since the last pass keeps its request (and the shapes
+        # the core worked out for it).
+        self._requests: dict[str, tuple[tuple[int, int, int], JobRequest]] = {}
 
     # ------------------------------------------------------------ passes
 
     def request_pass(self) -> None:
         """Run passes until nothing asked for one; or leave it to the holder."""
         r = self.store.r
-        r.set(DIRTY, "1")
+        pipe = r.pipeline(transaction=False)
+        take_pass_request(pipe)  # before the pass that reads the queue
+        pipe.set(DIRTY, "1")
+        pipe.execute()
         for _ in range(MAX_PASSES_PER_CALL):
             lock = r.lock(keys.SCHEDULER_LOCK, timeout=LOCK_SECONDS)
             if not lock.acquire(blocking=False):
@@ -83,38 +98,53 @@ class Scheduler:
         cutoff = now_ms() - int(self.settings.node_lost_seconds * 1000)
         return [n for n in nodes if n.heartbeat_ms >= cutoff]
 
-    def _spec(self, job_id: str, raw: str | None) -> JobSpec | None:
-        spec = self._specs.get(job_id)
-        if spec is None and raw:
-            spec = JobSpec.from_config(json.loads(raw))
-            if len(self._specs) > 100_000:
-                self._specs.clear()
-            self._specs[job_id] = spec
-        return spec
+    def _queue(self) -> tuple[list[JobRequest], dict[str, str]]:
+        """The queued jobs' requests in queue order, and each one's waiting reason.
 
-    def _queue(self) -> list[JobRequest]:
+        Two round trips: every queued job's record, then the configs of the
+        jobs not parsed before. A submission's config never changes (and its
+        `queue_seq` is its own), so each is read and parsed once.
+        """
         r = self.store.r
         ids = self.store.queued_job_ids()
         pipe = r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id))
-            pipe.get(keys.job_config(job_id))
-        replies = pipe.execute()
-        requests, stale = [], []
-        for i, job_id in enumerate(ids):
-            fields, raw = replies[2 * i], replies[2 * i + 1]
-            if not fields:
+        records = pipe.execute() if ids else []
+        jobs, stale = [], []
+        for job_id, fields in zip(ids, records, strict=True):
+            job = Job.from_fields(fields) if fields else None
+            if job is None or job.state != JobState.WAITING:
                 stale.append(job_id)
+            else:
+                jobs.append(job)
+        unparsed = [job for job in jobs if (job.id, job.queue_seq) not in self._specs]
+        if unparsed:
+            pipe = r.pipeline(transaction=False)
+            for job in unparsed:
+                pipe.get(keys.job_config(job.id))
+            if len(self._specs) + len(unparsed) > MAX_CACHED_SPECS:
+                self._specs.clear()
+            for job, raw in zip(unparsed, pipe.execute(), strict=True):
+                if raw:
+                    self._specs[job.id, job.queue_seq] = JobSpec.from_config(json.loads(raw))
+        requests, reasons = [], {}
+        known, self._requests = self._requests, {}
+        for job in jobs:
+            spec = self._specs.get((job.id, job.queue_seq))
+            if spec is None:
+                stale.append(job.id)
                 continue
-            job = Job.from_fields(fields)
-            spec = self._spec(job_id, raw)
-            if job.state != JobState.WAITING or spec is None:
-                stale.append(job_id)
-                continue
-            requests.append(job_request(job_id, job.version, job.attempt, spec))
+            key = (job.queue_seq, job.version, job.attempt)
+            cached = known.get(job.id)
+            request = cached[1] if cached is not None and cached[0] == key \
+                else job_request(job.id, job.version, job.attempt, spec)
+            self._requests[job.id] = (key, request)
+            requests.append(request)
+            reasons[job.id] = job.waiting_reason
         if stale:
             r.zrem(keys.QUEUE, *stale)
-        return requests
+        return requests, reasons
 
     def run_pass(self) -> PassStats:
         started = time.perf_counter()
@@ -125,25 +155,44 @@ class Scheduler:
         for allocs in allocations.values():
             for alloc in allocs:
                 used[alloc.vc] += len(alloc.gpus)
-        queue = self._queue()
+        queue, reasons = self._queue()
         plan = plan_pass(cluster, queue, self.accounts.gpu_quotas(), used)
         deadline = now_ms() + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
+        placed_by_vc: Counter[str] = Counter()
         for request, placements in plan.placed:
             if commit_placement(self.store, request.job_id, version=request.version,
                                 attempt=request.attempt, placements=placements,
                                 launch_deadline_ms=deadline):
                 stats.placed += 1
+                placed_by_vc[request.vc] += 1
                 self._send_starts(request.job_id, request.attempt, placements)
             else:
                 self.store.r.set(DIRTY, "1")  # the job changed under us: look again
         for job_id, reason in plan.waiting.items():
-            set_waiting_reason(self.store, job_id, reason)
+            if reasons.get(job_id) != reason:  # most jobs wait for the same reason as before
+                set_waiting_reason(self.store, job_id, reason)
         stats.seconds = time.perf_counter() - started
+        self._record_pass(stats.seconds, placed_by_vc)
         if stats.placed or queue:
             log.info("pass: %d placed, %d waiting, %.1f ms", stats.placed, stats.waiting,
                      stats.seconds * 1000)
         return stats
+
+    def _record_pass(self, seconds: float, placed_by_vc: Counter[str]) -> None:
+        """Count the pass for Prometheus (through Redis: see shared/telemetry.py)."""
+        pipe = self.store.r.pipeline(transaction=False)
+        telemetry.record(pipe, telemetry.SCHEDULER_PASS, value=seconds)
+        for vc, placed in placed_by_vc.items():
+            telemetry.record(pipe, telemetry.PLACEMENTS, {"vc": vc}, placed)
+        try:
+            pipe.execute()
+        except RedisError as error:
+            log.warning("cannot record the pass's metrics: %s", error)
+
+    def heartbeat(self, name: str) -> None:
+        """Tell the API (and so Prometheus) this replica is alive and repairing."""
+        telemetry.record_scheduler_heartbeat(self.store.r, name)
 
     def _send_starts(self, job_id: str, attempt: int,
                      placements: tuple[TaskPlacement, ...]) -> None:
@@ -169,14 +218,21 @@ class Scheduler:
             self.request_pass()
 
     def stop_attempt(self, job_id: str, attempt: int) -> None:
-        """An attempt ended or its job is stopping: stop what still runs."""
+        """An attempt ended or its job is stopping: stop what still runs.
+
+        A pass follows when this freed something, or when the job waits in the
+        queue (a retry); otherwise the pass after the last task's release has
+        already seen everything this could change.
+        """
+        freed = False
         for task in self.store.get_tasks(job_id, attempt):
             if task_is_live(task) and task.node:
                 self.messenger.stop_task(task.node, job_id, attempt, task.role, task.index)
             elif task.state.is_final and task.node:
-                self.store.release_allocation(
-                    task.node, attempt_task_key(job_id, attempt, task.role, task.index))
-        self.request_pass()
+                freed = self.store.release_allocation(
+                    task.node, attempt_task_key(job_id, attempt, task.role, task.index)) or freed
+        if freed or self.store.r.zscore(keys.QUEUE, job_id) is not None:
+            self.request_pass()
 
     def stop_job(self, job_id: str) -> None:
         job = self.store.get_job(job_id)

@@ -103,3 +103,14 @@ def test_the_extent_of_a_log_is_kept_and_ever_appended(client: FlaskClient,
 
     kept, added = store.log_extent(JOB, 0, "main", 0)
     assert added == 300 and BOUND <= kept < 300
+
+
+def test_a_tail_of_zero_is_empty_and_a_follow_from_zero_starts_at_the_end(
+        client: FlaskClient, redis_client: redis.Redis) -> None:
+    ship(redis_client, 1, 10)
+    assert client.put("/api/v1/user/root/jobs/logs/executionType",
+                      json={"value": "STOP"}).status_code == 202
+
+    assert lines(client, tail="0") == []
+    events = client.get(LOG, query_string={"follow": "1", "tail": "0"}).get_data(as_text=True)
+    assert "data: line" not in events and "event: end" in events

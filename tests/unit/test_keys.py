@@ -18,6 +18,8 @@ LITERAL_KEYS = [
     pytest.param(keys.QUEUE_SEQ, "pai:queue:seq", id="QUEUE_SEQ"),
     pytest.param(keys.LAUNCHING, "pai:launching", id="LAUNCHING"),
     pytest.param(keys.SCHEDULER_LOCK, "pai:lock:scheduler", id="SCHEDULER_LOCK"),
+    pytest.param(keys.SCHEDULERS, "pai:schedulers", id="SCHEDULERS"),
+    pytest.param(keys.PASS_REQUESTED, "pai:scheduler:pass-requested", id="PASS_REQUESTED"),
     pytest.param(keys.NODES, "pai:nodes", id="NODES"),
     pytest.param(keys.USERS, "pai:users", id="USERS"),
     pytest.param(keys.VCS, "pai:vcs", id="VCS"),
@@ -41,6 +43,8 @@ LITERAL_KEYS = [
                  id="user_token_epoch"),
     pytest.param(keys.vc("default"), "pai:vc:default", id="vc"),
     pytest.param(keys.revoked_token("abc"), "pai:token:revoked:abc", id="revoked_token"),
+    pytest.param(keys.recorded_metric("pai_task_exits"), "pai:metric:pai_task_exits",
+                 id="recorded_metric"),
 ]
 
 

@@ -1,0 +1,215 @@
+"""Task logs on the real platform: a 100,000-line job, tails of it, and follow latency.
+
+The platform runs as processes (bench/live_platform.py: api, scheduler,
+launcher, monitor on a throwaway Redis and the Docker engine DOCKER_HOST
+names), with its default log bound (PAI_LOG_MAX_LINES = 100,000).
+
+- Shipping: a job runs `seq 1 100000`; the figure is the time from submit
+  until `GET .../log?tail=1` answers `100000` (the last line readable through
+  the API), beside a bare Docker SDK run of the same command in the same
+  image until the container exited (create, start, run, wait).
+- Tails: `GET .../log?tail=N` of that finished job, every answer checked
+  line by line (the last N numbers), beside a bare XREVRANGE COUNT N of the
+  task's stream with redis-py, in the same run.
+- Follow: a job prints 300 lines, one every ~30 ms, each carrying the time it
+  was printed (the kernel's boot-time clock, /proc/uptime: 10 ms steps, so a
+  latency reads up to 10 ms high); a client follows the log as server-sent
+  events from before the container starts and notes when each line arrives.
+  Beside it, the same script in a bare container followed with the Docker
+  SDK's `logs(stream=True, follow=True)`: the engine's own delivery, which
+  the platform's log shipping reads from.
+
+Nothing is asserted; docs/performance.md records the figures.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as host
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import redis
+
+from bench import BenchError, Figure, Figures, percentile, throwaway_redis, time_calls
+from bench.live_platform import TEST_IMAGE, USER, Platform, docker_engine, running_platform
+from shared import keys
+
+LINES = 100_000
+TAILS = (100, 1_000, 10_000, 100_000)
+TAIL_REQUESTS = {100: 50, 1_000: 50, 10_000: 20, 100_000: 10}
+FOLLOW_LINES = 300
+# Each line: "<uptime seconds> <n>", printed about every 30 ms.
+FOLLOW_SCRIPT = (f"i=0; while [ $i -lt {FOLLOW_LINES} ]; do i=$((i+1)); "
+                 "read up idle < /proc/uptime; echo \"$up $i\"; sleep 0.03; done")
+WAIT_SECONDS = 300.0
+
+
+def boot_seconds() -> float:
+    """The clock /proc/uptime shows (CLOCK_BOOTTIME), here and in every container."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _wait(check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS,
+          interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _log_url(pai: Platform, name: str) -> str:
+    return f"{pai.url}/api/v1/user/{USER}/jobs/{name}/tasks/main/0/log"
+
+
+def _tail(pai: Platform, name: str, lines: int) -> list[str]:
+    resp = pai.http.get(_log_url(pai, name), params={"tail": lines}, timeout=120)
+    resp.raise_for_status()
+    return resp.text.splitlines()
+
+
+# ------------------------------------------------------------------ shipping
+
+
+def ship(pai: Platform) -> tuple[str, float]:
+    """Submit the 100,000-line job; seconds until its last line is readable."""
+    name = f"loud-{uuid.uuid4().hex[:6]}"
+    start = time.perf_counter()
+    pai.submit(pai.config(name, f"seq 1 {LINES}"))
+    _wait(lambda: _tail(pai, name, 1) == [str(LINES)], "the last line to be readable",
+          interval=0.05)
+    seconds = time.perf_counter() - start
+    _wait(lambda: pai.detail(name)["jobStatus"]["state"] == "SUCCEEDED", "the job to succeed")
+    return name, seconds
+
+
+def bare_run_seconds(command: str) -> float:
+    client = docker_engine()
+    label = {"pai.bench": uuid.uuid4().hex[:8]}
+    try:
+        start = time.perf_counter()
+        container = client.containers.run(TEST_IMAGE, ["/bin/sh", "-c", command], detach=True,
+                                          labels=label, network_mode="host")
+        container.wait(timeout=WAIT_SECONDS)
+        seconds = time.perf_counter() - start
+        container.remove(force=True)
+        return seconds
+    finally:
+        client.close()
+
+
+# --------------------------------------------------------------------- tails
+
+
+def tails(pai: Platform, name: str, redis_url: str) -> tuple[dict[str, dict[str, Figure]], int]:
+    """Timed, checked tails of the finished job; and how long its stream is."""
+    key = keys.task_log(f"{USER}~{name}", 0, "main", 0)
+    table: dict[str, dict[str, Figure]] = {}
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        for lines in TAILS:
+            expected = [str(n) for n in range(LINES - lines + 1, LINES + 1)]
+
+            def checked(lines: int = lines, expected: list[str] = expected) -> None:
+                if _tail(pai, name, lines) != expected:
+                    raise BenchError(f"tail={lines} did not answer the last {lines} lines")
+
+            samples = time_calls(checked, TAIL_REQUESTS[lines], warmup=1)
+            bare = time_calls(lambda n=lines: client.xrevrange(key, count=n),
+                              TAIL_REQUESTS[lines], warmup=1)
+            table[f"tail={lines}"] = {
+                "p50 ms": percentile(samples, 0.5), "p99 ms": percentile(samples, 0.99),
+                "XREVRANGE p50 ms": percentile(bare, 0.5),
+                "ratio p50": percentile(samples, 0.5) / percentile(bare, 0.5)}
+        length = int(client.xlen(key))
+    return table, length
+
+
+# -------------------------------------------------------------------- follow
+
+
+def _printed_at(line: str) -> float | None:
+    stamp, _, _number = line.partition(" ")
+    try:
+        return float(stamp)
+    except ValueError:
+        return None
+
+
+def _sse_data(lines: Iterator[str]) -> Iterator[str]:
+    for raw in lines:
+        if raw.startswith("event: end"):
+            return
+        if raw.startswith("data: "):
+            yield raw[len("data: "):]
+
+
+def follow_latencies(pai: Platform) -> list[float]:
+    """Milliseconds from print to receipt of each line, following through the API."""
+    name = f"ticks-{uuid.uuid4().hex[:6]}"
+    pai.submit(pai.config(name, FOLLOW_SCRIPT))
+    latencies = []
+    with pai.http.get(_log_url(pai, name), params={"follow": 1, "tail": 0}, stream=True,
+                      timeout=WAIT_SECONDS) as resp:
+        resp.raise_for_status()
+        for line in _sse_data(resp.iter_lines(decode_unicode=True)):
+            received = boot_seconds()
+            printed = _printed_at(line)
+            if printed is not None:
+                latencies.append((received - printed) * 1000)
+    if len(latencies) < FOLLOW_LINES * 0.9:
+        raise BenchError(f"follow received {len(latencies)} of {FOLLOW_LINES} lines")
+    return latencies
+
+
+def bare_follow_latencies() -> list[float]:
+    """The same, reading the container's log from the engine directly."""
+    client = docker_engine()
+    container = client.containers.run(TEST_IMAGE, ["/bin/sh", "-c", FOLLOW_SCRIPT], detach=True,
+                                      labels={"pai.bench": uuid.uuid4().hex[:8]},
+                                      network_mode="host")
+    latencies = []
+    try:
+        pending = b""
+        for chunk in container.logs(stream=True, follow=True):
+            received = boot_seconds()
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            for raw in complete:
+                printed = _printed_at(raw.decode(errors="replace"))
+                if printed is not None:
+                    latencies.append((received - printed) * 1000)
+    finally:
+        container.remove(force=True)
+        client.close()
+    return latencies
+
+
+def _summary(samples: list[float]) -> dict[str, Figure]:
+    return {"lines": len(samples), "p50 ms": percentile(samples, 0.5),
+            "p99 ms": percentile(samples, 0.99), "max ms": max(samples)}
+
+
+def run() -> Figures:
+    with throwaway_redis() as url, running_platform(url) as pai:
+        name, ship_seconds = ship(pai)
+        bare_seconds = bare_run_seconds(f"seq 1 {LINES}")
+        tail_table, stream_length = tails(pai, name, url)
+        platform_follow = follow_latencies(pai)
+    bare_follow = bare_follow_latencies()
+    follow = {"through the API (SSE)": _summary(platform_follow),
+              "bare docker logs --follow": _summary(bare_follow)}
+    return {
+        "machine": f"{os.cpu_count()} CPUs, Python {host.python_version()}",
+        "lines": LINES,
+        "submit -> last line readable s": ship_seconds,
+        "bare docker run of the job s": bare_seconds,
+        "ratio": ship_seconds / bare_seconds,
+        "stream length (bound 100,000)": stream_length,
+        "GET .../log?tail=N (checked)": tail_table,
+        "follow: print -> receipt": follow,
+    }

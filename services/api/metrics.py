@@ -1,0 +1,362 @@
+"""The platform's Prometheus metrics, served by the API at `/metrics`.
+
+Two collectors in a registry made per app (no module globals):
+
+- `ClusterCollector` reads the cluster's state from Redis at scrape time:
+  jobs by state and virtual cluster, the queue, GPUs/CPUs/memory per node,
+  node and scheduler heartbeats. Nothing is cached, so any API worker
+  answers the same.
+- `RecordedCollector` exports what the services counted into Redis
+  (shared/telemetry.py): scheduling passes, placements, submit-to-running
+  times, task exits, API request latency.
+
+A scrape while Redis is down still answers: `pai_redis_up 0` and the
+families without samples, so "Redis down" is an alert, not a failed scrape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, Response, current_app, g, request
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
+
+from shared import keys, telemetry
+from shared.accounts import DEFAULT_VC, Accounts
+from shared.config import Settings
+from shared.models import now_ms
+from shared.states import JobState
+from shared.store import Store
+
+log = logging.getLogger("pai.api")
+
+EXTENSION = "pai.metrics"
+MIB = 1024 * 1024
+# The queue is walked front first until every VC's oldest waiting job is
+# known; this bounds one scrape's walk whatever the queue holds.
+QUEUE_WALK_LIMIT = 20_000
+QUEUE_WALK_CHUNK = 500
+
+
+# --------------------------------------------------------------- the state
+
+
+@dataclass
+class QueueView:
+    length: dict[str, int] = field(default_factory=dict)  # vc -> queued jobs
+    oldest_ms: dict[str, int] = field(default_factory=dict)  # vc -> when its oldest was queued
+
+
+def jobs_by_state_and_vc(r: Any, vcs: Sequence[str]) -> dict[tuple[str, str], int]:
+    """(state, vc) -> jobs, by intersecting the state and VC index sets."""
+    pairs = [(state.value, vc) for state in JobState for vc in vcs]
+    pipe = r.pipeline(transaction=False)
+    for state, vc in pairs:
+        pipe.zintercard(2, [keys.state_jobs(state), keys.vc_jobs(vc)])
+    return {pair: int(n) for pair, n in zip(pairs, pipe.execute(), strict=True)}
+
+
+def queue_view(r: Any, vcs: Sequence[str], limit: int = QUEUE_WALK_LIMIT,
+               chunk: int = QUEUE_WALK_CHUNK) -> QueueView:
+    """Queued jobs per VC, and when each VC's longest-waiting job was queued.
+
+    The queue is ordered by submit sequence, and a retried job goes back
+    with its old sequence, so the first first-attempt job of a VC in queue
+    order was submitted before every later job of that VC was submitted or
+    re-queued: the walk stops for a VC there. Retried jobs before it are
+    timed from their attempt's creation (when they were queued again).
+    """
+    pipe = r.pipeline(transaction=False)
+    for vc in vcs:
+        pipe.zintercard(2, [keys.QUEUE, keys.vc_jobs(vc)])
+    view = QueueView(length={vc: int(n) for vc, n in zip(vcs, pipe.execute(), strict=True)})
+    pending = {vc for vc, n in view.length.items() if n}
+    start = 0
+    while pending and start < limit:
+        ids = r.zrange(keys.QUEUE, start, start + chunk - 1)
+        if not ids:
+            break
+        start += chunk
+        pipe = r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(keys.job(job_id), "virtual_cluster", "state", "attempt", "created_ms")
+        rows = [_QueuedRow(job_id, vc or "", state, attempt, created)
+                for job_id, (vc, state, attempt, created) in zip(ids, pipe.execute(),
+                                                                 strict=True)]
+        rows = [row for row in rows if row.vc in pending and row.state == JobState.WAITING]
+        requeued = _attempt_starts(r, [row for row in rows if row.retried])
+        for row in rows:
+            queued = requeued.get(row.job_id) if row.retried else int(row.created_ms or 0)
+            if queued:
+                view.oldest_ms[row.vc] = min(view.oldest_ms.get(row.vc, queued), queued)
+            if not row.retried:
+                pending.discard(row.vc)
+    return view
+
+
+@dataclass(frozen=True)
+class _QueuedRow:
+    job_id: str
+    vc: str
+    state: str | None
+    attempt: str | None
+    created_ms: str | None
+
+    @property
+    def retried(self) -> bool:
+        return self.attempt not in (None, "", "0")
+
+
+def _attempt_starts(r: Any, retried: Sequence[_QueuedRow]) -> dict[str, int]:
+    """When each retried job's current attempt was created (queued again)."""
+    if not retried:
+        return {}
+    pipe = r.pipeline(transaction=False)
+    for row in retried:
+        pipe.hget(keys.job_attempts(row.job_id), row.attempt)
+    starts = {}
+    for row, raw in zip(retried, pipe.execute(), strict=True):
+        created = _json_int(raw, "created_ms")
+        if created:
+            starts[row.job_id] = created
+    return starts
+
+
+def _json_int(raw: str | None, name: str) -> int | None:
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw).get(name)
+    except (ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int | float) else None
+
+
+# -------------------------------------------------------------- collectors
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+class ClusterCollector(Collector):
+    """Gauges of the cluster's state, computed from Redis at every scrape."""
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store, self.settings = store, settings
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families().values()
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily]:
+        families = [
+            _gauge("pai_redis_up", "1 when the API reached Redis for this scrape."),
+            _gauge("pai_jobs", "Jobs by state and virtual cluster.", ("state", "vc")),
+            _gauge("pai_queue_length", "Jobs queued for placement, by virtual cluster.",
+                   ("vc",)),
+            _gauge("pai_queue_oldest_waiting_seconds",
+                   "How long the longest-queued job of a virtual cluster has waited "
+                   "(since submit, or since a retry re-queued it).", ("vc",)),
+            _gauge("pai_gpus_total", "GPUs a node offers.", ("node",)),
+            _gauge("pai_gpus_allocated", "GPUs allocated to tasks, by node and virtual cluster.",
+                   ("node", "vc")),
+            _gauge("pai_gpus_free", "GPUs of a node no task holds.", ("node",)),
+            _gauge("pai_vc_gpu_quota", "A virtual cluster's GPU quota (absent: no limit).",
+                   ("vc",)),
+            _gauge("pai_node_cpus_total", "CPUs a node offers.", ("node",)),
+            _gauge("pai_node_cpus_allocated", "CPUs allocated to tasks on a node.", ("node",)),
+            _gauge("pai_node_memory_bytes_total", "Memory a node offers.", ("node",)),
+            _gauge("pai_node_memory_bytes_allocated", "Memory allocated to tasks on a node.",
+                   ("node",)),
+            _gauge("pai_node_up", "1 while the node's heartbeat is fresh (the scheduler "
+                   "places tasks there), 0 once it is lost.", ("node",)),
+            _gauge("pai_node_last_heartbeat_timestamp_seconds",
+                   "When the node's launcher last reported.", ("node",)),
+            _gauge("pai_scheduler_last_heartbeat_timestamp_seconds",
+                   "When a scheduler replica last finished its repair pass.", ("scheduler",)),
+        ]
+        return {f.name: f for f in families}
+
+    def collect(self) -> Iterator[Metric]:
+        families = self._families()
+        try:
+            self._fill(families)
+        except RedisError as error:
+            log.warning("metrics: Redis unreachable: %s", error)
+            families = self._families()
+            families["pai_redis_up"].add_metric([], 0)
+        yield from families.values()
+
+    def _fill(self, families: dict[str, GaugeMetricFamily]) -> None:
+        r = self.store.r
+        vc_records = Accounts(self.store).list_vcs()
+        vcs = sorted({vc.name for vc in vc_records} | {DEFAULT_VC})
+        for (state, vc), count in jobs_by_state_and_vc(r, vcs).items():
+            families["pai_jobs"].add_metric([state, vc], count)
+        now = now_ms()
+        queue = queue_view(r, vcs)
+        for vc in vcs:
+            families["pai_queue_length"].add_metric([vc], queue.length.get(vc, 0))
+            oldest = queue.oldest_ms.get(vc)
+            families["pai_queue_oldest_waiting_seconds"].add_metric(
+                [vc], max(0, now - oldest) / 1000 if oldest else 0)
+        for vc_record in vc_records:
+            if vc_record.gpu_quota is not None:
+                families["pai_vc_gpu_quota"].add_metric([vc_record.name], vc_record.gpu_quota)
+        self._fill_nodes(families, now)
+        for name, beat in telemetry.scheduler_heartbeats(r).items():
+            families["pai_scheduler_last_heartbeat_timestamp_seconds"].add_metric(
+                [name], beat / 1000)
+        families["pai_redis_up"].add_metric([], 1)
+
+    def _fill_nodes(self, families: dict[str, GaugeMetricFamily], now: int) -> None:
+        nodes = self.store.get_nodes()
+        allocations = self.store.all_allocations([n.name for n in nodes])
+        lost_after = int(self.settings.node_lost_seconds * 1000)
+        for node in nodes:
+            held = allocations[node.name]
+            known = {gpu.index for gpu in node.gpus}
+            by_vc: Counter[str] = Counter()
+            for alloc in held:
+                by_vc[alloc.vc] += len(set(alloc.gpus) & known)
+            families["pai_gpus_total"].add_metric([node.name], len(node.gpus))
+            for vc, count in sorted(by_vc.items()):
+                families["pai_gpus_allocated"].add_metric([node.name, vc], count)
+            families["pai_gpus_free"].add_metric([node.name], len(node.gpus) - sum(by_vc.values()))
+            families["pai_node_cpus_total"].add_metric([node.name], node.cpus)
+            families["pai_node_cpus_allocated"].add_metric([node.name],
+                                                           sum(a.cpus for a in held))
+            families["pai_node_memory_bytes_total"].add_metric([node.name], node.memory_mb * MIB)
+            families["pai_node_memory_bytes_allocated"].add_metric(
+                [node.name], sum(a.memory_mb for a in held) * MIB)
+            families["pai_node_up"].add_metric(
+                [node.name], 1 if now - node.heartbeat_ms < lost_after else 0)
+            families["pai_node_last_heartbeat_timestamp_seconds"].add_metric(
+                [node.name], node.heartbeat_ms / 1000)
+
+
+class RecordedCollector(Collector):
+    """The counters and histograms services record in Redis (shared/telemetry.py)."""
+
+    def __init__(self, r: Any,
+                 metrics: Sequence[telemetry.RecordedMetric] = telemetry.RECORDED) -> None:
+        self.r, self.metrics = r, tuple(metrics)
+
+    def describe(self) -> Iterable[Metric]:
+        return [_recorded_family(m) for m in self.metrics]
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            values = telemetry.read_recorded(self.r, self.metrics)
+        except RedisError:
+            yield from self.describe()  # the cluster collector reports Redis down
+            return
+        for recorded in values:
+            yield _recorded_family(recorded.metric, recorded)
+
+
+def _recorded_family(metric: telemetry.RecordedMetric,
+                     values: telemetry.RecordedValues | None = None) -> Metric:
+    labels = list(metric.labelnames)
+    if metric.kind == telemetry.Kind.COUNTER:
+        counter = CounterMetricFamily(metric.name, metric.help, labels=labels)
+        for label_values, count in sorted((values.counters if values else {}).items()):
+            counter.add_metric(list(label_values), count)
+        return counter
+    histogram = HistogramMetricFamily(metric.name, metric.help, labels=labels)
+    for label_values, value in sorted((values.histograms if values else {}).items()):
+        histogram.add_metric(list(label_values), value.cumulative(metric.buckets),
+                             sum_value=value.total)
+    return histogram
+
+
+# ------------------------------------------------------------ the app side
+
+
+@dataclass
+class ApiMetrics:
+    registry: CollectorRegistry
+    buffer: telemetry.MetricBuffer
+    store: Store
+
+    def exposition(self, accept: str) -> Response:
+        """This worker's buffered requests written, then every family rendered in
+        the format the scraper accepts (Prometheus text or OpenMetrics)."""
+        self.flush()
+        encode, content_type = choose_encoder(accept)
+        return Response(encode(self.registry), content_type=content_type)
+
+    def flush(self) -> None:
+        try:
+            self.buffer.flush(self.store.r)
+        except RedisError as error:
+            log.warning("metrics: cannot record request latencies: %s", error)
+
+
+def build_registry(store: Store, settings: Settings) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(store, settings))
+    registry.register(RecordedCollector(store.r))
+    return registry
+
+
+def init_app(app: Flask, store: Store, settings: Settings) -> ApiMetrics:
+    """Bind the metrics to the app and time every request.
+
+    Call before any other before_request hook, so a request refused by one
+    (a 401) is timed too.
+    """
+    metrics = ApiMetrics(build_registry(store, settings), telemetry.MetricBuffer(), store)
+    app.extensions[EXTENSION] = metrics
+    app.before_request(_start_timer)
+    app.after_request(_observe_request)
+    return metrics
+
+
+def api_metrics() -> ApiMetrics:
+    found: ApiMetrics = current_app.extensions[EXTENSION]
+    return found
+
+
+def _start_timer() -> None:
+    g.pai_request_started = time.perf_counter()
+
+
+def _observe_request(response: Response) -> Response:
+    started = g.get("pai_request_started")
+    if started is None:
+        return response
+    metrics = api_metrics()
+    metrics.buffer.observe(telemetry.API_REQUESTS, {
+        "endpoint": request.endpoint or "unmatched", "method": request.method,
+        "status": str(response.status_code)}, time.perf_counter() - started)
+    try:
+        metrics.buffer.flush_if_due(metrics.store.r, time.monotonic())
+    except RedisError as error:
+        log.warning("metrics: cannot record request latencies: %s", error)
+    return response
+
+
+def metric_names(registry: CollectorRegistry) -> set[str]:
+    """Every sample name the registry can expose (a histogram's `_bucket`,
+    `_sum`, `_count`; a counter's `_total`), for checking dashboards and rules."""
+    suffixes: dict[str, tuple[str, ...]] = defaultdict(lambda: ("",))
+    suffixes.update({"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")})
+    return {family.name + suffix for family in registry.collect()
+            for suffix in suffixes[family.type]}

@@ -1,0 +1,211 @@
+"""Gathering what the node exporter shows: NVML, `docker stats`, the node's allocations.
+
+`docker stats` takes a second or two per container (the engine waits for a
+second CPU reading), so a scrape never waits for it: `NodeSampler` samples
+in the background every PAI_MONITOR_SAMPLE_SECONDS, a few containers at a
+time, and the exporter serves the latest round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import docker
+import pynvml
+from docker.errors import DockerException, NotFound
+from docker.models.containers import Container
+from redis.exceptions import RedisError
+from requests.exceptions import RequestException
+
+from services.monitor.nodemetrics import (
+    SAMPLE_DURATION,
+    SAMPLE_TIME,
+    GpuSample,
+    Series,
+    TaskSample,
+    cpu_percent,
+    memory_bytes,
+    needs_pids,
+    node_series,
+)
+from shared.config import Settings
+from shared.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
+from shared.models import Allocation, attempt_task_key, split_job_id
+from shared.store import Store
+
+log = logging.getLogger(__name__)
+
+STATS_WORKERS = 4  # containers sampled at once: docker stats is slow, the engine is shared
+
+
+def _text(value: str | bytes) -> str:
+    """Older NVML bindings return bytes, newer ones str."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+class NvmlReader:
+    """The node's GPU devices through NVML; `read` is None where there is no NVML."""
+
+    def __init__(self, nvml: Any = pynvml) -> None:
+        self.nvml = nvml
+        self.available = False
+
+    def start(self) -> bool:
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as error:
+            log.info("no NVML on this node (%s): no GPU series", error)
+            return False
+        self.available = True
+        return True
+
+    def close(self) -> None:
+        if self.available:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+            self.available = False
+
+    def read(self) -> list[GpuSample] | None:
+        if not self.available:
+            return None
+        try:
+            count = self.nvml.nvmlDeviceGetCount()
+            return [self._device(index) for index in range(count)]
+        except self.nvml.NVMLError as error:
+            log.warning("NVML failed while reading the GPUs (%s): no GPU series this round",
+                        error)
+            return None
+
+    def _maybe(self, read: Callable[[], Any]) -> Any:
+        """A reading, or None where the device does not support it."""
+        try:
+            return read()
+        except self.nvml.NVMLError:
+            return None
+
+    def _device(self, index: int) -> GpuSample:
+        nvml = self.nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = self._maybe(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+        power_mw = self._maybe(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+
+        def ecc(kind: int) -> Any:
+            return self._maybe(lambda: nvml.nvmlDeviceGetTotalEccErrors(
+                handle, kind, nvml.NVML_AGGREGATE_ECC))
+
+        def pids() -> tuple[int, ...]:
+            processes = [*nvml.nvmlDeviceGetComputeRunningProcesses(handle),
+                         *nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]
+            return tuple(sorted({int(p.pid) for p in processes}))
+
+        return GpuSample(
+            index=index,
+            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            model=_text(nvml.nvmlDeviceGetName(handle)),
+            utilization_percent=self._maybe(
+                lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
+            memory_used_bytes=int(memory.used) if memory is not None else None,
+            memory_total_bytes=int(memory.total) if memory is not None else None,
+            temperature_celsius=self._maybe(
+                lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            power_watts=power_mw / 1000.0 if power_mw is not None else None,
+            ecc_corrected=ecc(nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ecc_uncorrected=ecc(nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            process_pids=self._maybe(pids),
+        )
+
+
+def container_pids(top: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """Host PIDs from `docker top`'s table; None when it has no PID column."""
+    titles = list(top.get("Titles") or ())
+    if "PID" not in titles:
+        return None
+    column = titles.index("PID")
+    pids = []
+    for row in top.get("Processes") or ():
+        with contextlib.suppress(ValueError, IndexError):
+            pids.append(int(row[column]))
+    return tuple(sorted(pids))
+
+
+class NodeSampler:
+    """Samples the node in the background; `latest` is what a scrape serves."""
+
+    def __init__(self, settings: Settings, store: Store, docker_client: docker.DockerClient,
+                 nvml: NvmlReader, workers: int = STATS_WORKERS) -> None:
+        self.settings, self.store, self.docker, self.nvml = settings, store, docker_client, nvml
+        self.node = settings.node_name
+        self.virtual_gpus = settings.node_virtual_gpus is not None
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pai-stats")
+        self._lock = threading.Lock()
+        self._latest: list[Series] = []
+
+    def latest(self) -> list[Series]:
+        with self._lock:
+            return self._latest
+
+    def run(self, stop: threading.Event) -> None:
+        """Sample now and then every interval, until `stop` is set."""
+        while not stop.is_set():
+            try:
+                self.sample()
+            except Exception:
+                log.exception("sampling the node failed; serving the previous round")
+            stop.wait(self.settings.monitor_sample_seconds)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.nvml.close()
+
+    def sample(self) -> list[Series]:
+        started = time.monotonic()
+        gpus = self.nvml.read()
+        containers = self.docker.containers.list(
+            filters={"label": [LABEL_JOB, f"{LABEL_NODE}={self.node}"], "status": "running"},
+            ignore_removed=True)
+        allocations = self._allocations()
+        sample = partial(self._task_sample, allocations=allocations,
+                         with_pids=needs_pids(gpus, self.virtual_gpus))
+        tasks = [t for t in self._pool.map(sample, containers) if t is not None]
+        series = node_series(self.node, gpus, tasks, virtual_gpus=self.virtual_gpus)
+        series.append(Series(SAMPLE_DURATION, (self.node,), time.monotonic() - started))
+        series.append(Series(SAMPLE_TIME, (self.node,), time.time()))
+        with self._lock:
+            self._latest = series
+        return series
+
+    def _allocations(self) -> dict[str, Allocation]:
+        try:
+            return self.store.get_allocations(self.store.r, self.node)
+        except RedisError as error:
+            log.warning("cannot read the node's allocations (%s): no task GPU series", error)
+            return {}
+
+    def _task_sample(self, container: Container, *, allocations: Mapping[str, Allocation],
+                     with_pids: bool) -> TaskSample | None:
+        labels = container.labels or {}
+        ref = task_ref_from_labels(labels)
+        if ref is None:
+            return None
+        try:
+            stats = container.stats(stream=False)
+            pids = container_pids(container.top()) if with_pids else None
+        except NotFound:
+            return None  # ended meanwhile
+        except (DockerException, RequestException) as error:
+            log.warning("cannot sample container %s: %s", container.name, error)
+            return None
+        user, name = split_job_id(ref.job_id)
+        alloc = allocations.get(attempt_task_key(ref.job_id, ref.attempt, ref.role, ref.index))
+        return TaskSample(
+            user=labels.get(LABEL_USER) or user, job_name=name, role=ref.role,
+            index=ref.index, attempt=ref.attempt, vc=labels.get(LABEL_VC, ""),
+            cpu_percent=cpu_percent(stats), memory_bytes=memory_bytes(stats), pids=pids,
+            gpus=alloc.gpus if alloc is not None else ())

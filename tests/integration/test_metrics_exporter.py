@@ -1,0 +1,76 @@
+"""The node exporter on a real Docker engine and Redis: a task container's stats
+become series, served over HTTP (no NVML on this machine: no GPU series)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from collections.abc import Iterator
+
+import docker
+import pytest
+import redis
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.monitor.exporter import NodeExporter
+from services.monitor.nodemetrics import NVML_UP, TASK_CPU, TASK_MEMORY
+from services.monitor.sampling import NvmlReader
+from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+
+class _NoNvml:
+    """pynvml as on a machine without the NVIDIA driver."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit(self) -> None:  # pynvml's name
+        raise self.NVMLError("NVML Shared Library Not Found")
+
+
+@pytest.fixture
+def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
+        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
+    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_a_running_tasks_cpu_and_memory_are_served(rig: Rig) -> None:
+    settings = dataclasses.replace(rig.settings, monitor_host="127.0.0.1",
+                                   monitor_port=_free_port())
+    exporter = NodeExporter(settings, rig.store, rig.docker, NvmlReader(_NoNvml()))
+    job_id = rig.place()
+    container = rig.run(job_id, GATE)
+    wait_for(lambda: container.reload() or container.status == "running", "the container to run")
+    try:
+        exporter.serve()
+        round_ = exporter.sampler.sample()
+        resp = requests.get(f"http://127.0.0.1:{settings.monitor_port}/metrics", timeout=10)
+    finally:
+        exporter.close()
+        release(container)
+
+    labels = (rig.node, "alice", job_id.partition("~")[2], "main", "0", "0", "default")
+    by_name = {(s.spec.name, s.labels) for s in round_}
+    assert (TASK_CPU.name, labels) in by_name
+    assert (TASK_MEMORY.name, labels) in by_name
+    assert (NVML_UP.name, (rig.node,)) in by_name
+    assert not any(s.spec.name.startswith("pai_gpu_") for s in round_)
+
+    assert resp.status_code == 200
+    served = {s.name: s for f in text_string_to_metric_families(resp.text) for s in f.samples}
+    assert served["pai_task_memory_bytes"].labels["job_name"] == labels[2]
+    assert served["pai_monitor_nvml_up"].value == 0
