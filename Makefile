@@ -17,11 +17,12 @@ TEST_IMAGE := scripts/build-test-image.sh
 WITH_ENV := set -a; [ ! -f .run/env ] || . .run/env; set +a;
 PYTEST_ARGS ?=
 
-.PHONY: help install test lint up down demo bench clean runtime-test runtime-up
+.PHONY: help install test lint up down demo bench clean runtime-test runtime-up \
+	image offline-images compose-test
 
 help: ## list the targets
 	@echo "usage: make TARGET"
-	@awk -F':.*## ' '/^[a-z-]+:.*## / { printf "  %-9s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk -F':.*## ' '/^[a-z-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 install: $(STAMP) ## create .venv and install pai with its dev tools
 
@@ -33,6 +34,7 @@ $(STAMP): pyproject.toml
 
 runtime-test: install
 	@$(RUNTIME) redis-binary
+	@$(RUNTIME) prometheus-binary
 	@$(RUNTIME) docker
 	@$(WITH_ENV) $(TEST_IMAGE)
 
@@ -67,3 +69,17 @@ bench: runtime-test ## the benchmarks in bench/
 
 clean: down ## stop everything and remove .run/
 	rm -rf .run
+
+# The container image (Dockerfile); docker compose builds the same one.
+# BASE_IMAGE / EXTRA_CA as build arguments when set (see the Dockerfile).
+PAI_IMAGE ?= pai:latest
+image: ## build the pai container image (PAI_IMAGE, default pai:latest)
+	$(WITH_ENV) docker build --network host -t $(PAI_IMAGE) \
+	    $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+	    $(if $(EXTRA_CA),--build-arg EXTRA_CA=$(EXTRA_CA)) .
+
+offline-images: runtime-test ## build compose's third-party images from Debian's packages (no registry)
+	@$(WITH_ENV) scripts/compose-offline-images.sh
+
+compose-test: runtime-test ## only the docker compose end-to-end test (a part of `make test`)
+	$(WITH_ENV) unset PAI_REDIS_URL; $(VENV)/bin/pytest -m compose $(PYTEST_ARGS)

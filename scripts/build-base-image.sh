@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Build a Debian bookworm base image without a registry: debootstrap a minbase
+# root file system and `docker import` it. The compose test builds pai's
+# images FROM it (BASE_IMAGE build argument), since no registry is reachable
+# here; real users build FROM python:3.11-slim and need none of this.
+#
+# Idempotent: an image of the current recipe is left alone, and the root file
+# system tarball is kept in a cache directory, so a fresh Docker engine (as in
+# every CI run) imports it in seconds instead of debootstrapping again.
+#
+# usage: scripts/build-base-image.sh [IMAGE]      (default pai-test/debian:bookworm)
+#   honours DOCKER_HOST; PAI_DEBIAN_MIRROR (default http://deb.debian.org/debian);
+#   PAI_IMAGE_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/pai); root is needed
+#   to debootstrap when the tarball is not cached yet.
+set -euo pipefail
+
+IMAGE=${1:-pai-test/debian:bookworm}
+SUITE=bookworm
+# Bump when the root file system below changes, so cached tarballs and images are rebuilt.
+RECIPE=1
+MIRROR=${PAI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CACHE=${PAI_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pai}
+TARBALL=$CACHE/debian-$SUITE-minbase-r$RECIPE.tar.gz
+
+say() { echo "build-base-image: $*" >&2; }
+die() { echo "build-base-image: $*" >&2; exit 1; }
+
+command -v docker >/dev/null 2>&1 ||
+    die "the docker command is missing: run scripts/runtime.sh docker (or install docker.io) first."
+
+have=$(docker image inspect --format '{{ index .Config.Labels "pai.base.recipe" }}' "$IMAGE" \
+    2>/dev/null || true)
+if [ "$have" = "$RECIPE" ]; then
+    say "$IMAGE is already present"
+    exit 0
+fi
+
+ensure_debootstrap() {
+    command -v debootstrap >/dev/null 2>&1 && return
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing Debian's debootstrap with apt-get"
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -qq >&2
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+            --no-install-recommends debootstrap >&2
+        return
+    fi
+    die "debootstrap is missing: install it (on Debian/Ubuntu: sudo apt-get install debootstrap)."
+}
+
+make_tarball() {
+    [ "$(id -u)" = 0 ] || die "debootstrap needs root (or put a tarball at $TARBALL)"
+    ensure_debootstrap
+    mkdir -p "$CACHE"
+    local rootfs
+    rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+    # shellcheck disable=SC2064  # expand now: the trap must remove this directory
+    trap "rm -rf '$rootfs'" EXIT
+    say "debootstrap --variant=minbase $SUITE from $MIRROR (a few minutes; cached in $CACHE)"
+    debootstrap --variant=minbase "$SUITE" "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 || {
+        tail -n 20 "$CACHE/debootstrap.log" >&2
+        die "debootstrap failed (log above, full log in $CACHE/debootstrap.log)"
+    }
+    cat >"$rootfs/etc/apt/sources.list" <<EOF
+deb $MIRROR $SUITE main
+deb $MIRROR $SUITE-updates main
+deb ${MIRROR%/debian}/debian-security $SUITE-security main
+EOF
+    # As Debian's official images: no recommends, no caches kept in layers.
+    cat >"$rootfs/etc/apt/apt.conf.d/90pai-image" <<'EOF'
+APT::Install-Recommends "false";
+APT::Install-Suggests "false";
+Acquire::Languages "none";
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+EOF
+    rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin \
+        "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/log/*.log "$rootfs"/tmp/*
+    tar --numeric-owner -C "$rootfs" -czf "$TARBALL.partial" .
+    mv -f "$TARBALL.partial" "$TARBALL"
+    rm -rf "$rootfs"
+    trap - EXIT
+    say "root file system cached in $TARBALL ($(du -h "$TARBALL" | cut -f1))"
+}
+
+[ -s "$TARBALL" ] || make_tarball
+
+say "importing $IMAGE from $TARBALL"
+docker import \
+    --change 'CMD ["/bin/bash"]' \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
+    --change "LABEL pai.base.recipe=$RECIPE" \
+    --message "Debian $SUITE minbase by scripts/build-base-image.sh" \
+    "$TARBALL" "$IMAGE" >/dev/null
+docker run --rm --network host "$IMAGE" sh -c 'test -x /usr/bin/apt-get' ||
+    die "$IMAGE was imported but has no apt-get"
+say "$IMAGE is ready"
