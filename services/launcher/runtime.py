@@ -57,51 +57,61 @@ class DockerRuntime:
     ) -> str:
         """Create and start the task's container, or return the one there is.
 
+        It creates first and looks for an existing container only when the
+        name is taken (a repeated launch): a launch costs Docker two calls
+        (create, start) instead of four (look up, create, inspect, start).
+
         Raises ImageUnavailable, or TaskSetupError for what the user can fix
         (a missing dataDir, a container Docker refuses to create or start).
         """
-        existing = self.find(ref)
-        if existing is not None:
-            return self._started(existing)
-        storage = plan_storage(spec, self.settings.storage_roots, node.name)
+        try:
+            storage = plan_storage(spec, self.settings.storage_roots, node.name)
+        except TaskSetupError:
+            existing = self.find(ref)  # launched before the storage went away
+            if existing is not None:
+                return self._started(existing)
+            raise
         role = spec.role(ref.role)
+        host_config = self.client.api.create_host_config(
+            network_mode="host",
+            nano_cpus=min(role.cpu_number, node.real_cpus or role.cpu_number) * 10**9,
+            mem_limit=f"{role.memory_mb}m",
+            shm_size=f"{role.shm_mb}m" if role.shm_mb else None,
+            privileged=False,
+            init=True,  # PID 1 forwards the stop signal and reaps zombies
+            mounts=[Mount(m.target, m.source, type="bind", read_only=m.read_only)
+                    for m in storage.mounts],
+            device_requests=self._device_requests(task, node),
+        )
         options: dict[str, Any] = {
             "name": ref.container_name,
             "entrypoint": ENTRYPOINT,
             "labels": {**self.extra_labels,
                        **task_labels(ref, node=node.name, username=username, vc=vc)},
             "environment": dict(env),
-            "network_mode": "host",
-            "nano_cpus": min(role.cpu_number, node.real_cpus or role.cpu_number) * 10**9,
-            "mem_limit": f"{role.memory_mb}m",
-            "shm_size": f"{role.shm_mb}m" if role.shm_mb else None,
-            "privileged": False,
-            "init": True,  # PID 1 forwards the stop signal and reaps zombies
-            "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only)
-                       for m in storage.mounts],
             "working_dir": storage.working_dir,
-            "device_requests": self._device_requests(task, node),
+            "host_config": host_config,
         }
         try:
-            container = self._create(spec.image, [role.command], options)
+            container_id = self._create(spec.image, [role.command], options)
         except APIError as error:
             if error.status_code == NAME_CONFLICT:
-                raced = self.find(ref)  # a concurrent launch of the same task won
-                if raced is not None:
-                    return self._started(raced)
+                existing = self.find(ref)  # a repeated or concurrent launch made it
+                if existing is not None:
+                    return self._started(existing)
             raise TaskSetupError(f"Docker refused the container: {_explain(error)}") from None
-        log.info("created %s for %s", container.name, ref)
-        return self._started(container)
+        log.info("created %s for %s", ref.container_name, ref)
+        return self._start_created(container_id)
 
-    def _create(self, image: str, command: list[str], options: dict[str, Any]) -> Container:
+    def _create(self, image: str, command: list[str], options: dict[str, Any]) -> str:
         """Create; a missing image is pulled once (not looked up first: the
         common case, an image already here, costs no extra round trip)."""
         try:
-            return self.client.containers.create(image, command, **options)
+            return str(self.client.api.create_container(image, command, **options)["Id"])
         except ImageNotFound:
             self.pull(image)
         try:
-            return self.client.containers.create(image, command, **options)
+            return str(self.client.api.create_container(image, command, **options)["Id"])
         except ImageNotFound:
             raise ImageUnavailable(f"image {image} vanished right after its pull") from None
 
@@ -109,15 +119,18 @@ class DockerRuntime:
         """Start a container that was created but never started; its id."""
         if container.status != "created":
             return str(container.id)
+        return self._start_created(str(container.id))
+
+    def _start_created(self, container_id: str) -> str:
         try:
-            container.start()
+            self.client.api.start(container_id)
         except NotFound:
-            return str(container.id)  # removed meanwhile: its exit was handled elsewhere
+            return container_id  # removed meanwhile: its exit was handled elsewhere
         except APIError as error:
             # e.g. the image has no /bin/sh: it will never start, so do not leave it.
-            self._remove(container)
+            self._remove(container_id)
             raise TaskSetupError(f"the container did not start: {_explain(error)}") from None
-        return str(container.id)
+        return container_id
 
     def _device_requests(self, task: Task, node: Node) -> list[DeviceRequest]:
         if not node.nvidia_runtime or not task.gpus:
@@ -148,13 +161,15 @@ class DockerRuntime:
             container.stop(timeout=timeout)
         return True
 
-    def _remove(self, container: Container) -> None:
+    def _remove(self, container: Container | str) -> None:
+        container_id = container if isinstance(container, str) else str(container.id)
         try:
-            container.remove(force=True)
+            self.client.api.remove_container(container_id, force=True)
         except NotFound:
             pass
         except APIError as error:
-            log.warning("could not remove container %s: %s", container.name, _explain(error))
+            log.warning("could not remove container %s: %s", container_id[:12],
+                        _explain(error))
 
 
 def _explain(error: APIError) -> str:

@@ -6,13 +6,18 @@ human-readable reason built from structured shortfalls.
 
 Nodes are indexed by free GPU count, so finding a best-fit node for a task
 looks at the buckets from the task's GPU count upwards instead of scanning
-every node; a request shape that failed once in a pass fails fast for every
-later job of that shape or larger.
+every node; within a bucket each scan resumes where the last one for the same
+requirement stopped, so a pass looks at each node about once per distinct
+task requirement, not once per task. A job shape that failed once in a pass
+fails fast for every later job of that shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import gc
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from shared.models import Allocation, JobSpec, Node, TaskPlacement
@@ -34,9 +39,27 @@ class TaskRequest:
     gpus: int
     ports: tuple[PortRequest, ...] = ()
 
+    # Derived values are computed once, on first use, and kept in the
+    # instance's __dict__ (functools.cached_property takes a lock per read on
+    # Python 3.11, which a pass over 50,000 jobs notices).
+
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (self.gpus, self.cpus, self.memory_mb, sum(p.count for p in self.ports) + 1)
+        """(GPUs, CPUs, memory MB, ports)."""
+        shape: tuple[int, int, int, int] | None = self.__dict__.get("_shape")
+        if shape is None:
+            shape = (self.gpus, self.cpus, self.memory_mb, sum(p.count for p in self.ports) + 1)
+            self.__dict__["_shape"] = shape
+        return shape
+
+    @property
+    def requirement(self) -> tuple[int, int, int]:
+        """What a node must have besides GPUs: CPUs, memory MB, ports."""
+        need: tuple[int, int, int] | None = self.__dict__.get("_requirement")
+        if need is None:
+            need = self.shape[1:]
+            self.__dict__["_requirement"] = need
+        return need
 
 
 @dataclass(frozen=True)
@@ -49,7 +72,20 @@ class JobRequest:
 
     @property
     def gpus(self) -> int:
-        return sum(t.gpus for t in self.tasks)
+        gpus: int | None = self.__dict__.get("_gpus")
+        if gpus is None:
+            gpus = sum(t.gpus for t in self.tasks)
+            self.__dict__["_gpus"] = gpus
+        return gpus
+
+    @property
+    def shape(self) -> tuple[tuple[int, int, int, int], ...]:
+        """The task shapes, sorted: jobs alike in it fit alike."""
+        shape: tuple[tuple[int, int, int, int], ...] | None = self.__dict__.get("_shape")
+        if shape is None:
+            shape = tuple(sorted([t.shape for t in self.tasks]))
+            self.__dict__["_shape"] = shape
+        return shape
 
 
 def job_request(job_id: str, version: int, attempt: int, spec: JobSpec) -> JobRequest:
@@ -99,26 +135,35 @@ class NodeFree:
     free_memory_mb: int
     port_range: tuple[int, int]
     used_ports: set[int] = field(default_factory=set)
+    # Every port from the range's start up to here is used: the lowest free
+    # one is not below it (ports are only taken during a pass).
+    port_hint: int = field(default=0, repr=False, compare=False)
 
     def fits(self, task: TaskRequest) -> bool:
         return (len(self.free_gpus) >= task.gpus and self.free_cpus >= task.cpus
                 and self.free_memory_mb >= task.memory_mb
-                and self._free_port_count() >= task.shape[3])
+                and self.free_port_count() >= task.shape[3])
 
-    def _free_port_count(self) -> int:
+    def free_port_count(self) -> int:
         low, high = self.port_range
         return high - low + 1 - len(self.used_ports)
 
     def take_ports(self, count: int, begin_at: int = 0) -> list[int]:
+        """The `count` lowest free ports from `begin_at` (or the range's start)."""
         low, high = self.port_range
-        port, taken = max(low, begin_at), list[int]()
+        start, hint = max(low, begin_at), max(low, self.port_hint)
+        from_hint = start <= hint
+        port, taken = max(start, hint), list[int]()
+        used = self.used_ports
         while len(taken) < count and port <= high:
-            if port not in self.used_ports:
+            if port not in used:
                 taken.append(port)
             port += 1
         if len(taken) < count:
             raise ValueError(f"node {self.name} has no {count} free ports from {begin_at}")
-        self.used_ports.update(taken)
+        used.update(taken)
+        if from_hint:
+            self.port_hint = port
         return taken
 
 
@@ -140,14 +185,87 @@ def free_view(node: Node, allocations: Iterable[Allocation]) -> NodeFree:
     )
 
 
+class _Bucket:
+    """The nodes with one free-GPU count, in the order they entered it.
+
+    Slots are append-only (a node that leaves leaves a hole), so a scan can
+    remember how far it got for each requirement: within a pass a node's
+    resources only shrink, and a node whose resources grow back (a failed
+    gang's restore) enters again at the end. So every node before a
+    requirement's frontier still cannot fit it, and no scan looks at a node
+    twice for the same requirement: first-fit costs amortized O(1) per
+    placement instead of a walk over every full node each time.
+    """
+
+    COMPACT_AFTER = 64  # holes tolerated before the slots are rebuilt
+
+    def __init__(self) -> None:
+        self.slots: list[str | None] = []
+        self.position: dict[str, int] = {}
+        # (cpus, memory MB, ports) -> first slot that may fit it
+        self.frontiers: dict[tuple[int, int, int], int] = {}
+        self.holes = 0
+
+    def enter(self, name: str) -> None:
+        self.position[name] = len(self.slots)
+        self.slots.append(name)
+
+    def leave(self, name: str) -> None:
+        self.slots[self.position.pop(name)] = None
+        self.holes += 1
+        if self.holes > self.COMPACT_AFTER and 2 * self.holes > len(self.slots):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the holes, moving every frontier to the same node."""
+        alive_before = [0] * (len(self.slots) + 1)
+        kept: list[str | None] = []
+        for i, name in enumerate(self.slots):
+            alive_before[i] = len(kept)
+            if name is not None:
+                self.position[name] = len(kept)
+                kept.append(name)
+        alive_before[len(self.slots)] = len(kept)
+        self.slots, self.holes = kept, 0
+        self.frontiers = {need: alive_before[at] for need, at in self.frontiers.items()}
+
+    def _start(self, need: tuple[int, int, int]) -> int:
+        """Where a scan for `need` may begin: past every node known to fail it,
+        or to fail a requirement it is at least as large as."""
+        start = self.frontiers.get(need)
+        if start is None:
+            cpus, memory, ports = need
+            start = max((at for (c, m, p), at in self.frontiers.items()
+                         if c <= cpus and m <= memory and p <= ports), default=0)
+        return start
+
+    def first_fit(self, need: tuple[int, int, int], nodes: Mapping[str, NodeFree]
+                  ) -> NodeFree | None:
+        if not self.position:
+            return None
+        cpus, memory, ports = need
+        slots = self.slots
+        for i in range(self._start(need), len(slots)):
+            name = slots[i]
+            if name is None:
+                continue
+            node = nodes[name]
+            if node.free_cpus >= cpus and node.free_memory_mb >= memory \
+                    and node.free_port_count() >= ports:
+                self.frontiers[need] = i
+                return node
+        self.frontiers[need] = len(slots)
+        return None
+
+
 class Cluster:
     """Free resources of the live nodes, indexed by free GPU count."""
 
     def __init__(self, nodes: Iterable[NodeFree]) -> None:
         self.nodes = {n.name: n for n in nodes}
-        self.buckets: list[dict[str, None]] = [{} for _ in range(self._bucket_count())]
+        self.buckets: list[_Bucket] = [_Bucket() for _ in range(self._bucket_count())]
         for node in sorted(self.nodes.values(), key=lambda n: n.name):
-            self.buckets[len(node.free_gpus)][node.name] = None
+            self.buckets[len(node.free_gpus)].enter(node.name)
 
     def _bucket_count(self) -> int:
         return max((len(n.free_gpus) for n in self.nodes.values()), default=0) + 1
@@ -155,21 +273,21 @@ class Cluster:
     def _move(self, node: NodeFree, before: int) -> None:
         after = len(node.free_gpus)
         if after != before:
-            del self.buckets[before][node.name]
-            self.buckets[after][node.name] = None
+            self.buckets[before].leave(node.name)
+            self.buckets[after].enter(node.name)
 
     def best_fit(self, task: TaskRequest) -> NodeFree | None:
         """The node that fits the task with the fewest GPUs left over.
 
-        Within a bucket, the first node (by name) that fits; GPU-less tasks
-        start at the bucket of nodes with no free GPUs, keeping GPUs for the
-        tasks that need them.
+        Within a bucket, the first node (in the order the nodes entered it,
+        by name at first) that fits; GPU-less tasks start at the bucket of
+        nodes with no free GPUs, keeping GPUs for the tasks that need them.
         """
+        need = task.requirement
         for count in range(task.gpus, len(self.buckets)):
-            for name in self.buckets[count]:
-                node = self.nodes[name]
-                if node.fits(task):
-                    return node
+            node = self.buckets[count].first_fit(need, self.nodes)
+            if node is not None:
+                return node
         return None
 
     def assign(self, node: NodeFree, task: TaskRequest) -> TaskPlacement:
@@ -189,12 +307,12 @@ class Cluster:
         return {n: _copy(self.nodes[n]) for n in names}
 
     def restore(self, saved: dict[str, NodeFree]) -> None:
+        """Put saved nodes back; each enters its bucket again at the end."""
         for name, node in saved.items():
             current = self.nodes[name]
-            before = len(current.free_gpus)
             self.nodes[name] = node
-            del self.buckets[before][name]
-            self.buckets[len(node.free_gpus)][name] = None
+            self.buckets[len(current.free_gpus)].leave(name)
+            self.buckets[len(node.free_gpus)].enter(name)
 
     def shortfall(self, task: TaskRequest) -> Shortfall:
         nodes = list(self.nodes.values())
@@ -202,7 +320,7 @@ class Cluster:
             ("gpus", task.gpus, max((len(n.free_gpus) for n in nodes), default=0)),
             ("cpus", task.cpus, max((n.free_cpus for n in nodes), default=0)),
             ("memory_mb", task.memory_mb, max((n.free_memory_mb for n in nodes), default=0)),
-            ("ports", task.shape[3], max((n._free_port_count() for n in nodes), default=0)),
+            ("ports", task.shape[3], max((n.free_port_count() for n in nodes), default=0)),
         )
         for resource, requested, free in checks:
             if requested > free:
@@ -214,7 +332,7 @@ class Cluster:
 
 def _copy(node: NodeFree) -> NodeFree:
     return NodeFree(node.name, node.ip, list(node.free_gpus), node.free_cpus,
-                    node.free_memory_mb, node.port_range, set(node.used_ports))
+                    node.free_memory_mb, node.port_range, set(node.used_ports), node.port_hint)
 
 
 @dataclass(frozen=True)
@@ -256,12 +374,49 @@ class PassPlan:
     waiting: dict[str, str] = field(default_factory=dict)  # job id -> reason
 
 
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection inside: for passes, which make no cycles.
+
+    A pass allocates an object or more per queued job; every so many the
+    collector walks the whole heap (the queue included), which made a pass
+    over 50,000 jobs grow faster than the queue (docs/performance.md).
+    Refcounting still frees everything. Nested and threaded uses are safe:
+    the collector is back on when the last one leaves, if it was on before.
+    """
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
+
+
 def plan_pass(cluster: Cluster, queue: Sequence[JobRequest],
               quotas: Mapping[str, int | None] | None = None,
               used: Mapping[str, int] | None = None) -> PassPlan:
     """Place queued jobs in order, greedily: a job that does not fit waits
     and later, smaller jobs may still start (backfill). A job whose virtual
     cluster's GPU quota it would overrun waits whatever the nodes have."""
+    with paused_gc():
+        return _plan_pass(cluster, queue, quotas, used)
+
+
+def _plan_pass(cluster: Cluster, queue: Sequence[JobRequest],
+               quotas: Mapping[str, int | None] | None,
+               used: Mapping[str, int] | None) -> PassPlan:
     plan = PassPlan()
     quotas = quotas or {}
     vc_used: dict[str, int] = dict(used or {})
@@ -273,7 +428,7 @@ def plan_pass(cluster: Cluster, queue: Sequence[JobRequest],
                 f"virtual cluster {request.vc} is at its quota: {vc_used.get(request.vc, 0)} "
                 f"of {quota} GPUs in use; the job needs {request.gpus}")
             continue
-        shape = tuple(sorted(t.shape for t in request.tasks))
+        shape = request.shape
         known = failed_shapes.get(shape)
         if known is not None:
             plan.waiting[request.job_id] = known

@@ -1,0 +1,158 @@
+"""Short jobs end to end: throughput of many tiny 1-GPU jobs on one 8-GPU node.
+
+The whole platform runs as processes (bench/live_platform.py) with one node
+declaring 8 virtual GPUs. JOBS jobs, each one task of 1 GPU, 1 CPU, 128 MB
+running `true` on the test image, are submitted one after another over HTTP;
+at most 8 run at once (one per GPU), the rest wait for a GPU to be released.
+The clock runs from just before the first submit to the last job's
+completedTime (the platform recorded it SUCCEEDED): submit, placement, launch,
+the container's run, its exit and log, the release and the next placement.
+
+The reference, measured in the same run: a plain Docker loop at the same
+parallelism, 8 threads each taking the next of JOBS containers and running
+it to completion with the Docker SDK (create with the launcher's flags,
+start, wait, remove). Both rates are jobs per second; the ratio is the
+platform's over the loop's.
+
+PAI_BENCH_JOBS overrides the number of jobs (default 80).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import docker
+import redis
+from docker.types import Mount
+
+from bench import BenchError, Figure, Figures, percentile, throwaway_redis
+from bench.live_platform import (
+    BENCH_LABEL,
+    TEST_IMAGE,
+    Platform,
+    docker_engine,
+    remove_containers,
+    run_id,
+    running_platform,
+)
+from shared import keys
+from shared.models import Job
+from shared.states import JobState
+
+JOBS = 80
+GPUS = 8
+COMMAND = "true"
+MEMORY_MB = 128
+TIMEOUT_SECONDS = 180.0
+TARGET_RATIO = 0.9
+
+
+# ------------------------------------------------------------ the reference
+
+
+def docker_loop(client: docker.DockerClient, work_dir: Path, run: str, jobs: int,
+                workers: int) -> tuple[float, list[float]]:
+    """Seconds for `workers` threads to run `jobs` containers to completion,
+    and each container's create-to-removed seconds."""
+    numbers = itertools.count()
+    lock = threading.Lock()
+    cycles: list[float] = []
+
+    def worker() -> None:
+        while True:
+            with lock:
+                number = next(numbers)
+            if number >= jobs:
+                return
+            output = work_dir / f"loop-{run}-{number}"
+            output.mkdir()
+            began = time.perf_counter()
+            container = client.containers.create(
+                TEST_IMAGE, [COMMAND], name=f"pai-bench-loop-{run}-{number}",
+                entrypoint=["/bin/sh", "-c"], labels={BENCH_LABEL: run},
+                environment={"PAI_JOB_NAME": f"loop-{number}", "CUDA_VISIBLE_DEVICES": "0"},
+                network_mode="host", nano_cpus=10**9, mem_limit=f"{MEMORY_MB}m",
+                shm_size="64m", privileged=False, init=True,
+                mounts=[Mount(str(output), str(output), type="bind", read_only=False)])
+            container.start()
+            if container.wait(timeout=TIMEOUT_SECONDS)["StatusCode"] != 0:
+                raise BenchError(f"loop container {number} failed")
+            container.remove(force=True)
+            with lock:
+                cycles.append(time.perf_counter() - began)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for future in [pool.submit(worker) for _ in range(workers)]:
+            future.result()
+    return time.perf_counter() - started, cycles
+
+
+# ------------------------------------------------------------- the platform
+
+
+def platform_burst(pai: Platform, url: str, jobs: int, prefix: str) -> tuple[float, list[Job]]:
+    """Seconds from before the first submit to the last job's completedTime."""
+    r = redis.Redis.from_url(url, decode_responses=True)
+    succeeded = keys.state_jobs(JobState.SUCCEEDED)
+    failed = [keys.state_jobs(s) for s in (JobState.FAILED, JobState.STOPPED)]
+    before = int(r.zcard(succeeded))
+    t0_ms = time.time() * 1000
+    for number in range(jobs):
+        pai.submit(pai.config(f"{prefix}-{number}", COMMAND, gpus=1, memory_mb=MEMORY_MB))
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while int(r.zcard(succeeded)) < before + jobs:
+        if any(r.zcard(k) for k in failed):
+            raise BenchError("a short job failed or stopped; see the services' logs")
+        if time.monotonic() > deadline:
+            raise BenchError(f"only {int(r.zcard(succeeded)) - before} of {jobs} jobs ended "
+                             f"in {TIMEOUT_SECONDS:.0f} s")
+        time.sleep(0.02)
+    pipe = r.pipeline(transaction=False)
+    for number in range(jobs):
+        pipe.hgetall(keys.job(f"alice~{prefix}-{number}"))
+    records = [Job.from_fields(fields) for fields in pipe.execute()]
+    r.close()
+    last = max(job.completed_ms or 0 for job in records)
+    return (last - t0_ms) / 1000, records
+
+
+def run() -> Figures:
+    jobs = int(os.environ.get("PAI_BENCH_JOBS", JOBS))
+    client = docker_engine()
+    run_label = run_id()
+    try:
+        with tempfile.TemporaryDirectory(prefix="pai-bench-") as tmp:
+            docker_loop(client, Path(tmp), run_label + "w", GPUS, GPUS)  # warm, untimed
+            loop_seconds, cycles = docker_loop(client, Path(tmp), run_label, jobs, GPUS)
+        with throwaway_redis() as url, running_platform(url, gpus=GPUS) as pai:
+            platform_burst(pai, url, GPUS, "warm")  # untimed
+            seconds, records = platform_burst(pai, url, jobs, "short")
+    finally:
+        remove_containers(client, f"{BENCH_LABEL}={run_label}")
+        remove_containers(client, f"{BENCH_LABEL}={run_label}w")
+        client.close()
+    in_platform = [((job.completed_ms or 0) - job.created_ms) / 1000 for job in records]
+    rate, reference = jobs / seconds, jobs / loop_seconds
+    table: dict[str, dict[str, Figure]] = {
+        "platform (submit -> SUCCEEDED)": {
+            "seconds": seconds, "jobs/s": rate,
+            "p50 job s": percentile(in_platform, 0.5), "p99 job s": percentile(in_platform, 0.99)},
+        "Docker loop (reference)": {
+            "seconds": loop_seconds, "jobs/s": reference,
+            "p50 job s": percentile(cycles, 0.5), "p99 job s": percentile(cycles, 0.99)},
+    }
+    ratio = rate / reference
+    return {
+        "jobs": f"{jobs} x (1 task, 1 GPU, 1 CPU, {MEMORY_MB} MB, {COMMAND!r}) on {GPUS} GPUs",
+        "reference": f"{GPUS} threads: create, start, wait, remove",
+        "throughput": table,
+        "ratio jobs/s vs reference": ratio,
+        f"ratio vs target {TARGET_RATIO}": ratio / TARGET_RATIO,
+    }
