@@ -114,6 +114,8 @@ class Shortfall:
         unit = {"gpus": "GPUs", "cpus": "CPUs", "memory_mb": "MB of memory",
                 "ports": "ports"}.get(self.resource, self.resource)
         who = f"role {self.role} " if self.role else ""
+        if self.resource == "ports" and self.node:
+            return f"{who}cannot get its ports: {self.node}"
         if self.resource == "node":
             return (f"{who}needs {self.node} together on one node; "
                     "no node has all of them free")
@@ -122,6 +124,10 @@ class Shortfall:
                     f"only {self.free} can be placed together now")
         return (f"{who}needs {self.requested} {unit} on one node; "
                 f"the most free on any node is {self.free}")
+
+
+class PortsExhausted(ValueError):
+    """A port request cannot be met on a node from where it asks to begin."""
 
 
 @dataclass
@@ -160,7 +166,8 @@ class NodeFree:
                 taken.append(port)
             port += 1
         if len(taken) < count:
-            raise ValueError(f"node {self.name} has no {count} free ports from {begin_at}")
+            raise PortsExhausted(
+                f"node {self.name} has no {count} free ports from {max(low, begin_at)}")
         used.update(taken)
         if from_hint:
             self.port_hint = port
@@ -291,14 +298,17 @@ class Cluster:
         return None
 
     def assign(self, node: NodeFree, task: TaskRequest) -> TaskPlacement:
+        """Take the task's resources on the node. Ports come first: a port
+        request that cannot be met (PortsExhausted) leaves the node's GPUs
+        and its bucket untouched, for the caller to restore."""
+        ports = {"default": node.take_ports(1)}
+        for request in task.ports:
+            ports[request.label] = node.take_ports(request.count, request.begin_at)
         before = len(node.free_gpus)
         gpus = tuple(node.free_gpus[:task.gpus])
         del node.free_gpus[:task.gpus]
         node.free_cpus -= task.cpus
         node.free_memory_mb -= task.memory_mb
-        ports = {"default": node.take_ports(1)}
-        for request in task.ports:
-            ports[request.label] = node.take_ports(request.count, request.begin_at)
         self._move(node, before)
         return TaskPlacement(role=task.role, index=task.index, node=node.name, ip=node.ip,
                              gpus=gpus, cpus=task.cpus, memory_mb=task.memory_mb, ports=ports)
@@ -364,7 +374,13 @@ def place_gang(cluster: Cluster, request: JobRequest) -> GangResult:
             return GangResult(shortfall=cluster.shortfall(task))
         if node.name not in touched:
             touched[node.name] = _copy(node)
-        placements.append(cluster.assign(node, task))
+        try:
+            placements.append(cluster.assign(node, task))
+        except PortsExhausted as error:
+            # Enough free ports in all, but not from the asked beginAt on.
+            cluster.restore(touched)
+            return GangResult(shortfall=Shortfall("ports", task.shape[3], 0, role=task.role,
+                                                  node=str(error)))
     return GangResult(placements=tuple(placements))
 
 

@@ -176,3 +176,14 @@ def test_vc_quota_holds_a_job_back_whatever_the_nodes_have() -> None:
     assert [r.job_id for r, _ in plan.placed] == ["small", "other"]
     assert plan.waiting == {"big": "virtual cluster research is at its quota: 3 of 4 GPUs "
                                    "in use; the job needs 4"}
+
+
+def test_ports_from_a_begin_at_near_the_top_of_the_range_make_the_job_wait() -> None:
+    cluster = Cluster([node("a", ports=(20000, 20009))])
+    task = TaskRequest("r", 0, 1, 100, 0, ports=(PortRequest("ssh", 3, begin_at=20008),))
+    plan = plan_pass(cluster, [JobRequest("j", 1, 0, (task,)),
+                               job("next", (1, 0, 1, 100))])
+    assert plan.waiting == {"j": "role r cannot get its ports: node a has no 3 free ports "
+                                 "from 20008"}
+    assert [r.job_id for r, _ in plan.placed] == ["next"]
+    assert cluster.nodes["a"].used_ports == {20000}
