@@ -146,10 +146,16 @@ class Accounts:
         ttl_ms = max(1, expires_ms - now_ms())
         self.r.set(keys.revoked_token(token_id), "1", px=ttl_ms)
 
-    def token_valid(self, username: str, token_id: str, issued_ms: int) -> bool:
-        epoch, revoked = self.r.mget(keys.user_token_epoch(username),
-                                     keys.revoked_token(token_id))
-        return not revoked and issued_ms > int(epoch or 0)
+    def user_for_token(self, username: str, token_id: str, issued_ms: int) -> User | None:
+        """The token's user, if it exists and the token is not revoked: one
+        round trip on every authenticated request."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.user(username))
+        pipe.mget(keys.user_token_epoch(username), keys.revoked_token(token_id))
+        fields, (epoch, revoked) = pipe.execute()
+        if not fields or revoked or issued_ms <= int(epoch or 0):
+            return None
+        return self._user_from(fields)
 
     # ------------------------------------------------------ virtual clusters
 

@@ -62,10 +62,8 @@ def authenticate() -> None:
                        "log in first: send Authorization: Bearer <token> "
                        "(POST /api/v1/token gives one)", 401)
     claims = _claims(token.strip())
-    found = accounts()
-    user = found.get_user(claims["sub"])
-    if user is None or not found.token_valid(user.username, claims["jti"],
-                                             int(claims["iat_ms"])):
+    user = accounts().user_for_token(claims["sub"], claims["jti"], int(claims["iat_ms"]))
+    if user is None:
         raise ApiError("UnauthorizedUserError", "the token was revoked; log in again", 401)
     g.user, g.claims = user, claims
 

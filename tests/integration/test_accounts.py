@@ -26,7 +26,9 @@ def test_revoking_all_tokens_spares_later_logins(redis_client: redis.Redis) -> N
     accounts.create_user("alice", "pw-123456")
     accounts.revoke_all_tokens("alice")
     epoch = int(redis_client.get("pai:user:alice:token-epoch") or 0)
-    assert not accounts.token_valid("alice", "old", epoch)
-    assert accounts.token_valid("alice", "new", epoch + 1)
+    assert accounts.user_for_token("alice", "old", epoch) is None
+    later = accounts.user_for_token("alice", "new", epoch + 1)
+    assert later is not None and later.username == "alice"
     accounts.revoke_token("new", expires_ms=epoch + 60_000)
-    assert not accounts.token_valid("alice", "new", epoch + 1)
+    assert accounts.user_for_token("alice", "new", epoch + 1) is None
+    assert accounts.user_for_token("nobody", "x", epoch + 1) is None
