@@ -28,13 +28,19 @@ import os
 import platform as host
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import redis
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis, time_calls
-from bench.live_platform import TEST_IMAGE, USER, Platform, docker_engine, running_platform
+from bench.live_platform import (
+    TEST_IMAGE,
+    USER,
+    Platform,
+    docker_engine,
+    running_platform,
+    wait_until,
+)
 from shared import keys
 
 LINES = 100_000
@@ -50,17 +56,6 @@ WAIT_SECONDS = 300.0
 def boot_seconds() -> float:
     """The clock /proc/uptime shows (CLOCK_BOOTTIME), here and in every container."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def _wait(check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS,
-          interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _log_url(pai: Platform, name: str) -> str:
@@ -81,10 +76,11 @@ def ship(pai: Platform) -> tuple[str, float]:
     name = f"loud-{uuid.uuid4().hex[:6]}"
     start = time.perf_counter()
     pai.submit(pai.config(name, f"seq 1 {LINES}"))
-    _wait(lambda: _tail(pai, name, 1) == [str(LINES)], "the last line to be readable",
-          interval=0.05)
+    wait_until(lambda: _tail(pai, name, 1) == [str(LINES)], WAIT_SECONDS,
+               "the last line to be readable")
     seconds = time.perf_counter() - start
-    _wait(lambda: pai.detail(name)["jobStatus"]["state"] == "SUCCEEDED", "the job to succeed")
+    wait_until(lambda: pai.detail(name)["jobStatus"]["state"] == "SUCCEEDED", WAIT_SECONDS,
+               "the job to succeed", interval=0.02)
     return name, seconds
 
 
