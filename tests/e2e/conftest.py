@@ -162,6 +162,28 @@ class Platform:
         }
 
 
+@contextlib.contextmanager
+def running_platform(env: dict[str, str], run_dir: Path, docker_client: docker.DockerClient,
+                     image: str) -> Iterator[Platform]:
+    """Every service up with `env`, user alice logged in; at the end the
+    services stopped and the node's job containers removed."""
+    pai = Platform(env, run_dir, docker_client, image)
+    for service in SERVICES:
+        pai.start(service)
+    try:
+        pai.wait_ready()
+        pai.create_user("alice", "alice-password")
+        pai.login(pai.http, "alice", "alice-password")
+        yield pai
+    finally:
+        pai.stop_all()
+        for container in docker_client.containers.list(
+                all=True, filters={"label": f"pai.node={env['PAI_NODE_NAME']}"},
+                ignore_removed=True):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
+
+
 @pytest.fixture(scope="session")
 def platform(redis_server: str, docker_client: docker.DockerClient, test_image: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
@@ -190,20 +212,8 @@ def platform(redis_server: str, docker_client: docker.DockerClient, test_image: 
     })
     if "DOCKER_HOST" in os.environ:
         env["PAI_DOCKER_HOST"] = os.environ["DOCKER_HOST"]
-    pai = Platform(env, run_dir, docker_client, test_image)
-    for service in SERVICES:
-        pai.start(service)
-    try:
-        pai.wait_ready()
-        pai.create_user("alice", "alice-password")
-        pai.login(pai.http, "alice", "alice-password")
+    with running_platform(env, run_dir, docker_client, test_image) as pai:
         yield pai
-    finally:
-        pai.stop_all()
-        for container in docker_client.containers.list(
-                all=True, filters={"label": f"pai.node={node}"}, ignore_removed=True):
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True)
 
 
 @pytest.fixture

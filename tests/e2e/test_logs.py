@@ -7,7 +7,6 @@ bound is 20,000 lines, so that a 100,000-line job overflows it.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,7 +15,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.e2e.conftest import SERVICES, Platform, _free_port, wait_for
+from tests.e2e.conftest import Platform, _free_port, running_platform, wait_for
 
 BOUND = 20_000
 LINES = 100_000
@@ -37,20 +36,8 @@ def bounded(platform: Platform, docker_client: docker.DockerClient,
            "PAI_API_PORT": str(_free_port()), "PAI_MONITOR_PORT": str(_free_port()),
            "PAI_NODE_NAME": node, "PAI_STORAGE_ROOTS": str(storage),
            "PAI_PORT_RANGE": "22000-22999", "PAI_LOG_MAX_LINES": str(BOUND)}
-    pai = Platform(env, run_dir, docker_client, platform.image)
-    for service in SERVICES:
-        pai.start(service)
-    try:
-        pai.wait_ready()
-        pai.create_user("alice", "alice-password")
-        pai.login(pai.http, "alice", "alice-password")
+    with running_platform(env, run_dir, docker_client, platform.image) as pai:
         yield pai
-    finally:
-        pai.stop_all()
-        for container in docker_client.containers.list(
-                all=True, filters={"label": f"pai.node={node}"}, ignore_removed=True):
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True)
 
 
 def log_url(pai: Platform, name: str) -> str:
