@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from shared.config import Settings
 from shared.messaging import Messenger, make_celery
 from tests.e2e.conftest import Platform, wait_for
@@ -245,3 +247,28 @@ def test_bad_input_is_refused_with_reasons(platform: Platform,
     not_json = platform.http.post(f"{platform.url}/api/v1/user/alice/jobs", data=b"{oops",
                                   headers={"Content-Type": "application/json"}, timeout=5)
     assert not_json.status_code == 400
+
+
+def test_scheduler_and_api_killed_with_jobs_queued(platform: Platform,
+                                                   unique: Callable[[str], str]) -> None:
+    names = [unique("sched-kill") for _ in range(4)]
+    platform.kill("scheduler")
+    for name in names:
+        assert platform.submit(platform.config(name, "echo done", gpus=4)).status_code == 202
+    assert {platform.detail(n)["jobStatus"]["state"] for n in names} == {"WAITING"}
+    platform.kill("api")
+    platform.start("api")
+    platform.start("scheduler")
+
+    def api_answers() -> bool:
+        try:
+            return platform.http.get(f"{platform.url}/healthz", timeout=5).ok
+        except requests.RequestException:
+            return False
+
+    wait_for(api_answers, what="the api to answer again")
+
+    details = [platform.wait_state(n) for n in names]
+
+    assert [d["jobStatus"]["state"] for d in details] == ["SUCCEEDED"] * 4
+    assert all("done" in platform.log(n, "main") for n in names)
