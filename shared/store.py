@@ -363,10 +363,15 @@ class Store:
     def task_exists(self, job_id: str, attempt: int, role: str, index: int) -> bool:
         return bool(self.r.hexists(keys.job_tasks(job_id, attempt), task_key(role, index)))
 
+    def get_task(self, job_id: str, attempt: int, role: str, index: int) -> Task | None:
+        """One task of one attempt, without reading its siblings."""
+        raw = self.r.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
+        return Task.from_dict(json.loads(raw)) if raw else None
+
     def task_settled(self, job_id: str, attempt: int, role: str, index: int) -> bool:
         """The task reached a final state, or does not exist at all."""
-        raw = self.r.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
-        return raw is None or TaskState(json.loads(raw)["state"]).is_final
+        task = self.get_task(job_id, attempt, role, index)
+        return task is None or task.state.is_final
 
 
 def task_is_live(task: Task) -> bool:

@@ -100,8 +100,7 @@ class Launcher:
         if self.runtime.stop(ref, timeout=STOP_TIMEOUT_SECONDS):
             log.info("stopped %s attempt %d %s[%d]", job_id, attempt, role, index)
             return  # the monitor records the exit it sees
-        tasks = self.store.get_tasks(job_id, attempt)
-        task = next((t for t in tasks if t.key == task_key(role, index)), None)
+        task = self.store.get_task(job_id, attempt, role, index)
         if task is not None and task_is_live(task) and task.node == self.node.name:
             self._settle(ref, EXIT_SETUP_FAILED, "stopped before its container started",
                          platform_failure=True)

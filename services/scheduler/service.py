@@ -31,12 +31,10 @@ from shared.models import (
     Job,
     JobSpec,
     Node,
-    Task,
     TaskPlacement,
     attempt_task_key,
     now_ms,
     parse_attempt_task_key,
-    task_key,
 )
 from shared.states import JobState, TaskState
 from shared.store import Store, task_is_live
@@ -201,13 +199,9 @@ class Scheduler:
 
     # ------------------------------------------------------ ends and stops
 
-    def _read_task(self, job_id: str, attempt: int, role: str, index: int) -> Task | None:
-        raw = self.store.r.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
-        return Task.from_dict(json.loads(raw)) if raw else None
-
     def release_if_settled(self, job_id: str, attempt: int, role: str, index: int) -> bool:
         """Free a task's allocation once its container is gone (task final)."""
-        task = self._read_task(job_id, attempt, role, index)
+        task = self.store.get_task(job_id, attempt, role, index)
         if task is None or task.node is None or not task.state.is_final:
             return False
         return self.store.release_allocation(task.node, attempt_task_key(job_id, attempt, role,
@@ -257,7 +251,7 @@ class Scheduler:
                 continue
             for key in self.store.get_allocations(self.store.r, name):
                 job_id, attempt, role, index = parse_attempt_task_key(key)
-                task = self._read_task(job_id, attempt, role, index)
+                task = self.store.get_task(job_id, attempt, role, index)
                 if task is not None and task_is_live(task):
                     log.warning("node %s lost: failing %s", name, key)
                     report = record_task_exit(
@@ -274,7 +268,7 @@ class Scheduler:
         for node in self.store.get_nodes():
             for key in self.store.get_allocations(self.store.r, node.name):
                 job_id, attempt, role, index = parse_attempt_task_key(key)
-                task = self._read_task(job_id, attempt, role, index)
+                task = self.store.get_task(job_id, attempt, role, index)
                 job = self.store.get_job(job_id)
                 if task is None or job is None or task.state.is_final:
                     self.store.release_allocation(node.name, key)
@@ -288,7 +282,7 @@ class Scheduler:
         due = r.zrangebyscore(keys.LAUNCHING, 0, now)
         for member in due:
             job_id, attempt, role, index = parse_attempt_task_key(member)
-            task = self._read_task(job_id, attempt, role, index)
+            task = self.store.get_task(job_id, attempt, role, index)
             if task is None or task.state != TaskState.LAUNCHING or not task.node:
                 r.zrem(keys.LAUNCHING, member)
                 continue
