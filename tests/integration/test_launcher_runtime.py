@@ -27,6 +27,7 @@ from docker.models.containers import Container
 from services.launcher.inventory import discover_node
 from services.launcher.runtime import DockerRuntime
 from services.launcher.service import EXIT_IMAGE_UNAVAILABLE, EXIT_SETUP_FAILED, Launcher
+from shared.accounts import Accounts, VirtualCluster
 from shared.capabilities import DROPPED
 from shared.completion import NON_RETRYABLE_PREFIX
 from shared.config import Settings
@@ -377,6 +378,7 @@ def test_a_capability_the_vc_allowed_is_added(rig: Rig) -> None:
     """Threat: the way back to a capability bypasses the admin. Only what the
     job asks for in extras.capabilities (admitted by the API against its VC's
     allow-list) is added, and nothing else comes back with it."""
+    Accounts(rig.store).put_vc(VirtualCluster("default", allowed_capabilities=["IPC_LOCK"]))
     container, output = run_to_exit(rig, "grep CapEff /proc/self/status",
                                     extras={"capabilities": ["IPC_LOCK"]})
     host = container.attrs["HostConfig"]
@@ -384,6 +386,21 @@ def test_a_capability_the_vc_allowed_is_added(rig: Rig) -> None:
     assert "IPC_LOCK" not in host["CapDrop"] and "NET_RAW" in host["CapDrop"]
     assert capabilities_in(output, "CapEff") == {"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID",
                                                  "KILL", "SETGID", "SETUID", "IPC_LOCK"}
+
+
+def test_a_capability_revoked_after_submit_is_not_granted_at_launch(rig: Rig) -> None:
+    """Threat: a job admitted while its VC allowed a capability still gets it
+    after the admin took it back. The launcher checks the allow-list again:
+    the task fails (not retried) and no container is made."""
+    job = rig.submit(rig.config(extras={"capabilities": ["SYS_PTRACE"]}, retryCount=2))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+
+    assert rig.containers_of(job) == []
+    task = rig.task(job)
+    assert (task.state, task.exit_code) == (TaskState.FAILED, EXIT_SETUP_FAILED)
+    assert task.diagnostics == (f"{NON_RETRYABLE_PREFIX} virtual cluster default no longer "
+                                "allows SYS_PTRACE")
+    assert rig.job(job).state == JobState.FAILED
 
 
 # ------------------------------------------------------------------- failing
