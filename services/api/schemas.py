@@ -266,6 +266,7 @@ class VirtualClusterPutSchema(_Request):
     description = fields.String(load_default="", validate=validate.Length(max=1024))
     allowedCapabilities = fields.List(
         fields.String(validate=validate.OneOf(sorted(GRANTABLE))), load_default=list,
+        validate=validate.Length(max=len(GRANTABLE)),
         metadata={"description": "capabilities its jobs may ask for in extras.capabilities"})
 
 
