@@ -57,6 +57,8 @@ class VirtualCluster:
     gpu_quota: int | None = None  # None: no limit
     description: str = ""
     created_ms: int = 0
+    # Capabilities its jobs may ask for (shared/capabilities.py); only admins set it.
+    allowed_capabilities: list[str] = field(default_factory=list)
 
 
 def hash_password(password: str) -> str:
@@ -162,7 +164,8 @@ class Accounts:
     def _vc_from(self, fields: dict[str, str]) -> VirtualCluster:
         quota = fields.get("gpu_quota", "")
         return VirtualCluster(fields["name"], int(quota) if quota != "" else None,
-                              fields.get("description", ""), int(fields.get("created_ms") or 0))
+                              fields.get("description", ""), int(fields.get("created_ms") or 0),
+                              json.loads(fields.get("allowed_capabilities") or "[]"))
 
     def get_vc(self, name: str) -> VirtualCluster | None:
         fields = self.r.hgetall(keys.vc(name))
@@ -183,7 +186,8 @@ class Accounts:
         pipe = self.r.pipeline()
         pipe.hset(keys.vc(vc.name), mapping={
             "name": vc.name, "gpu_quota": "" if vc.gpu_quota is None else str(vc.gpu_quota),
-            "description": vc.description, "created_ms": str(vc.created_ms)})
+            "description": vc.description, "created_ms": str(vc.created_ms),
+            "allowed_capabilities": json.dumps(sorted(set(vc.allowed_capabilities)))})
         pipe.sadd(keys.VCS, vc.name)
         pipe.execute()
         return vc

@@ -87,6 +87,9 @@ class Settings:
     launch_timeout_seconds: float = 120.0
     log_max_lines: int = 100_000
     log_level: str = "INFO"
+    # Processes (threads count) one job container may hold: a fork bomb in a
+    # job stops there instead of exhausting the node's PID space.
+    container_pids_limit: int = 4096
 
     @property
     def default_fs_uri(self) -> str:
@@ -135,7 +138,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
         log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),
+        container_pids_limit=_int(env, "PAI_CONTAINER_PIDS_LIMIT",
+                                  defaults.container_pids_limit) or 0,
     )
+    if settings.container_pids_limit < 1:
+        raise ConfigError("PAI_CONTAINER_PIDS_LIMIT must be at least 1 (a container needs "
+                          "its own process)")
     if not settings.dev_mode and settings.secret_key == DEFAULT_SECRET:
         raise ConfigError("PAI_SECRET_KEY must be set to a secret of your own outside dev mode")
     if not settings.dev_mode and len(settings.secret_key) < 32:

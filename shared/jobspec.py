@@ -17,7 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import (
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    validate,
+    validates,
+    validates_schema,
+)
+
+from shared.capabilities import capability_list_errors
 
 MAX_TASK_ROLES = 100
 MAX_TASKS_PER_ROLE = 1000
@@ -255,6 +265,14 @@ class _JobSchema(_StrictSchema):
     extras = fields.Dict(load_default=dict)
     taskRoles = _BoundedList(fields.Nested(_TaskRoleSchema), required=True,
                              min_items=1, max_items=MAX_TASK_ROLES)
+
+    @validates("extras")
+    def _requested_capabilities(self, extras: dict[str, Any], **kwargs: Any) -> None:
+        # The one extra pai acts on: whether it is granted is the VC's call, at submit.
+        if "capabilities" in extras:
+            errors = capability_list_errors(extras["capabilities"])
+            if errors:
+                raise ValidationError({"capabilities": errors})
 
     @validates_schema(skip_on_field_errors=False)
     def _cross_roles(self, data: dict[str, Any], **kwargs: Any) -> None:

@@ -30,6 +30,7 @@ from shared.models import (
     attempt_task_key,
     job_id_of,
     now_ms,
+    parse_attempt_task_key,
     task_key,
 )
 from shared.states import JobState, TaskState, check_task_move
@@ -333,11 +334,87 @@ def take_pass_request(pipe: Pipe) -> None:
     pipe.delete(keys.PASS_REQUESTED)
 
 
-def set_waiting_reason(store: Store, job_id: str, reason: str) -> None:
-    """Why a job waits: shown to users, not a state change (no CAS needed)."""
+def set_waiting_reason(store: Store, job_id: str, reason: str, *,
+                       version: int | None = None) -> bool:
+    """Why a job waits, as a pass saw it (at `version`, when given).
+
+    Not a state change (the version stays), but still compare-and-set: a
+    plain write after the job was stopped and deleted would bring back a
+    record holding nothing but a reason (every later read of it a 500), and
+    a reason worked out for an older version would describe a job that moved
+    on (placed, retried). False when nothing was written.
+    """
     key = keys.job(job_id)
-    if store.r.hget(key, "waiting_reason") != reason and store.r.exists(key):
-        store.r.hset(key, "waiting_reason", reason)
+
+    def decide(pipe: Pipe) -> bool:
+        job = store.read_job(pipe, job_id)
+        if job is None or job.state != JobState.WAITING or job.waiting_reason == reason:
+            return False
+        if version is not None and job.version != version:
+            return False
+        pipe.multi()
+        pipe.hset(key, "waiting_reason", reason)
+        return True
+
+    return store.transact(decide, key)
+
+
+STALE_BATCH = 500
+
+
+def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
+    """Take from the queue the jobs that no longer wait there; the ones dropped.
+
+    A pass reads the queue and the records without a lock, so a job it saw
+    running (or gone) may be queued again by now: a retry re-queues it, a
+    name freed by a delete is submitted again. Each entry is removed only if
+    its record, read under WATCH, still says it has no business there
+    (missing, not WAITING, or without a config); a re-queue racing this
+    makes it re-read. Batches keep each transaction's WATCH list bounded.
+    """
+    dropped: list[str] = []
+    for start in range(0, len(job_ids), STALE_BATCH):
+        batch = job_ids[start:start + STALE_BATCH]
+
+        def decide(pipe: Pipe, batch: Sequence[str] = batch) -> list[str]:
+            stale = []
+            for job_id in batch:
+                job = store.read_job(pipe, job_id)
+                if job is None or job.state != JobState.WAITING \
+                        or not pipe.exists(keys.job_config(job_id)):
+                    stale.append(job_id)
+            if stale:
+                pipe.multi()
+                pipe.zrem(keys.QUEUE, *stale)
+            return stale
+
+        dropped += store.transact(decide, *(keys.job(job_id) for job_id in batch))
+    return dropped
+
+
+def renew_stale_launch(store: Store, member: str, deadline_ms: int) -> Task | None:
+    """A launch lease expired: its task if it still launches (the lease is
+    renewed, the caller sends the start again), else None (the lease is gone).
+
+    Conditional on the task's record: every write of the lease (placement,
+    start, exit) also writes the task, so a task that started meanwhile
+    never gets its lease back, and a lease a re-used job id was just given
+    is never taken away.
+    """
+    job_id, attempt, role, index = parse_attempt_task_key(member)
+    tasks_key = keys.job_tasks(job_id, attempt)
+
+    def decide(pipe: Pipe) -> Task | None:
+        task = store.read_tasks(pipe, job_id, attempt).get(task_key(role, index))
+        launching = task is not None and task.state == TaskState.LAUNCHING and bool(task.node)
+        pipe.multi()
+        if launching:
+            pipe.zadd(keys.LAUNCHING, {member: deadline_ms})
+        else:
+            pipe.zrem(keys.LAUNCHING, member)
+        return task if launching else None
+
+    return store.transact(decide, tasks_key)
 
 
 def delete_job(store: Store, job_id: str) -> bool:

@@ -86,6 +86,8 @@ class JobSpec:
     code_dir: str = ""
     job_envs: dict[str, Any] = field(default_factory=dict)
     gpu_type: str | None = None
+    # Added to the container only if the VC's allow-list names them (shared/capabilities.py).
+    capabilities: tuple[str, ...] = ()
 
     @property
     def total_tasks(self) -> int:
@@ -128,6 +130,7 @@ class JobSpec:
             code_dir=config.get("codeDir") or "",
             job_envs=dict(config.get("jobEnvs") or {}),
             gpu_type=config.get("gpuType"),
+            capabilities=tuple((config.get("extras") or {}).get("capabilities") or ()),
         )
 
 

@@ -16,7 +16,16 @@ from typing import Any, TypeVar
 import redis
 
 from shared import keys
-from shared.models import Allocation, Attempt, Job, Node, Task, now_ms, task_key
+from shared.models import (
+    Allocation,
+    Attempt,
+    Job,
+    Node,
+    Task,
+    now_ms,
+    parse_attempt_task_key,
+    task_key,
+)
 from shared.states import JobState, TaskState, check_job_move
 
 T = TypeVar("T")
@@ -309,7 +318,27 @@ class Store:
                   json.dumps(alloc.to_dict(), separators=(",", ":")))
 
     def release_allocation(self, node: str, alloc_key: str) -> bool:
-        return bool(self.r.hdel(keys.node_alloc(node), alloc_key))
+        """Free an allocation whose task is settled or gone; False otherwise.
+
+        Conditional on the task's record: once a finished job is deleted its
+        name may be submitted again, and the new job's allocation has the same
+        key; a release decided on the old task must not free it. (Every write
+        of an allocation also writes its task, so watching the task suffices.)
+        """
+        job_id, attempt, role, index = parse_attempt_task_key(alloc_key)
+        tasks_key, alloc_hash = keys.job_tasks(job_id, attempt), keys.node_alloc(node)
+
+        def decide(pipe: Pipe) -> bool:
+            raw = pipe.hget(tasks_key, task_key(role, index))
+            if raw and not Task.from_dict(json.loads(raw)).state.is_final:
+                return False
+            if not pipe.hexists(alloc_hash, alloc_key):
+                return False
+            pipe.multi()
+            pipe.hdel(alloc_hash, alloc_key)
+            return True
+
+        return self.transact(decide, tasks_key)
 
     # ------------------------------------------------------------------ logs
 

@@ -16,6 +16,7 @@ from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from shared.accounts import Accounts
+from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, validate_job_config
 from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
@@ -123,6 +124,19 @@ def _check_vc(username: str, vc_name: str, gpus: int) -> None:
                            f"is {vc.gpu_quota}"]})
 
 
+def _check_capabilities(spec: JobSpec) -> None:
+    """A job gets a capability beyond the default set only where an admin allowed it."""
+    vc = Accounts(platform().store).get_vc(spec.virtual_cluster)
+    refused = refused_capabilities(spec.capabilities, vc.allowed_capabilities if vc else [])
+    if refused:
+        raise ApiError("ForbiddenCapabilityError",
+                       f"virtual cluster {spec.virtual_cluster} does not allow "
+                       f"{', '.join(refused)}", 403,
+                       fields={"extras.capabilities": [
+                           f"not allowed in virtual cluster {spec.virtual_cluster}: {c}"
+                           for c in refused]})
+
+
 def _known_nodes() -> list[Node]:
     """Every node that ever reported, as read at most NODES_FRESH_SECONDS ago.
 
@@ -151,6 +165,8 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     spec = JobSpec.from_config(validated.config)
     _check_vc(username, spec.virtual_cluster,
               sum(r.gpu_number * r.task_number for r in spec.task_roles))
+    if spec.capabilities:
+        _check_capabilities(spec)
     reasons = infeasible_reasons(spec, _known_nodes())
     if reasons:
         raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,

@@ -15,6 +15,7 @@ from services.api.auth import MAX_EXPIRATION_S
 from services.api.jobs import MAX_TAIL
 from services.api.users import MIN_PASSWORD
 from shared.accounts import USERNAME
+from shared.capabilities import GRANTABLE
 from shared.jobspec import JobConfigSchema
 from shared.states import JobState, TaskState
 
@@ -256,12 +257,17 @@ class VirtualClusterSchema(Schema):
     gpuFree = fields.Integer(required=True, allow_none=True)
     waitingJobs = fields.Integer(required=True)
     runningJobs = fields.Integer(required=True)
+    allowedCapabilities = fields.List(fields.String(), required=True)
 
 
 class VirtualClusterPutSchema(_Request):
     gpuQuota = fields.Integer(allow_none=True, validate=validate.Range(min=0, max=1_000_000),
                               metadata={"description": "GPUs, or null for no limit"})
     description = fields.String(load_default="", validate=validate.Length(max=1024))
+    allowedCapabilities = fields.List(
+        fields.String(validate=validate.OneOf(sorted(GRANTABLE))), load_default=list,
+        validate=validate.Length(max=len(GRANTABLE)),
+        metadata={"description": "capabilities its jobs may ask for in extras.capabilities"})
 
 
 class NodeGpuSchema(Schema):

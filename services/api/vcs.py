@@ -12,6 +12,7 @@ from services.api.errors import ApiError
 from services.api.platform import platform
 from shared import keys
 from shared.accounts import DEFAULT_VC, AccountError, VirtualCluster
+from shared.capabilities import capability_list_errors
 from shared.states import JobState
 
 bp = Blueprint("vcs", __name__, url_prefix="/api/v1")
@@ -52,6 +53,7 @@ def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
             "gpuFree": None if vc.gpu_quota is None else max(0, vc.gpu_quota - gpus[vc.name]),
             "waitingJobs": counts[2 * i],
             "runningJobs": counts[2 * i + 1],
+            "allowedCapabilities": vc.allowed_capabilities,
         }
         for i, vc in enumerate(vcs)
     }
@@ -121,9 +123,14 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
     description = body.get("description", "")
     if not isinstance(description, str) or len(description) > 1024:
         raise ApiError("BadRequestError", "description is a string of up to 1024 characters")
+    capabilities = body.get("allowedCapabilities", [])
+    problems = capability_list_errors(capabilities)
+    if problems:
+        raise ApiError("BadRequestError", f"allowedCapabilities: {' '.join(problems)}")
     existed = accounts().get_vc(name) is not None
     try:
-        accounts().put_vc(VirtualCluster(name, quota, description))
+        accounts().put_vc(VirtualCluster(name, quota, description,
+                                         allowed_capabilities=capabilities))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
     return _views([_vc_or_404(name)])[name], 200 if existed else 201

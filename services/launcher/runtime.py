@@ -18,6 +18,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, Mount
 
 from services.launcher.mounts import TaskSetupError, plan_storage
+from shared.capabilities import dropped_capabilities
 from shared.config import Settings
 from shared.containers import TaskRef, task_labels
 from shared.models import JobSpec, Node, Task
@@ -26,6 +27,7 @@ log = logging.getLogger("pai.launcher")
 
 ENTRYPOINT = ["/bin/sh", "-c"]
 NAME_CONFLICT = 409
+NO_NEW_PRIVILEGES = "no-new-privileges"
 
 
 class ImageUnavailable(Exception):
@@ -76,12 +78,12 @@ class DockerRuntime:
             network_mode="host",
             nano_cpus=min(role.cpu_number, node.real_cpus or role.cpu_number) * 10**9,
             mem_limit=f"{role.memory_mb}m",
+            memswap_limit=f"{role.memory_mb}m",  # equal to memory: no swap at all
             shm_size=f"{role.shm_mb}m" if role.shm_mb else None,
-            privileged=False,
-            init=True,  # PID 1 forwards the stop signal and reaps zombies
             mounts=[Mount(m.target, m.source, type="bind", read_only=m.read_only)
                     for m in storage.mounts],
             device_requests=self._device_requests(task, node),
+            **self._confinement(spec),
         )
         options: dict[str, Any] = {
             "name": ref.container_name,
@@ -131,6 +133,32 @@ class DockerRuntime:
             self._remove(container_id)
             raise TaskSetupError(f"the container did not start: {_explain(error)}") from None
         return container_id
+
+    def _confinement(self, spec: JobSpec) -> dict[str, Any]:
+        """What keeps job code (untrusted, on the host's network) off the host.
+
+        - never privileged, and `no-new-privileges`: no setuid binary or file
+          capability raises a process above what the container started with;
+        - the capabilities of shared/capabilities.py DROPPED removed from
+          Docker's default set (NET_RAW, MKNOD, SYS_CHROOT, AUDIT_WRITE,
+          SETFCAP, SETPCAP, NET_BIND_SERVICE; each with its reason there),
+          keeping CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID so
+          images that start as root and drop to a user still work;
+        - the job's `extras.capabilities` added back: the API admitted them
+          only because the VC's admin-set allow-list names them;
+        - a pids limit, so a fork bomb stops inside its container;
+        - `--init`: PID 1 forwards the stop signal and reaps zombies.
+        """
+        requested = set(spec.capabilities)
+        return {
+            "privileged": False,
+            "security_opt": [NO_NEW_PRIVILEGES],
+            "cap_drop": [c for c in dropped_capabilities(self.settings.port_range)
+                         if c not in requested],
+            "cap_add": sorted(requested) or None,
+            "pids_limit": self.settings.container_pids_limit,
+            "init": True,
+        }
 
     def _device_requests(self, task: Task, node: Node) -> list[DeviceRequest]:
         if not node.nvidia_runtime or not task.gpus:

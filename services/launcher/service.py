@@ -18,6 +18,8 @@ import redis
 from services.launcher.environment import IncompletePlacement, task_environment
 from services.launcher.mounts import TaskSetupError
 from services.launcher.runtime import DockerRuntime, ImageUnavailable
+from shared.accounts import Accounts
+from shared.capabilities import refused_capabilities
 from shared.completion import NON_RETRYABLE_PREFIX
 from shared.config import Settings
 from shared.containers import TaskRef
@@ -72,6 +74,12 @@ class Launcher:
             return
         spec = JobSpec.from_config(config)
         ref = TaskRef(job_id, attempt, role, index)
+        refused = self._revoked_capabilities(spec)
+        if refused:  # admitted at submit; an admin took them back since
+            self._settle(ref, EXIT_SETUP_FAILED,
+                         f"{NON_RETRYABLE_PREFIX} virtual cluster {spec.virtual_cluster} "
+                         f"no longer allows {', '.join(refused)}")
+            return
         try:
             env = task_environment(spec, job.username, tasks, role, index,
                                    default_fs_uri=self.settings.default_fs_uri,
@@ -91,6 +99,14 @@ class Launcher:
             self._settle(ref, EXIT_SETUP_FAILED, str(error))
             return
         log.info("started %s in container %s", what, container_id[:12])
+
+    def _revoked_capabilities(self, spec: JobSpec) -> list[str]:
+        """What the job asks for beyond the default set that its VC's allow-list
+        no longer names: the allow-list is the admin's, at launch as at submit."""
+        if not spec.capabilities:
+            return []
+        vc = Accounts(self.store).get_vc(spec.virtual_cluster)
+        return refused_capabilities(spec.capabilities, vc.allowed_capabilities if vc else [])
 
     # ----------------------------------------------------------------- stop
 

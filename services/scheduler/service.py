@@ -22,7 +22,9 @@ from shared.accounts import Accounts
 from shared.config import Settings
 from shared.lifecycle import (
     commit_placement,
+    drop_stale_from_queue,
     record_task_exit,
+    renew_stale_launch,
     set_waiting_reason,
     take_pass_request,
 )
@@ -36,7 +38,7 @@ from shared.models import (
     now_ms,
     parse_attempt_task_key,
 )
-from shared.states import JobState, TaskState
+from shared.states import JobState
 from shared.store import Store, task_is_live
 
 log = logging.getLogger("pai.scheduler")
@@ -141,7 +143,7 @@ class Scheduler:
             requests.append(request)
             reasons[job.id] = job.waiting_reason
         if stale:
-            r.zrem(keys.QUEUE, *stale)
+            drop_stale_from_queue(self.store, stale)  # only those still stale
         return requests, reasons
 
     def run_pass(self) -> PassStats:
@@ -167,9 +169,10 @@ class Scheduler:
                 self._send_starts(request.job_id, request.attempt, placements)
             else:
                 self.store.r.set(DIRTY, "1")  # the job changed under us: look again
+        versions = {request.job_id: request.version for request in queue}
         for job_id, reason in plan.waiting.items():
             if reasons.get(job_id) != reason:  # most jobs wait for the same reason as before
-                set_waiting_reason(self.store, job_id, reason)
+                set_waiting_reason(self.store, job_id, reason, version=versions.get(job_id))
         stats.seconds = time.perf_counter() - started
         self._record_pass(stats.seconds, placed_by_vc)
         if stats.placed or queue:
@@ -281,14 +284,12 @@ class Scheduler:
         now = now_ms()
         due = r.zrangebyscore(keys.LAUNCHING, 0, now)
         for member in due:
-            job_id, attempt, role, index = parse_attempt_task_key(member)
-            task = self.store.get_task(job_id, attempt, role, index)
-            if task is None or task.state != TaskState.LAUNCHING or not task.node:
-                r.zrem(keys.LAUNCHING, member)
+            task = renew_stale_launch(self.store, member, now + int(
+                self.settings.launch_timeout_seconds * 1000))
+            if task is None or task.node is None:
                 continue
             log.warning("launch of %s overdue: sending it again", member)
-            r.zadd(keys.LAUNCHING, {member: now + int(self.settings.launch_timeout_seconds
-                                                      * 1000)})
+            job_id, attempt, role, index = parse_attempt_task_key(member)
             self.messenger.start_task(task.node, job_id, attempt, role, index)
 
     def resend_stops(self) -> None:

@@ -27,6 +27,8 @@ from docker.models.containers import Container
 from services.launcher.inventory import discover_node
 from services.launcher.runtime import DockerRuntime
 from services.launcher.service import EXIT_IMAGE_UNAVAILABLE, EXIT_SETUP_FAILED, Launcher
+from shared.accounts import Accounts, VirtualCluster
+from shared.capabilities import DROPPED
 from shared.completion import NON_RETRYABLE_PREFIX
 from shared.config import Settings
 from shared.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
@@ -279,6 +281,126 @@ def test_start_task_leaves_tasks_that_are_not_its_own(rig: Rig, why: str) -> Non
         request_stop(rig.store, job.id)
     rig.launcher.start_task(job.id, attempt, "main", 0)
     assert rig.containers_of(job) == []
+
+
+# --------------------------------------------------------------- confinement
+
+# Bit numbers of linux/capability.h: what /proc/<pid>/status shows as masks.
+CAPABILITY_BITS = {
+    "CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6,
+    "SETUID": 7, "SETPCAP": 8, "NET_BIND_SERVICE": 10, "NET_RAW": 13, "IPC_LOCK": 14,
+    "SYS_CHROOT": 18, "SYS_PTRACE": 19, "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31,
+}
+
+
+def run_to_exit(rig: Rig, command: str, **overrides: Any) -> tuple[Container, str]:
+    """Launch a job as the launcher does; its container and output once it exited."""
+    job = rig.submit(rig.config(command=command, **overrides))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    container.wait(timeout=WAIT_SECONDS)
+    return container, container.logs().decode()
+
+
+def capabilities_in(status: str, field: str) -> set[str]:
+    """Decode a /proc/self/status capability mask (CapEff, CapBnd) into names."""
+    line = next(ln for ln in status.splitlines() if ln.startswith(f"{field}:"))
+    mask = int(line.split()[1], 16)
+    return {name for name, bit in CAPABILITY_BITS.items() if mask >> bit & 1}
+
+
+def with_pids_limit(rig: Rig, limit: int) -> None:
+    settings = replace(rig.settings, container_pids_limit=limit)
+    rig.launcher.runtime = DockerRuntime(rig.docker, settings,
+                                         extra_labels=rig.launcher.runtime.extra_labels)
+
+
+def test_a_job_container_is_confined_as_the_threat_model_says(rig: Rig) -> None:
+    """Threat: job code gains privileges (setuid, capabilities), swaps the node to
+    death or forks without bound. Every job container is created unprivileged,
+    with no-new-privileges, the documented capabilities dropped, a pids limit,
+    swap equal to memory and an init process."""
+    job = rig.submit(rig.config())
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    host = container.attrs["HostConfig"]
+    assert set(host["CapDrop"]) == set(DROPPED)
+    assert {"NET_RAW", "MKNOD", "SYS_CHROOT", "AUDIT_WRITE", "SETFCAP"} <= set(DROPPED)
+    assert not host.get("CapAdd")
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["PidsLimit"] == Settings().container_pids_limit == 4096
+    assert host["MemorySwap"] == host["Memory"] == 256 * 1024 * 1024
+    assert host["Init"] is True
+    assert host["Privileged"] is False
+
+
+def test_a_job_has_no_raw_sockets_and_cannot_gain_privileges(rig: Rig) -> None:
+    """Threat: a job on the host's network sniffs or spoofs the node's traffic
+    through raw or packet sockets, or regains a dropped capability later. Its
+    processes hold none of the dropped capabilities (nor can they get them back:
+    the bounding set lacks them, NoNewPrivs is set), and raw sockets fail."""
+    _, output = run_to_exit(
+        rig, "grep -E '^(Cap|NoNewPrivs)' /proc/self/status; "
+             "arping -c 1 -w 1 -I lo 127.0.0.1 2>&1; echo arping-exit=$?; "
+             "ping -c 1 -W 1 127.0.0.1 2>&1; echo ping-exit=$?; "
+             "cat /proc/sys/net/ipv4/ping_group_range")
+    effective, bounding = capabilities_in(output, "CapEff"), capabilities_in(output, "CapBnd")
+    assert effective == bounding == {"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL",
+                                     "SETGID", "SETUID"}, output
+    assert "NoNewPrivs:\t1" in output
+    assert "arping: socket: Operation not permitted" in output and "arping-exit=1" in output
+    low, high = (int(n) for n in output.strip().splitlines()[-1].split())
+    if not low <= 0 <= high:  # the host allows no unprivileged ICMP sockets either
+        assert "ping-exit=1" in output, output
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit(rig: Rig) -> None:
+    """Threat: a job forks until the node has no PIDs left for anyone. The
+    bomb's forks start failing at the container's limit; the processes the
+    container holds, counted on the host side, never exceed it."""
+    with_pids_limit(rig, 64)
+    job = rig.submit(rig.config(
+        command="(i=0; while [ $i -lt 500 ]; do sleep 300 & i=$((i+1)); done); "
+                "echo bomb-stopped; exec sleep 300"))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    wait_for(lambda: b"bomb-stopped" in container.logs(), "the fork bomb to stop")
+    assert b"can't fork" in container.logs()
+    assert container.attrs["HostConfig"]["PidsLimit"] == 64
+    processes = container.top()["Processes"]
+    assert 32 < len(processes) <= 64, len(processes)
+
+
+def test_a_capability_the_vc_allowed_is_added(rig: Rig) -> None:
+    """Threat: the way back to a capability bypasses the admin. Only what the
+    job asks for in extras.capabilities (admitted by the API against its VC's
+    allow-list) is added, and nothing else comes back with it."""
+    Accounts(rig.store).put_vc(VirtualCluster("default", allowed_capabilities=["IPC_LOCK"]))
+    container, output = run_to_exit(rig, "grep CapEff /proc/self/status",
+                                    extras={"capabilities": ["IPC_LOCK"]})
+    host = container.attrs["HostConfig"]
+    assert host["CapAdd"] == ["IPC_LOCK"]
+    assert "IPC_LOCK" not in host["CapDrop"] and "NET_RAW" in host["CapDrop"]
+    assert capabilities_in(output, "CapEff") == {"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID",
+                                                 "KILL", "SETGID", "SETUID", "IPC_LOCK"}
+
+
+def test_a_capability_revoked_after_submit_is_not_granted_at_launch(rig: Rig) -> None:
+    """Threat: a job admitted while its VC allowed a capability still gets it
+    after the admin took it back. The launcher checks the allow-list again:
+    the task fails (not retried) and no container is made."""
+    job = rig.submit(rig.config(extras={"capabilities": ["SYS_PTRACE"]}, retryCount=2))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+
+    assert rig.containers_of(job) == []
+    task = rig.task(job)
+    assert (task.state, task.exit_code) == (TaskState.FAILED, EXIT_SETUP_FAILED)
+    assert task.diagnostics == (f"{NON_RETRYABLE_PREFIX} virtual cluster default no longer "
+                                "allows SYS_PTRACE")
+    assert rig.job(job).state == JobState.FAILED
 
 
 # ------------------------------------------------------------------- failing

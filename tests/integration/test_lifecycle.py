@@ -20,6 +20,7 @@ from shared.completion import NON_RETRYABLE_PREFIX
 from shared.lifecycle import (
     ExitReport,
     commit_placement,
+    delete_job,
     mark_task_running,
     record_task_exit,
     request_stop,
@@ -29,6 +30,7 @@ from shared.lifecycle import (
 from shared.models import Gpu, Job, Node, TaskPlacement, attempt_task_key, parse_attempt_task_key
 from shared.states import JobState, TaskState
 from shared.store import Store
+from tests.integration.interleave import Hook, with_hooks
 
 pytestmark = pytest.mark.redis
 
@@ -277,6 +279,38 @@ def test_set_waiting_reason_is_shown(store: Store) -> None:
     assert job_of(store, job.id).waiting_reason == "no node has 1 free GPU"
     set_waiting_reason(store, "nobody~x", "whatever")  # a job that is gone: no record made
     assert store.get_job("nobody~x") is None
+
+
+def test_a_waiting_reason_for_an_older_version_is_not_written(store: Store) -> None:
+    job = submit_job(store, "alice", config())
+    place(store, job.id)  # the job moved on: placed, its reason cleared
+    assert not set_waiting_reason(store, job.id, "no node has 1 free GPU",
+                                  version=job.version)
+    assert job_of(store, job.id).waiting_reason == ""
+
+
+def test_a_waiting_reason_racing_a_delete_leaves_no_record(
+        store: Store, redis_server: str, redis_client: redis.Redis) -> None:
+    """Threat (a record brought back): the scheduler worked out why a job waits;
+    before it wrote the reason, the user stopped and deleted the job. A plain
+    write would bring back a record holding only a reason (every later read of
+    it a 500); the write is conditional on the job, so nothing comes back."""
+    job = submit_job(store, "alice", config())
+    other = Store.from_url(redis_server)
+
+    def stop_and_delete() -> None:
+        assert request_stop(other, job.id).state == JobState.STOPPED
+        assert delete_job(other, job.id)
+
+    hook = Hook("before-write", keys.job(job.id), stop_and_delete)
+    racing = Store(with_hooks(redis_client, hook))
+
+    assert not set_waiting_reason(racing, job.id, "no node has 1 free GPU",
+                                  version=job.version)
+    assert hook.fired
+    other.r.close()
+    assert not redis_client.exists(keys.job(job.id))
+    assert store.list_jobs() == ([], 0)
 
 
 def test_commit_placement_refuses_a_gpu_another_job_holds(store: Store) -> None:

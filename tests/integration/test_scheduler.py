@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,11 +13,18 @@ import redis
 from services.scheduler.service import Scheduler
 from shared import keys
 from shared.config import Settings
-from shared.lifecycle import mark_task_running, record_task_exit, submit_job
+from shared.lifecycle import (
+    commit_placement,
+    delete_job,
+    mark_task_running,
+    record_task_exit,
+    submit_job,
+)
 from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, Node
+from shared.models import Gpu, Node, TaskPlacement, now_ms
 from shared.states import JobState, TaskState
 from shared.store import Store
+from tests.integration.interleave import Hook, with_hooks
 
 
 @pytest.fixture
@@ -151,3 +159,111 @@ def test_passes_coalesce_under_the_lock(store: Store, scheduler: Scheduler,
     lock.release()
     scheduler.request_pass()
     assert store.get_tasks("alice~a", 0)[0].state == TaskState.LAUNCHING
+
+
+# ------------------------------------------------- compare-and-set under races
+
+
+@pytest.fixture
+def other(redis_server: str) -> Iterator[Store]:
+    """Another service's own connection: what the hooks below do, it does."""
+    other = Store.from_url(redis_server)
+    yield other
+    other.r.close()
+
+
+def interleaved(redis_client: redis.Redis, scheduler: Scheduler, *hooks: Hook) -> Scheduler:
+    """The scheduler, meeting `hooks` at the points they name (tests/integration/interleave.py)."""
+    return Scheduler(scheduler.settings, Store(with_hooks(redis_client, *hooks)),
+                     scheduler.messenger)
+
+
+def placement(gpu: int) -> list[TaskPlacement]:
+    return [TaskPlacement(role="main", index=0, node="n1", ip="127.0.0.1", gpus=(gpu,),
+                          cpus=1, memory_mb=128, ports={"default": [20000 + gpu]})]
+
+
+def place_and_run(store: Store, job_id: str, gpu: int) -> None:
+    job = store.get_job(job_id)
+    assert job is not None
+    assert commit_placement(store, job_id, version=job.version, attempt=job.attempt,
+                            placements=placement(gpu), launch_deadline_ms=now_ms() + 60_000)
+    assert mark_task_running(store, job_id, job.attempt, "main", 0, f"c-{gpu}")
+
+
+def test_a_retry_requeued_while_a_pass_drops_stale_entries_stays_queued(
+        store: Store, scheduler: Scheduler, other: Store, redis_client: redis.Redis) -> None:
+    """Threat (a job lost): a pass read the queue, then the job's record while it
+    ran (so the entry looked stale); its task failed and the retry queued it
+    again before the pass removed the stale entry. The removal is conditional
+    on the record it re-reads, so the retried job stays queued and runs."""
+    add_node(store)
+    job = submit_job(store, "alice", config("flaky", retry=3))
+    hooks = (Hook("after-read", keys.QUEUE,  # another replica places it; it starts
+                  lambda: place_and_run(other, job.id, gpu=0)),
+             Hook("before-write", keys.QUEUE,  # it fails and is retried
+                  lambda: record_task_exit(other, job.id, 0, "main", 0, exit_code=1)))
+    racing = interleaved(redis_client, scheduler, *hooks)
+
+    assert racing.run_pass().placed == 0  # it saw the job running
+    assert all(h.fired for h in hooks)
+
+    retried = store.get_job(job.id)
+    assert retried is not None and (retried.state, retried.attempt) == (JobState.WAITING, 1)
+    assert store.queued_job_ids() == [job.id]
+    assert scheduler.run_pass().placed == 1
+
+
+def test_stale_entries_are_dropped_from_the_queue(store: Store, scheduler: Scheduler,
+                                                   redis_client: redis.Redis) -> None:
+    add_node(store, gpus=0)
+    submit_job(store, "alice", config("gone"))
+    submit_job(store, "alice", config("waits"))
+    redis_client.delete(keys.job("alice~gone"))
+    scheduler.run_pass()
+    assert store.queued_job_ids() == ["alice~waits"]
+
+
+def test_a_release_decided_on_a_deleted_job_spares_the_job_that_reused_its_name(
+        store: Store, scheduler: Scheduler, other: Store, redis_client: redis.Redis) -> None:
+    """Threat (a GPU handed out twice): a release read the finished task, then the
+    job was deleted and its name submitted and placed again: the new task's
+    allocation has the same key. The release is conditional on the task record,
+    so the new allocation stays."""
+    add_node(store)
+    job = submit_job(store, "alice", config("again"))
+    place_and_run(store, job.id, gpu=0)
+    record_task_exit(store, job.id, 0, "main", 0, exit_code=0)
+
+    def delete_and_resubmit() -> None:
+        assert delete_job(other, job.id)
+        submit_job(other, "alice", config("again"))
+        place_and_run(other, job.id, gpu=1)
+
+    hook = Hook("before-write", keys.node_alloc("n1"), delete_and_resubmit)
+    racing = interleaved(redis_client, scheduler, hook)
+
+    assert not racing.release_if_settled(job.id, 0, "main", 0)
+    assert hook.fired
+    [kept] = store.get_allocations(redis_client, "n1").values()
+    assert kept.gpus == (1,)
+
+
+def test_a_stale_launch_that_starts_meanwhile_keeps_no_lease(
+        store: Store, scheduler: Scheduler, other: Store, redis_client: redis.Redis) -> None:
+    """A lease renewed just as the task started would outlive it (and send a
+    second start); the renewal is conditional on the task still launching."""
+    add_node(store)
+    submit_job(store, "alice", config("a"))
+    scheduler.run_pass()
+    redis_client.delete("launcher.n1")
+    member = "alice~a:0:main:0"
+    redis_client.zadd(keys.LAUNCHING, {member: 1})
+    hook = Hook("before-write", keys.LAUNCHING,
+                lambda: mark_task_running(other, "alice~a", 0, "main", 0, "cid"))
+
+    interleaved(redis_client, scheduler, hook).retry_stale_launches()
+
+    assert hook.fired
+    assert redis_client.zscore(keys.LAUNCHING, member) is None
+    assert launcher_messages(redis_client, "n1") == []
