@@ -41,7 +41,8 @@ def test_host_path_accepts(value: str, expected: tuple[str, str] | None) -> None
 
 @pytest.mark.parametrize(("value", "message"), [
     pytest.param("/etc", "must be under one of the storage roots", id="outside the roots"),
-    pytest.param("/nfsother/x", "must be under one of the storage roots", id="sibling with the root prefix"),
+    pytest.param("/nfsother/x", "must be under one of the storage roots",
+                 id="sibling with the root prefix"),
     pytest.param("/nfs/../etc", "must not contain a '..' segment", id="dot-dot"),
     pytest.param("relative/dir", "absolute", id="relative"),
 ])
@@ -93,7 +94,8 @@ def test_hdfs_dirs_are_not_mounted(root: Path) -> None:
                  "on node n1", id="missing dataDir"),
     pytest.param("codeDir", "{root}/bob/nothing", "codeDir {root}/bob/nothing does not exist",
                  id="missing codeDir"),
-    pytest.param("dataDir", "/etc", "must be under one of the storage roots", id="dataDir outside roots"),
+    pytest.param("dataDir", "/etc", "must be under one of the storage roots",
+                 id="dataDir outside roots"),
     pytest.param("dataDir", "{root}/bob/link", "leads outside its storage root",
                  id="symlink out of the root"),
     pytest.param("dataDir", "{root}/bob/inside", "passes through a symbolic link",
