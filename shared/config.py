@@ -11,6 +11,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shared.storage import default_log_dir
+
 DEFAULT_SECRET = "pai-dev-secret-change-me-before-production"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_ADMIN_PASSWORD = "admin-password"
@@ -61,6 +63,13 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _log_dir(env: Mapping[str, str]) -> str:
+    raw = env.get("PAI_LOG_DIR", "").strip()
+    if raw and not os.path.isabs(raw):
+        raise ConfigError(f"PAI_LOG_DIR must be an absolute path, got {raw!r}")
+    return os.path.normpath(raw) if raw else ""
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = DEFAULT_REDIS_URL
@@ -87,6 +96,19 @@ class Settings:
     launch_timeout_seconds: float = 120.0
     log_max_lines: int = 100_000
     log_level: str = "INFO"
+    # PAI_LOG_DIR: the platform's own tree of full task logs; empty means
+    # `<first storage root>/.pai-logs` (see task_log_dir).
+    log_dir: str = ""
+
+    @property
+    def task_log_dir(self) -> str | None:
+        """Where the monitor writes full task logs; None: Redis only."""
+        return self.log_dir or default_log_dir(self.storage_roots)
+
+    @property
+    def platform_dirs(self) -> tuple[str, ...]:
+        """Folders of the platform that no job may mount, admins' jobs included."""
+        return (self.task_log_dir,) if self.task_log_dir else ()
 
     @property
     def default_fs_uri(self) -> str:
@@ -135,6 +157,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
         log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),
+        log_dir=_log_dir(env),
     )
     if not settings.dev_mode and settings.secret_key == DEFAULT_SECRET:
         raise ConfigError("PAI_SECRET_KEY must be set to a secret of your own outside dev mode")

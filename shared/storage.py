@@ -163,11 +163,11 @@ def share_path_problem(value: str, roots: Sequence[str], reserved: Iterable[str]
         return "must be a folder under a storage root, not an hdfs:// URI"
     if not where.parts:
         return f"{where.path!r} is a whole storage root; share a folder inside it"
-    clash = _reserved_clash(where.path, reserved)
+    clash = reserved_clash(where.path, reserved)
     return clash
 
 
-def _reserved_clash(path: str, reserved: Iterable[str]) -> str | None:
+def reserved_clash(path: str, reserved: Iterable[str]) -> str | None:
     for folder in reserved:
         if is_under(path, folder) or is_under(folder, path):
             return f"{path!r} overlaps {folder}, which the platform keeps for itself"
@@ -190,7 +190,7 @@ class Caller:
 def refusal(field_name: str, where: StoragePath, caller: Caller,
             reserved: Iterable[str] = ()) -> str | None:
     """Why `caller` may not mount `where` as `field_name`, or None if they may."""
-    clash = _reserved_clash(where.path, reserved)
+    clash = reserved_clash(where.path, reserved)
     if clash:
         return clash
     if caller.admin or in_own_folder(where, caller.username):

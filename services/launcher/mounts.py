@@ -52,13 +52,17 @@ def host_path(field: str, value: str, roots: Sequence[str]) -> StoragePath | Non
         raise TaskSetupError(f"{field} {error}") from None
 
 
-def _checked(field: str, where: StoragePath, node: str, *, create: bool) -> str:
+def _checked(field: str, where: StoragePath, node: str, *, create: bool,
+             reserved: Sequence[str]) -> str:
     """The host path to mount, after two checks on the node: the path resolves
     (symbolic links too) under the root's real path, and a walk from the root
     that follows no link reaches it, so a link planted anywhere below the root
     (by this job or another) can neither lead out of the root nor widen the
     mount to a folder the API did not grant. With `create`, missing folders
     are made by that walk (outputDir), never through a link."""
+    clash = storage.reserved_clash(where.path, reserved)
+    if clash:
+        raise TaskSetupError(f"{field} {clash}")
     root = where.root
     if not os.path.isdir(root):
         raise TaskSetupError(f"storage root {root} for {field} is not mounted on node {node}")
@@ -82,23 +86,27 @@ def _checked(field: str, where: StoragePath, node: str, *, create: bool) -> str:
             f"{field} {where.path} {verb} on node {node}: {error.strerror}") from None
 
 
-def plan_storage(spec: JobSpec, roots: Sequence[str], node: str) -> StoragePlan:
+def plan_storage(spec: JobSpec, roots: Sequence[str], node: str,
+                 reserved: Sequence[str] = ()) -> StoragePlan:
     """The bind mounts of a task (creating outputDir), or TaskSetupError.
-    dataDir and codeDir (own or shared folders) are always read-only."""
+    dataDir and codeDir (own or shared folders) are always read-only; no
+    mount overlaps `reserved` (the platform's log tree)."""
     wanted: list[BindMount] = []
     working_dir = None
     data = host_path("dataDir", spec.data_dir, roots)
     if data:
-        wanted.append(BindMount(_checked("dataDir", data, node, create=False), data.path, True))
+        source = _checked("dataDir", data, node, create=False, reserved=reserved)
+        wanted.append(BindMount(source, data.path, True))
     code = host_path("codeDir", spec.code_dir, roots)
     if code:
-        source = _checked("codeDir", code, node, create=False)
+        source = _checked("codeDir", code, node, create=False, reserved=reserved)
         wanted.append(BindMount(source, code.path, True))
         wanted.append(BindMount(source, CODE_MOUNT, True))
         working_dir = CODE_MOUNT
     output = host_path("outputDir", spec.output_dir, roots)
     if output:
-        wanted.append(BindMount(_checked("outputDir", output, node, create=True),
+        wanted.append(BindMount(_checked("outputDir", output, node, create=True,
+                                         reserved=reserved),
                                 output.path, False))
     return StoragePlan(_one_per_target(wanted), working_dir)
 

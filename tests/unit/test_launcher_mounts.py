@@ -147,3 +147,13 @@ def test_output_dir_is_never_created_through_a_link(tmp_path: Path, planted: str
 
     assert list(victim.iterdir()) == []
     assert stat.S_IMODE(victim.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("field", ["dataDir", "outputDir"])
+def test_no_mount_overlaps_the_platform_log_tree(root: Path, field: str) -> None:
+    """Threat: a job (an admin's too) mounts the log tree, or a folder holding
+    it, and plants links or forges lines in other jobs' logs."""
+    (root / ".pai-logs").mkdir()
+    with pytest.raises(TaskSetupError, match="keeps for itself"):
+        plan_storage(spec(**{field: str(root)}), [str(root)], "n1",
+                     reserved=[f"{root}/.pai-logs"])
