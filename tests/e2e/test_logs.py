@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import docker
 import pytest
