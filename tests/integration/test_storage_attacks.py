@@ -115,6 +115,18 @@ def test_a_job_cannot_plant_a_link_for_its_users_next_output_dir(
     _untouched(host_file)
 
 
+def test_the_launcher_never_mounts_the_log_tree(rig: Rig) -> None:
+    """Threat: a job (an admin's, which the API lets name any folder) mounts the
+    storage root holding the platform's log tree and rewrites other jobs' logs.
+    The API refuses it; the launcher, on its own, refuses it too."""
+    job = rig.submit(rig.config("true", outputDir=str(rig.storage)))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    task = rig.task(job)
+    assert (task.state, task.exit_code) == (TaskState.FAILED, EXIT_SETUP_FAILED)
+    assert "keeps for itself" in task.diagnostics
+    assert rig.containers_of(job) == []
+
+
 # ---------------------------------------------------------------- shares
 
 

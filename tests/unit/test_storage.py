@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.launcher.mounts import TaskSetupError, host_path
+from shared.jobspec import _resolve_dir
 from shared.storage import (
     Caller,
     Share,
@@ -187,3 +189,18 @@ def test_normalize_is_idempotent_and_never_keeps_dot_segments(value: str) -> Non
     assert normalize(path) == path
     assert path.startswith("/") and "//" not in path
     assert all(part not in (".", "..") for part in path.split("/"))
+
+
+@given(st.lists(_SEGMENT, min_size=0, max_size=6), st.sampled_from(["", "file://", "//"]))
+def test_the_api_and_the_launcher_resolve_alike(segments: list[str], prefix: str) -> None:
+    """One resolver: what the API stores is what the launcher mounts, and what
+    one refuses by its form the other refuses too."""
+    value = prefix + "/nfs/" + "/".join(segments)
+    stored, error = _resolve_dir(value, ROOTS)
+    try:
+        mounted = host_path("dataDir", value, ROOTS)
+    except TaskSetupError:
+        assert error is not None
+        return
+    assert error is None and mounted is not None
+    assert mounted.path == stored
