@@ -11,6 +11,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shared.storage import default_log_dir
+
 DEFAULT_SECRET = "pai-dev-secret-change-me-before-production"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_ADMIN_PASSWORD = "admin-password"
@@ -61,6 +63,13 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _log_dir(env: Mapping[str, str]) -> str:
+    raw = env.get("PAI_LOG_DIR", "").strip()
+    if raw and not os.path.isabs(raw):
+        raise ConfigError(f"PAI_LOG_DIR must be an absolute path, got {raw!r}")
+    return os.path.normpath(raw) if raw else ""
+
+
 @dataclass(frozen=True)
 class Settings:
     redis_url: str = DEFAULT_REDIS_URL
@@ -90,6 +99,19 @@ class Settings:
     # Processes (threads count) one job container may hold: a fork bomb in a
     # job stops there instead of exhausting the node's PID space.
     container_pids_limit: int = 4096
+    # PAI_LOG_DIR: the platform's own tree of full task logs; empty means
+    # `<first storage root>/.pai-logs` (see task_log_dir).
+    log_dir: str = ""
+
+    @property
+    def task_log_dir(self) -> str | None:
+        """Where the monitor writes full task logs; None: Redis only."""
+        return self.log_dir or default_log_dir(self.storage_roots)
+
+    @property
+    def platform_dirs(self) -> tuple[str, ...]:
+        """Folders of the platform that no job may mount, admins' jobs included."""
+        return (self.task_log_dir,) if self.task_log_dir else ()
 
     @property
     def default_fs_uri(self) -> str:
@@ -140,6 +162,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),
         container_pids_limit=_int(env, "PAI_CONTAINER_PIDS_LIMIT",
                                   defaults.container_pids_limit) or 0,
+        log_dir=_log_dir(env),
     )
     if settings.container_pids_limit < 1:
         raise ConfigError("PAI_CONTAINER_PIDS_LIMIT must be at least 1 (a container needs "

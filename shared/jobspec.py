@@ -29,6 +29,9 @@ from marshmallow import (
 
 from shared.capabilities import capability_list_errors
 
+from shared import storage
+from shared.storage import StoragePathError
+
 MAX_TASK_ROLES = 100
 MAX_TASKS_PER_ROLE = 1000
 MAX_TOTAL_TASKS = 10_000
@@ -312,32 +315,17 @@ EnvVars = _EnvVars
 # ---------------------------------------------------------------- paths
 
 
-def _under(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root + "/")
-
-
 def _resolve_dir(value: str, roots: Sequence[str]) -> tuple[str, str | None]:
     """Returns the host path a dir will be bind-mounted from, or an error.
 
-    Only the form is checked: the API may not see the shared storage.
+    Only the form is checked here (shared/storage.py): the API may not see
+    the shared storage, and who may name the path is the API's question.
     """
-    if value.startswith("hdfs://"):
-        return value, None  # Passed to the job in its environment, never mounted.
-    path = value.removeprefix("file://")
-    if "\x00" in path:
-        return value, "must not contain NUL characters"
-    if not path.startswith("/"):
-        return value, f"{value!r} must be an absolute path, a file:// URI or an hdfs:// URI"
-    if ".." in path.split("/"):
-        return value, f"{value!r} must not contain a '..' segment"
-    # POSIX keeps a leading '//' through normpath; a root check must not see it.
-    normal = "/" + posixpath.normpath(path).lstrip("/")
-    if not roots:
-        return value, "cannot be used: no storage roots are configured (PAI_STORAGE_ROOTS)"
-    if not any(_under(normal, root) for root in roots):
-        return value, (f"{normal!r} must be under one of the storage roots: "
-                       f"{', '.join(roots)}")
-    return normal, None
+    try:
+        where = storage.resolve(value, roots)
+    except StoragePathError as error:
+        return value, str(error)
+    return (where.path if where else value), None
 
 
 def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
@@ -351,7 +339,8 @@ def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
         return variables.get(match.group(1) or match.group(2), match.group(0))
 
     if default_output and not config.get("outputDir"):
-        config["outputDir"] = (posixpath.join(roots[0], username, config["jobName"], "output")
+        config["outputDir"] = (posixpath.join(storage.user_folder(roots[0], username),
+                                              config["jobName"], "output")
                                if roots else "")
     for key in ("dataDir", "outputDir", "codeDir"):
         value = config.get(key)
@@ -400,8 +389,7 @@ def validate_job_config(
                                {"_schema": ["Job config must be a JSON object."]})
     if raw.get("virtualCluster") == "":
         raw = {**raw, "virtualCluster": "default"}  # OpenPAI's portal sends "" for it.
-    roots = [r if r == "/" else r.rstrip("/") for r in
-             ("/" + posixpath.normpath(r).lstrip("/") for r in storage_roots)]
+    roots = [storage.normalize_root(r) for r in storage_roots]
     errors: dict[str, list[str]] = {}
     try:
         config: dict[str, Any] = _SCHEMA.load(raw)

@@ -98,6 +98,10 @@ def vc(name: str) -> str:
     return f"{PREFIX}vc:{name}"
 
 
+# -- storage ----------------------------------------------------------------
+STORAGE_SHARES = PREFIX + "storage:shares"  # hash share name -> share JSON (storage.Share)
+
+
 # -- metrics --------------------------------------------------------------
 
 

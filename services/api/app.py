@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Flask
 
-from services.api import auth, cluster, jobs, metrics, openapi, users, vcs
+from services.api import auth, cluster, jobs, metrics, openapi, storage, users, vcs
 from services.api.errors import register_error_handlers
 from services.api.platform import Platform
 from shared.accounts import Accounts
@@ -13,7 +13,7 @@ from shared.messaging import Messenger, make_celery
 from shared.store import Store
 
 MAX_BODY_BYTES = 1024 * 1024
-BLUEPRINTS = (auth.bp, users.bp, jobs.bp, vcs.bp, cluster.bp, openapi.bp)
+BLUEPRINTS = (auth.bp, users.bp, jobs.bp, vcs.bp, cluster.bp, openapi.bp, storage.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:

@@ -15,6 +15,7 @@ from services.api.auth import current_user, require_self_or_admin
 from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
+from services.api.storage import check_job_storage
 from shared.accounts import Accounts
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
@@ -154,7 +155,7 @@ def _known_nodes() -> list[Node]:
 
 
 def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
-    require_self_or_admin(username, "submit jobs")
+    caller = require_self_or_admin(username, "submit jobs")
     pai = platform()
     try:
         validated = validate_job_config(body, username=username,
@@ -162,6 +163,7 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     except InvalidJobConfig as error:
         raise ApiError("InvalidJobConfigError", error.message, 400, fields=error.fields) \
             from None
+    check_job_storage(validated.config, caller)
     spec = JobSpec.from_config(validated.config)
     _check_vc(username, spec.virtual_cluster,
               sum(r.gpu_number * r.task_number for r in spec.task_roles))

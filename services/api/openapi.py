@@ -23,7 +23,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from apispec.ext.marshmallow.openapi import OpenAPIConverter
 from apispec_webframeworks.flask import FlaskPlugin
 from flask import Blueprint, Flask, current_app
-from marshmallow import Schema, fields
+from marshmallow import Schema, class_registry, fields
 from werkzeug.routing import Rule
 
 from services.api import schemas
@@ -98,7 +98,9 @@ def build_spec(app: Flask) -> APISpec:
     return api
 
 
-def _schema_name(schema: type[Schema] | Schema) -> str:
+def _schema_name(schema: type[Schema] | Schema | str) -> str:
+    if isinstance(schema, str):  # a schema class a docstring names (services/api/storage.py)
+        schema = class_registry.get_class(schema)
     cls = schema if isinstance(schema, type) else type(schema)
     if cls is JobConfigSchema:
         return "JobConfig"

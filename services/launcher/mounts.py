@@ -1,21 +1,24 @@
 """The storage a task's container sees: dataDir, codeDir and outputDir.
 
-The API already accepted these paths by their form; this is defence in depth
-on the node that mounts them, and the only place that looks at the storage
-itself: a path must resolve (symlinks too) under a storage root, the root
-must be there (an unmounted NFS share must not become a local folder),
-dataDir and codeDir must exist, and outputDir is created for the job.
+The API already accepted these paths (their form, and that the user may name
+them: shared/storage.py); this is defence in depth on the node that mounts
+them, and the only place that looks at the storage itself: a path must
+resolve (symlinks too) under a storage root and be reached from the root
+without passing a link, the root must be there (an unmounted NFS share must
+not become a local folder), dataDir and codeDir must exist, and outputDir is
+created for the job by a walk that follows no link (shared/safefs.py).
 `hdfs://` URIs are the job's business: they are only in its environment.
 """
 
 from __future__ import annotations
 
 import os
-import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shared import safefs, storage
 from shared.models import JobSpec
+from shared.storage import StoragePath, StoragePathError
 
 CODE_MOUNT = "/pai/code"
 OUTPUT_DIR_MODE = 0o777  # the job's image may run as any user
@@ -38,73 +41,73 @@ class StoragePlan:
     working_dir: str | None
 
 
-def _under(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+def host_path(field: str, value: str, roots: Sequence[str]) -> StoragePath | None:
+    """Where a dir lies (normalised path and root); None if it is not mounted."""
+    try:
+        return storage.resolve(value, roots)
+    except StoragePathError as error:
+        if not roots:
+            raise TaskSetupError(f"{field} {value!r} cannot be mounted: no storage roots "
+                                 f"are configured on this node") from None
+        raise TaskSetupError(f"{field} {error}") from None
 
 
-def host_path(field: str, value: str, roots: Sequence[str]) -> tuple[str, str] | None:
-    """(path as given, root it lies under) for a mountable dir; None if not mounted."""
-    if not value or value.startswith("hdfs://"):
-        return None
-    path = value.removeprefix("file://")
-    if not path.startswith("/") or ".." in path.split("/") or "\x00" in path:
-        raise TaskSetupError(f"{field} {value!r} is not an absolute path without '..'")
-    path = "/" + posixpath.normpath(path).lstrip("/")
-    for root in roots:
-        if _under(path, root):
-            return path, root
-    raise TaskSetupError(f"{field} {path} is outside the storage roots "
-                         f"({', '.join(roots) or 'none configured on this node'})")
-
-
-def _real_under_root(field: str, path: str, root: str, node: str) -> str:
-    """The path with symlinks resolved, still under the root's real path."""
+def _checked(field: str, where: StoragePath, node: str, *, create: bool,
+             reserved: Sequence[str]) -> str:
+    """The host path to mount, after two checks on the node: the path resolves
+    (symbolic links too) under the root's real path, and a walk from the root
+    that follows no link reaches it, so a link planted anywhere below the root
+    (by this job or another) can neither lead out of the root nor widen the
+    mount to a folder the API did not grant. With `create`, missing folders
+    are made by that walk (outputDir), never through a link."""
+    clash = storage.reserved_clash(where.path, reserved)
+    if clash:
+        raise TaskSetupError(f"{field} {clash}")
+    root = where.root
     if not os.path.isdir(root):
         raise TaskSetupError(f"storage root {root} for {field} is not mounted on node {node}")
-    real, real_root = os.path.realpath(path), os.path.realpath(root)
-    if not _under(real, real_root):
-        raise TaskSetupError(f"{field} {path} leads outside its storage root {root} "
+    real, real_root = os.path.realpath(where.path), os.path.realpath(root)
+    if not storage.is_under(real, real_root):
+        raise TaskSetupError(f"{field} {where.path} leads outside its storage root {root} "
                              f"(a symbolic link to {real})")
-    return real
-
-
-def _existing_dir(field: str, path: str, root: str, node: str) -> str:
-    real = _real_under_root(field, path, root, node)
-    if not os.path.isdir(real):
-        raise TaskSetupError(f"{field} {path} does not exist on node {node}")
-    return real
-
-
-def _output_dir(path: str, root: str, node: str) -> str:
-    real = _real_under_root("outputDir", path, root, node)
-    if os.path.isdir(real):
-        return real
     try:
-        os.makedirs(real, exist_ok=True)
-        os.chmod(real, OUTPUT_DIR_MODE)  # makedirs' mode is cut by the umask
+        if create and where.parts:
+            safefs.real_dir(root, where.parts[:-1], create=True)
+            return safefs.real_dir(root, where.parts, create=True, mode=OUTPUT_DIR_MODE)
+        return safefs.real_dir(root, where.parts)
+    except safefs.UnsafePath:
+        raise TaskSetupError(f"{field} {where.path} passes through a symbolic link or a "
+                             f"file on node {node}; mount its real folder instead") from None
+    except FileNotFoundError:
+        raise TaskSetupError(f"{field} {where.path} does not exist on node {node}") from None
     except OSError as error:
+        verb = "cannot be created" if create else "cannot be opened"
         raise TaskSetupError(
-            f"outputDir {path} cannot be created on node {node}: {error.strerror}") from None
-    # Created just now: make sure no link raced us out of the root.
-    return _real_under_root("outputDir", path, root, node)
+            f"{field} {where.path} {verb} on node {node}: {error.strerror}") from None
 
 
-def plan_storage(spec: JobSpec, roots: Sequence[str], node: str) -> StoragePlan:
-    """The bind mounts of a task (creating outputDir), or TaskSetupError."""
+def plan_storage(spec: JobSpec, roots: Sequence[str], node: str,
+                 reserved: Sequence[str] = ()) -> StoragePlan:
+    """The bind mounts of a task (creating outputDir), or TaskSetupError.
+    dataDir and codeDir (own or shared folders) are always read-only; no
+    mount overlaps `reserved` (the platform's log tree)."""
     wanted: list[BindMount] = []
     working_dir = None
     data = host_path("dataDir", spec.data_dir, roots)
     if data:
-        wanted.append(BindMount(_existing_dir("dataDir", *data, node), data[0], True))
+        source = _checked("dataDir", data, node, create=False, reserved=reserved)
+        wanted.append(BindMount(source, data.path, True))
     code = host_path("codeDir", spec.code_dir, roots)
     if code:
-        source = _existing_dir("codeDir", *code, node)
-        wanted.append(BindMount(source, code[0], True))
+        source = _checked("codeDir", code, node, create=False, reserved=reserved)
+        wanted.append(BindMount(source, code.path, True))
         wanted.append(BindMount(source, CODE_MOUNT, True))
         working_dir = CODE_MOUNT
     output = host_path("outputDir", spec.output_dir, roots)
     if output:
-        wanted.append(BindMount(_output_dir(*output, node), output[0], False))
+        wanted.append(BindMount(_checked("outputDir", output, node, create=True,
+                                         reserved=reserved),
+                                output.path, False))
     return StoragePlan(_one_per_target(wanted), working_dir)
 
 

@@ -67,7 +67,8 @@ class DockerRuntime:
         (a missing dataDir, a container Docker refuses to create or start).
         """
         try:
-            storage = plan_storage(spec, self.settings.storage_roots, node.name)
+            storage = plan_storage(spec, self.settings.storage_roots, node.name,
+                                   reserved=self.settings.platform_dirs)
         except TaskSetupError:
             existing = self.find(ref)  # launched before the storage went away
             if existing is not None:

@@ -1,70 +1,66 @@
-"""A task's full log, written into its job's outputDir as it is shipped.
+"""A task's full log, written into the platform's log tree as it is shipped.
 
 The Redis stream keeps only the last PAI_LOG_MAX_LINES lines of a task; the
-file keeps all of them, at `<outputDir>/logs/<attempt>/<role>-<index>.log`.
-Lines are appended batch by batch right after the same batch reached the
-stream, so the file is complete when the task exits and a restarted monitor
-(which resumes shipping after the last line in Redis) never writes a line
-twice. A monitor killed between the two writes loses that one batch (at most
-500 lines) from the file, never from the stream.
+file keeps all of them, at `<PAI_LOG_DIR>/<job id>/<attempt>/<role>-<index>.log`
+(shared/storage.py `task_log_parts` is the one place that says so). Lines
+are appended batch by batch right after the same batch reached the stream,
+so the file is complete when the task exits and a restarted monitor (which
+resumes shipping after the last line in Redis) never writes a line twice. A
+monitor killed between the two writes loses that one batch (at most 500
+lines) from the file, never from the stream.
 
-The file is written on the node, through the bind mount the launcher made
-for the job's outputDir (its source is the real, checked path under a
-storage root), so the monitor never builds a host path of its own.
+The log tree is the platform's: no container mounts it (the API refuses any
+job path that overlaps it, admins' too), so no job can plant a link in it.
+The monitor runs as root on the node, so it still writes by a walk that
+follows no link (shared/safefs.py): a job's output never lands in a file the
+job chose. It used to go to `<outputDir>/logs/`, which the job can write,
+so a planted `logs` link made the monitor append to any host file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import posixpath
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from shared import safefs
 from shared.containers import TaskRef
+from shared.storage import task_log_parts
 
 log = logging.getLogger(__name__)
 
-LOGS_FOLDER = "logs"
 
-
-def log_file_path(output_dir: str, ref: TaskRef) -> str:
-    """`<outputDir>/logs/<attempt>/<role>-<index>.log` (role names are file-name safe)."""
-    return os.path.join(output_dir, LOGS_FOLDER, str(ref.attempt), f"{ref.role}-{ref.index}.log")
-
-
-def output_dir_on_host(config: Mapping[str, Any] | None,
-                       mounts: Sequence[Mapping[str, Any]]) -> str | None:
-    """The host folder behind the job's outputDir: the writable bind mount the
-    container has at that path. None without an outputDir (or an hdfs:// one)."""
-    wanted = (config or {}).get("outputDir") or ""
-    if not wanted or wanted.startswith("hdfs://"):
-        return None
-    target = "/" + posixpath.normpath(wanted.removeprefix("file://")).lstrip("/")
-    for mount in mounts:
-        if mount.get("Type") == "bind" and mount.get("Destination") == target \
-                and mount.get("RW", False):
-            source = mount.get("Source")
-            return str(source) if source else None
-    return None
+def log_file_parts(ref: TaskRef) -> tuple[str, ...]:
+    """The file of one task attempt, below the log tree."""
+    return task_log_parts(ref.job_id, ref.attempt, ref.role, ref.index)
 
 
 class TaskLogFile:
     """Appends shipped lines to one task's log file; gives up (once, loudly) on an
     error, since the stream in Redis still has the lines."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, log_dir: str, ref: TaskRef) -> None:
+        self.log_dir = log_dir
+        self.parts = log_file_parts(ref)
+        self.path = os.path.join(log_dir, *self.parts)
         self.failed = False
 
     def append(self, lines: Sequence[str]) -> None:
         if self.failed or not lines:
             return
+        data = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(self.path, "a", encoding="utf-8", errors="replace") as out:
-                out.writelines(line + "\n" for line in lines)
+            _ensure_tree(self.log_dir)
+            safefs.append(self.log_dir, self.parts, data)
         except OSError as error:
             self.failed = True
             log.warning("cannot write the task log file %s (%s): the log stays in Redis only",
                         self.path, error)
+
+
+def _ensure_tree(log_dir: str) -> None:
+    """Make the log tree's own folder, but not its parents: under a storage root
+    that is not mounted, a local folder must not appear in its place."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(log_dir, 0o750)

@@ -6,8 +6,8 @@ writes every shipper's queue to Redis every 200 ms, and a shipper writes at
 once when 500 lines are waiting. Writing is back-pressured: while Redis
 refuses, the shipper stops reading (Docker keeps the output meanwhile).
 
-When the job has an outputDir, each batch is also appended to the task's full
-log file there, right after it reached Redis (logfile.py).
+Each batch is also appended to the task's full log file in the platform's
+log tree (PAI_LOG_DIR), right after it reached Redis (logfile.py).
 
 Restart safety: every entry carries, beside its line, the cursor after it
 (`loglines.LogCursor`), written by the same XADD, so whatever part of a batch
@@ -19,7 +19,6 @@ for the log since that second and drops what it repeats.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from redis.exceptions import RedisError
 from requests.exceptions import RequestException
 
 from services.monitor.dispatch import backoff_delay
-from services.monitor.logfile import TaskLogFile, log_file_path, output_dir_on_host
+from services.monitor.logfile import TaskLogFile
 from services.monitor.loglines import (
     LineSplitter,
     LogCursor,
@@ -92,8 +91,9 @@ class LogShipper:
     """Follows one container's log until it stops, or until told to stop."""
 
     def __init__(self, store: Store, container: Container, ref: TaskRef, max_lines: int,
-                 batch_lines: int = FLUSH_LINES) -> None:
+                 batch_lines: int = FLUSH_LINES, log_dir: str | None = None) -> None:
         self.store, self.container, self.ref = store, container, ref
+        self.log_dir = log_dir
         self.task_name = describe(ref)
         self.max_lines, self.batch_lines = max_lines, batch_lines
         self.cursor: LogCursor | None = None
@@ -174,38 +174,8 @@ class LogShipper:
             self._done.set()
 
     def _open_log_file(self) -> TaskLogFile | None:
-        """The full log's file in the job's outputDir, if it has one on this node."""
-        try:
-            config = self.store.get_config(self.ref.job_id)
-        except RedisError as error:
-            log.warning("cannot read the config of %s (%s): its log goes to Redis only",
-                        self.task_name, error)
-            return None
-        mounts = self.container.attrs.get("Mounts")
-        if mounts is None:  # known from its start event only
-            mounts = self._listed_mounts()
-        folder = output_dir_on_host(config, mounts or ())
-        if folder is None:
-            return None
-        if not os.path.isdir(folder):
-            log.warning("the outputDir %s of %s is not on this node: its log goes to Redis only",
-                        folder, self.task_name)
-            return None
-        return TaskLogFile(log_file_path(folder, self.ref))
-
-    def _listed_mounts(self) -> list[dict[str, Any]] | None:
-        """The container's mounts, from Docker's container list: unlike an inspect,
-        the list does not wait for Docker to finish handling the container's exit,
-        which held the log (and so the task's exit) of a short task back."""
-        try:
-            found = self.container.client.api.containers(
-                all=True, filters={"id": str(self.container.id)})
-        except (DockerException, RequestException) as error:
-            log.warning("cannot list the container of %s (%s): its log goes to Redis only",
-                        self.task_name, error)
-            return None
-        mounts: list[dict[str, Any]] | None = found[0].get("Mounts") if found else None
-        return mounts
+        """The full log's file in the platform's log tree, if there is one."""
+        return TaskLogFile(self.log_dir, self.ref) if self.log_dir else None
 
     def _load_cursor(self) -> bool:
         failures = 0
@@ -312,8 +282,8 @@ class LogShipping:
     """Every shipper of this node's containers, and the flusher that writes them."""
 
     def __init__(self, store: Store, max_lines: int, flush_seconds: float = FLUSH_SECONDS,
-                 batch_lines: int = FLUSH_LINES) -> None:
-        self.store, self.max_lines = store, max_lines
+                 batch_lines: int = FLUSH_LINES, log_dir: str | None = None) -> None:
+        self.store, self.max_lines, self.log_dir = store, max_lines, log_dir
         self.flush_seconds, self.batch_lines = flush_seconds, batch_lines
         self._shippers: dict[str, LogShipper] = {}
         self._lock = threading.Lock()
@@ -329,7 +299,8 @@ class LogShipping:
                 return shipper
             if shipper is not None:
                 shipper.abandon()  # what it could not write, the new one reads again
-            shipper = LogShipper(self.store, container, ref, self.max_lines, self.batch_lines)
+            shipper = LogShipper(self.store, container, ref, self.max_lines, self.batch_lines,
+                                 self.log_dir)
             self._shippers[key] = shipper
             shipper.start()
             if self._flusher is None and not self._stop.is_set():

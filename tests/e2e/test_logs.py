@@ -1,4 +1,5 @@
-"""Task logs end to end: bounded in Redis, whole in outputDir, served after the
+"""Task logs end to end: bounded in Redis, whole in the platform's log tree
+(`<first storage root>/.pai-logs` by default), served after the
 container and the monitor that shipped it are gone.
 
 A platform of its own (its own node, Redis database and ports) whose log
@@ -10,7 +11,6 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import docker
 import pytest
@@ -82,9 +82,7 @@ def test_a_100000_line_job_keeps_its_last_lines_and_all_of_them_in_output_dir(
     assert marker == (f"[pai: {LINES - len(kept)} earlier lines dropped; "
                       f"the log keeps the last {BOUND} lines]")
 
-    output_dir = bounded.http.get(
-        f"{bounded.url}/api/v1/user/alice/jobs/{name}/config", timeout=10).json()["outputDir"]
-    full = Path(output_dir) / "logs" / "0" / "main-0.log"
+    full = bounded.storage.joinpath(".pai-logs", f"alice~{name}", "0", "main-0.log")
     assert full.read_text().splitlines() == [str(n) for n in range(1, LINES + 1)]
 
 

@@ -427,7 +427,8 @@ def test_an_image_that_cannot_be_pulled_fails_the_job_without_retry(
 
 
 @pytest.mark.parametrize(("data_dir", "reason"), [
-    pytest.param("/etc", "dataDir /etc is outside the storage roots", id="outside the roots"),
+    pytest.param("/etc", "dataDir '/etc' must be under one of the storage roots",
+                 id="outside the roots"),
     pytest.param("{root}/nothing", "dataDir {root}/nothing does not exist on node {node}",
                  id="missing"),
 ])

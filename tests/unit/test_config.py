@@ -132,6 +132,24 @@ def test_relative_storage_roots_are_rejected(raw: str) -> None:
         load_settings({"PAI_STORAGE_ROOTS": raw})
 
 
+@pytest.mark.parametrize(("env", "expected"), [
+    pytest.param({"PAI_STORAGE_ROOTS": "/nfs,/data"}, "/nfs/.pai-logs",
+                 id="default: in the first storage root"),
+    pytest.param({"PAI_STORAGE_ROOTS": "/nfs", "PAI_LOG_DIR": "/var/lib/pai/logs/"},
+                 "/var/lib/pai/logs", id="set explicitly"),
+    pytest.param({}, None, id="no roots, no setting: Redis only"),
+])
+def test_task_log_dir(env: dict[str, str], expected: str | None) -> None:
+    settings = load_settings(env)
+    assert settings.task_log_dir == expected
+    assert settings.platform_dirs == ((expected,) if expected else ())
+
+
+def test_relative_log_dir_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="PAI_LOG_DIR"):
+        load_settings({"PAI_LOG_DIR": "logs"})
+
+
 # ------------------------------------------------------------- the secret
 
 

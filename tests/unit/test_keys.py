@@ -23,6 +23,7 @@ LITERAL_KEYS = [
     pytest.param(keys.NODES, "pai:nodes", id="NODES"),
     pytest.param(keys.USERS, "pai:users", id="USERS"),
     pytest.param(keys.VCS, "pai:vcs", id="VCS"),
+    pytest.param(keys.STORAGE_SHARES, "pai:storage:shares", id="STORAGE_SHARES"),
     pytest.param(keys.job(JOB), "pai:job:alice~mnist", id="job"),
     pytest.param(keys.job_config(JOB), "pai:job:alice~mnist:config", id="job_config"),
     pytest.param(keys.job_tasks(JOB, 0), "pai:job:alice~mnist:attempt:0:tasks",

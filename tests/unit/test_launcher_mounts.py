@@ -17,6 +17,7 @@ from services.launcher.mounts import (
     plan_storage,
 )
 from shared.models import JobSpec
+from shared.storage import StoragePath
 
 
 def spec(**dirs: str) -> JobSpec:
@@ -34,13 +35,15 @@ def spec(**dirs: str) -> JobSpec:
     pytest.param("/nfs", ("/nfs", "/nfs"), id="the root itself"),
 ])
 def test_host_path_accepts(value: str, expected: tuple[str, str] | None) -> None:
-    assert host_path("dataDir", value, ["/data", "/nfs"]) == expected
+    assert host_path("dataDir", value, ["/data", "/nfs"]) == \
+        (StoragePath(*expected) if expected else None)
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    pytest.param("/etc", "outside the storage roots", id="outside the roots"),
-    pytest.param("/nfsother/x", "outside the storage roots", id="sibling with the root prefix"),
-    pytest.param("/nfs/../etc", "without '..'", id="dot-dot"),
+    pytest.param("/etc", "must be under one of the storage roots", id="outside the roots"),
+    pytest.param("/nfsother/x", "must be under one of the storage roots",
+                 id="sibling with the root prefix"),
+    pytest.param("/nfs/../etc", "must not contain a '..' segment", id="dot-dot"),
     pytest.param("relative/dir", "absolute", id="relative"),
 ])
 def test_host_path_refuses(value: str, message: str) -> None:
@@ -49,7 +52,7 @@ def test_host_path_refuses(value: str, message: str) -> None:
 
 
 def test_no_roots_configured_is_named() -> None:
-    with pytest.raises(TaskSetupError, match="none configured"):
+    with pytest.raises(TaskSetupError, match="no storage roots are configured on this node"):
         host_path("codeDir", "/nfs/x", [])
 
 
@@ -91,12 +94,19 @@ def test_hdfs_dirs_are_not_mounted(root: Path) -> None:
                  "on node n1", id="missing dataDir"),
     pytest.param("codeDir", "{root}/bob/nothing", "codeDir {root}/bob/nothing does not exist",
                  id="missing codeDir"),
-    pytest.param("dataDir", "/etc", "outside the storage roots", id="dataDir outside roots"),
+    pytest.param("dataDir", "/etc", "must be under one of the storage roots",
+                 id="dataDir outside roots"),
     pytest.param("dataDir", "{root}/bob/link", "leads outside its storage root",
                  id="symlink out of the root"),
+    pytest.param("dataDir", "{root}/bob/inside", "passes through a symbolic link",
+                 id="symlink to another folder inside the root"),
+    pytest.param("codeDir", "{root}/bob/inside/x", "passes through a symbolic link",
+                 id="symlink as a middle component"),
 ])
 def test_plan_refuses(root: Path, field: str, value: str, message: str) -> None:
     os.symlink("/etc", root / "bob" / "link")
+    (root / "alice" / "x").mkdir(parents=True)
+    os.symlink(root / "alice", root / "bob" / "inside")
     with pytest.raises(TaskSetupError) as caught:
         plan_storage(spec(**{field: value.format(root=root)}), [str(root)], "n1")
     assert message.format(root=root) in str(caught.value)
@@ -113,3 +123,37 @@ def test_same_dir_twice_is_mounted_once_writable(root: Path) -> None:
     plan = plan_storage(spec(dataDir=f"{root}/bob/data", outputDir=f"{root}/bob/data"),
                         [str(root)], "n1")
     assert plan.mounts == (BindMount(f"{root}/bob/data", f"{root}/bob/data", False),)
+
+
+OUTPUT_LINKS = ["bob", "bob/j", "bob/j/output"]
+
+
+@pytest.mark.parametrize("planted", OUTPUT_LINKS, ids=[f"link at {p}" for p in OUTPUT_LINKS])
+def test_output_dir_is_never_created_through_a_link(tmp_path: Path, planted: str) -> None:
+    """Threat: a job (or the user's earlier job) plants a symbolic link at a
+    component of a later job's outputDir so that the launcher, root on the
+    node, creates and chmods 0777 a folder elsewhere (here: a folder of
+    alice's, inside the root, which the realpath check alone lets through)."""
+    root = tmp_path / "storage"
+    victim = root / "alice" / "private"
+    victim.mkdir(parents=True)
+    os.chmod(victim, 0o700)
+    link = root / planted
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(victim, link)
+
+    with pytest.raises(TaskSetupError, match="passes through a symbolic link"):
+        plan_storage(spec(outputDir=f"{root}/bob/j/output"), [str(root)], "n1")
+
+    assert list(victim.iterdir()) == []
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("field", ["dataDir", "outputDir"])
+def test_no_mount_overlaps_the_platform_log_tree(root: Path, field: str) -> None:
+    """Threat: a job (an admin's too) mounts the log tree, or a folder holding
+    it, and plants links or forges lines in other jobs' logs."""
+    (root / ".pai-logs").mkdir()
+    with pytest.raises(TaskSetupError, match="keeps for itself"):
+        plan_storage(spec(**{field: str(root)}), [str(root)], "n1",
+                     reserved=[f"{root}/.pai-logs"])

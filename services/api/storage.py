@@ -1,0 +1,248 @@
+"""Storage shares, and the storage check every submit passes.
+
+A user's jobs may mount their own folder `<root>/<user>/` (outputDir only
+there) and, read-only, folders an admin shared with them or with one of
+their virtual clusters. Admins manage those shares here:
+`GET/PUT/DELETE /api/v1/storage/shares/<name>` with
+`{"path": ..., "users": [...], "virtualClusters": [...]}`. The rules
+themselves are shared/storage.py's; this module reads and writes the
+shares (one Redis hash, written compare-and-set) and turns a refusal into
+a 403 naming each field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, request
+from marshmallow import RAISE, Schema, ValidationError, fields, validate
+
+from services.api.auth import current_user, require_admin
+from services.api.errors import ApiError
+from services.api.platform import platform
+from shared import keys, storage
+from shared.accounts import User
+from shared.jobspec import MAX_PATH_CHARS
+from shared.names import NAME_PATTERN, canonical_name
+from shared.storage import Caller, Share
+from shared.store import Pipe, Store
+
+bp = Blueprint("storage", __name__, url_prefix="/api/v1/storage")
+
+MAX_SHARE_MEMBERS = 1000
+
+
+def _canonical(value: str) -> str:
+    try:
+        return canonical_name(value)
+    except ValueError as error:
+        raise ValidationError(str(error)) from None
+
+
+class _Name(fields.String):
+    """A user or VC name, loaded in its canonical (lowercase) form."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
+        return _canonical(super()._deserialize(value, attr, data, **kwargs))
+
+
+def _members(description: str) -> fields.List:
+    return fields.List(_Name(metadata={"description": "a name; stored in lowercase"}),
+                       load_default=list,
+                       validate=validate.Length(max=MAX_SHARE_MEMBERS),
+                       metadata={"description": description})
+
+
+class StorageSharePutSchema(Schema):
+    """What an admin sends to create or change a share."""
+
+    class Meta:
+        unknown = RAISE
+
+    path = fields.String(required=True, validate=validate.Length(min=1, max=MAX_PATH_CHARS),
+                         metadata={"description": "a folder strictly inside a storage root"})
+    users = _members("users who may mount the folder (read-only)")
+    virtualClusters = _members("virtual clusters whose users may mount it (read-only)")
+
+
+class StorageShareSchema(Schema):
+    name = fields.String(required=True, metadata={"pattern": NAME_PATTERN})
+    path = fields.String(required=True)
+    users = fields.List(fields.String(), required=True)
+    virtualClusters = fields.List(fields.String(), required=True)
+
+
+_PUT = StorageSharePutSchema()
+
+
+# ---------------------------------------------------------------- records
+
+
+def load_shares(store: Store) -> tuple[Share, ...]:
+    """Every share, from the one hash that holds them (name -> JSON)."""
+    return tuple(Share.from_json(name, raw)
+                 for name, raw in sorted(store.r.hgetall(keys.STORAGE_SHARES).items()))
+
+
+def _put_share(store: Store, share: Share) -> bool:
+    """Write the share; True if it existed before."""
+
+    def write(pipe: Pipe) -> bool:
+        existed = bool(pipe.hexists(keys.STORAGE_SHARES, share.name))
+        pipe.multi()
+        pipe.hset(keys.STORAGE_SHARES, share.name, share.to_json())
+        return existed
+
+    return store.transact(write, keys.STORAGE_SHARES)
+
+
+def _delete_share(store: Store, name: str) -> bool:
+    """Remove the share; False if there was none."""
+
+    def remove(pipe: Pipe) -> bool:
+        if not pipe.hexists(keys.STORAGE_SHARES, name):
+            return False
+        pipe.multi()
+        pipe.hdel(keys.STORAGE_SHARES, name)
+        return True
+
+    return store.transact(remove, keys.STORAGE_SHARES)
+
+
+# ---------------------------------------------------------------- the submit check
+
+
+def check_job_storage(config: dict[str, Any], caller: User) -> None:
+    """403 naming every storage field of a validated config that `caller` may
+    not mount. Admins may name any folder under a storage root (as a Slurm
+    or OpenPAI admin may), never the platform's own log tree."""
+    pai = platform()
+    shares = () if caller.admin else load_shares(pai.store)
+    who = Caller(caller.username, tuple(caller.virtual_clusters), caller.admin, shares)
+    found = storage.refusals(config, pai.settings.storage_roots, who,
+                             pai.settings.platform_dirs)
+    if found:
+        names = ", ".join(sorted(found))
+        raise ApiError("ForbiddenStorageError",
+                       f"the job may not mount {names}: outputDir must be in your own folder "
+                       f"<root>/{caller.username}/, dataDir and codeDir there or in a folder "
+                       f"shared with you", 403, fields=found)
+
+
+# ---------------------------------------------------------------- views
+
+
+def _name_or_404(name: str) -> str:
+    try:
+        return canonical_name(name)
+    except ValueError:
+        raise ApiError("NoStorageShareError", f"storage share {name} does not exist",
+                       404) from None
+
+
+def _visible(share: Share, user: User) -> bool:
+    return user.admin or share.grants(user.username, user.virtual_clusters)
+
+
+@bp.get("/shares")
+def list_shares() -> list[dict[str, Any]]:
+    """The storage shares: all of them for an admin, those granted to you otherwise.
+    ---
+    get:
+      responses:
+        200:
+          content:
+            application/json:
+              schema: {type: array, items: StorageShareSchema}
+    """
+    user = current_user()
+    return [s.view() for s in load_shares(platform().store) if _visible(s, user)]
+
+
+@bp.get("/shares/<name>")
+def get_share(name: str) -> dict[str, Any]:
+    """One storage share (admins, or a user it is granted to).
+    ---
+    get:
+      responses:
+        200: {content: {application/json: {schema: StorageShareSchema}}}
+        404: NotFound
+    """
+    wanted = _name_or_404(name)
+    for share in load_shares(platform().store):
+        if share.name == wanted and _visible(share, current_user()):
+            return share.view()
+    raise ApiError("NoStorageShareError", f"storage share {name} does not exist", 404)
+
+
+@bp.put("/shares/<name>")
+def put_share(name: str) -> tuple[dict[str, Any], int]:
+    """Create or change a storage share (admin only); its users mount it read-only.
+    ---
+    put:
+      requestBody:
+        required: true
+        content: {application/json: {schema: StorageSharePutSchema}}
+      responses:
+        200:
+          description: changed
+          content: {application/json: {schema: StorageShareSchema}}
+        201:
+          description: created
+          content: {application/json: {schema: StorageShareSchema}}
+        400: BadRequest
+        403: Forbidden
+    """
+    require_admin()
+    try:
+        share_name = canonical_name(name)
+    except ValueError as error:
+        raise ApiError("BadRequestError", f"share name: {error}") from None
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ApiError("BadRequestError",
+                       'send {"path": ..., "users": [...], "virtualClusters": [...]}')
+    try:
+        loaded: dict[str, Any] = _PUT.load(body)
+    except ValidationError as error:
+        raise ApiError("BadRequestError", "the share has invalid fields", 400,
+                       fields=_flat(error.messages)) from None
+    pai = platform()
+    problem = storage.share_path_problem(loaded["path"], pai.settings.storage_roots,
+                                         pai.settings.platform_dirs)
+    if problem:
+        raise ApiError("BadRequestError", f"path {problem}", 400, fields={"path": [problem]})
+    where = storage.resolve(loaded["path"], pai.settings.storage_roots)
+    assert where is not None  # share_path_problem said so
+    share = Share(share_name, where.path, tuple(sorted(set(loaded["users"]))),
+                  tuple(sorted(set(loaded["virtualClusters"]))))
+    existed = _put_share(pai.store, share)
+    return share.view(), 200 if existed else 201
+
+
+@bp.delete("/shares/<name>")
+def delete_share(name: str) -> dict[str, Any]:
+    """Delete a storage share (admin only); running jobs keep their mounts.
+    ---
+    delete:
+      responses:
+        200: {content: {application/json: {schema: Message}}}
+        403: Forbidden
+        404: NotFound
+    """
+    require_admin()
+    if not _delete_share(platform().store, _name_or_404(name)):
+        raise ApiError("NoStorageShareError", f"storage share {name} does not exist", 404)
+    return {"message": f"storage share {name} deleted"}
+
+
+def _flat(messages: Any) -> dict[str, list[str]]:
+    """`{"users": {0: [...]}}` as `{"users.0": [...]}`: the API's one error shape."""
+    out: dict[str, list[str]] = {}
+    for key, value in messages.items():
+        if isinstance(value, dict):
+            for index, inner in _flat(value).items():
+                out[f"{key}.{index}"] = inner
+        else:
+            out[str(key)] = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return out

@@ -1,0 +1,114 @@
+"""File-system walks that no symbolic link can redirect.
+
+The launcher and the monitor run as root on the node, and a job can write
+into its outputDir (and a user's other jobs into the rest of their folder):
+any component of a path there may be a link the job planted, pointing at a
+host file. `os.makedirs` and `open` follow such links. These helpers start
+from a trusted folder (a storage root, the platform's log tree) and open
+each component relative to the previous one with `O_NOFOLLOW | O_DIRECTORY`,
+creating missing ones with `mkdir(dir_fd=...)`, so a link anywhere below the
+start makes the walk fail (ELOOP or ENOTDIR) instead of leading elsewhere.
+The file at the end is opened the same way and must be a regular file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_APPEND_FLAGS = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                 | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+
+
+class UnsafePath(OSError):
+    """A component is a link or not a folder, or a name is not one component."""
+
+
+def _check_name(name: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\x00" in name:
+        raise UnsafePath(errno.EINVAL, f"{name!r} is not a single path component")
+
+
+@contextmanager
+def open_dir(start: str, parts: Sequence[str], *, create: bool = False,
+             mode: int = 0o755) -> Iterator[int]:
+    """A descriptor of `start/parts...`, reached without following a link
+    below `start` (`start` itself is trusted and may be one). With `create`,
+    missing components are made with `mode` (exactly: the umask is undone).
+    Raises UnsafePath for a link or a non-folder on the way, FileNotFoundError
+    for a missing component without `create`, and OSError otherwise."""
+    for part in parts:
+        _check_name(part)
+    fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            parent, fd = fd, -1
+            fd = _step(parent, part, create, mode)  # closes parent, even on failure
+        yield fd
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _step(parent: int, name: str, create: bool, mode: int) -> int:
+    """Open `name` in `parent` (closing `parent`), creating it if asked."""
+    try:
+        for _ in range(2):  # a second try only if someone made it between our calls
+            try:
+                return os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except FileNotFoundError:
+                if not create:
+                    raise
+            try:
+                os.mkdir(name, mode, dir_fd=parent)
+            except FileExistsError:
+                continue
+            child = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            os.fchmod(child, mode)  # mkdir's mode is cut by the umask
+            return child
+        raise FileExistsError(errno.EEXIST, f"{name} keeps changing")
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePath(error.errno, f"{name} is a symbolic link or not a folder") \
+                from None
+        raise
+    finally:
+        os.close(parent)
+
+
+def append(start: str, parts: Sequence[str], data: bytes, *, dir_mode: int = 0o750,
+           file_mode: int = 0o640) -> None:
+    """Append `data` to the file `start/parts...`, creating it and its folders,
+    without following a link anywhere below `start`. A planted FIFO, device
+    or hard-linked file is refused, never written through."""
+    *folders, name = parts
+    _check_name(name)
+    with open_dir(start, folders, create=True, mode=dir_mode) as parent:
+        try:
+            fd = os.open(name, _APPEND_FLAGS, file_mode, dir_fd=parent)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENXIO):
+                raise UnsafePath(error.errno, f"{name} is a symbolic link or a pipe") from None
+            raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise UnsafePath(errno.EPERM, f"{name} is not a plain file of its own")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def real_dir(start: str, parts: Sequence[str], *, create: bool = False,
+             mode: int = 0o755) -> str:
+    """The path of `start/parts...` after a link-free walk (see open_dir): the
+    caller may hand this path on (to Docker) knowing no component below
+    `start` was a link when it was checked."""
+    with open_dir(start, parts, create=create, mode=mode):
+        return os.path.join(os.path.realpath(start), *parts)
