@@ -27,9 +27,8 @@ from marshmallow import (
     validates_schema,
 )
 
-from shared.capabilities import capability_list_errors
-
 from shared import storage
+from shared.capabilities import capability_list_errors
 from shared.storage import StoragePathError
 
 MAX_TASK_ROLES = 100
