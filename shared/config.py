@@ -87,6 +87,12 @@ class Settings:
     launch_timeout_seconds: float = 120.0
     log_max_lines: int = 100_000
     log_level: str = "INFO"
+    # The API's capacity (docs/performance.md): log follows one user may hold
+    # at once across every API process, the seconds a client has to send its
+    # request headers (and then its body), and connections per API process.
+    api_follows_per_user: int = 8
+    api_read_timeout_seconds: float = 10.0
+    api_worker_connections: int = 1000
 
     @property
     def default_fs_uri(self) -> str:
@@ -135,6 +141,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
         log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),
+        api_follows_per_user=_int(env, "PAI_API_FOLLOWS_PER_USER",
+                                  defaults.api_follows_per_user)
+        or defaults.api_follows_per_user,
+        api_read_timeout_seconds=_seconds(env, "PAI_API_READ_TIMEOUT_SECONDS",
+                                          defaults.api_read_timeout_seconds),
+        api_worker_connections=_int(env, "PAI_API_WORKER_CONNECTIONS",
+                                    defaults.api_worker_connections)
+        or defaults.api_worker_connections,
     )
     if not settings.dev_mode and settings.secret_key == DEFAULT_SECRET:
         raise ConfigError("PAI_SECRET_KEY must be set to a secret of your own outside dev mode")

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
 from flask import Blueprint, Response, current_app, request, stream_with_context
 
+from services.api import sse
 from services.api.auth import current_user, require_self_or_admin
 from services.api.errors import ApiError
+from services.api.follows import RENEW_SECONDS, FollowRefused, follows_of
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from shared.accounts import Accounts
@@ -30,7 +31,6 @@ MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_BLOCK_MS = 1000
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
-LOG_ID = re.compile(r"^\d{1,20}-\d{1,20}\Z")
 # Feasibility at submit is judged against nodes read at most this long ago.
 NODES_FRESH_SECONDS = 1.0
 NODES_EXTENSION = "pai.known_nodes"
@@ -337,12 +337,9 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
     if request.args.get("follow", "").lower() in ("1", "true"):
         resume = request.headers.get("Last-Event-ID") or None
-        if resume is not None and not LOG_ID.match(resume):
+        if resume is not None and sse.parse_stream_id(resume) is None:
             raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
-        return Response(stream_with_context(_follow(job.id, attempt, role, index, tail,
-                                                    resume)),
-                        mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _follow_response(job.id, attempt, role, index, tail, resume)
     lines = platform().store.read_log(job.id, attempt, role, index, tail=tail)
     marker = _dropped_marker(job.id, attempt, role, index, tail)
     text = "".join(line + "\n" for line in ([marker] if marker else [])
@@ -361,38 +358,72 @@ def _dropped_marker(job_id: str, attempt: int, role: str, index: int, tail: int)
             f"{pai.settings.log_max_lines} lines]")
 
 
+def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int,
+                     resume: str | None) -> Response:
+    """The follow stream, once the caller holds a follow lease (else 429/503).
+
+    The lease goes back when the response closes: when the stream ends, and
+    when the server finds the client gone and closes it (services/api/follows.py).
+    """
+    pai, username = platform(), current_user().username
+    follows = follows_of(current_app, pai.store, pai.settings.api_follows_per_user,
+                         pai.settings.api_worker_connections)
+    try:
+        lease = follows.open(username)
+    except FollowRefused as refused:
+        return refused.response()
+    try:
+        response = Response(
+            stream_with_context(_follow(job_id, attempt, role, index, tail, resume,
+                                        renew=lambda: follows.leases.renew(username, lease))),
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        response.call_on_close(lambda: follows.close(username, lease))
+    except BaseException:
+        follows.close(username, lease)
+        raise
+    return response
+
+
 def _follow(job_id: str, attempt: int, role: str, index: int, tail: int,
-            resume_after: str | None) -> Iterator[str]:
+            resume_after: str | None, renew: Callable[[], bool]) -> Iterator[str]:
     """Server-sent events: the last lines, then new ones until the task ends.
 
     Each line carries its stream id, so a client that reconnects with
     Last-Event-ID resumes after the last line it saw; a comment every
-    KEEPALIVE_SECONDS tells a quiet log from a dead server.
+    KEEPALIVE_SECONDS tells a quiet log from a dead server. Frames come from
+    services/api/sse.py, so no line a job prints can start a field or an
+    event. The follow renews its lease as it goes; a follow whose lease is
+    gone ends without the end event, so its client reconnects and resumes.
     """
     store = platform().store
     last = resume_after or store.last_log_id(job_id, attempt, role, index)
     if resume_after is None:
         marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
         if marker:
-            yield f"data: {marker}\n\n"
+            yield sse.frame(marker)
         for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
-            yield f"id: {entry_id}\ndata: {line}\n\n"
+            yield sse.frame(line, event_id=entry_id)
     deadline = time.monotonic() + FOLLOW_MAX_SECONDS
-    quiet_since = time.monotonic()
+    quiet_since = renewed = time.monotonic()
     while time.monotonic() < deadline:
+        if time.monotonic() - renewed >= RENEW_SECONDS:
+            if not renew():
+                return
+            renewed = time.monotonic()
         entries = store.follow_log(job_id, attempt, role, index, after=last,
                                    block_ms=FOLLOW_BLOCK_MS)
         for entry_id, line in entries:
             last = entry_id
-            yield f"id: {entry_id}\ndata: {line}\n\n"
+            yield sse.frame(line, event_id=entry_id)
         if entries:
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
             quiet_since = time.monotonic()
-            yield ": keep-alive\n\n"
+            yield sse.comment("keep-alive")
         # The monitor ships a task's last lines before settling it: once it is
         # settled and one more read finds nothing, every line has been sent.
         if not entries and store.task_settled(job_id, attempt, role, index) \
                 and not store.follow_log(job_id, attempt, role, index, after=last, block_ms=0):
             break
-    yield "event: end\ndata: \n\n"
+    yield sse.frame("", event="end")
