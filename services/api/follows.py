@@ -8,7 +8,10 @@ it when the response closes. A lease whose process died is not renewed and
 stops counting when it expires. Beyond the cap: 429 with `Retry-After`.
 
 Each process also keeps at most half of its connections for follows, so
-that requests always find a free connection however many users follow.
+that requests always find a free connection however many users follow, and
+follows read Redis through a pool of their own, one connection per follow
+slot: a follow waits on Redis (XREAD BLOCK) holding a connection, and must
+not take the ones requests need.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from flask import Flask, Response
 
 from services.api.errors import ApiError
 from shared import keys
-from shared.store import Contention, Pipe, Store
+from shared.config import Settings
+from shared.store import Contention, Pipe, Store, connect
 
 LEASE_SECONDS = 30.0
 RENEW_SECONDS = LEASE_SECONDS / 3
@@ -134,6 +138,11 @@ class Follows:
     leases: FollowLeases
     slots: _ProcessSlots
 
+    @property
+    def store(self) -> Store:
+        """The follows' own Redis pool (see the module's docstring)."""
+        return self.leases.store
+
     def open(self, username: str) -> str:
         """A lease for one more follow by `username`, or FollowRefused."""
         if not self.slots.take():
@@ -162,12 +171,14 @@ class Follows:
 _create_lock = threading.Lock()
 
 
-def follows_of(app: Flask, store: Store, per_user: int, connections: int) -> Follows:
+def follows_of(app: Flask, settings: Settings) -> Follows:
     """The app's Follows, made on first use (one per process, as the app is)."""
     with _create_lock:
         found: Follows | None = app.extensions.get(EXTENSION)
         if found is None:
-            found = Follows(FollowLeases(store, per_user),
-                            _ProcessSlots(max(1, connections // 2)))
+            slots = max(1, settings.api_worker_connections // 2)
+            store = Store(connect(settings.redis_url, pool_size=slots))
+            found = Follows(FollowLeases(store, settings.api_follows_per_user),
+                            _ProcessSlots(slots))
             app.extensions[EXTENSION] = found
         return found

@@ -22,7 +22,7 @@ from shared.jobspec import InvalidJobConfig, validate_job_config
 from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
 from shared.models import Job, JobSpec, Node, job_id_of
 from shared.states import JobState
-from shared.store import JobConflict
+from shared.store import JobConflict, Store
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 
@@ -365,16 +365,16 @@ def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int
     The lease goes back when the response closes: when the stream ends, and
     when the server finds the client gone and closes it (services/api/follows.py).
     """
-    pai, username = platform(), current_user().username
-    follows = follows_of(current_app, pai.store, pai.settings.api_follows_per_user,
-                         pai.settings.api_worker_connections)
+    username = current_user().username
+    follows = follows_of(current_app, platform().settings)
     try:
         lease = follows.open(username)
     except FollowRefused as refused:
         return refused.response()
     try:
         response = Response(
-            stream_with_context(_follow(job_id, attempt, role, index, tail, resume,
+            stream_with_context(_follow(follows.store, job_id, attempt, role, index, tail,
+                                        resume,
                                         renew=lambda: follows.leases.renew(username, lease))),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -385,7 +385,7 @@ def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int
     return response
 
 
-def _follow(job_id: str, attempt: int, role: str, index: int, tail: int,
+def _follow(store: Store, job_id: str, attempt: int, role: str, index: int, tail: int,
             resume_after: str | None, renew: Callable[[], bool]) -> Iterator[str]:
     """Server-sent events: the last lines, then new ones until the task ends.
 
@@ -395,15 +395,20 @@ def _follow(job_id: str, attempt: int, role: str, index: int, tail: int,
     services/api/sse.py, so no line a job prints can start a field or an
     event. The follow renews its lease as it goes; a follow whose lease is
     gone ends without the end event, so its client reconnects and resumes.
+    It reads Redis through `store`, the follows' own pool.
     """
-    store = platform().store
     last = resume_after or store.last_log_id(job_id, attempt, role, index)
+    sent = False
     if resume_after is None:
         marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
         if marker:
+            sent = True
             yield sse.frame(marker)
         for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
+            sent = True
             yield sse.frame(line, event_id=entry_id)
+    if not sent:  # the answer's headers leave with its first bytes: do not wait for a line
+        yield sse.comment("following")
     deadline = time.monotonic() + FOLLOW_MAX_SECONDS
     quiet_since = renewed = time.monotonic()
     while time.monotonic() < deadline:
