@@ -10,8 +10,9 @@ stops counting when it expires. Beyond the cap: 429 with `Retry-After`.
 Each process also keeps at most half of its connections for follows, so
 that requests always find a free connection however many users follow, and
 follows read Redis through a pool of their own, one connection per follow
-slot: a follow waits on Redis (XREAD BLOCK) holding a connection, and must
-not take the ones requests need.
+slot: a log's reader waits on Redis (XREAD BLOCK) holding a connection, and
+must not take the ones requests need. Followers of one log share one reader
+(services/api/loghub.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from flask import Flask, Response
 
 from services.api.errors import ApiError
+from services.api.loghub import LogHub
 from shared import keys
 from shared.config import Settings
 from shared.store import Contention, Pipe, Store, connect
@@ -137,6 +139,10 @@ class Follows:
 
     leases: FollowLeases
     slots: _ProcessSlots
+    hub: LogHub = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hub = LogHub(self.leases.store)
 
     @property
     def store(self) -> Store:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,7 +14,8 @@ from flask import Blueprint, Response, current_app, request, stream_with_context
 from services.api import sse
 from services.api.auth import current_user, require_self_or_admin
 from services.api.errors import ApiError
-from services.api.follows import RENEW_SECONDS, FollowRefused, follows_of
+from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
+from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from shared.accounts import Accounts
@@ -22,13 +24,12 @@ from shared.jobspec import InvalidJobConfig, validate_job_config
 from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
 from shared.models import Job, JobSpec, Node, job_id_of
 from shared.states import JobState
-from shared.store import JobConflict, Store
+from shared.store import JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 
 MAX_TAIL = 100_000
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
-FOLLOW_BLOCK_MS = 1000
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
 # Feasibility at submit is judged against nodes read at most this long ago.
@@ -373,8 +374,7 @@ def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int
         return refused.response()
     try:
         response = Response(
-            stream_with_context(_follow(follows.store, job_id, attempt, role, index, tail,
-                                        resume,
+            stream_with_context(_follow(follows, job_id, attempt, role, index, tail, resume,
                                         renew=lambda: follows.leases.renew(username, lease))),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -385,7 +385,7 @@ def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int
     return response
 
 
-def _follow(store: Store, job_id: str, attempt: int, role: str, index: int, tail: int,
+def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, tail: int,
             resume_after: str | None, renew: Callable[[], bool]) -> Iterator[str]:
     """Server-sent events: the last lines, then new ones until the task ends.
 
@@ -393,42 +393,61 @@ def _follow(store: Store, job_id: str, attempt: int, role: str, index: int, tail
     Last-Event-ID resumes after the last line it saw; a comment every
     KEEPALIVE_SECONDS tells a quiet log from a dead server. Frames come from
     services/api/sse.py, so no line a job prints can start a field or an
-    event. The follow renews its lease as it goes; a follow whose lease is
-    gone ends without the end event, so its client reconnects and resumes.
-    It reads Redis through `store`, the follows' own pool.
+    event. New lines come from the process's one reader of this log
+    (services/api/loghub.py); this follow joins it before reading its own
+    start, and skips what it has sent. It renews its lease as it goes; a
+    follow whose lease is gone ends without the end event, so its client
+    reconnects and resumes.
     """
-    last = resume_after or store.last_log_id(job_id, attempt, role, index)
-    sent = False
-    if resume_after is None:
-        marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
-        if marker:
-            sent = True
-            yield sse.frame(marker)
-        for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
-            sent = True
-            yield sse.frame(line, event_id=entry_id)
-    if not sent:  # the answer's headers leave with its first bytes: do not wait for a line
-        yield sse.comment("following")
-    deadline = time.monotonic() + FOLLOW_MAX_SECONDS
-    quiet_since = renewed = time.monotonic()
-    while time.monotonic() < deadline:
-        if time.monotonic() - renewed >= RENEW_SECONDS:
-            if not renew():
-                return
-            renewed = time.monotonic()
-        entries = store.follow_log(job_id, attempt, role, index, after=last,
-                                   block_ms=FOLLOW_BLOCK_MS)
-        for entry_id, line in entries:
-            last = entry_id
-            yield sse.frame(line, event_id=entry_id)
-        if entries:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
-            quiet_since = time.monotonic()
-            yield sse.comment("keep-alive")
-        # The monitor ships a task's last lines before settling it: once it is
-        # settled and one more read finds nothing, every line has been sent.
-        if not entries and store.task_settled(job_id, attempt, role, index) \
-                and not store.follow_log(job_id, attempt, role, index, after=last, block_ms=0):
-            break
+    store, hub = follows.store, follows.hub
+    feed = hub.join(TaskLog(job_id, attempt, role, index))
+    try:
+        with feed.cond:
+            position = feed.end
+        last = resume_after or store.last_log_id(job_id, attempt, role, index)
+        sent = False
+        if resume_after is None:
+            marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
+            if marker:
+                sent = True
+                yield sse.frame(marker)
+            for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
+                sent = True
+                last = max(last, entry_id, key=stream_position)
+                yield sse.frame(line, event_id=entry_id)
+        if not sent:  # the answer's headers leave with its first bytes: do not wait
+            yield sse.comment("following")
+        catch_up = True
+        deadline = time.monotonic() + FOLLOW_MAX_SECONDS
+        quiet_since = time.monotonic()
+        # Follows that start together would renew together, all on one user's
+        # key: a random first renewal spreads them out.
+        renewed = quiet_since - random.uniform(0, RENEW_SECONDS)
+        while time.monotonic() < deadline:
+            if time.monotonic() - renewed >= RENEW_SECONDS:
+                if not renew():
+                    return
+                renewed = time.monotonic()
+            with feed.cond:
+                if feed.end <= position and not feed.settled and not catch_up:
+                    feed.cond.wait(timeout=1.0)
+                batch, position, dropped = feed.since(position)
+                settled = feed.settled
+            frames = []
+            if catch_up or dropped:  # from Redis: what the feed does not hold for us
+                catch_up = False
+                frames = [(entry_id, sse.frame(line, event_id=entry_id)) for entry_id, line
+                          in store.read_log(job_id, attempt, role, index, after=last)]
+            for entry_id, frame in frames + batch:
+                if stream_position(entry_id) > stream_position(last):
+                    last = entry_id
+                    quiet_since = time.monotonic()
+                    yield frame
+            if settled:
+                break
+            if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                quiet_since = time.monotonic()
+                yield sse.comment("keep-alive")
+    finally:
+        hub.leave(feed)
     yield sse.frame("", event="end")

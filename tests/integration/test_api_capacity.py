@@ -23,6 +23,7 @@ import pytest
 import redis
 import requests
 
+from cli.sse import Event, parse_events
 from services.monitor.logs import append_log_entries
 from shared.containers import TaskRef
 from tests.conftest import REPO_ROOT, _free_port
@@ -258,3 +259,35 @@ def test_follows_over_the_cap_get_429_with_retry_after_until_one_closes(
         pytest.fail("the closed follow never gave its lease back")
     for sock in held:
         sock.close()
+
+
+def test_followers_of_one_log_each_get_every_line_once_in_order(
+        serve: Callable[..., Api], redis_client: redis.Redis) -> None:
+    """Followers of one log share one reader per process: none may miss a line,
+    see one twice, or see them out of order, whenever it joined."""
+    api = serve()
+    task = TaskRef("root~followed", 0, "main", 0)
+    append_log_entries(redis_client, task, [("line 1", None)], 1000)
+    got: dict[int, list[Event]] = {}
+
+    def follow(n: int) -> None:
+        with api.http.get(f"{api.url}{FOLLOWED}", stream=True,
+                          timeout=DEADLINE_SECONDS) as resp:
+            got[n] = list(parse_events(line.decode() for line in resp.iter_lines()))
+
+    threads = [threading.Thread(target=follow, args=(n,)) for n in range(3)]
+    threads[0].start()
+    for n in range(2, 41):
+        append_log_entries(redis_client, task, [(f"line {n}", None)], 1000)
+        if n in (10, 20):
+            threads[n // 10].start()  # joining while lines flow
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while redis_client.zcard("pai:follows:root") < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert api.http.put(f"{api.url}/api/v1/user/root/jobs/followed/executionType",
+                        json={"value": "STOP"}, timeout=DEADLINE_SECONDS).status_code == 202
+    for thread in threads:
+        thread.join(timeout=DEADLINE_SECONDS)
+
+    expected = [Event("message", f"line {n}") for n in range(1, 41)] + [Event("end", "")]
+    assert got == {0: expected, 1: expected, 2: expected}
