@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import redis
@@ -30,7 +29,7 @@ from shared.store import Store
 
 log = logging.getLogger("pai.api")
 
-FEED_LINES = 10_000  # lines a feed keeps for followers that fall behind
+FEED_LINES = 10_000  # lines a feed keeps at least, for followers that fall behind
 READ_BLOCK_MS = 1000
 RETRY_SECONDS = 1.0
 
@@ -55,7 +54,7 @@ class Feed:
 
     last_id: str
     cond: threading.Condition = field(default_factory=threading.Condition)
-    entries: deque[tuple[str, str]] = field(default_factory=deque)
+    entries: list[tuple[str, str]] = field(default_factory=list)
     base: int = 0
     settled: bool = False
     followers: int = 0
@@ -70,7 +69,19 @@ class Feed:
         Call with `cond` held."""
         dropped = position < self.base
         start = max(0, position - self.base)
-        return list(self.entries)[start:], self.end, dropped
+        return self.entries[start:], self.end, dropped
+
+    def add(self, entry_id: str, frame: str) -> None:
+        """Append a line; past 2 x FEED_LINES, drop the oldest down to FEED_LINES
+        (in one go, so that the cost of dropping is spread over the lines).
+
+        Call with `cond` held."""
+        self.entries.append((entry_id, frame))
+        self.last_id = entry_id
+        if len(self.entries) > 2 * FEED_LINES:
+            drop = len(self.entries) - FEED_LINES
+            del self.entries[:drop]
+            self.base += drop
 
 
 class LogHub:
@@ -117,11 +128,7 @@ class LogHub:
                 continue
             with feed.cond:
                 for entry_id, line in entries:
-                    feed.entries.append((entry_id, sse.frame(line, event_id=entry_id)))
-                    feed.last_id = entry_id
-                while len(feed.entries) > FEED_LINES:
-                    feed.entries.popleft()
-                    feed.base += 1
+                    feed.add(entry_id, sse.frame(line, event_id=entry_id))
                 feed.settled = settled
                 feed.cond.notify_all()
             if settled:
