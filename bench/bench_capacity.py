@@ -21,7 +21,7 @@ The follow cap per user (PAI_API_FOLLOWS_PER_USER) is raised for the run so
 that one user can hold every follower; everything else is the default. The
 ratio is the p99 under load over the idle p99 (the goal: at most 2).
 
-PAI_BENCH_CAPACITY_CALLS overrides the submits and lists per phase (400 each).
+PAI_BENCH_CAPACITY_CALLS overrides the submits and lists per phase (1,000 each).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from shared.store import connect
 FOLLOWERS = 500
 SLOW_LORIS = 64
 LINES_PER_SECOND = 2
-CALLS = 400
+CALLS = 1000
 WARMUP = 20
 CONNECT_SECONDS = 120.0
 FOLLOWED = "followed"

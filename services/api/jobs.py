@@ -430,7 +430,11 @@ def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, 
                 renewed = time.monotonic()
             with feed.cond:
                 if feed.end <= position and not feed.settled and not catch_up:
-                    feed.cond.wait(timeout=1.0)
+                    # The reader wakes us for lines and the end; we wake ourselves
+                    # only for what is due: the next renewal or keep-alive.
+                    now = time.monotonic()
+                    feed.cond.wait(timeout=max(0.05, min(renewed + RENEW_SECONDS,
+                                                         quiet_since + KEEPALIVE_SECONDS) - now))
                 batch, position, dropped = feed.since(position)
                 settled = feed.settled
             frames = []

@@ -10,7 +10,8 @@ once, to a shared feed; each follower only takes what is new and writes it.
 A follower joins the feed before it reads its own start (the tail, or the
 lines after its Last-Event-ID) from Redis, so no line falls between the two;
 it skips ids it has already sent. A follower that falls further behind than
-the feed keeps reads the gap from Redis again. The reader also notices when
+the feed keeps reads the gap from Redis again. Followers are woken a small
+group at a time, so a request never waits behind the whole fan-out. The reader also notices when
 the task has settled and every line is in the feed, and then stops; it stops
 too when the last follower leaves.
 """
@@ -18,6 +19,7 @@ too when the last follower leaves.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ log = logging.getLogger("pai.api")
 FEED_LINES = 10_000  # lines a feed keeps at least, for followers that fall behind
 READ_BLOCK_MS = 1000
 RETRY_SECONDS = 1.0
+WAKE_GROUP = 16
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,18 @@ class LogHub:
         with self.lock:
             feed.followers -= 1
 
+    @staticmethod
+    def _wake(feed: Feed, followers: int) -> None:
+        """Wake the followers a group at a time, yielding between groups.
+
+        Under gevent everything woken at once runs before a request that
+        arrives meanwhile; in groups, a request waits for one group at most.
+        """
+        for _ in range(math.ceil(followers / WAKE_GROUP) or 1):
+            with feed.cond:
+                feed.cond.notify(WAKE_GROUP)
+            time.sleep(0)  # gevent: let the woken group, and any request, run
+
     def _read(self, task: TaskLog, feed: Feed) -> None:
         """Read the stream into the feed until no one follows or the task has settled."""
         args = (task.job_id, task.attempt, task.role, task.index)
@@ -130,7 +145,9 @@ class LogHub:
                 for entry_id, line in entries:
                     feed.add(entry_id, sse.frame(line, event_id=entry_id))
                 feed.settled = settled
-                feed.cond.notify_all()
+                followers = feed.followers
+            if entries or settled:
+                self._wake(feed, followers)
             if settled:
                 with self.lock:
                     if self.feeds.get(task) is feed:
