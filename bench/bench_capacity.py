@@ -7,7 +7,8 @@ Redis, alone: no scheduler, launcher or monitor, so the figures are the
 API's own. One client in this process, on one keep-alive connection,
 alternates `POST /api/v1/user/alice/jobs` (a one-task job, a fresh name each
 time) and `GET /api/v1/jobs?limit=50`, first with nothing else connected
-(the reference), then under load:
+(the reference), then under load, made by a second process (so that its
+work does not share the measuring client's interpreter):
 
 - FOLLOWERS connections follow one task's log as server-sent events
   (`?follow=1`) and read everything they are sent; a writer appends
@@ -27,12 +28,14 @@ PAI_BENCH_CAPACITY_CALLS overrides the submits and lists per phase (1,000 each).
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import selectors
 import socket
 import threading
 import time
 import uuid
+from multiprocessing.connection import Connection
 from urllib.parse import urlsplit
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis
@@ -53,10 +56,8 @@ FOLLOWED = "followed"
 class Followers:
     """FOLLOWERS raw connections following one log, drained by one thread."""
 
-    def __init__(self, pai: Platform, count: int) -> None:
-        where = urlsplit(pai.url)
-        self.address = (where.hostname or "127.0.0.1", where.port or 80)
-        token = str(pai.http.headers["Authorization"])
+    def __init__(self, address: tuple[str, int], token: str, count: int) -> None:
+        self.address = address
         self.request = (f"GET /api/v1/user/{USER}/jobs/{FOLLOWED}/tasks/main/0/log?follow=1 "
                         f"HTTP/1.1\r\nHost: bench\r\nAuthorization: {token}\r\n\r\n"
                         ).encode()
@@ -193,6 +194,38 @@ def _timed(pai: Platform, calls: int) -> dict[str, list[float]]:
     return samples
 
 
+def _attack(address: tuple[str, int], token: str, redis_url: str,
+            ready: Connection, stop: Connection) -> None:
+    """The load, in a process of its own so that it does not take the measuring
+    client's interpreter: followers, slow-loris and the log writer. Sends its
+    readiness (or an error), waits for `stop`, then sends its figures."""
+    writer = LogWriter(redis_url, f"{USER}~{FOLLOWED}", LINES_PER_SECOND)
+    followers = Followers(address, token, FOLLOWERS)
+    loris = SlowLoris(address, SLOW_LORIS)
+    try:
+        try:
+            wait_until(lambda: followers.answered + followers.refused >= FOLLOWERS,
+                       CONNECT_SECONDS, "every follower's answer", interval=0.2)
+        except BenchError as error:
+            ready.send(str(error))
+            return
+        if followers.refused:
+            ready.send(f"{followers.refused} follows were refused: {followers.refusal}")
+            return
+        ready.send("")
+        stop.recv()
+        ready.send({
+            "followers still open at the end": FOLLOWERS - followers.closed,
+            "slow-loris connections cut and reopened": loris.cut,
+            "log lines written": writer.lines,
+            "MB sent to followers": round(followers.bytes / 1e6, 2),
+        })
+    finally:
+        loris.close()
+        followers.close()
+        writer.close()
+
+
 def run() -> Figures:
     calls = int(os.environ.get("PAI_BENCH_CAPACITY_CALLS", CALLS))
     figures: dict[str, Figure] = {
@@ -206,25 +239,29 @@ def run() -> Figures:
         pai.submit(pai.config(FOLLOWED, "sleep 3600"))
         idle = _timed(pai, calls)
 
-        writer = LogWriter(url, f"{USER}~{FOLLOWED}", LINES_PER_SECOND)
-        followers = Followers(pai, FOLLOWERS)
-        loris = SlowLoris(followers.address, SLOW_LORIS)
+        where = urlsplit(pai.url)
+        address = (where.hostname or "127.0.0.1", where.port or 80)
+        spawn = multiprocessing.get_context("spawn")
+        (ours, theirs), (stop_ours, stop_theirs) = spawn.Pipe(), spawn.Pipe()
+        attack = spawn.Process(target=_attack, daemon=True, args=(
+            address, str(pai.http.headers["Authorization"]), url, theirs, stop_theirs))
+        attack.start()
         try:
-            wait_until(lambda: followers.answered + followers.refused >= FOLLOWERS,
-                       CONNECT_SECONDS, "every follower's answer", interval=0.2)
-            if followers.refused:
-                raise BenchError(f"{followers.refused} follows were refused: "
-                                 f"{followers.refusal}")
+            if not ours.poll(2 * CONNECT_SECONDS):
+                raise BenchError("the load did not start")
+            problem = ours.recv()
+            if problem:
+                raise BenchError(problem)
             loaded = _timed(pai, calls)
             figures["load average under load"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
-            figures["followers still open at the end"] = FOLLOWERS - followers.closed
-            figures["slow-loris connections cut and reopened"] = loris.cut
-            figures["log lines written"] = writer.lines
-            figures["MB sent to followers"] = round(followers.bytes / 1e6, 2)
+            stop_ours.send("stop")
+            if ours.poll(CONNECT_SECONDS):
+                figures.update(ours.recv())
         finally:
-            loris.close()
-            followers.close()
-            writer.close()
+            attack.join(timeout=CONNECT_SECONDS)
+            if attack.is_alive():
+                attack.kill()  # the process this benchmark started
+                attack.join()
     for name in ("submit", "list"):
         idle_p50, idle_p99 = percentile(idle[name], 0.5), percentile(idle[name], 0.99)
         load_p50, load_p99 = percentile(loaded[name], 0.5), percentile(loaded[name], 0.99)
