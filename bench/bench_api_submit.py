@@ -1,6 +1,6 @@
 """API submit: accepted jobs per second, and their latency, under concurrency.
 
-`pai-api` runs as it is deployed (gunicorn, 2 gthread workers x 16 threads,
+`pai-api` runs as it is deployed (gunicorn, 2 gevent workers,
 access log on) on a throwaway Redis with one registered 8-GPU node, and a
 client in a separate process keeps CONNECTIONS keep-alive HTTP/1.1
 connections busy with `POST /api/v1/user/alice/jobs` (a one-task job, a
@@ -53,8 +53,8 @@ SUBMITS = 6000
 WARMUP_PER_CONNECTION = 20
 TARGET_RATE = 1000.0
 TARGET_P99_MS = 100.0
-GUNICORN = ("--workers", "2", "--worker-class", "gthread", "--threads", "16",
-            "--access-logfile", "-", "--timeout", "0")
+GUNICORN = ("--workers", "2", "--worker-class", "gevent", "--worker-connections", "1000",
+            "--access-logfile", "-")
 
 
 def job_body(name: str) -> bytes:

@@ -14,18 +14,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from shared import keys
 from shared.models import now_ms
+from shared.offload import OffLoopHasher
 from shared.store import Pipe, Store
 
 USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 VC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_VC = "default"
 
-_hasher = PasswordHasher()
+_hasher = OffLoopHasher()  # argon2 must not stall the API's gevent workers
 
 
 class AccountError(ValueError):

@@ -112,6 +112,12 @@ class Settings:
     def platform_dirs(self) -> tuple[str, ...]:
         """Folders of the platform that no job may mount, admins' jobs included."""
         return (self.task_log_dir,) if self.task_log_dir else ()
+    # The API's capacity (docs/performance.md): log follows one user may hold
+    # at once across every API process, the seconds a client has to send its
+    # request headers (and then its body), and connections per API process.
+    api_follows_per_user: int = 8
+    api_read_timeout_seconds: float = 10.0
+    api_worker_connections: int = 1000
 
     @property
     def default_fs_uri(self) -> str:
@@ -163,6 +169,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         container_pids_limit=_int(env, "PAI_CONTAINER_PIDS_LIMIT",
                                   defaults.container_pids_limit) or 0,
         log_dir=_log_dir(env),
+        api_follows_per_user=_int(env, "PAI_API_FOLLOWS_PER_USER",
+                                  defaults.api_follows_per_user)
+        or defaults.api_follows_per_user,
+        api_read_timeout_seconds=_seconds(env, "PAI_API_READ_TIMEOUT_SECONDS",
+                                          defaults.api_read_timeout_seconds),
+        api_worker_connections=_int(env, "PAI_API_WORKER_CONNECTIONS",
+                                    defaults.api_worker_connections)
+        or defaults.api_worker_connections,
     )
     if settings.container_pids_limit < 1:
         raise ConfigError("PAI_CONTAINER_PIDS_LIMIT must be at least 1 (a container needs "

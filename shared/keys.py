@@ -98,6 +98,11 @@ def vc(name: str) -> str:
     return f"{PREFIX}vc:{name}"
 
 
+def follow_leases(username: str) -> str:
+    """Zset: lease id -> expiry ms, one per log follow the user holds open."""
+    return f"{PREFIX}follows:{username}"
+
+
 # -- storage ----------------------------------------------------------------
 STORAGE_SHARES = PREFIX + "storage:shares"  # hash share name -> share JSON (storage.Share)
 

@@ -50,8 +50,23 @@ class Contention(StoreError):
     """A transaction lost its compare-and-set too many times in a row."""
 
 
-def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+POOL_SIZE = 100  # redis-py's default
+POOL_WAIT_SECONDS = 20.0
+
+
+def connect(url: str, pool_size: int = POOL_SIZE) -> redis.Redis:
+    """A client whose callers wait for a free connection rather than fail.
+
+    Under the API's gevent workers hundreds of requests may want Redis at
+    once; past `pool_size` connections they queue (up to POOL_WAIT_SECONDS)
+    instead of getting redis-py's "Too many connections", which was a 500.
+    """
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=pool_size, timeout=POOL_WAIT_SECONDS,
+        decode_responses=True, health_check_interval=30)
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # close() closes the pool, as from_url's does
+    return client
 
 
 # redis-py types every reply as a union of bytes, str and awaitables, which

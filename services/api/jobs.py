@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
-import re
+import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
 from flask import Blueprint, Response, current_app, request, stream_with_context
 
+from services.api import sse
 from services.api.auth import current_user, require_self_or_admin
 from services.api.errors import ApiError
+from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
+from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from services.api.storage import check_job_storage
@@ -29,10 +32,8 @@ bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 
 MAX_TAIL = 100_000
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
-FOLLOW_BLOCK_MS = 1000
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
-LOG_ID = re.compile(r"^\d{1,20}-\d{1,20}\Z")
 # Feasibility at submit is judged against nodes read at most this long ago.
 NODES_FRESH_SECONDS = 1.0
 NODES_EXTENSION = "pai.known_nodes"
@@ -355,12 +356,9 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
     if request.args.get("follow", "").lower() in ("1", "true"):
         resume = request.headers.get("Last-Event-ID") or None
-        if resume is not None and not LOG_ID.match(resume):
+        if resume is not None and sse.parse_stream_id(resume) is None:
             raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
-        return Response(stream_with_context(_follow(job.id, attempt, role, index, tail,
-                                                    resume)),
-                        mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _follow_response(job.id, attempt, role, index, tail, resume)
     lines = platform().store.read_log(job.id, attempt, role, index, tail=tail)
     marker = _dropped_marker(job.id, attempt, role, index, tail)
     text = "".join(line + "\n" for line in ([marker] if marker else [])
@@ -379,38 +377,99 @@ def _dropped_marker(job_id: str, attempt: int, role: str, index: int, tail: int)
             f"{pai.settings.log_max_lines} lines]")
 
 
-def _follow(job_id: str, attempt: int, role: str, index: int, tail: int,
-            resume_after: str | None) -> Iterator[str]:
+def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int,
+                     resume: str | None) -> Response:
+    """The follow stream, once the caller holds a follow lease (else 429/503).
+
+    The lease goes back when the response closes: when the stream ends, and
+    when the server finds the client gone and closes it (services/api/follows.py).
+    """
+    username = current_user().username
+    follows = follows_of(current_app, platform().settings)
+    try:
+        lease = follows.open(username)
+    except FollowRefused as refused:
+        return refused.response()
+    try:
+        response = Response(
+            stream_with_context(_follow(follows, job_id, attempt, role, index, tail, resume,
+                                        renew=lambda: follows.leases.renew(username, lease))),
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        response.call_on_close(lambda: follows.close(username, lease))
+    except BaseException:
+        follows.close(username, lease)
+        raise
+    return response
+
+
+def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, tail: int,
+            resume_after: str | None, renew: Callable[[], bool]) -> Iterator[str]:
     """Server-sent events: the last lines, then new ones until the task ends.
 
     Each line carries its stream id, so a client that reconnects with
     Last-Event-ID resumes after the last line it saw; a comment every
-    KEEPALIVE_SECONDS tells a quiet log from a dead server.
+    KEEPALIVE_SECONDS tells a quiet log from a dead server. Frames come from
+    services/api/sse.py, so no line a job prints can start a field or an
+    event. New lines come from the process's one reader of this log
+    (services/api/loghub.py); this follow joins it before reading its own
+    start, and skips what it has sent. It renews its lease as it goes; a
+    follow whose lease is gone ends without the end event, so its client
+    reconnects and resumes.
     """
-    store = platform().store
-    last = resume_after or store.last_log_id(job_id, attempt, role, index)
-    if resume_after is None:
-        marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
-        if marker:
-            yield f"data: {marker}\n\n"
-        for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
-            yield f"id: {entry_id}\ndata: {line}\n\n"
-    deadline = time.monotonic() + FOLLOW_MAX_SECONDS
-    quiet_since = time.monotonic()
-    while time.monotonic() < deadline:
-        entries = store.follow_log(job_id, attempt, role, index, after=last,
-                                   block_ms=FOLLOW_BLOCK_MS)
-        for entry_id, line in entries:
-            last = entry_id
-            yield f"id: {entry_id}\ndata: {line}\n\n"
-        if entries:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
-            quiet_since = time.monotonic()
-            yield ": keep-alive\n\n"
-        # The monitor ships a task's last lines before settling it: once it is
-        # settled and one more read finds nothing, every line has been sent.
-        if not entries and store.task_settled(job_id, attempt, role, index) \
-                and not store.follow_log(job_id, attempt, role, index, after=last, block_ms=0):
-            break
-    yield "event: end\ndata: \n\n"
+    store, hub = follows.store, follows.hub
+    feed = hub.join(TaskLog(job_id, attempt, role, index))
+    try:
+        with feed.cond:
+            position = feed.end
+        last = resume_after or store.last_log_id(job_id, attempt, role, index)
+        sent = False
+        if resume_after is None:
+            marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
+            if marker:
+                sent = True
+                yield sse.frame(marker)
+            for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
+                sent = True
+                last = max(last, entry_id, key=stream_position)
+                yield sse.frame(line, event_id=entry_id)
+        if not sent:  # the answer's headers leave with its first bytes: do not wait
+            yield sse.comment("following")
+        catch_up = True
+        deadline = time.monotonic() + FOLLOW_MAX_SECONDS
+        quiet_since = time.monotonic()
+        # Follows that start together would renew together, all on one user's
+        # key: a random first renewal spreads them out.
+        renewed = quiet_since - random.uniform(0, RENEW_SECONDS)
+        while time.monotonic() < deadline:
+            if time.monotonic() - renewed >= RENEW_SECONDS:
+                if not renew():
+                    return
+                renewed = time.monotonic()
+            with feed.cond:
+                if feed.end <= position and not feed.settled and not catch_up:
+                    # The reader wakes us for lines and the end; we wake ourselves
+                    # only for what is due: the next renewal or keep-alive.
+                    now = time.monotonic()
+                    feed.cond.wait(timeout=max(0.05, min(renewed + RENEW_SECONDS,
+                                                         quiet_since + KEEPALIVE_SECONDS) - now))
+                batch, position, dropped = feed.since(position)
+                settled = feed.settled
+            frames = []
+            if catch_up or dropped:  # from Redis: what the feed does not hold for us
+                catch_up = False
+                frames = [(entry_id, sse.frame(line, event_id=entry_id)) for entry_id, line
+                          in store.read_log(job_id, attempt, role, index, after=last)]
+            for entry_id, frame in frames + batch:
+                if stream_position(entry_id) > stream_position(last):
+                    last = entry_id
+                    quiet_since = time.monotonic()
+                    yield frame
+            if settled:
+                break
+            if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                quiet_since = time.monotonic()
+                yield sse.comment("keep-alive")
+    finally:
+        hub.leave(feed)
+    yield sse.frame("", event="end")

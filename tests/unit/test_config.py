@@ -29,6 +29,9 @@ def test_defaults_with_an_empty_environment() -> None:
     assert settings.port_range == (15000, 40000)
     assert settings.docker_host is None
     assert settings.log_max_lines == 100_000
+    assert settings.api_follows_per_user == 8
+    assert settings.api_read_timeout_seconds == 10.0
+    assert settings.api_worker_connections == 1000
 
 
 def test_load_settings_without_a_mapping_reads_os_environ(
@@ -192,7 +195,8 @@ def test_default_secret_allowed_in_dev_mode() -> None:
 # ------------------------------------------------------- integer settings
 
 INT_SETTINGS = ["PAI_API_PORT", "PAI_NODE_VIRTUAL_GPUS", "PAI_NODE_CPUS",
-                "PAI_NODE_MEMORY_MB", "PAI_MONITOR_PORT", "PAI_LOG_MAX_LINES"]
+                "PAI_NODE_MEMORY_MB", "PAI_MONITOR_PORT", "PAI_LOG_MAX_LINES",
+                "PAI_API_FOLLOWS_PER_USER", "PAI_API_WORKER_CONNECTIONS"]
 
 
 @pytest.mark.parametrize("name", INT_SETTINGS)
@@ -210,7 +214,8 @@ def test_negative_integer_setting_error_names_the_variable(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["PAI_HEARTBEAT_SECONDS", "PAI_NODE_LOST_SECONDS",
-                                  "PAI_LAUNCH_TIMEOUT_SECONDS"])
+                                  "PAI_LAUNCH_TIMEOUT_SECONDS",
+                                  "PAI_API_READ_TIMEOUT_SECONDS"])
 def test_seconds_settings_parse(name: str) -> None:
     field = name.removeprefix("PAI_").lower()
     assert getattr(load_settings({name: "2.5"}), field) == 2.5

@@ -1,0 +1,190 @@
+"""Caps on log follows: per user across every API process, and per process.
+
+A follow is a stream that stays open until the task ends, so without a cap
+one user could hold every connection the API has. Each follow holds a lease
+in Redis (keys.follow_leases: lease id -> expiry), so the cap holds across
+processes and replicas; the follow renews its lease while it runs and drops
+it when the response closes. A lease whose process died is not renewed and
+stops counting when it expires. Beyond the cap: 429 with `Retry-After`.
+
+Each process also keeps at most half of its connections for follows, so
+that requests always find a free connection however many users follow, and
+follows read Redis through a pool of their own, one connection per follow
+slot: a log's reader waits on Redis (XREAD BLOCK) holding a connection, and
+must not take the ones requests need. Followers of one log share one reader
+(services/api/loghub.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from flask import Flask, Response
+
+from services.api.errors import ApiError
+from services.api.loghub import LogHub
+from shared import keys
+from shared.config import Settings
+from shared.store import Contention, Pipe, Store, connect
+
+LEASE_SECONDS = 30.0
+RENEW_SECONDS = LEASE_SECONDS / 3
+RETRY_AFTER_SECONDS = 5  # about when a closed follow's lease is given back
+EXTENSION = "pai.follows"
+
+
+class FollowRefused(Exception):
+    """No follow now: the response says why and when to try again."""
+
+    def __init__(self, message: str, status: int = 429) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+    def response(self) -> Response:
+        code = "TooManyRequestsError" if self.status == 429 else "ServiceUnavailableError"
+        response, status = ApiError(code, self.message, self.status).response()
+        response.status_code = status
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+
+
+@dataclass
+class _ProcessSlots:
+    """Follows open in this process, bounded; a lock because threads may serve them."""
+
+    limit: int
+    used: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.used >= self.limit:
+                return False
+            self.used += 1
+            return True
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.used = max(0, self.used - 1)
+
+
+class FollowLeases:
+    """Leases of one user's follows in Redis; every write is compare-and-set."""
+
+    def __init__(self, store: Store, per_user: int) -> None:
+        self.store, self.per_user = store, per_user
+
+    def acquire(self, username: str, now: float | None = None) -> str | None:
+        """A new lease id, or None when the user holds `per_user` live leases."""
+        key, lease = keys.follow_leases(username), uuid.uuid4().hex
+        now_ms = _ms(time.time() if now is None else now)
+
+        def take(pipe: Pipe) -> str | None:
+            live = int(pipe.zcount(key, f"({now_ms}", "+inf"))
+            if live >= self.per_user:
+                return None
+            expiry = now_ms + _ms(LEASE_SECONDS)
+            key_expiry = max(expiry, _longest(pipe, key))
+            pipe.multi()
+            pipe.zremrangebyscore(key, "-inf", now_ms)
+            pipe.zadd(key, {lease: expiry})
+            pipe.pexpireat(key, key_expiry)
+            return lease
+
+        return self.store.transact(take, key)
+
+    def renew(self, username: str, lease: str, now: float | None = None) -> bool:
+        """Extend the lease; False when it is gone (expired and dropped, or released)."""
+        key = keys.follow_leases(username)
+        now_ms = _ms(time.time() if now is None else now)
+
+        def extend(pipe: Pipe) -> bool:
+            score = pipe.zscore(key, lease)
+            if score is None or score <= now_ms:
+                return False
+            expiry = now_ms + _ms(LEASE_SECONDS)
+            key_expiry = max(expiry, _longest(pipe, key))
+            pipe.multi()
+            pipe.zadd(key, {lease: expiry})
+            pipe.pexpireat(key, key_expiry)
+            return True
+
+        return self.store.transact(extend, key)
+
+    def release(self, username: str, lease: str) -> None:
+        """Give the lease back (the follow's own member; nothing else is touched)."""
+        self.store.r.zrem(keys.follow_leases(username), lease)
+
+    def live(self, username: str, now: float | None = None) -> int:
+        now_ms = _ms(time.time() if now is None else now)
+        return int(self.store.r.zcount(keys.follow_leases(username), f"({now_ms}", "+inf"))
+
+
+def _longest(pipe: Pipe, key: str) -> int:
+    """The latest expiry of any lease: the key must live at least that long."""
+    top = pipe.zrange(key, -1, -1, withscores=True)
+    return int(top[0][1]) if top else 0
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+@dataclass
+class Follows:
+    """What a follow view needs: the user's leases and this process's slots."""
+
+    leases: FollowLeases
+    slots: _ProcessSlots
+    hub: LogHub = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hub = LogHub(self.leases.store)
+
+    @property
+    def store(self) -> Store:
+        """The follows' own Redis pool (see the module's docstring)."""
+        return self.leases.store
+
+    def open(self, username: str) -> str:
+        """A lease for one more follow by `username`, or FollowRefused."""
+        if not self.slots.take():
+            raise FollowRefused("this API process serves as many log follows as it may; "
+                                "try again shortly", 503)
+        try:
+            lease = self.leases.acquire(username)
+        except Contention:
+            self.slots.give_back()
+            raise FollowRefused("too many log follows are starting at once; "
+                                "try again shortly") from None
+        except BaseException:
+            self.slots.give_back()
+            raise
+        if lease is None:
+            self.slots.give_back()
+            raise FollowRefused(f"{username} already follows {self.leases.per_user} logs, "
+                                "the most one user may; close one or try again later")
+        return lease
+
+    def close(self, username: str, lease: str) -> None:
+        self.slots.give_back()
+        self.leases.release(username, lease)
+
+
+_create_lock = threading.Lock()
+
+
+def follows_of(app: Flask, settings: Settings) -> Follows:
+    """The app's Follows, made on first use (one per process, as the app is)."""
+    with _create_lock:
+        found: Follows | None = app.extensions.get(EXTENSION)
+        if found is None:
+            slots = max(1, settings.api_worker_connections // 2)
+            store = Store(connect(settings.redis_url, pool_size=slots))
+            found = Follows(FollowLeases(store, settings.api_follows_per_user),
+                            _ProcessSlots(slots))
+            app.extensions[EXTENSION] = found
+        return found
