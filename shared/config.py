@@ -65,11 +65,15 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
 
 
 def _redis_url(env: Mapping[str, str], default: str) -> str:
-    """PAI_REDIS_URL, with the password of PAI_REDIS_PASSWORD_FILE put in it
-    (user `pai` unless the URL names one): Compose and Kubernetes hand the
-    services a secret file rather than a URL with the password in it."""
+    """PAI_REDIS_URL, with the password of PAI_REDIS_PASSWORD (Kubernetes: from
+    a Secret) or PAI_REDIS_PASSWORD_FILE (Compose: a generated file) put in it,
+    user `pai` unless the URL names one: a URL with a password in it is easy
+    to leak into a manifest or a shell history."""
     url = env.get("PAI_REDIS_URL") or default
+    password = env.get("PAI_REDIS_PASSWORD") or ""
     password_file = env.get("PAI_REDIS_PASSWORD_FILE")
+    if password:
+        return _with_password(url, password)
     if not password_file:
         return url
     try:
@@ -80,6 +84,10 @@ def _redis_url(env: Mapping[str, str], default: str) -> str:
                           f"{error.strerror}") from None
     if not password:
         raise ConfigError(f"PAI_REDIS_PASSWORD_FILE: {password_file} is empty")
+    return _with_password(url, password)
+
+
+def _with_password(url: str, password: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     netloc = (f"{quote(parts.username or 'pai', safe='')}:{quote(password, safe='')}"

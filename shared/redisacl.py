@@ -22,6 +22,7 @@ init steps run it in the platform image:
 
     python3 -m shared.redisacl DIR      # writes DIR/redis-password,
                                         # DIR/redis-operator-password, DIR/users.acl
+    python3 -m shared.redisacl DIR --from-env   # passwords from the operator's secret
 """
 
 from __future__ import annotations
@@ -72,13 +73,16 @@ def acl_text(password: str, operator_password: str) -> str:
             f"user {OPERATOR_USER} on >{operator_password} {OPERATOR_RULES}\n")
 
 
-def _read_or_create(path: Path, mode: int) -> str:
-    """The password in `path`, made (random, 256 bits) the first time."""
-    if path.exists():
+def _read_or_create(path: Path, mode: int, given: str | None = None) -> str:
+    """The password in `path`, made (random, 256 bits) the first time, or
+    `given` (an operator's secret) written there."""
+    if path.is_symlink():
+        raise OSError(f"{path} is a symbolic link: refusing to read or write a password there")
+    if given is None and path.exists():
         value = path.read_text().strip()
         if value:
             return value
-    value = secrets.token_hex(32)
+    value = given if given is not None else secrets.token_hex(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     with os.fdopen(fd, "w") as out:
         out.write(value + "\n")
@@ -86,14 +90,17 @@ def _read_or_create(path: Path, mode: int) -> str:
     return value
 
 
-def ensure_credentials(directory: Path, *, mode: int = 0o600) -> Credentials:
+def ensure_credentials(directory: Path, *, mode: int = 0o600, password: str | None = None,
+                       operator_password: str | None = None) -> Credentials:
     """Passwords in `directory` (generated once, kept across restarts) and the
     ACL file that matches them, rewritten each time so a rules change lands.
     `mode` 0o644 is for a volume only the platform's containers mount, where
-    Redis and the services run as different users."""
+    Redis and the services run as different users. Passwords given (from an
+    operator's secret, as on Kubernetes) replace the generated ones."""
     directory.mkdir(parents=True, exist_ok=True)
-    password = _read_or_create(directory / PASSWORD_FILE, mode)
-    operator_password = _read_or_create(directory / OPERATOR_PASSWORD_FILE, mode)
+    password = _read_or_create(directory / PASSWORD_FILE, mode, password)
+    operator_password = _read_or_create(directory / OPERATOR_PASSWORD_FILE, mode,
+                                        operator_password)
     acl = directory / ACL_FILE
     tmp = directory / f".{ACL_FILE}.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
@@ -104,12 +111,28 @@ def ensure_credentials(directory: Path, *, mode: int = 0o600) -> Credentials:
     return Credentials(acl, password, operator_password)
 
 
+USAGE = """usage: python3 -m shared.redisacl DIR [--shared-volume] [--from-env]
+  --shared-volume  files readable by all (a volume only the platform's containers mount)
+  --from-env       take the platform's password from REDIS_PASSWORD (an operator's
+                   secret) and the operator's from REDIS_OPERATOR_PASSWORD if set,
+                   instead of generating them"""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (1, 2) or (len(args) == 2 and args[1] != "--shared-volume"):
-        print("usage: python3 -m shared.redisacl DIR [--shared-volume]", file=sys.stderr)
+    flags = set(args[1:])
+    if not args or args[0].startswith("-") or not flags <= {"--shared-volume", "--from-env"}:
+        print(USAGE, file=sys.stderr)
         return 2
-    ensure_credentials(Path(args[0]), mode=0o644 if len(args) == 2 else 0o600)
+    given: dict[str, str | None] = {}
+    if "--from-env" in flags:
+        given = {"password": os.environ.get("REDIS_PASSWORD") or None,
+                 "operator_password": os.environ.get("REDIS_OPERATOR_PASSWORD") or None}
+        if given["password"] is None:
+            print("--from-env: REDIS_PASSWORD is not set", file=sys.stderr)
+            return 2
+    ensure_credentials(Path(args[0]), mode=0o644 if "--shared-volume" in flags else 0o600,
+                       **given)
     return 0
 
 
