@@ -20,8 +20,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import redis
+
+from shared.redisacl import ensure_credentials
 
 Figure = float | int | str
 Table = Mapping[str, Mapping[str, Figure]]  # row label -> column -> figure
@@ -41,8 +44,8 @@ def _free_port() -> int:
         return port
 
 
-def _wait_for_ping(proc: subprocess.Popen[bytes], port: int) -> bool:
-    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+def _wait_for_ping(proc: subprocess.Popen[bytes], url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
     deadline = time.monotonic() + REDIS_START_SECONDS
     try:
         while time.monotonic() < deadline and proc.poll() is None:
@@ -82,19 +85,23 @@ def throwaway_redis() -> Iterator[str]:
         raise BenchError("redis-server is not on PATH: run `make bench`, or set "
                          "PAI_BENCH_REDIS_URL to a Redis database the benchmark may flush")
     with tempfile.TemporaryDirectory(prefix="pai-bench-redis-") as datadir:
+        # The same ACL as deployments (`default` off, the platform's user
+        # without dangerous commands), so the figures include AUTH's cost.
+        credentials = ensure_credentials(Path(datadir) / "acl")
         for _ in range(5):  # another process may take the free port first
             port = _free_port()
             proc = subprocess.Popen(
                 [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", datadir,
+                 "--aclfile", str(credentials.acl_file),
                  "--save", "", "--appendonly", "no", "--daemonize", "no"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            if _wait_for_ping(proc, port):
+            if _wait_for_ping(proc, credentials.url("127.0.0.1", port)):
                 break
             _stop(proc)
         else:
             raise BenchError("redis-server did not start on a free port in five tries")
         try:
-            yield f"redis://127.0.0.1:{port}/0"
+            yield credentials.url("127.0.0.1", port)
         finally:
             _stop(proc)
 

@@ -85,7 +85,7 @@ ensure_docker_package() {
 record_env() {
     mkdir -p "$RUN"
     local tmp
-    tmp=$(mktemp "$RUN/env.XXXXXX")
+    tmp=$(mktemp "$RUN/env.XXXXXX")  # mode 0600: it may hold the Redis password
     if [ -f "$ENV_FILE" ]; then grep -v "^export $1=" "$ENV_FILE" >"$tmp" || true; fi
     printf 'export %s=%q\n' "$1" "$2" >>"$tmp"
     mv -f "$tmp" "$ENV_FILE"
@@ -142,26 +142,51 @@ free_port() {
     die "no free TCP port in 16380-16480 on 127.0.0.1 for a private redis-server"
 }
 
+# The private redis-server's ACL (shared/redisacl.py: `default` off, the
+# platform's user without dangerous commands, an operator user); passwords
+# are generated once into $REDIS_DIR/acl (0600) and kept across restarts.
+redis_credentials() {
+    PYTHONPATH=$ROOT python3 -m shared.redisacl "$REDIS_DIR/acl" ||
+        die "could not write the Redis ACL under $REDIS_DIR/acl"
+}
+# redis_url PORT [operator]: a URL that logs in with the generated password.
+redis_url() {
+    local user=pai file=redis-password
+    if [ "${2:-}" = operator ]; then user=pai-operator file=redis-operator-password; fi
+    echo "redis://$user:$(cat "$REDIS_DIR/acl/$file")@127.0.0.1:$1/0"
+}
+# redis-cli takes the password from the environment, never from its argv.
+redis_answers_on() {
+    [ "$(REDISCLI_AUTH=$(cat "$REDIS_DIR/acl/redis-password") timeout 5 \
+        redis-cli --user pai -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]
+}
+
 start_redis() {
     ensure_redis_binary
     if [ -n "${PAI_REDIS_URL:-}" ]; then
         if redis_answers "$PAI_REDIS_URL"; then
-            say "using PAI_REDIS_URL=$PAI_REDIS_URL"
+            say "using the Redis of PAI_REDIS_URL"
             record_env PAI_REDIS_URL "$PAI_REDIS_URL"
             return
         fi
-        say "PAI_REDIS_URL=$PAI_REDIS_URL does not answer: starting a private redis-server instead"
+        say "PAI_REDIS_URL does not answer: starting a private redis-server instead"
     fi
     take_lock
     mkdir -p "$REDIS_DIR"
-    local pidfile=$REDIS_DIR/redis.pid pid port url
+    chmod 700 "$REDIS_DIR"
+    redis_credentials
+    local pidfile=$REDIS_DIR/redis.pid pid port
     pid=$(read_pid "$pidfile")
     port=$(cat "$REDIS_DIR/port" 2>/dev/null || echo "${PAI_PRIVATE_REDIS_PORT:-16379}")
-    url=redis://127.0.0.1:$port/0
-    if pid_alive "$pid" && redis_answers "$url"; then
-        say "private redis-server already running (pid $pid): PAI_REDIS_URL=$url"
-        record_env PAI_REDIS_URL "$url"
-        return
+    if pid_alive "$pid"; then
+        if redis_answers_on "$port"; then
+            say "private redis-server already running (pid $pid) on 127.0.0.1:$port"
+            record_env PAI_REDIS_URL "$(redis_url "$port")"
+            return
+        fi
+        # One started before Redis had credentials here: restart it with them.
+        say "the private redis-server (pid $pid) does not take the platform's password: restarting it"
+        stop_pid "$pid" 30
     fi
     rm -f "$pidfile"
     port=${PAI_PRIVATE_REDIS_PORT:-16379}
@@ -170,20 +195,20 @@ start_redis() {
         port=$(free_port)
         say "127.0.0.1:$taken is taken by another program: using port $port"
     fi
-    url=redis://127.0.0.1:$port/0
     say "starting a private redis-server on 127.0.0.1:$port, data in $REDIS_DIR"
     redis-server --bind 127.0.0.1 --port "$port" --dir "$REDIS_DIR" \
+        --protected-mode yes --aclfile "$REDIS_DIR/acl/users.acl" \
         --appendonly yes --daemonize yes --pidfile "$pidfile" \
         --logfile "$REDIS_DIR/redis.log" 9>&-
     echo "$port" >"$REDIS_DIR/port"
     local tries=0
-    until redis_answers "$url"; do
+    until redis_answers_on "$port"; do
         tries=$((tries + 1))
         [ "$tries" -lt 50 ] || die "redis-server did not answer in 10 s; see $REDIS_DIR/redis.log"
         sleep 0.2
     done
-    say "PAI_REDIS_URL=$url"
-    record_env PAI_REDIS_URL "$url"
+    say "Redis is up on 127.0.0.1:$port (user pai; passwords in $REDIS_DIR/acl/, operator user pai-operator)"
+    record_env PAI_REDIS_URL "$(redis_url "$port")"
 }
 
 stop_redis() {
@@ -196,7 +221,8 @@ stop_redis() {
         stop_pid "$pid" 30
     fi
     rm -f "$pidfile"
-    [ -z "$port" ] || forget_env PAI_REDIS_URL "redis://127.0.0.1:$port/0"
+    [ -z "$port" ] || [ ! -f "$REDIS_DIR/acl/redis-password" ] ||
+        forget_env PAI_REDIS_URL "$(redis_url "$port")"
 }
 
 # --- Docker -----------------------------------------------------------------

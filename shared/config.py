@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from shared.storage import default_log_dir
 
@@ -63,6 +64,37 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _redis_url(env: Mapping[str, str], default: str) -> str:
+    """PAI_REDIS_URL, with the password of PAI_REDIS_PASSWORD (Kubernetes: from
+    a Secret) or PAI_REDIS_PASSWORD_FILE (Compose: a generated file) put in it,
+    user `pai` unless the URL names one: a URL with a password in it is easy
+    to leak into a manifest or a shell history."""
+    url = env.get("PAI_REDIS_URL") or default
+    password = env.get("PAI_REDIS_PASSWORD") or ""
+    password_file = env.get("PAI_REDIS_PASSWORD_FILE")
+    if password:
+        return _with_password(url, password)
+    if not password_file:
+        return url
+    try:
+        with open(password_file, encoding="utf-8") as f:
+            password = f.read().strip()
+    except OSError as error:
+        raise ConfigError(f"PAI_REDIS_PASSWORD_FILE: cannot read {password_file}: "
+                          f"{error.strerror}") from None
+    if not password:
+        raise ConfigError(f"PAI_REDIS_PASSWORD_FILE: {password_file} is empty")
+    return _with_password(url, password)
+
+
+def _with_password(url: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    netloc = (f"{quote(parts.username or 'pai', safe='')}:{quote(password, safe='')}"
+              f"@{host}{f':{parts.port}' if parts.port else ''}")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def _log_dir(env: Mapping[str, str]) -> str:
     raw = env.get("PAI_LOG_DIR", "").strip()
     if raw and not os.path.isabs(raw):
@@ -72,7 +104,9 @@ def _log_dir(env: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Settings:
-    redis_url: str = DEFAULT_REDIS_URL
+    # May carry the Redis password: kept out of the dataclass repr so a
+    # logged Settings never shows it.
+    redis_url: str = field(default=DEFAULT_REDIS_URL, repr=False)
     api_host: str = "127.0.0.1"
     api_port: int = 9186
     secret_key: str = DEFAULT_SECRET
@@ -138,7 +172,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             raise ConfigError(f"PAI_STORAGE_ROOTS entries must be absolute paths, got {root!r}")
     dev_mode = _bool(env, "PAI_DEV_MODE") if "PAI_DEV_MODE" in env else True
     settings = Settings(
-        redis_url=env.get("PAI_REDIS_URL") or defaults.redis_url,
+        redis_url=_redis_url(env, defaults.redis_url),
         api_host=env.get("PAI_API_HOST") or defaults.api_host,
         api_port=_int(env, "PAI_API_PORT", defaults.api_port) or defaults.api_port,
         secret_key=env.get("PAI_SECRET_KEY") or DEFAULT_SECRET,

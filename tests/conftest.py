@@ -27,6 +27,8 @@ import redis
 from docker.errors import DockerException, ImageNotFound
 from docker.models.containers import Container
 
+from shared.redisacl import Credentials, ensure_credentials
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_IMAGE = "pai-test/busybox:latest"
 BUILD_TEST_IMAGE = REPO_ROOT / "scripts" / "build-test-image.sh"
@@ -40,9 +42,18 @@ def _free_port() -> int:
         return port
 
 
+def redis_credentials(datadir: Path) -> Credentials:
+    """The ACL of a test redis-server kept in `datadir` (same passwords across
+    restarts): tests run Redis exactly as deployments do, `default` off."""
+    return ensure_credentials(datadir / "acl")
+
+
 def _start_redis(binary: str, datadir: Path, port: int) -> subprocess.Popen[bytes] | None:
     """Start redis-server on `port`; None when it died (e.g. someone took the port)."""
+    credentials = redis_credentials(datadir)
     options = {
+        "aclfile": str(credentials.acl_file),
+        "protected-mode": "yes",
         "bind": "127.0.0.1",
         "port": str(port),
         "dir": str(datadir),
@@ -57,7 +68,8 @@ def _start_redis(binary: str, datadir: Path, port: int) -> subprocess.Popen[byte
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+    client = redis.Redis.from_url(credentials.url("127.0.0.1", port),
+                                  socket_connect_timeout=0.5)
     deadline = time.monotonic() + 15
     try:
         while time.monotonic() < deadline:
@@ -106,17 +118,32 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         log = (datadir / "redis.log").read_text(errors="replace")[-2000:]
         pytest.fail(f"redis-server did not start; the end of its log:\n{log}")
     assert proc is not None
+    credentials = redis_credentials(datadir)
+    url = credentials.url("127.0.0.1", port)
+    _admin_urls[url] = credentials.url("127.0.0.1", port, operator=True)
     try:
-        yield f"redis://127.0.0.1:{port}/0"
+        yield url
     finally:
         _stop(proc)
+
+
+# The operator URL of each test redis-server, by its platform URL: flushing a
+# database is an operator's command, not the platform's.
+_admin_urls: dict[str, str] = {}
+
+
+def operator_url(platform_url: str) -> str:
+    """The operator's URL for the test Redis at `platform_url` (the same URL
+    when it came from PAI_TEST_REDIS_URL, whose user is the caller's own)."""
+    return _admin_urls.get(platform_url, platform_url)
 
 
 @pytest.fixture
 def redis_client(redis_server: str) -> Iterator[redis.Redis]:
     """A client (str responses) on a database flushed before the test."""
+    with redis.Redis.from_url(operator_url(redis_server)) as operator:
+        operator.flushdb()
     client = redis.Redis.from_url(redis_server, decode_responses=True)
-    client.flushdb()
     try:
         yield client
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from tests.conftest import _start_redis, _stop
+from tests.conftest import _start_redis, _stop, redis_credentials
 from tests.e2e.conftest import Platform, _free_port, running_platform, wait_for
 
 
@@ -27,6 +27,10 @@ class OwnRedis:
     def start(self) -> None:
         self.proc = _start_redis(self.binary, self.datadir, self.port)
         assert self.proc is not None, "redis-server did not start"
+
+    @property
+    def url(self) -> str:
+        return redis_credentials(self.datadir).url("127.0.0.1", self.port)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -51,7 +55,7 @@ def on_own_redis(platform: Platform, own_redis: OwnRedis, docker_client: docker.
     storage = run_dir / "storage"
     storage.mkdir()
     storage.chmod(0o777)
-    env = {**platform.env, "PAI_REDIS_URL": f"redis://127.0.0.1:{own_redis.port}/0",
+    env = {**platform.env, "PAI_REDIS_URL": own_redis.url,
            "PAI_API_PORT": str(_free_port()), "PAI_MONITOR_PORT": str(_free_port()),
            "PAI_NODE_NAME": f"e2e-redis-{uuid.uuid4().hex[:8]}",
            "PAI_STORAGE_ROOTS": str(storage), "PAI_PORT_RANGE": "23000-23999"}

@@ -278,7 +278,7 @@ def test_deleting_a_finished_job_frees_its_name(alice: AuthedClient,
     assert resp.status_code == 200
     assert names(alice) == []
     assert error_of(alice.get("/api/v1/user/alice/jobs/again"), 404) == "NoJobError"
-    assert redis_client.keys("pai:job:alice~again*") == []
+    assert list(redis_client.scan_iter("pai:job:alice~again*")) == []
     for index in (keys.JOBS, keys.QUEUE, keys.user_jobs("alice"), keys.vc_jobs("default"),
                   keys.state_jobs("STOPPED")):
         assert redis_client.zscore(index, "alice~again") is None, index
@@ -300,7 +300,7 @@ def test_only_the_owner_or_an_admin_deletes_a_job(alice: AuthedClient, bob: Auth
 
 
 def test_a_dry_run_stores_nothing(alice: AuthedClient, redis_client: redis.Redis) -> None:
-    before = {k: redis_client.type(k) for k in redis_client.keys("*")}
+    before = {k: redis_client.type(k) for k in redis_client.scan_iter("*")}
 
     for path in ("/api/v1/user/alice/jobs?dryRun=true", "/api/v1/jobs?dryRun=1"):
         resp = alice.post(path, json=config("rehearsal", authFile="x"))
@@ -309,7 +309,7 @@ def test_a_dry_run_stores_nothing(alice: AuthedClient, redis_client: redis.Redis
         assert body["config"]["jobName"] == "rehearsal"
         assert body["ignoredFields"] == ["authFile"]
 
-    assert {k: redis_client.type(k) for k in redis_client.keys("*")} == before
+    assert {k: redis_client.type(k) for k in redis_client.scan_iter("*")} == before
     assert names(alice) == []
     assert alice.post("/api/v1/user/alice/jobs", json=config("rehearsal")).status_code == 202
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import docker
 import pytest
@@ -571,3 +572,64 @@ def test_heartbeat_survives_redis_errors(rig: Rig, redis_server: str) -> None:
     stop.set()
     thread.join(5)
     assert not thread.is_alive()
+
+
+# A job's view of Redis: one connection that sends, as RESP arrays, a PING and
+# a CONFIG GET without logging in, then AUTH with every value in its own
+# environment, as the password of each user name Redis could have.
+REDIS_PROBE = r"""
+resp() { printf '*%d\r\n' $#; for a in "$@"; do printf '$%d\r\n%s\r\n' ${#a} "$a"; done; }
+{
+  resp PING
+  resp CONFIG GET dir
+  env | while IFS= read -r line; do
+    value=${line#*=}
+    [ -n "$value" ] || continue
+    resp AUTH "$value"
+    for user in default pai pai-operator; do resp AUTH "$user" "$value"; done
+  done
+  resp GET pai:probe
+} > /tmp/probe
+echo "attempts=$(grep -c '^\*' /tmp/probe)"
+nc -w 3 127.0.0.1 PORT < /tmp/probe | tr -d '\r'
+echo probe-done
+"""
+
+
+def test_a_job_cannot_use_redis_with_anything_it_has(rig: Rig, redis_server: str) -> None:
+    """Threat: job code on the host network talks to Redis (every token,
+    every record, CONFIG SET dir onto the host). Without credentials Redis
+    answers NOAUTH to everything; no value the job finds in its environment
+    logs in as any user; the platform's password is in neither the job's
+    environment nor its mounts."""
+    url = urlsplit(redis_server)
+    container, output = run_to_exit(rig, REDIS_PROBE.replace("PORT", str(url.port)))
+    assert "probe-done" in output, output
+    attempts = int(output.split("attempts=", 1)[1].split()[0])
+    replies = [line for line in output.splitlines() if line[:1] in "+-:$*"]
+    # Every command got its answer (so the probe reached Redis and the check
+    # can fail), and every answer is a refusal.
+    assert len(replies) == attempts > 4, output
+    assert replies[0].startswith("-NOAUTH") and replies[1].startswith("-NOAUTH"), output
+    assert replies[-1].startswith("-NOAUTH"), output
+    assert all(reply.startswith("-WRONGPASS") for reply in replies[2:-1]), output
+    password = unquote(url.password or "")
+    assert password and password not in json.dumps(container.attrs), \
+        "the Redis password reached the job's container"
+
+
+@pytest.mark.parametrize("command", [
+    ("CONFIG", "GET", "dir"), ("CONFIG", "SET", "dir", "/tmp"), ("FLUSHALL",), ("FLUSHDB",),
+    ("KEYS", "*"), ("DEBUG", "SLEEP", "0"), ("SHUTDOWN",), ("REPLICAOF", "NO", "ONE"),
+    ("MODULE", "LIST"), ("ACL", "LIST"), ("MONITOR",), ("SAVE",),
+    ("MIGRATE", "h", "1", "k", "0", "1"),
+], ids=lambda c: "-".join(c[:2]).lower())
+def test_the_platforms_own_redis_user_cannot_reconfigure_redis(redis_server: str,
+                                                               command: tuple[str, ...]) -> None:
+    """Threat: a leaked platform password turns into control of the Redis host
+    (CONFIG SET dir/dbfilename writes files as Redis's user) or wipes every
+    record. The platform's user has none of the dangerous commands."""
+    with redis.Redis.from_url(redis_server) as client:
+        with pytest.raises(redis.exceptions.ResponseError, match=r"no permissions|not allowed"):
+            client.execute_command(*command)
+        assert client.ping()

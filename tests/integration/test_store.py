@@ -70,12 +70,12 @@ def test_duplicate_submission_conflicts_and_changes_nothing(
     store: Store, redis_client: redis.Redis,
 ) -> None:
     job = submit_job(store, "alice", config())
-    before = {k: redis_client.type(k) for k in redis_client.keys("*") if k != keys.QUEUE_SEQ}
+    before = {k: redis_client.type(k) for k in redis_client.scan_iter("*") if k != keys.QUEUE_SEQ}
     with pytest.raises(JobConflict, match="mnist"):
         submit_job(store, "alice", config() | {"image": "other"})
     assert store.get_job(job.id) == job
     assert store.get_config(job.id) == config()
-    after = {k: redis_client.type(k) for k in redis_client.keys("*") if k != keys.QUEUE_SEQ}
+    after = {k: redis_client.type(k) for k in redis_client.scan_iter("*") if k != keys.QUEUE_SEQ}
     assert after == before
     assert len(store.get_events(job.id)) == 1
 
