@@ -85,7 +85,7 @@ def throwaway_redis() -> Iterator[str]:
         raise BenchError("redis-server is not on PATH: run `make bench`, or set "
                          "PAI_BENCH_REDIS_URL to a Redis database the benchmark may flush")
     with tempfile.TemporaryDirectory(prefix="pai-bench-redis-") as datadir:
-        # The same ACL as deployments (`default` off, the platform's user
+        # The same ACL as deployments (no login without a password, the platform's user
         # without dangerous commands), so the figures include AUTH's cost.
         credentials = ensure_credentials(Path(datadir) / "acl")
         for _ in range(5):  # another process may take the free port first

@@ -142,9 +142,9 @@ free_port() {
     die "no free TCP port in 16380-16480 on 127.0.0.1 for a private redis-server"
 }
 
-# The private redis-server's ACL (shared/redisacl.py: `default` off, the
-# platform's user without dangerous commands, an operator user); passwords
-# are generated once into $REDIS_DIR/acl (0600) and kept across restarts.
+# The private redis-server's ACL (shared/redisacl.py: user `pai` for the
+# platform without dangerous commands, user `default` for the operator, both
+# with passwords); generated once into $REDIS_DIR/acl (0600), kept across restarts.
 redis_credentials() {
     PYTHONPATH=$ROOT python3 -m shared.redisacl "$REDIS_DIR/acl" ||
         die "could not write the Redis ACL under $REDIS_DIR/acl"
@@ -152,7 +152,7 @@ redis_credentials() {
 # redis_url PORT [operator]: a URL that logs in with the generated password.
 redis_url() {
     local user=pai file=redis-password
-    if [ "${2:-}" = operator ]; then user=pai-operator file=redis-operator-password; fi
+    if [ "${2:-}" = operator ]; then user=default file=redis-operator-password; fi
     echo "redis://$user:$(cat "$REDIS_DIR/acl/$file")@127.0.0.1:$1/0"
 }
 # redis-cli takes the password from the environment, never from its argv.
@@ -207,7 +207,7 @@ start_redis() {
         [ "$tries" -lt 50 ] || die "redis-server did not answer in 10 s; see $REDIS_DIR/redis.log"
         sleep 0.2
     done
-    say "Redis is up on 127.0.0.1:$port (user pai; passwords in $REDIS_DIR/acl/, operator user pai-operator)"
+    say "Redis is up on 127.0.0.1:$port (user pai; passwords in $REDIS_DIR/acl/, operator: user default)"
     record_env PAI_REDIS_URL "$(redis_url "$port")"
 }
 

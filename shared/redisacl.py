@@ -5,14 +5,17 @@ line of job code; an open Redis is an open platform (tokens, records, admin
 rights, `CONFIG SET dir` onto the host). So Redis always runs from an ACL
 file written here:
 
-- `default` (the user a client gets without AUTH) is off;
 - `pai`, the platform's services, may run every command except Redis's
   `@dangerous` ones (CONFIG, DEBUG, MODULE, KEYS, FLUSHALL/FLUSHDB, SHUTDOWN,
   REPLICAOF, MONITOR, ACL, SAVE, MIGRATE, CLUSTER, INFO...): the services
   need none of them, and a stolen platform password still cannot
   reconfigure the server or write a file on the host;
-- `pai-operator`, for the people running the deployment (backups, flushes,
-  `INFO`): every command. Only the operator's tools get its password.
+- `default`, the operator (backups, flushes, `INFO`): every command, behind
+  its own password, so a client that has not logged in gets NOAUTH for
+  everything. Only the operator's tools get that password. (Not `default
+  off`: Redis replays the append-only file as `default`, and since Redis 7
+  it re-checks that user's rights at each replayed EXEC, so a disabled
+  `default` silently drops every transaction at restart.)
 
 Passwords are random, generated once into files only the platform reads;
 none of it ever reaches a job container (the launcher passes no setting of
@@ -35,7 +38,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 PLATFORM_USER = "pai"
-OPERATOR_USER = "pai-operator"
+OPERATOR_USER = "default"
 # `~*` every key, `&*` every pub/sub channel (Celery's broadcasts); then all
 # commands but the dangerous ones. Scripts stay allowed because kombu's Redis
 # transport runs Lua (EVALSHA); a script cannot call a command its user may
@@ -64,13 +67,12 @@ class Credentials:
 
 
 def acl_text(password: str, operator_password: str) -> str:
-    """The ACL file: `default` off, the platform user, the operator user."""
+    """The ACL file: the operator as `default` (with a password), the platform user."""
     for value in (password, operator_password):
         if not value or any(c.isspace() for c in value):
             raise ValueError("a Redis password must be non-empty and contain no whitespace")
-    return (f"user default off\n"
-            f"user {PLATFORM_USER} on >{password} {PLATFORM_RULES}\n"
-            f"user {OPERATOR_USER} on >{operator_password} {OPERATOR_RULES}\n")
+    return (f"user {OPERATOR_USER} on >{operator_password} {OPERATOR_RULES}\n"
+            f"user {PLATFORM_USER} on >{password} {PLATFORM_RULES}\n")
 
 
 def _read_or_create(path: Path, mode: int, given: str | None = None) -> str:

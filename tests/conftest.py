@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 def redis_credentials(datadir: Path) -> Credentials:
     """The ACL of a test redis-server kept in `datadir` (same passwords across
-    restarts): tests run Redis exactly as deployments do, `default` off."""
+    restarts): tests run Redis exactly as deployments do, no login without a password."""
     return ensure_credentials(datadir / "acl")
 
 

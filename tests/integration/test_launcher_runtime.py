@@ -586,7 +586,7 @@ resp() { printf '*%d\r\n' $#; for a in "$@"; do printf '$%d\r\n%s\r\n' ${#a} "$a
     value=${line#*=}
     [ -n "$value" ] || continue
     resp AUTH "$value"
-    for user in default pai pai-operator; do resp AUTH "$user" "$value"; done
+    for user in default pai; do resp AUTH "$user" "$value"; done
   done
   resp GET pai:probe
 } > /tmp/probe

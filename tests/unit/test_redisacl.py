@@ -11,11 +11,11 @@ from shared.config import ConfigError, load_settings
 from shared.redisacl import OPERATOR_USER, PLATFORM_USER, acl_text, ensure_credentials, main
 
 
-def test_the_acl_turns_the_default_user_off_and_denies_dangerous_commands() -> None:
+def test_the_acl_locks_the_default_user_and_denies_dangerous_commands() -> None:
     lines = acl_text("p1", "p2").splitlines()
-    assert lines[0] == "user default off"
-    assert lines[1] == f"user {PLATFORM_USER} on >p1 ~* &* +@all -@dangerous"
-    assert lines[2] == f"user {OPERATOR_USER} on >p2 ~* &* +@all"
+    assert lines == [f"user {OPERATOR_USER} on >p2 ~* &* +@all",
+                     f"user {PLATFORM_USER} on >p1 ~* &* +@all -@dangerous"]
+    assert OPERATOR_USER == "default"  # never `default off`: the AOF replays as `default`
 
 
 @pytest.mark.parametrize("password", ["", "two words", "tab\there", "new\nline"],
