@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +18,10 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from shared import keys
 from shared.models import now_ms
+from shared.names import canonical_name
 from shared.offload import OffLoopHasher
 from shared.store import Pipe, Store
 
-USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-VC_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_VC = "default"
 
 _hasher = OffLoopHasher()  # argon2 must not stall the API's gevent workers
@@ -36,12 +35,26 @@ class UserExists(AccountError):
     pass
 
 
+class NoSuchAccount(AccountError):
+    """The user or VC is gone (maybe deleted while the caller was deciding)."""
+
+
+def _key_name(name: str) -> str:
+    """The stored form of a name typed in any case, for look-ups: names are
+    unique case-insensitively (`ADMIN` is `admin`). A name that breaks the
+    rule simply is not found."""
+    return name.lower()
+
+
 @dataclass
 class User:
     username: str
     admin: bool = False
     virtual_clusters: list[str] = field(default_factory=lambda: [DEFAULT_VC])
     created_ms: int = 0
+    # Minted at creation and never reused: jobs record it, so a user deleted
+    # and created again under the same name does not control the old jobs.
+    uid: str = ""
 
     def may_use(self, vc: str) -> bool:
         return self.admin or vc in self.virtual_clusters
@@ -72,6 +85,18 @@ def password_matches(password_hash: str, password: str) -> bool:
         return False
 
 
+_dummy_hash: list[str] = []
+
+
+def _dummy_password_hash() -> str:
+    """A hash no password matches, made once with the same parameters: an
+    unknown user costs a login the same argon2 work as a wrong password, so
+    the answer's timing does not tell which names exist."""
+    if not _dummy_hash:
+        _dummy_hash.append(hash_password(secrets.token_hex(16)))
+    return _dummy_hash[0]
+
+
 class Accounts:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -82,10 +107,11 @@ class Accounts:
     def _user_from(self, fields: dict[str, str]) -> User:
         return User(username=fields["username"], admin=fields.get("admin") == "1",
                     virtual_clusters=json.loads(fields.get("virtual_clusters") or "[]"),
-                    created_ms=int(fields.get("created_ms") or 0))
+                    created_ms=int(fields.get("created_ms") or 0),
+                    uid=fields.get("uid", ""))
 
     def get_user(self, username: str) -> User | None:
-        fields = self.r.hgetall(keys.user(username))
+        fields = self.r.hgetall(keys.user(_key_name(username)))
         return self._user_from(fields) if fields else None
 
     def list_users(self) -> list[User]:
@@ -97,11 +123,12 @@ class Accounts:
 
     def create_user(self, username: str, password: str, *, admin: bool = False,
                     virtual_clusters: list[str] | None = None) -> User:
-        if not USERNAME.fullmatch(username):
-            raise AccountError(
-                "username must be 1-64 letters, digits, '_', '.' or '-', starting with a "
-                "letter or digit")
-        user = User(username, admin, list(virtual_clusters or [DEFAULT_VC]), now_ms())
+        try:
+            username = canonical_name(username)
+        except ValueError as error:
+            raise AccountError(f"username: {error}") from None
+        user = User(username, admin, list(virtual_clusters or [DEFAULT_VC]), now_ms(),
+                    uid=secrets.token_hex(12))
         password_hash = hash_password(password)
 
         def write(pipe: Pipe) -> User:
@@ -112,6 +139,7 @@ class Accounts:
                 "username": username, "admin": "1" if admin else "0",
                 "virtual_clusters": json.dumps(user.virtual_clusters),
                 "created_ms": str(user.created_ms), "password_hash": password_hash,
+                "uid": user.uid,
             })
             pipe.sadd(keys.USERS, username)
             return user
@@ -119,43 +147,68 @@ class Accounts:
         return self.store.transact(write, keys.user(username))
 
     def check_password(self, username: str, password: str) -> bool:
-        stored = self.r.hget(keys.user(username), "password_hash")
-        return bool(stored) and password_matches(stored, password)
+        """Whether the password is the user's; an unknown user is checked
+        against a dummy hash, so both answers take the same time."""
+        stored = self.r.hget(keys.user(_key_name(username)), "password_hash")
+        matched = password_matches(stored or _dummy_password_hash(), password)
+        return bool(stored) and matched
+
+    def _update_user(self, username: str, mapping: dict[str, str],
+                     *, revoke_tokens: bool = False) -> None:
+        """Change fields of a user that still exists, compare-and-set: a
+        change racing a delete never brings the record back (a bare HSET
+        would recreate it without a password hash or a uid)."""
+        key = keys.user(_key_name(username))
+
+        def write(pipe: Pipe) -> None:
+            if not pipe.exists(key):
+                raise NoSuchAccount(f"user {username} does not exist")
+            pipe.multi()
+            pipe.hset(key, mapping=mapping)
+            if revoke_tokens:
+                pipe.set(keys.user_token_epoch(_key_name(username)), now_ms())
+
+        self.store.transact(write, key)
 
     def set_password(self, username: str, password: str) -> None:
-        self.r.hset(keys.user(username), "password_hash", hash_password(password))
-        self.revoke_all_tokens(username)
+        self._update_user(username, {"password_hash": hash_password(password)},
+                          revoke_tokens=True)
 
     def set_admin(self, username: str, admin: bool) -> None:
-        self.r.hset(keys.user(username), "admin", "1" if admin else "0")
+        self._update_user(username, {"admin": "1" if admin else "0"})
 
     def set_virtual_clusters(self, username: str, vcs: list[str]) -> None:
-        self.r.hset(keys.user(username), "virtual_clusters", json.dumps(sorted(set(vcs))))
+        self._update_user(username, {"virtual_clusters": json.dumps(sorted(set(vcs)))})
 
     def delete_user(self, username: str) -> bool:
+        name = _key_name(username)
         pipe = self.r.pipeline()
-        pipe.delete(keys.user(username))
-        pipe.srem(keys.USERS, username)
-        pipe.set(keys.user_token_epoch(username), now_ms())
+        pipe.delete(keys.user(name))
+        pipe.srem(keys.USERS, name)
+        pipe.set(keys.user_token_epoch(name), now_ms())
         return bool(pipe.execute()[0])
 
     # ---------------------------------------------------------------- tokens
 
     def revoke_all_tokens(self, username: str) -> None:
-        self.r.set(keys.user_token_epoch(username), now_ms())
+        self.r.set(keys.user_token_epoch(_key_name(username)), now_ms())
 
     def revoke_token(self, token_id: str, expires_ms: int) -> None:
         ttl_ms = max(1, expires_ms - now_ms())
         self.r.set(keys.revoked_token(token_id), "1", px=ttl_ms)
 
-    def user_for_token(self, username: str, token_id: str, issued_ms: int) -> User | None:
-        """The token's user, if it exists and the token is not revoked: one
-        round trip on every authenticated request."""
+    def user_for_token(self, username: str, token_id: str, issued_ms: int,
+                       uid: str | None = None) -> User | None:
+        """The token's user, if it exists, is the same user the token was
+        issued to (`uid`: not a later user of that name) and the token is not
+        revoked: one round trip on every authenticated request."""
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(keys.user(username))
         pipe.mget(keys.user_token_epoch(username), keys.revoked_token(token_id))
         fields, (epoch, revoked) = pipe.execute()
         if not fields or revoked or issued_ms <= int(epoch or 0):
+            return None
+        if uid is not None and fields.get("uid", "") != uid:
             return None
         return self._user_from(fields)
 
@@ -168,7 +221,7 @@ class Accounts:
                               json.loads(fields.get("allowed_capabilities") or "[]"))
 
     def get_vc(self, name: str) -> VirtualCluster | None:
-        fields = self.r.hgetall(keys.vc(name))
+        fields = self.r.hgetall(keys.vc(_key_name(name)))
         return self._vc_from(fields) if fields else None
 
     def list_vcs(self) -> list[VirtualCluster]:
@@ -179,26 +232,36 @@ class Accounts:
         return [self._vc_from(f) for f in pipe.execute() if f]
 
     def put_vc(self, vc: VirtualCluster) -> VirtualCluster:
-        if not VC_NAME.fullmatch(vc.name):
-            raise AccountError("a virtual cluster name is 1-64 letters, digits, '_' or '-'")
-        existing = self.get_vc(vc.name)
-        vc.created_ms = existing.created_ms if existing else now_ms()
-        pipe = self.r.pipeline()
-        pipe.hset(keys.vc(vc.name), mapping={
-            "name": vc.name, "gpu_quota": "" if vc.gpu_quota is None else str(vc.gpu_quota),
-            "description": vc.description, "created_ms": str(vc.created_ms),
-            "allowed_capabilities": json.dumps(sorted(set(vc.allowed_capabilities)))})
-        pipe.sadd(keys.VCS, vc.name)
-        pipe.execute()
-        return vc
+        """Create or change a VC, compare-and-set on its record: two admins
+        writing at once each land whole, and the creation time is kept."""
+        try:
+            vc.name = canonical_name(vc.name)
+        except ValueError as error:
+            raise AccountError(f"virtual cluster name: {error}") from None
+        key = keys.vc(vc.name)
+
+        def write(pipe: Pipe) -> VirtualCluster:
+            created = pipe.hget(key, "created_ms")
+            vc.created_ms = int(created) if created else now_ms()
+            pipe.multi()
+            pipe.hset(key, mapping={
+                "name": vc.name, "gpu_quota": "" if vc.gpu_quota is None else str(vc.gpu_quota),
+                "description": vc.description, "created_ms": str(vc.created_ms),
+                "allowed_capabilities": json.dumps(sorted(set(vc.allowed_capabilities)))})
+            pipe.sadd(keys.VCS, vc.name)
+            return vc
+
+        return self.store.transact(write, key)
 
     def delete_vc(self, name: str) -> None:
         """Delete the VC and take it from every user, so a VC made later under
         the same name does not quietly hand its old users access."""
+        name = _key_name(name)
         for user in self.list_users():
             if name in user.virtual_clusters:
-                self.set_virtual_clusters(
-                    user.username, [v for v in user.virtual_clusters if v != name])
+                with contextlib.suppress(NoSuchAccount):  # deleted meanwhile: nothing to take
+                    self.set_virtual_clusters(
+                        user.username, [v for v in user.virtual_clusters if v != name])
         pipe = self.r.pipeline()
         pipe.delete(keys.vc(name))
         pipe.srem(keys.VCS, name)
@@ -213,6 +276,6 @@ class Accounts:
         """The `default` VC and the first admin, on first start only."""
         if not self.r.exists(keys.vc(DEFAULT_VC)):
             self.put_vc(VirtualCluster(DEFAULT_VC, None, "every user's cluster"))
-        if admin_user and not self.r.exists(keys.user(admin_user)):
+        if admin_user and not self.r.exists(keys.user(_key_name(admin_user))):
             with contextlib.suppress(UserExists):  # another api worker made it first
                 self.create_user(admin_user, admin_password, admin=True)

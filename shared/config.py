@@ -151,6 +151,13 @@ class Settings:
     # request headers (and then its body), and connections per API process.
     api_follows_per_user: int = 8
     api_read_timeout_seconds: float = 10.0
+    # Login throttling (docs/security.md): failed logins allowed per user name
+    # and per client address within the window, and whether X-Forwarded-For
+    # names the client (only behind a proxy the operator runs).
+    login_failures_per_user: int = 10
+    login_failures_per_ip: int = 50
+    login_window_seconds: float = 900.0
+    api_trust_forwarded_for: bool = False
     api_worker_connections: int = 1000
 
     @property
@@ -208,6 +215,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         or defaults.api_follows_per_user,
         api_read_timeout_seconds=_seconds(env, "PAI_API_READ_TIMEOUT_SECONDS",
                                           defaults.api_read_timeout_seconds),
+        login_failures_per_user=_int(env, "PAI_LOGIN_FAILURES_PER_USER",
+                                     defaults.login_failures_per_user)
+        or defaults.login_failures_per_user,
+        login_failures_per_ip=_int(env, "PAI_LOGIN_FAILURES_PER_IP",
+                                   defaults.login_failures_per_ip)
+        or defaults.login_failures_per_ip,
+        login_window_seconds=_seconds(env, "PAI_LOGIN_WINDOW_SECONDS",
+                                      defaults.login_window_seconds),
+        api_trust_forwarded_for=_bool(env, "PAI_API_TRUST_FORWARDED_FOR"),
         api_worker_connections=_int(env, "PAI_API_WORKER_CONNECTIONS",
                                     defaults.api_worker_connections)
         or defaults.api_worker_connections,

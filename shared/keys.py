@@ -89,6 +89,12 @@ def user_token_epoch(username: str) -> str:
     return f"{PREFIX}user:{username}:token-epoch"
 
 
+def login_failures(scope: str, who: str) -> str:
+    """Counter with a TTL: failed logins for one user name (scope "user") or
+    one client address (scope "ip") in the current throttling window."""
+    return f"{PREFIX}login-failures:{scope}:{who}"
+
+
 def revoked_token(token_id: str) -> str:
     """A logged-out token's id, kept until the token would have expired."""
     return f"{PREFIX}token:revoked:{token_id}"

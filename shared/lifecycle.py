@@ -44,13 +44,16 @@ def initial_tasks(spec: JobSpec) -> list[Task]:
     return [Task(role=r.name, index=i) for r in spec.task_roles for i in range(r.task_number)]
 
 
-def submit_job(store: Store, username: str, config: dict[str, Any]) -> Job:
-    """Store a validated config as a WAITING job with attempt 0 queued."""
+def submit_job(store: Store, username: str, config: dict[str, Any], *,
+               user_id: str = "") -> Job:
+    """Store a validated config as a WAITING job with attempt 0 queued;
+    `user_id` is the owner's immutable id (accounts.User.uid)."""
     spec = JobSpec.from_config(config)
     created = now_ms()
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
               virtual_cluster=spec.virtual_cluster, created_ms=created, version=1,
-              gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles))
+              gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles),
+              user_id=user_id)
     attempt = Attempt(index=0, created_ms=created)
     return store.create_job(job, config, initial_tasks(spec), attempt)
 

@@ -162,6 +162,9 @@ class Job:
     queue_seq: int = 0
     gpus: int = 0  # GPUs the job holds when all its tasks run
     started_ms: int | None = None  # when the current attempt started running
+    # The owner's immutable id (accounts.User.uid): a later user of the same
+    # name is not this job's owner.
+    user_id: str = ""
 
     def to_fields(self) -> dict[str, str]:
         """The job's Redis hash fields (config is stored beside them)."""
@@ -192,6 +195,7 @@ class Job:
             queue_seq=int(fields.get("queue_seq", 0)),
             gpus=int(fields.get("gpus") or 0),
             started_ms=opt_int("started_ms"),
+            user_id=fields.get("user_id", ""),
         )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+# What a request may send (any case; stored folded to NAME_PATTERN), for schemas.
+INPUT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _NAME = re.compile(NAME_PATTERN)
 NAME_RULE = ("1 to 64 characters: lowercase letters, digits, '_', '.' or '-', "
              "starting with a letter or digit")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Flask
 
 from services.api import auth, cluster, jobs, metrics, openapi, storage, users, vcs
@@ -29,9 +31,21 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
     register_error_handlers(app)
     metrics.init_app(app, store, settings)  # first: it times the requests auth refuses
+    app.url_value_preprocessor(_fold_account_names)
     app.before_request(auth.authenticate)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     Accounts(app.extensions["pai"].store).bootstrap(settings.admin_user,
                                                    settings.admin_password)
     return app
+
+
+def _fold_account_names(endpoint: str | None, values: dict[str, Any] | None) -> None:
+    """User and VC names in URLs are case-insensitive (shared/names.py): every
+    view sees the stored, lowercase form, so `/user/Alice/...` is alice's."""
+    if not values:
+        return
+    if isinstance(values.get("username"), str):
+        values["username"] = values["username"].lower()
+    if (endpoint or "").startswith("vcs.") and isinstance(values.get("name"), str):
+        values["name"] = values["name"].lower()

@@ -17,6 +17,7 @@ from services.api.errors import ApiError
 from services.api.platform import platform
 from shared.accounts import Accounts, User
 from shared.models import now_ms
+from shared.throttle import LoginLimits, record_failure, retry_after
 
 bp = Blueprint("auth", __name__, url_prefix="/api/v1")
 
@@ -30,11 +31,13 @@ def accounts() -> Accounts:
     return Accounts(platform().store)
 
 
-def issue_token(username: str, expiration_s: int) -> tuple[str, int]:
+def issue_token(username: str, expiration_s: int, uid: str = "") -> tuple[str, int]:
     issued = now_ms()
     expires = issued + expiration_s * 1000
     claims = {"sub": username, "iat": issued // 1000, "exp": expires // 1000,
               "iat_ms": issued, "jti": secrets.token_urlsafe(12)}
+    if uid:  # the user's immutable id: a later user of the name cannot use it
+        claims["uid"] = uid
     return jwt.encode(claims, platform().settings.secret_key, algorithm=ALGORITHM), expires
 
 
@@ -62,7 +65,8 @@ def authenticate() -> None:
                        "log in first: send Authorization: Bearer <token> "
                        "(POST /api/v1/token gives one)", 401)
     claims = _claims(token.strip())
-    user = accounts().user_for_token(claims["sub"], claims["jti"], int(claims["iat_ms"]))
+    user = accounts().user_for_token(claims["sub"], claims["jti"], int(claims["iat_ms"]),
+                                     claims.get("uid"))
     if user is None:
         raise ApiError("UnauthorizedUserError", "the token was revoked; log in again", 401)
     g.user, g.claims = user, claims
@@ -108,7 +112,7 @@ def login() -> tuple[dict[str, Any], int]:
         200: {content: {application/json: {schema: Token}}}
         400: BadRequest
         401: Unauthorized
-        404: NotFound
+        429: TooManyRequests
     """
     fields = _login_fields()
     username, password = fields.get("username"), fields.get("password")
@@ -122,14 +126,39 @@ def login() -> tuple[dict[str, Any], int]:
     if not 60 <= expiration <= MAX_EXPIRATION_S:
         raise ApiError("BadRequestError",
                        f"expiration must be between 60 and {MAX_EXPIRATION_S} seconds")
+    username = username.lower()  # user names are case-insensitive
+    settings, client = platform().settings, client_address()
+    limits = LoginLimits(settings.login_failures_per_user, settings.login_failures_per_ip,
+                         settings.login_window_seconds)
+    store = platform().store
+    wait = retry_after(store, limits, username, client)
+    if wait:
+        raise ApiError("TooManyRequestsError",
+                       f"too many failed logins; try again in {wait} seconds", 429,
+                       headers={"Retry-After": str(wait)})
     found = accounts()
-    user = found.get_user(username)
+    # One answer, and the same argon2 work, whether the name exists or not:
+    # neither the status, the message nor the time tells which names exist.
+    matched = found.check_password(username, password)
+    user = found.get_user(username) if matched else None
     if user is None:
-        raise ApiError("NoUserError", f"user {username} does not exist", 404)
-    if not found.check_password(username, password):
-        raise ApiError("IncorrectPasswordError", "the password is incorrect", 401)
-    token, expires = issue_token(username, expiration)
-    return {"token": token, "user": username, "admin": user.admin, "expires": expires}, 200
+        record_failure(store, limits, username, client)
+        raise ApiError("IncorrectPasswordError", "the user name or the password is incorrect",
+                       401)
+    token, expires = issue_token(user.username, expiration, user.uid)
+    return {"token": token, "user": user.username, "admin": user.admin,
+            "expires": expires}, 200
+
+
+def client_address() -> str:
+    """The caller's address: the socket's peer, or the first X-Forwarded-For
+    hop when the operator says a proxy of theirs sets it (else any client
+    could pick a fresh address per guess)."""
+    if platform().settings.api_trust_forwarded_for:
+        forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
+        if forwarded:
+            return forwarded[:64]
+    return request.remote_addr or "unknown"
 
 
 @bp.delete("/token")

@@ -12,24 +12,30 @@ from typing import Any
 from flask import Flask, Response, jsonify
 from werkzeug.exceptions import HTTPException
 
+from shared.accounts import NoSuchAccount
+
 log = logging.getLogger("pai.api")
 
 
 class ApiError(Exception):
-    def __init__(self, code: str, message: str, status: int = 400,
-                 **extra: Any) -> None:
+    def __init__(self, code: str, message: str, status: int = 400, *,
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.code, self.message, self.status, self.extra = code, message, status, extra
+        self.headers = headers or {}
 
     def response(self) -> tuple[Response, int]:
         body = {"code": self.code, "message": self.message, **self.extra}
-        return jsonify(body), self.status
+        response = jsonify(body)
+        response.headers.update(self.headers)  # e.g. Retry-After with a 429
+        return response, self.status
 
 
 _HTTP_CODES = {
     400: "BadRequestError", 401: "UnauthorizedUserError", 403: "ForbiddenUserError",
     404: "NotFoundError", 405: "MethodNotAllowedError", 409: "ConflictError",
     413: "RequestEntityTooLargeError", 415: "UnsupportedMediaTypeError",
+    429: "TooManyRequestsError",
 }
 
 
@@ -37,6 +43,11 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(ApiError)
     def _api_error(error: ApiError) -> tuple[Response, int]:
         return error.response()
+
+    @app.errorhandler(NoSuchAccount)
+    def _gone(error: NoSuchAccount) -> tuple[Response, int]:
+        # The user or VC was deleted between the view's check and its write.
+        return ApiError("NotFoundError", str(error), 404).response()
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException) -> tuple[Response, int]:

@@ -19,7 +19,7 @@ from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from services.api.storage import check_job_storage
-from shared.accounts import Accounts
+from shared.accounts import Accounts, User
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, validate_job_config
@@ -51,12 +51,17 @@ def _json_body() -> Any:
 
 def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
                    action: str = "do this") -> Job:
-    """The job, or 404; with owner_only, 403 unless the caller owns it or is admin."""
-    if owner_only:
-        require_self_or_admin(username, f"{action} for this job")
+    """The job, or 404; with owner_only, 403 unless the caller owns it or is
+    admin. Owning is being the user the job was submitted by (its immutable
+    id), not merely a later user of the same name."""
+    username = username.lower()  # user names are case-insensitive
+    caller = require_self_or_admin(username, f"{action} for this job") if owner_only else None
     job = platform().store.get_job(job_id_of(username, name))
     if job is None:
         raise ApiError("NoJobError", f"job {name} of user {username} not found", 404)
+    if caller is not None and not caller.admin and job.user_id and job.user_id != caller.uid:
+        raise ApiError("ForbiddenUserError",
+                       f"job {name} belongs to an earlier user named {username}", 403)
     return job
 
 
@@ -105,8 +110,9 @@ def submit() -> tuple[dict[str, Any], int]:
     return _submit(current_user().username, _json_body())
 
 
-def _check_vc(username: str, vc_name: str, gpus: int) -> None:
-    """The VC exists, the user may use it, and its quota can ever hold the job."""
+def _check_vc(username: str, vc_name: str, gpus: int) -> User:
+    """The VC exists, the user may use it, and its quota can ever hold the
+    job; the job's owner."""
     accounts = Accounts(platform().store)
     vc = accounts.get_vc(vc_name)
     if vc is None:
@@ -124,6 +130,7 @@ def _check_vc(username: str, vc_name: str, gpus: int) -> None:
                        400, fields={"virtualCluster": [
                            f"the job needs {gpus} GPUs at once; the quota of {vc_name} "
                            f"is {vc.gpu_quota}"]})
+    return owner
 
 
 def _check_capabilities(spec: JobSpec) -> None:
@@ -156,6 +163,7 @@ def _known_nodes() -> list[Node]:
 
 
 def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
+    username = username.lower()  # user names are case-insensitive
     caller = require_self_or_admin(username, "submit jobs")
     pai = platform()
     try:
@@ -166,8 +174,8 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
             from None
     check_job_storage(validated.config, caller)
     spec = JobSpec.from_config(validated.config)
-    _check_vc(username, spec.virtual_cluster,
-              sum(r.gpu_number * r.task_number for r in spec.task_roles))
+    owner = _check_vc(username, spec.virtual_cluster,
+                      sum(r.gpu_number * r.task_number for r in spec.task_roles))
     if spec.capabilities:
         _check_capabilities(spec)
     reasons = infeasible_reasons(spec, _known_nodes())
@@ -177,7 +185,7 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     if request.args.get("dryRun", "").lower() in ("1", "true"):
         return {"config": validated.config, "ignoredFields": validated.ignored}, 200
     try:
-        job = submit_job(pai.store, username, validated.config)
+        job = submit_job(pai.store, username, validated.config, user_id=owner.uid)
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None
     if claim_pass_request(pai.store):

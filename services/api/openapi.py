@@ -41,7 +41,7 @@ _HTTP_METHODS = ("get", "put", "post", "delete", "patch")
 # Component name -> status; views' docstrings refer to the names.
 ERROR_RESPONSES = {
     "BadRequest": 400, "Unauthorized": 401, "Forbidden": 403, "NotFound": 404,
-    "Conflict": 409, "TooLarge": 413,
+    "Conflict": 409, "TooLarge": 413, "TooManyRequests": 429,
 }
 # <converter(args):name> in a Flask rule; the converter decides the type.
 _RULE_VARIABLE = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")

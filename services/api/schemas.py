@@ -14,9 +14,9 @@ from marshmallow import EXCLUDE, Schema, fields, validate
 from services.api.auth import MAX_EXPIRATION_S
 from services.api.jobs import MAX_TAIL
 from services.api.users import MIN_PASSWORD
-from shared.accounts import USERNAME
 from shared.capabilities import GRANTABLE
 from shared.jobspec import JobConfigSchema
+from shared.names import INPUT_PATTERN
 from shared.states import JobState, TaskState
 
 JOB_STATES = [s.value for s in JobState]
@@ -87,7 +87,7 @@ class UserSchema(Schema):
 
 
 class UserCreateSchema(_Request):
-    username = fields.String(required=True, validate=validate.Regexp(USERNAME.pattern))
+    username = fields.String(required=True, validate=validate.Regexp(INPUT_PATTERN))
     password = _password()
     admin = fields.Boolean(load_default=False)
     virtualClusters = fields.List(fields.String(), metadata={"default": ["default"]})

@@ -118,7 +118,7 @@ def test_an_admin_login_says_so(flask_client: FlaskClient) -> None:
      "BadRequestError"),
     ({"username": "alice", "password": "secret-pw", "expiration": 91 * DAY_S}, 400,
      "BadRequestError"),
-    ({"username": "nobody", "password": "secret-pw"}, 404, "NoUserError"),
+    ({"username": "nobody", "password": "secret-pw"}, 401, "IncorrectPasswordError"),
     ({"username": "alice", "password": "wrong-pw"}, 401, "IncorrectPasswordError"),
 ], ids=["no password", "no username", "empty fields", "username not a string",
         "expiration not a number", "expiration under a minute", "expiration over 90 days",

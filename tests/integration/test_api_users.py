@@ -148,7 +148,7 @@ def test_an_admin_deletes_a_user(flask_client: FlaskClient, admin: AuthedClient,
     assert whoami(alice, "alice") == 401
     relogin = flask_client.post("/api/v1/token", json={"username": "alice",
                                                        "password": "secret-pw"})
-    assert error_of(relogin, 404) == "NoUserError"
+    assert error_of(relogin, 401) == "IncorrectPasswordError"  # as for any unknown name
     assert not redis_client.exists(keys.user("alice"))
 
 

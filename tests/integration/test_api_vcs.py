@@ -112,11 +112,11 @@ def test_a_zero_quota_vc_refuses_every_gpu_job(admin: AuthedClient) -> None:
     ("speech", {"gpuQuota": 8, "description": 5}),
     ("speech", {"gpuQuota": 8, "description": "d" * 1025}),
     ("speech", [8]),
-    ("bad.name", {"gpuQuota": 8}),
+    (".hidden", {"gpuQuota": 8}),
     ("x" * 65, {"gpuQuota": 8}),
 ], ids=["negative quota", "quota a string", "quota a boolean", "quota a fraction",
         "quota too large", "description not a string", "description too long",
-        "not an object", "name with a dot", "name too long"])
+        "not an object", "name with a leading dot", "name too long"])
 def test_put_vc_rejects_bad_input(admin: AuthedClient, redis_client: redis.Redis, name: str,
                                   body: Any) -> None:
     resp = admin.put(f"/api/v1/virtual-clusters/{name}", json=body)

@@ -44,6 +44,8 @@ LITERAL_KEYS = [
                  id="user_token_epoch"),
     pytest.param(keys.vc("default"), "pai:vc:default", id="vc"),
     pytest.param(keys.revoked_token("abc"), "pai:token:revoked:abc", id="revoked_token"),
+    pytest.param(keys.login_failures("ip", "10.0.0.1"), "pai:login-failures:ip:10.0.0.1",
+                 id="login_failures"),
     pytest.param(keys.follow_leases("alice"), "pai:follows:alice", id="follow_leases"),
     pytest.param(keys.recorded_metric("pai_task_exits"), "pai:metric:pai_task_exits",
                  id="recorded_metric"),
