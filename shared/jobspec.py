@@ -355,6 +355,18 @@ def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
 # ---------------------------------------------------------------- public
 
 
+def flat_errors(messages: Any) -> dict[str, list[str]]:
+    """marshmallow's nested error messages as the API's one error shape: a
+    flat map of dotted paths (`taskRoles.0.memoryMB`) to messages."""
+    out: dict[str, list[str]] = {}
+    _flatten(messages, "", out)
+    return out
+
+
+# JSON's whole numbers for any schema of the API (2.0 yes; true and "2" no).
+WholeNumber = _Int
+
+
 def _flatten(messages: Any, path: str, out: dict[str, list[str]]) -> None:
     """marshmallow nests errors ({"taskRoles": {0: {"memoryMB": [...]}}}); the
     API promises one flat map of dotted paths, which a user can read."""

@@ -13,16 +13,16 @@ from typing import Any
 import jwt
 from flask import Blueprint, g, request
 
+from services.api.bodies import load, load_body
 from services.api.errors import ApiError
 from services.api.platform import platform
+from services.api.schemas import TokenRequestSchema
 from shared.accounts import Accounts, User
 from shared.models import now_ms
 from shared.throttle import LoginLimits, record_failure, retry_after
 
 bp = Blueprint("auth", __name__, url_prefix="/api/v1")
 
-DEFAULT_EXPIRATION_S = 7 * 24 * 3600
-MAX_EXPIRATION_S = 90 * 24 * 3600
 ALGORITHM = "HS256"
 PUBLIC_ENDPOINTS = {"auth.login", "cluster.healthz", "cluster.metrics", "openapi.spec", "static"}
 
@@ -92,10 +92,11 @@ def require_self_or_admin(username: str, action: str = "do this") -> User:
 
 
 def _login_fields() -> dict[str, Any]:
-    body = request.get_json(silent=True) if request.is_json else None
-    if isinstance(body, dict):
-        return body
-    return request.form.to_dict()
+    """The login, from JSON or from a form (OpenPAI's clients send both),
+    loaded by the one schema."""
+    if request.mimetype == "application/x-www-form-urlencoded":
+        return load(TokenRequestSchema(), request.form.to_dict())
+    return load_body(TokenRequestSchema())
 
 
 @bp.post("/token")
@@ -115,18 +116,8 @@ def login() -> tuple[dict[str, Any], int]:
         429: TooManyRequests
     """
     fields = _login_fields()
-    username, password = fields.get("username"), fields.get("password")
-    if not isinstance(username, str) or not isinstance(password, str) \
-            or not username or not password:
-        raise ApiError("BadRequestError", "send username and password")
-    try:
-        expiration = int(fields.get("expiration") or DEFAULT_EXPIRATION_S)
-    except (TypeError, ValueError):
-        raise ApiError("BadRequestError", "expiration is a number of seconds") from None
-    if not 60 <= expiration <= MAX_EXPIRATION_S:
-        raise ApiError("BadRequestError",
-                       f"expiration must be between 60 and {MAX_EXPIRATION_S} seconds")
-    username = username.lower()  # user names are case-insensitive
+    password, expiration = fields["password"], fields["expiration"]
+    username = fields["username"].lower()  # user names are case-insensitive
     settings, client = platform().settings, client_address()
     limits = LoginLimits(settings.login_failures_per_user, settings.login_failures_per_ip,
                          settings.login_window_seconds)

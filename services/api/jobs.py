@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -13,11 +12,13 @@ from flask import Blueprint, Response, current_app, request, stream_with_context
 
 from services.api import sse
 from services.api.auth import current_user, require_self_or_admin
+from services.api.bodies import load_body, read_json
 from services.api.errors import ApiError
 from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
+from services.api.schemas import MAX_TAIL, StopRequestSchema
 from services.api.storage import check_job_storage
 from shared.accounts import Accounts, User
 from shared.capabilities import refused_capabilities
@@ -30,7 +31,6 @@ from shared.store import JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 
-MAX_TAIL = 100_000
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
@@ -40,13 +40,14 @@ NODES_EXTENSION = "pai.known_nodes"
 
 
 def _json_body() -> Any:
-    if not request.data:
-        raise ApiError("InvalidJobConfigError", "the request body is empty; send a job config")
+    """The job config as JSON (bodies.read_json's limits), its errors under
+    the code job configs answer with."""
     try:
-        return json.loads(request.data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ApiError("InvalidJobConfigError", f"the body is not valid JSON: {error}") \
-            from None
+        return read_json()
+    except ApiError as error:
+        if error.status != 400:
+            raise
+        raise ApiError("InvalidJobConfigError", error.message, 400) from None
 
 
 def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
@@ -325,10 +326,7 @@ def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
         403: Forbidden
         404: NotFound
     """
-    body = request.get_json(silent=True)
-    value = body.get("value") if isinstance(body, dict) else None
-    if value != "STOP":
-        raise ApiError("BadRequestError", 'send {"value": "STOP"} to stop a job')
+    load_body(StopRequestSchema())  # {"value": "STOP"}, nothing else
     pai = platform()
     job = request_stop(pai.store, get_job_or_404(username, name, owner_only=True,
                                                  action="stop").id)

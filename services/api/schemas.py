@@ -1,23 +1,24 @@
-"""The API's bodies as marshmallow schemas, for the OpenAPI document.
-
-The views build and check their JSON by hand (their messages are OpenPAI's);
-these schemas describe the same shapes so that `/api/v1/openapi.json` is
-generated, not written, and a test holds every response to them. A field
-added to a view and not here makes that test fail, which is the point.
+"""The API's bodies as marshmallow schemas: what requests are loaded by
+(services/api/bodies.py `load_body`) and what the OpenAPI document shows,
+one declaration for both, so the served spec is what the code enforces.
+Responses are described here too, and a test holds every response to them.
 The job config is not repeated: it is `shared.jobspec.JobConfigSchema`.
+This module imports no view (the views import it).
 """
 
 from __future__ import annotations
 
-from marshmallow import EXCLUDE, Schema, fields, validate
+from marshmallow import RAISE, Schema, fields, validate
 
-from services.api.auth import MAX_EXPIRATION_S
-from services.api.jobs import MAX_TAIL
-from services.api.users import MIN_PASSWORD
 from shared.capabilities import GRANTABLE
-from shared.jobspec import JobConfigSchema
+from shared.jobspec import JobConfigSchema, WholeNumber
 from shared.names import INPUT_PATTERN
 from shared.states import JobState, TaskState
+
+MIN_PASSWORD, MAX_PASSWORD = 6, 256
+DEFAULT_EXPIRATION_S = 7 * 24 * 3600
+MAX_EXPIRATION_S = 90 * 24 * 3600
+MAX_TAIL = 100_000  # log lines one plain read returns
 
 JOB_STATES = [s.value for s in JobState]
 _MS = {"description": "epoch milliseconds"}
@@ -31,11 +32,16 @@ def _ms(*, allow_none: bool = False) -> fields.Integer:
 
 
 class _Request(Schema):
-    """A body the views read field by field: fields they do not know are ignored,
-    so the document must not promise a 400 for them (responses stay closed)."""
+    """A request body: a field the schema does not know is a 400 naming it
+    (a typo must not be silently ignored)."""
 
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
+
+
+def _flag(**kwargs: object) -> fields.Boolean:
+    """JSON's true and false only (not "yes", 1 or "on")."""
+    return fields.Boolean(truthy={True}, falsy={False}, **kwargs)  # type: ignore[arg-type]
 
 
 class ErrorSchema(Schema):
@@ -61,7 +67,8 @@ class HealthSchema(Schema):
 class TokenRequestSchema(_Request):
     username = fields.String(required=True, validate=validate.Length(min=1))
     password = fields.String(required=True, validate=validate.Length(min=1))
-    expiration = fields.Integer(validate=validate.Range(min=60, max=MAX_EXPIRATION_S),
+    expiration = fields.Integer(load_default=DEFAULT_EXPIRATION_S,
+                                validate=validate.Range(min=60, max=MAX_EXPIRATION_S),
                                 metadata={"description": "seconds the token lives"})
 
 
@@ -76,7 +83,8 @@ class TokenSchema(Schema):
 
 
 def _password() -> fields.String:
-    return fields.String(required=True, validate=validate.Length(min=MIN_PASSWORD, max=256))
+    return fields.String(required=True,
+                         validate=validate.Length(min=MIN_PASSWORD, max=MAX_PASSWORD))
 
 
 class UserSchema(Schema):
@@ -89,8 +97,10 @@ class UserSchema(Schema):
 class UserCreateSchema(_Request):
     username = fields.String(required=True, validate=validate.Regexp(INPUT_PATTERN))
     password = _password()
-    admin = fields.Boolean(load_default=False)
-    virtualClusters = fields.List(fields.String(), metadata={"default": ["default"]})
+    admin = _flag(load_default=False)
+    virtualClusters = fields.List(fields.String(validate=validate.Length(max=64)),
+                                  load_default=lambda: ["default"],
+                                  validate=validate.Length(max=1000))
 
 
 class PasswordChangeSchema(_Request):
@@ -100,11 +110,12 @@ class PasswordChangeSchema(_Request):
 
 
 class AdminFlagSchema(_Request):
-    value = fields.Boolean(required=True)
+    value = _flag(required=True)
 
 
 class UserVirtualClustersSchema(_Request):
-    virtualClusters = fields.List(fields.String(), required=True)
+    virtualClusters = fields.List(fields.String(validate=validate.Length(max=64)),
+                                  required=True, validate=validate.Length(max=1000))
 
 
 # ---------------------------------------------------------------- jobs
@@ -261,8 +272,9 @@ class VirtualClusterSchema(Schema):
 
 
 class VirtualClusterPutSchema(_Request):
-    gpuQuota = fields.Integer(allow_none=True, validate=validate.Range(min=0, max=1_000_000),
-                              metadata={"description": "GPUs, or null for no limit"})
+    gpuQuota = WholeNumber(allow_none=True, load_default=None,
+                           validate=validate.Range(min=0, max=1_000_000),
+                           metadata={"description": "GPUs, or null for no limit"})
     description = fields.String(load_default="", validate=validate.Length(max=1024))
     allowedCapabilities = fields.List(
         fields.String(validate=validate.OneOf(sorted(GRANTABLE))), load_default=list,

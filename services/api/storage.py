@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from services.api.auth import current_user, require_admin
+from services.api.bodies import load_body
 from services.api.errors import ApiError
 from services.api.platform import platform
 from shared import keys, storage
@@ -198,15 +199,7 @@ def put_share(name: str) -> tuple[dict[str, Any], int]:
         share_name = canonical_name(name)
     except ValueError as error:
         raise ApiError("BadRequestError", f"share name: {error}") from None
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise ApiError("BadRequestError",
-                       'send {"path": ..., "users": [...], "virtualClusters": [...]}')
-    try:
-        loaded: dict[str, Any] = _PUT.load(body)
-    except ValidationError as error:
-        raise ApiError("BadRequestError", "the share has invalid fields", 400,
-                       fields=_flat(error.messages)) from None
+    loaded = load_body(_PUT)
     pai = platform()
     problem = storage.share_path_problem(loaded["path"], pai.settings.storage_roots,
                                          pai.settings.platform_dirs)
@@ -235,14 +228,3 @@ def delete_share(name: str) -> dict[str, Any]:
         raise ApiError("NoStorageShareError", f"storage share {name} does not exist", 404)
     return {"message": f"storage share {name} deleted"}
 
-
-def _flat(messages: Any) -> dict[str, list[str]]:
-    """`{"users": {0: [...]}}` as `{"users.0": [...]}`: the API's one error shape."""
-    out: dict[str, list[str]] = {}
-    for key, value in messages.items():
-        if isinstance(value, dict):
-            for index, inner in _flat(value).items():
-                out[f"{key}.{index}"] = inner
-        else:
-            out[str(key)] = [str(v) for v in value] if isinstance(value, list) else [str(value)]
-    return out

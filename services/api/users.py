@@ -4,33 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint
 
 from services.api.auth import accounts, current_user, require_admin, require_self_or_admin
+from services.api.bodies import load_body
 from services.api.errors import ApiError
+from services.api.schemas import (
+    AdminFlagSchema,
+    PasswordChangeSchema,
+    UserCreateSchema,
+    UserVirtualClustersSchema,
+)
 from shared.accounts import AccountError, UserExists
 
 bp = Blueprint("users", __name__, url_prefix="/api/v1")
 
-MIN_PASSWORD = 6
 
-
-def _body() -> dict[str, Any]:
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise ApiError("BadRequestError", "send a JSON object")
-    return body
-
-
-def _password(value: Any, field: str = "password") -> str:
-    if not isinstance(value, str) or not MIN_PASSWORD <= len(value) <= 256:
-        raise ApiError("BadRequestError", f"{field} must be {MIN_PASSWORD}-256 characters")
-    return value
-
-
-def _vcs(value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ApiError("BadRequestError", "virtualClusters is a list of names")
+def _vcs(value: list[str]) -> list[str]:
+    """The VC names (any case), each one that exists, in stored form."""
+    value = [name.lower() for name in value]
     known = {vc.name for vc in accounts().list_vcs()}
     unknown = sorted(set(value) - known)
     if unknown:
@@ -61,16 +53,10 @@ def create_user() -> tuple[dict[str, Any], int]:
         409: Conflict
     """
     require_admin()
-    body = _body()
-    username = body.get("username")
-    if not isinstance(username, str):
-        raise ApiError("BadRequestError", "username is required")
-    admin = body.get("admin", False)
-    if not isinstance(admin, bool):
-        raise ApiError("BadRequestError", "admin is true or false")
-    vcs = _vcs(body.get("virtualClusters", ["default"]))
+    body = load_body(UserCreateSchema())
+    vcs = _vcs(body["virtualClusters"])
     try:
-        user = accounts().create_user(username, _password(body.get("password")), admin=admin,
+        user = accounts().create_user(body["username"], body["password"], admin=body["admin"],
                                       virtual_clusters=vcs)
     except UserExists as error:
         raise ApiError("ConflictUserError", str(error), 409) from None
@@ -142,13 +128,13 @@ def set_password(username: str) -> dict[str, Any]:
         404: NotFound
     """
     caller = require_self_or_admin(username, "change this password")
-    body = _body()
+    body = load_body(PasswordChangeSchema())
     _user_or_404(username)
-    new = _password(body.get("newPassword"), "newPassword")
+    new = body["newPassword"]
     found = accounts()
     if not caller.admin or caller.username == username:
         old = body.get("oldPassword")
-        if not isinstance(old, str) or not found.check_password(username, old):
+        if old is None or not found.check_password(username, old):
             raise ApiError("IncorrectPasswordError", "oldPassword is incorrect", 401)
     found.set_password(username, new)
     return {"message": "password changed; every token of this user is revoked"}
@@ -169,9 +155,7 @@ def set_admin(username: str) -> dict[str, Any]:
         404: NotFound
     """
     require_admin()
-    value = _body().get("value")
-    if not isinstance(value, bool):
-        raise ApiError("BadRequestError", 'send {"value": true} or {"value": false}')
+    value = load_body(AdminFlagSchema())["value"]
     if username == current_user().username and not value:
         raise ApiError("BadRequestError", "an admin cannot take their own admin right")
     _user_or_404(username)
@@ -194,7 +178,7 @@ def set_virtual_clusters(username: str) -> dict[str, Any]:
         404: NotFound
     """
     require_admin()
-    vcs = _vcs(_body().get("virtualClusters"))
+    vcs = _vcs(load_body(UserVirtualClustersSchema())["virtualClusters"])
     _user_or_404(username)
     accounts().set_virtual_clusters(username, vcs)
     return _user_or_404(username)

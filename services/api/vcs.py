@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint
 
 from services.api.auth import accounts, require_admin
+from services.api.bodies import load_body
 from services.api.errors import ApiError
 from services.api.platform import platform
+from services.api.schemas import VirtualClusterPutSchema
 from shared import keys
 from shared.accounts import DEFAULT_VC, AccountError, VirtualCluster
 from shared.capabilities import capability_list_errors
@@ -113,24 +115,15 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
         403: Forbidden
     """
     require_admin()
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise ApiError("BadRequestError", 'send {"gpuQuota": <GPUs or null>, "description": ...}')
-    quota = body.get("gpuQuota")
-    if quota is not None and (not isinstance(quota, int) or isinstance(quota, bool)
-                              or not 0 <= quota <= 1_000_000):
-        raise ApiError("BadRequestError", "gpuQuota is a number of GPUs (0 or more) or null")
-    description = body.get("description", "")
-    if not isinstance(description, str) or len(description) > 1024:
-        raise ApiError("BadRequestError", "description is a string of up to 1024 characters")
-    capabilities = body.get("allowedCapabilities", [])
-    problems = capability_list_errors(capabilities)
-    if problems:
-        raise ApiError("BadRequestError", f"allowedCapabilities: {' '.join(problems)}")
+    body = load_body(VirtualClusterPutSchema())
+    problems = capability_list_errors(body["allowedCapabilities"])
+    if problems:  # beyond the schema's check: repeats, and what no VC may allow
+        raise ApiError("BadRequestError", "the request body is not valid",
+                       fields={"allowedCapabilities": problems})
     existed = accounts().get_vc(name) is not None
     try:
-        accounts().put_vc(VirtualCluster(name, quota, description,
-                                         allowed_capabilities=capabilities))
+        accounts().put_vc(VirtualCluster(name, body["gpuQuota"], body["description"],
+                                         allowed_capabilities=body["allowedCapabilities"]))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
     return _views([_vc_or_404(name)])[name], 200 if existed else 201

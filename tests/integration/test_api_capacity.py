@@ -291,3 +291,21 @@ def test_followers_of_one_log_each_get_every_line_once_in_order(
 
     expected = [Event("message", f"line {n}") for n in range(1, 41)] + [Event("end", "")]
     assert got == {0: expected, 1: expected, 2: expected}
+
+
+def test_a_chunked_body_over_the_limit_is_413_not_cut_short(serve: Callable[..., Api]) -> None:
+    """Threat (docs/security.md, client → API): a body sent chunked (no
+    Content-Length) past the 1 MiB limit was silently cut to the limit and
+    parsed as if whole. Under the real server it is refused with 413."""
+    api = serve()
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"jobName": "big", "extras": {"pad": "'
+        for _ in range(2 * 1024):
+            yield b"x" * 1024
+        yield b'"}}'
+
+    resp = api.http.post(f"{api.url}/api/v1/jobs", data=chunks(), timeout=DEADLINE_SECONDS,
+                         headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413, resp.text
+    assert resp.json()["code"] == "RequestEntityTooLargeError"

@@ -1,0 +1,103 @@
+"""Request bodies: read within the size limit, parsed strictly, and loaded
+by the view's marshmallow schema, the same schema the OpenAPI document shows
+(a view names it once, in `load_body(Schema)` and in its docstring).
+
+Every way a body can be wrong ends here as a 4xx with the API's one error
+shape, never a 500: a body over the limit, chunked or not (413); bytes that
+are not UTF-8; JSON that is invalid, nested deeper than MAX_DEPTH, or holds
+numbers JSON cannot mean (NaN, Infinity, 1e400, ten thousand digits); and
+fields the schema refuses or does not know (400, each named in `fields`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+from flask import current_app, request
+from marshmallow import Schema, ValidationError
+
+from services.api.errors import ApiError
+from shared.jobspec import flat_errors
+
+MAX_DEPTH = 32  # a job config nests about 6 deep; a parser's stack is not a quota
+
+
+def _bad(message: str) -> NoReturn:
+    raise ApiError("BadRequestError", message, 400)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        _bad(f"the number {text[:40]} is too large")
+    return value
+
+
+def _no_constant(name: str) -> NoReturn:
+    _bad(f"{name} is not a JSON number")
+
+
+def read_limited() -> bytes:
+    """The raw body, refused with 413 beyond the limit even when it comes
+    chunked (no Content-Length), where it would otherwise be cut short."""
+    limit = current_app.config.get("MAX_CONTENT_LENGTH") or 1024 * 1024
+    # With a Content-Length, Werkzeug refuses an oversized body itself. A
+    # chunked one it would end quietly at the limit, so read the server's
+    # own stream, one byte past the limit, to tell "whole" from "cut".
+    stream = request.stream if request.content_length is not None \
+        else request.environ["wsgi.input"]
+    data: bytes = stream.read(limit + 1)
+    if len(data) > limit:
+        raise ApiError("RequestEntityTooLargeError",
+                       f"request body is larger than the {limit // 1024} KiB limit", 413)
+    return data
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether containers nest deeper than MAX_DEPTH (iteratively: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if type(item) is dict else item if type(item) is list else ()
+        for child in children:
+            if type(child) in (dict, list):
+                if depth + 1 > MAX_DEPTH:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def read_json() -> Any:
+    """The body as JSON, or a 4xx saying what is wrong with it."""
+    raw = read_limited()
+    if not raw.strip():
+        _bad("the request body is empty; send a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        _bad("the request body is not UTF-8")
+    try:
+        value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except RecursionError:
+        _bad(f"the JSON is nested more than {MAX_DEPTH} levels deep")
+    except ValueError as error:  # includes ints beyond Python's digit limit
+        _bad(f"the body is not valid JSON: {error}")
+    if _too_deep(value):
+        _bad(f"the JSON is nested more than {MAX_DEPTH} levels deep")
+    return value
+
+
+def load(schema: Schema, data: Any) -> dict[str, Any]:
+    """`data` loaded by `schema`; a 400 naming every refused field."""
+    try:
+        loaded: dict[str, Any] = schema.load(data)
+    except ValidationError as error:
+        raise ApiError("BadRequestError", "the request body is not valid", 400,
+                       fields=flat_errors(error.messages)) from None
+    return loaded
+
+
+def load_body(schema: Schema) -> dict[str, Any]:
+    """The JSON body loaded by the view's schema (a non-object is a 400 too)."""
+    return load(schema, read_json())
