@@ -130,6 +130,7 @@ class Settings:
     launch_timeout_seconds: float = 120.0
     log_max_lines: int = 100_000
     log_level: str = "INFO"
+    log_format: str = "text"  # PAI_LOG_FORMAT: text | json (one object per line)
     # Processes (threads count) one job container may hold: a fork bomb in a
     # job stops there instead of exhausting the node's PID space.
     container_pids_limit: int = 4096
@@ -207,6 +208,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
         log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),
+        log_format=(env.get("PAI_LOG_FORMAT") or defaults.log_format).lower(),
         container_pids_limit=_int(env, "PAI_CONTAINER_PIDS_LIMIT",
                                   defaults.container_pids_limit) or 0,
         log_dir=_log_dir(env),
@@ -228,6 +230,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                                     defaults.api_worker_connections)
         or defaults.api_worker_connections,
     )
+    if settings.log_format not in ("text", "json"):
+        raise ConfigError(f"PAI_LOG_FORMAT is text or json, not {settings.log_format!r}")
+    if settings.log_level not in ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"PAI_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, "
+                          f"not {settings.log_level!r}")
     if settings.container_pids_limit < 1:
         raise ConfigError("PAI_CONTAINER_PIDS_LIMIT must be at least 1 (a container needs "
                           "its own process)")

@@ -24,7 +24,7 @@ def main() -> None:
     from shared.logs import setup_logging
 
     settings = load_settings()
-    setup_logging("api", settings.log_level)
+    setup_logging("api", settings.log_level, settings.log_format)
 
     class Gunicorn(BaseApplication):
         def load_config(self) -> None:

@@ -25,7 +25,7 @@ def worker_argv(node: str, log_level: str = "INFO") -> list[str]:
 
 def main() -> None:
     settings = load_settings()
-    setup_logging("launcher", settings.log_level)
+    setup_logging("launcher", settings.log_level, settings.log_format)
     app, launcher = create_launcher_app(settings)
     stop = threading.Event()
     threading.Thread(target=launcher.heartbeat_loop, args=(stop,), daemon=True,

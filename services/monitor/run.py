@@ -19,6 +19,7 @@ from services.monitor.exporter import NodeExporter
 from services.monitor.service import Monitor
 from shared.config import Settings, load_settings
 from shared.containers import docker_client
+from shared.logs import setup_logging
 from shared.messaging import Messenger, make_celery
 from shared.store import Store
 
@@ -71,9 +72,8 @@ def start_exporter(settings: Settings, store: Store,
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings()
+    setup_logging("monitor", settings.log_level, settings.log_format)
     store = Store.from_url(settings.redis_url)
     messenger = Messenger(make_celery(settings, name="pai-monitor"))
     client = docker_client(settings)

@@ -34,7 +34,7 @@ def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event,
 
 def main() -> None:
     settings = load_settings()
-    setup_logging("scheduler", settings.log_level)
+    setup_logging("scheduler", settings.log_level, settings.log_format)
     app, scheduler = create_scheduler_app(settings)
     stop = threading.Event()
     name = telemetry.scheduler_name()

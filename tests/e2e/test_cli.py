@@ -142,7 +142,8 @@ def test_a_wrong_password_prints_the_servers_error(platform: Platform, tmp_path:
                    platform.url, stdin="wrong-password\n")
 
     assert done.returncode == 1
-    assert done.stderr == "error: IncorrectPasswordError: the password is incorrect\n"
+    assert done.stderr == ("error: IncorrectPasswordError: the user name or the password is "
+                           "incorrect\n")
     assert not (tmp_path / "config.yaml").exists()
 
 
