@@ -58,5 +58,18 @@ def logging_config(service: str, level: str = "INFO", fmt: str = "text") -> dict
 
 
 def setup_logging(service: str, level: str = "INFO", fmt: str = "text") -> None:
-    """Apply `logging_config`: every service's run.py calls this first."""
+    """Apply `logging_config`: every service's run.py calls this first.
+
+    The Celery workers (scheduler, launcher) would then set the root level
+    from their --loglevel and give `celery.task` a handler in Celery's own
+    format; a receiver of Celery's `setup_logging` signal tells a worker that
+    logging is already set up, so this setup stays the only one."""
     logging.config.dictConfig(logging_config(service, level, fmt))
+    from celery import signals  # here: the API imports it only after gevent's patching
+
+    signals.setup_logging.connect(leave_logging_alone, weak=False, dispatch_uid=__name__)
+
+
+def leave_logging_alone(**_: Any) -> None:
+    """Celery's `setup_logging` receiver: with one connected, Celery configures
+    no logger of its own."""
