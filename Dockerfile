@@ -35,18 +35,21 @@ RUN set -eu; \
     cat /tmp/extra-ca.pem >>/tmp/pip-ca.pem
 ENV PIP_CERT=/tmp/pip-ca.pem
 # Dependencies first, in their own layer: a code change does not reinstall them.
+# Two distributions: the server (pyproject.toml) and the `pai` CLI (cli/).
 COPY pyproject.toml README.md /src/
+COPY cli/pyproject.toml cli/README.md /src/cli/
 RUN /opt/pai/bin/python -c 'import tomllib; \
-print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' \
+print("\n".join(d for p in ("/src/pyproject.toml", "/src/cli/pyproject.toml") \
+                 for d in tomllib.load(open(p, "rb"))["project"]["dependencies"]))' \
         >/tmp/requirements.txt \
     && /opt/pai/bin/pip install -r /tmp/requirements.txt
 COPY shared /src/shared
 COPY services /src/services
-COPY cli /src/cli
-RUN /opt/pai/bin/pip install --no-deps /src \
+COPY cli/pai_cli /src/cli/pai_cli
+RUN /opt/pai/bin/pip install --no-deps /src /src/cli \
     && /opt/pai/bin/pip uninstall -y pip \
     && /opt/pai/bin/python -c 'import services.api.app, services.scheduler.run, \
-services.launcher.run, services.monitor.run, cli.main'
+services.launcher.run, services.monitor.run, pai_cli.main'
 COPY deploy/image/pai-node-agent deploy/image/pai-healthcheck /opt/pai/bin/
 RUN chmod 0755 /opt/pai/bin/pai-node-agent /opt/pai/bin/pai-healthcheck
 

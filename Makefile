@@ -24,12 +24,17 @@ help: ## list the targets
 	@echo "usage: make TARGET"
 	@awk -F':.*## ' '/^[a-z-]+:.*## / { printf "  %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-install: $(STAMP) ## create .venv and install pai with its dev tools
+install: $(STAMP) ## create .venv and install pai (server and CLI) with its dev tools
 
-$(STAMP): pyproject.toml
+# The server (pyproject.toml) and the CLI (cli/pyproject.toml), both editable:
+# .venv runs them from this checkout. A .venv from before the two were split
+# still holds the old `pai` distribution, which is removed first.
+$(STAMP): pyproject.toml cli/pyproject.toml
 	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV) || { \
 	    echo "could not create $(VENV): install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@! $(VENV)/bin/python -m pip show --quiet pai >/dev/null 2>&1 || \
+	    $(VENV)/bin/python -m pip uninstall --quiet --yes pai
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' -e ./cli
 	@touch $@
 
 runtime-test: install

@@ -114,9 +114,11 @@ def tails(pai: Platform, name: str, redis_url: str) -> tuple[dict[str, dict[str,
                 if _tail(pai, name, lines) != expected:
                     raise BenchError(f"tail={lines} did not answer the last {lines} lines")
 
+            def bare_read(n: int = lines) -> object:
+                return client.xrevrange(key, count=n)
+
             samples = time_calls(checked, TAIL_REQUESTS[lines], warmup=1)
-            bare = time_calls(lambda n=lines: client.xrevrange(key, count=n),
-                              TAIL_REQUESTS[lines], warmup=1)
+            bare = time_calls(bare_read, TAIL_REQUESTS[lines], warmup=1)
             table[f"tail={lines}"] = {
                 "p50 ms": percentile(samples, 0.5), "p99 ms": percentile(samples, 0.99),
                 "XREVRANGE p50 ms": percentile(bare, 0.5),

@@ -64,6 +64,13 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _log_level(env: Mapping[str, str], default: str) -> str:
+    """PAI_LOG_LEVEL in capitals, WARN spelled WARNING: Celery's --loglevel
+    (which the workers pass on) knows only the long name."""
+    level = (env.get("PAI_LOG_LEVEL") or default).strip().upper()
+    return "WARNING" if level == "WARN" else level
+
+
 def _redis_url(env: Mapping[str, str], default: str) -> str:
     """PAI_REDIS_URL, with the password of PAI_REDIS_PASSWORD (Kubernetes: from
     a Secret) or PAI_REDIS_PASSWORD_FILE (Compose: a generated file) put in it,
@@ -207,7 +214,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                                         defaults.launch_timeout_seconds),
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
-        log_level=(env.get("PAI_LOG_LEVEL") or defaults.log_level).upper(),
+        log_level=_log_level(env, defaults.log_level),
         log_format=(env.get("PAI_LOG_FORMAT") or defaults.log_format).lower(),
         container_pids_limit=_int(env, "PAI_CONTAINER_PIDS_LIMIT",
                                   defaults.container_pids_limit) or 0,

@@ -52,12 +52,6 @@ _ROLE_NAME = r"^[A-Za-z0-9._~]+$"
 _VC_NAME = r"^[A-Za-z0-9_-]+$"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 _PAI_VAR = re.compile(r"\$(?:\{(PAI_\w+)\}|(PAI_\w+))")
-_JSON_COMMENT = re.compile(
-    r'(?P<string>"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z))'
-    r"|(?P<line>//[^\n]*+)"
-    r"|(?P<block>/\*.*?(?:\*/|\Z))",
-    re.DOTALL,
-)
 
 
 class InvalidJobConfig(ValueError):
@@ -417,19 +411,3 @@ def validate_job_config(
     ignored = ["authFile"] if "authFile" in config else []
     ignored += [f"jobEnvs.{name}" for name in IGNORED_ENVS if name in config["jobEnvs"]]
     return ValidatedConfig(config=config, ignored=ignored)
-
-
-def strip_json_comments(text: str) -> str:
-    """OpenPAI's documents show job JSON with // and /* */ comments, and users
-    copy them; the CLI and portal strip them before sending strict JSON.
-    Comment markers inside strings ("http://x") are kept. A block comment
-    keeps its newlines so a JSON error still points at the right line."""
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group("string") is not None:
-            return match.group(0)
-        if match.group("line") is not None:
-            return ""
-        return "\n" * match.group(0).count("\n") or " "
-
-    return _JSON_COMMENT.sub(replace, text)

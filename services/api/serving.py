@@ -34,6 +34,7 @@ import gevent
 from werkzeug.exceptions import RequestTimeout
 
 from shared.config import Settings
+from shared.logs import logging_config
 
 WORKERS = 2
 # A worker that does not check in for this long (a request stuck in pure
@@ -57,6 +58,8 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         "graceful_timeout": 5,
         "accesslog": "-",
         "loglevel": settings.log_level.lower(),
+        # gunicorn's error and access lines through the services' one setup.
+        "logconfig_dict": logging_config("api", settings.log_level, settings.log_format),
         # gunicorn's control socket would live under $HOME, which a service
         # user often lacks; nothing here uses it.
         "control_socket_disable": True,

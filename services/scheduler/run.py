@@ -45,7 +45,7 @@ def main() -> None:
         app.worker_main([
             "worker", "-Q", "scheduler", "--pool", "solo", "-n", "scheduler@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--loglevel", "INFO",
+            "--loglevel", settings.log_level,
         ])
     finally:
         stop.set()

@@ -23,7 +23,7 @@ import requests
 import yaml
 from click.testing import CliRunner, Result
 
-from cli.main import cli
+from pai_cli.main import cli
 from tests.e2e.conftest import Platform, wait_for
 
 PAI = Path(sys.executable).parent / "pai"

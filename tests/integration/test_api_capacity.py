@@ -23,7 +23,7 @@ import pytest
 import redis
 import requests
 
-from cli.sse import Event, parse_events
+from pai_cli.sse import Event, parse_events
 from services.monitor.logs import append_log_entries
 from shared.containers import TaskRef
 from tests.conftest import REPO_ROOT, _free_port

@@ -15,7 +15,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from cli.sse import Event, parse_events
+from pai_cli.sse import Event, parse_events
 from services.api.app import create_app
 from services.api.follows import (
     LEASE_SECONDS,

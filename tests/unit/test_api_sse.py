@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cli.sse import Event, parse_events
+from pai_cli.sse import Event, parse_events
 from services.api.sse import LINE_BREAK, comment, frame, parse_stream_id
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.api import ApiError, Unreachable, _error_from, check_url, job_path
-from cli.logins import Cluster
-from cli.main import error_lines
-from cli.session import CliError, Session
+from pai_cli.api import ApiError, Unreachable, _error_from, check_url, job_path
+from pai_cli.logins import Cluster
+from pai_cli.main import error_lines
+from pai_cli.session import CliError, Session
 
 
 def test_a_config_error_lists_every_field() -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from cli.formatting import ago, elapsed, format_duration, format_mb, format_ports, format_time
-from cli.waiting import WaitTimeout, exit_code_for, final_line, wait_until_final
+from pai_cli.formatting import ago, elapsed, format_duration, format_mb, format_ports, format_time
+from pai_cli.waiting import WaitTimeout, exit_code_for, final_line, wait_until_final
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.jobfile import JobFileError, apply_overrides, parse_job_config, read_source
+from pai_cli.jobfile import JobFileError, apply_overrides, parse_job_config, read_source
 
 COMMENTED = """// from OpenPAI's docs
 {

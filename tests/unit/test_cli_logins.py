@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.logins import Cluster, Logins, LoginsError, config_path, load, save
+from pai_cli.logins import Cluster, Logins, LoginsError, config_path, load, save
 
 
 @pytest.mark.parametrize(("environ", "expected"), [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.sse import Event, parse_events
+from pai_cli.sse import Event, parse_events
 
 
 @pytest.mark.parametrize(("lines", "events"), [

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pai_cli.jobfile import strip_json_comments
 from shared.jobspec import (
     InvalidJobConfig,
     ValidatedConfig,
-    strip_json_comments,
     validate_job_config,
 )
 

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator
 
 import pytest
+from celery import Celery, signals
+from celery.app.log import Logging as CeleryLogging
+from celery.bin.base import LOG_LEVEL
+from gunicorn.config import Config
+from gunicorn.glogging import Logger
 
+from services.api.serving import gunicorn_options
 from shared.config import ConfigError, load_settings
-from shared.logs import formatter
+from shared.logs import GUNICORN_LOGGERS, formatter, leave_logging_alone, setup_logging
 
 
 def record(message: str, exc: bool = False) -> logging.LogRecord:
@@ -38,7 +45,8 @@ def test_text_lines_name_the_service() -> None:
 @pytest.mark.parametrize(("env", "level", "fmt"), [
     ({}, "INFO", "text"),
     ({"PAI_LOG_LEVEL": "debug", "PAI_LOG_FORMAT": "JSON"}, "DEBUG", "json"),
-], ids=["defaults", "case-folded"])
+    ({"PAI_LOG_LEVEL": " warn "}, "WARNING", "text"),
+], ids=["defaults", "case-folded", "warn-is-warning"])
 def test_log_settings(env: dict[str, str], level: str, fmt: str) -> None:
     settings = load_settings(env)
     assert (settings.log_level, settings.log_format) == (level, fmt)
@@ -49,3 +57,97 @@ def test_log_settings(env: dict[str, str], level: str, fmt: str) -> None:
 def test_bad_log_settings_stop_start_up(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="PAI_LOG_"):
         load_settings(env)
+
+
+@pytest.mark.parametrize("level", ["debug", "info", "warn", "warning", "error", "critical"])
+def test_every_accepted_level_is_one_celery_workers_accept(level: str) -> None:
+    """The scheduler and launcher pass PAI_LOG_LEVEL to Celery's --loglevel,
+    which refuses what it does not know (WARN): a level the settings accept
+    must not stop a worker at start-up."""
+    LOG_LEVEL.convert(load_settings({"PAI_LOG_LEVEL": level}).log_level, None, None)
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """These tests configure the process's loggers (and Celery's logging
+    signal): put them back afterwards."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name)
+                                      for name in (*GUNICORN_LOGGERS, "celery.task"))]
+    saved = [(logger, logger.level, list(logger.handlers), logger.propagate)
+             for logger in loggers]
+    already_setup = CeleryLogging._setup
+    yield
+    CeleryLogging._setup = already_setup
+    signals.setup_logging.disconnect(leave_logging_alone, dispatch_uid="shared.logs")
+    for logger, level, handlers, propagate in saved:
+        logger.setLevel(level)
+        logger.handlers[:] = handlers
+        logger.propagate = propagate
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_celery_worker_keeps_the_one_setup() -> None:
+    """What a worker does at start (`--loglevel INFO`) changes neither the
+    root level, nor its handler, nor adds a Celery-format task handler."""
+    setup_logging("launcher", "WARNING", "json")
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    CeleryLogging._setup = False
+    Celery("probe", set_as_current=False).log.setup(loglevel="INFO")
+    assert root.level == logging.WARNING and root.handlers == handlers
+    assert all(isinstance(handler, logging.NullHandler)
+               for handler in logging.getLogger("celery.task").handlers)
+
+
+def emitted(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line]
+
+
+@pytest.mark.parametrize(("level", "shown"), [
+    ("DEBUG", ["debug", "info", "warning"]),
+    ("INFO", ["info", "warning"]),
+    ("WARNING", ["warning"]),
+    ("WARN", ["warning"]),
+    ("ERROR", []),
+], ids=["debug", "info", "warning", "warn", "error"])
+@pytest.mark.usefixtures("restore_logging")
+def test_the_level_decides_what_every_logger_writes(
+        level: str, shown: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    setup_logging("scheduler", level, "json")
+    for name in ("pai.scheduler", "gunicorn.error", "gunicorn.access"):
+        log = logging.getLogger(name)
+        log.debug("debug")
+        log.info("info")
+        log.warning("warning")
+    entries = [json.loads(line) for line in emitted(capsys.readouterr().err)]
+    for name in ("pai.scheduler", "gunicorn.error", "gunicorn.access"):
+        assert [e["message"] for e in entries if e["logger"] == name] == shown, name
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+@pytest.mark.usefixtures("restore_logging")
+def test_gunicorn_writes_through_the_one_setup(
+        fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """gunicorn's own Logger, configured with the API's options, keeps no
+    handler of its own: its error and access lines come out in the services'
+    format (one JSON object per line with PAI_LOG_FORMAT=json)."""
+    settings = load_settings({"PAI_LOG_FORMAT": fmt, "PAI_LOG_LEVEL": "info"})
+    setup_logging("api", settings.log_level, settings.log_format)
+    cfg = Config()
+    for key, value in gunicorn_options(settings).items():
+        cfg.set(key, value)
+    log = Logger(cfg)
+    capsys.readouterr()
+    log.info("Booting worker with pid: %s", 42)
+    log.access_log.info('127.0.0.1 - - "GET /healthz HTTP/1.1" 200')
+    assert not log.error_log.handlers and not log.access_log.handlers
+    lines = emitted(capsys.readouterr().err)
+    assert len(lines) == 2
+    if fmt == "json":
+        entries = [json.loads(line) for line in lines]
+        assert [(e["service"], e["logger"]) for e in entries] == \
+            [("api", "gunicorn.error"), ("api", "gunicorn.access")]
+        assert entries[0]["message"] == "Booting worker with pid: 42"
+    else:
+        assert " api INFO gunicorn.error: Booting worker with pid: 42" in lines[0]
+        assert " api INFO gunicorn.access: 127.0.0.1" in lines[1]

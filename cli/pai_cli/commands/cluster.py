@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from cli.formatting import now_ms
-from cli.session import Session, console, output_option, pass_session, print_json
-from cli.views import nodes_table, vcs_table
+from pai_cli.formatting import now_ms
+from pai_cli.session import Session, console, output_option, pass_session, print_json
+from pai_cli.views import nodes_table, vcs_table
 
 
 @click.command()

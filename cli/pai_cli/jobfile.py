@@ -8,10 +8,18 @@ YAML files (`.yaml`, `.yml`) are read too; the API decides what it accepts.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
+
+_JSON_COMMENT = re.compile(
+    r'(?P<string>"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z))'
+    r"|(?P<line>//[^\n]*+)"
+    r"|(?P<block>/\*.*?(?:\*/|\Z))",
+    re.DOTALL,
+)
 
 
 class JobFileError(Exception):
@@ -33,8 +41,6 @@ def read_source(source: str, stdin: IO[str]) -> tuple[str, str]:
 def parse_job_config(name: str, text: str) -> dict[str, Any]:
     """The config in `text`: YAML for .yaml/.yml names, else JSON with comments
     (falling back to YAML when the text does not look like JSON at all)."""
-    from shared.jobspec import strip_json_comments  # marshmallow only when submitting
-
     if name.lower().endswith((".yaml", ".yml")):
         return _as_object(name, _load_yaml(name, text))
     stripped = strip_json_comments(text)
@@ -47,6 +53,22 @@ def parse_job_config(name: str, text: str) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise JobFileError(f"{name}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") \
             from None
+
+
+def strip_json_comments(text: str) -> str:
+    """OpenPAI's documents show job JSON with // and /* */ comments, and users
+    copy them; the CLI strips them before sending strict JSON. Comment markers
+    inside strings ("http://x") are kept. A block comment keeps its newlines so
+    a JSON error still points at the right line."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group("string") is not None:
+            return match.group(0)
+        if match.group("line") is not None:
+            return ""
+        return "\n" * match.group(0).count("\n") or " "
+
+    return _JSON_COMMENT.sub(replace, text)
 
 
 def _load_yaml(name: str, text: str) -> Any:

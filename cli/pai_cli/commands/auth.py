@@ -9,10 +9,10 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from cli.api import ApiError, Client, Unreachable, check_url
-from cli.formatting import format_time, now_ms
-from cli.logins import Cluster
-from cli.session import CliError, Session, console, pass_session
+from pai_cli.api import ApiError, Client, Unreachable, check_url
+from pai_cli.formatting import format_time, now_ms
+from pai_cli.logins import Cluster
+from pai_cli.session import CliError, Session, console, pass_session
 
 
 def _read_password(password_stdin: bool) -> str:

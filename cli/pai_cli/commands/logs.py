@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from cli.api import job_path
-from cli.session import CliError, Session, pass_session, user_option
-from cli.waiting import EXIT_STOPPED
+from pai_cli.api import job_path
+from pai_cli.session import CliError, Session, pass_session, user_option
+from pai_cli.waiting import EXIT_STOPPED
 
 
 def _pick_task(detail: dict[str, Any], role: str | None, index: int) -> str:

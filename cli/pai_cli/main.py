@@ -12,11 +12,11 @@ from typing import Any
 
 import click
 
-from cli.api import ApiError, Unreachable
-from cli.commands import auth, cluster, jobs, logs
-from cli.jobfile import JobFileError
-from cli.logins import LoginsError, config_path
-from cli.session import CliError, Session, expired_message
+from pai_cli.api import ApiError, Unreachable
+from pai_cli.commands import auth, cluster, jobs, logs
+from pai_cli.jobfile import JobFileError
+from pai_cli.logins import LoginsError, config_path
+from pai_cli.session import CliError, Session, expired_message
 
 LOGIN_ERRORS = {"IncorrectPasswordError", "NoUserError"}
 
@@ -63,7 +63,7 @@ class PaiGroup(click.Group):
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
               help="The config file [env PAI_CONFIG; default "
                    "$XDG_CONFIG_HOME/pai/config.yaml].")
-@click.version_option(package_name="pai", prog_name="pai")
+@click.version_option(package_name="pai-cli", prog_name="pai")
 @click.pass_context
 def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
         config_file: Path | None) -> None:

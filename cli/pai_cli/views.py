@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from cli.formatting import (
+from pai_cli.formatting import (
     NONE,
     ago,
     elapsed,

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from cli import logins
-from cli.api import Client
-from cli.formatting import now_ms
+from pai_cli import logins
+from pai_cli.api import Client
+from pai_cli.formatting import now_ms
 
 F = TypeVar("F", bound=Callable[..., Any])
 WIDE_COLUMNS = 250  # tables piped to a file or grep are not cut at 80 columns

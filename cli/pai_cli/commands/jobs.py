@@ -10,10 +10,10 @@ import click
 import yaml
 from rich.text import Text
 
-from cli.api import ApiError, Client, job_path, jobs_path
-from cli.formatting import elapsed, now_ms
-from cli.jobfile import JobFileError, apply_overrides, parse_job_config, read_source
-from cli.session import (
+from pai_cli.api import ApiError, Client, job_path, jobs_path
+from pai_cli.formatting import elapsed, now_ms
+from pai_cli.jobfile import JobFileError, apply_overrides, parse_job_config, read_source
+from pai_cli.session import (
     CliError,
     Session,
     console,
@@ -22,8 +22,8 @@ from cli.session import (
     print_json,
     user_option,
 )
-from cli.views import job_view, jobs_table
-from cli.waiting import (
+from pai_cli.views import job_view, jobs_table
+from pai_cli.waiting import (
     EXIT_STOPPED,
     EXIT_TIMEOUT,
     WaitTimeout,

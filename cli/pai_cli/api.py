@@ -17,7 +17,7 @@ from http.client import HTTPException, HTTPResponse
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from cli.sse import Event, parse_events
+from pai_cli.sse import Event, parse_events
 
 TIMEOUT_S = 30.0
 USER_AGENT = "pai-cli/0.1"
