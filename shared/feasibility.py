@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shared.cluster import can_ever_hold
 from shared.models import JobSpec, Node
 
 
@@ -35,8 +36,8 @@ def infeasible_reasons(spec: JobSpec, nodes: Sequence[Node]) -> dict[str, list[s
         if path + ".gpuNumber" in reasons or path + ".cpuNumber" in reasons \
                 or path + ".memoryMB" in reasons:
             continue
-        if not any(len(n.gpus) >= role.gpu_number and n.cpus >= role.cpu_number
-                   and n.memory_mb >= role.memory_mb for n in nodes):
+        if not any(can_ever_hold(n, role.gpu_number, role.cpu_number, role.memory_mb)
+                   for n in nodes):
             reasons.setdefault(path, []).append(
                 f"no node has {role.gpu_number} GPUs, {role.cpu_number} CPUs and "
                 f"{role.memory_mb} MB together")

@@ -13,11 +13,12 @@ return.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shared import keys, telemetry
+from shared.cluster import placement_fits
 from shared.completion import decide_retry, evaluate_completion
 from shared.models import (
     Allocation,
@@ -303,20 +304,6 @@ def commit_placement(
         return True
 
     return store.transact(decide, job_key, *node_keys)
-
-
-def placement_fits(node: Node, held: Iterable[Allocation],
-                   placements: Sequence[TaskPlacement]) -> bool:
-    """Do these placements fit beside what the node's allocations hold?"""
-    held = list(held)
-    gpus = [g for a in held for g in a.gpus] + [g for p in placements for g in p.gpus]
-    ports = [q for a in held for q in a.ports] + [q for p in placements for q in p.all_ports]
-    known_gpus = {g.index for g in node.gpus}
-    return (len(gpus) == len(set(gpus)) and set(gpus) <= known_gpus
-            and len(ports) == len(set(ports))
-            and sum(a.cpus for a in held) + sum(p.cpus for p in placements) <= node.cpus
-            and sum(a.memory_mb for a in held) + sum(p.memory_mb for p in placements)
-            <= node.memory_mb)
 
 
 def claim_pass_request(store: Store) -> bool:

@@ -8,6 +8,7 @@ from flask import Blueprint, Response, request
 
 from services.api.metrics import api_metrics
 from services.api.platform import platform
+from shared.cluster import held, node_state
 from shared.models import now_ms
 
 bp = Blueprint("cluster", __name__)
@@ -23,19 +24,17 @@ def nodes() -> list[dict[str, Any]]:
           content: {application/json: {schema: {type: array, items: Node}}}
     """
     pai = platform()
-    store = pai.store
-    lost_after = int(pai.settings.node_lost_seconds * 1000)
     now = now_ms()
+    nodes = pai.store.get_nodes()
+    allocations = pai.store.all_allocations([node.name for node in nodes])
     rows = []
-    for node in store.get_nodes():
-        allocs = store.get_allocations(store.r, node.name).values()
-        used_gpus = sorted({g for a in allocs for g in a.gpus})
-        used_cpus = sum(a.cpus for a in allocs)
-        used_memory = sum(a.memory_mb for a in allocs)
+    for node in nodes:
+        used = held(allocations[node.name])
+        used_gpus = used.used_gpus(node)
         rows.append({
             "name": node.name,
             "ip": node.ip,
-            "state": "READY" if now - node.heartbeat_ms < lost_after else "LOST",
+            "state": node_state(node.heartbeat_ms, now, pai.settings.node_lost_seconds),
             "lastHeartbeat": node.heartbeat_ms,
             "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model,
                       "memoryMB": g.memory_mb, "used": g.index in used_gpus}
@@ -44,12 +43,12 @@ def nodes() -> list[dict[str, Any]]:
             "gpuUsed": len(used_gpus),
             "gpuFree": len(node.gpus) - len(used_gpus),
             "cpuTotal": node.cpus,
-            "cpuUsed": used_cpus,
-            "cpuFree": node.cpus - used_cpus,
+            "cpuUsed": used.cpus,
+            "cpuFree": node.cpus - used.cpus,
             "memoryMBTotal": node.memory_mb,
-            "memoryMBUsed": used_memory,
-            "memoryMBFree": node.memory_mb - used_memory,
-            "tasks": len(allocs),
+            "memoryMBUsed": used.memory_mb,
+            "memoryMBFree": node.memory_mb - used.memory_mb,
+            "tasks": used.tasks,
         })
     return rows
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 
 from shared import keys, telemetry
 from shared.accounts import DEFAULT_VC, Accounts
+from shared.cluster import held, held_by_vc, node_is_live
 from shared.config import Settings
 from shared.models import now_ms
 from shared.states import JobState
@@ -228,25 +229,20 @@ class ClusterCollector(Collector):
     def _fill_nodes(self, families: dict[str, GaugeMetricFamily], now: int) -> None:
         nodes = self.store.get_nodes()
         allocations = self.store.all_allocations([n.name for n in nodes])
-        lost_after = int(self.settings.node_lost_seconds * 1000)
         for node in nodes:
-            held = allocations[node.name]
-            known = {gpu.index for gpu in node.gpus}
-            by_vc: Counter[str] = Counter()
-            for alloc in held:
-                by_vc[alloc.vc] += len(set(alloc.gpus) & known)
+            used = held(allocations[node.name])
             families["pai_gpus_total"].add_metric([node.name], len(node.gpus))
-            for vc, count in sorted(by_vc.items()):
-                families["pai_gpus_allocated"].add_metric([node.name, vc], count)
-            families["pai_gpus_free"].add_metric([node.name], len(node.gpus) - sum(by_vc.values()))
+            for vc, vc_held in sorted(held_by_vc(allocations[node.name]).items()):
+                families["pai_gpus_allocated"].add_metric([node.name, vc],
+                                                          len(vc_held.used_gpus(node)))
+            families["pai_gpus_free"].add_metric([node.name], len(used.free_gpus(node)))
             families["pai_node_cpus_total"].add_metric([node.name], node.cpus)
-            families["pai_node_cpus_allocated"].add_metric([node.name],
-                                                           sum(a.cpus for a in held))
+            families["pai_node_cpus_allocated"].add_metric([node.name], used.cpus)
             families["pai_node_memory_bytes_total"].add_metric([node.name], node.memory_mb * MIB)
             families["pai_node_memory_bytes_allocated"].add_metric(
-                [node.name], sum(a.memory_mb for a in held) * MIB)
-            families["pai_node_up"].add_metric(
-                [node.name], 1 if now - node.heartbeat_ms < lost_after else 0)
+                [node.name], used.memory_mb * MIB)
+            live = node_is_live(node.heartbeat_ms, now, self.settings.node_lost_seconds)
+            families["pai_node_up"].add_metric([node.name], 1 if live else 0)
             families["pai_node_last_heartbeat_timestamp_seconds"].add_metric(
                 [node.name], node.heartbeat_ms / 1000)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from flask import Blueprint
@@ -15,30 +14,21 @@ from services.api.schemas import VirtualClusterPutSchema
 from shared import keys
 from shared.accounts import DEFAULT_VC, AccountError, VirtualCluster
 from shared.capabilities import capability_list_errors
+from shared.cluster import Held, held_by_vc
 from shared.states import JobState
 
 bp = Blueprint("vcs", __name__, url_prefix="/api/v1")
 
 
-def _usage() -> tuple[Counter[str], Counter[str], Counter[str], Counter[str]]:
-    """GPUs, CPUs, memory and tasks held per VC, from the nodes' allocations."""
+def _usage() -> dict[str, Held]:
+    """What each VC's allocations hold, over every node that ever reported."""
     store = platform().store
-    gpus: Counter[str] = Counter()
-    cpus: Counter[str] = Counter()
-    memory: Counter[str] = Counter()
-    tasks: Counter[str] = Counter()
-    names = [n for n, _ in store.node_heartbeats().items()]
-    for allocs in store.all_allocations(names).values():
-        for a in allocs:
-            gpus[a.vc] += len(a.gpus)
-            cpus[a.vc] += a.cpus
-            memory[a.vc] += a.memory_mb
-            tasks[a.vc] += 1
-    return gpus, cpus, memory, tasks
+    allocations = store.all_allocations(list(store.node_heartbeats()))
+    return held_by_vc(a for allocs in allocations.values() for a in allocs)
 
 
 def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
-    gpus, cpus, memory, tasks = _usage()
+    usage = _usage()
     r = platform().store.r
     pipe = r.pipeline(transaction=False)
     for vc in vcs:
@@ -50,15 +40,20 @@ def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
             "name": vc.name,
             "description": vc.description,
             "gpuQuota": vc.gpu_quota,
-            "resourcesUsed": {"GPUs": gpus[vc.name], "CPUs": cpus[vc.name],
-                              "memoryMB": memory[vc.name], "tasks": tasks[vc.name]},
-            "gpuFree": None if vc.gpu_quota is None else max(0, vc.gpu_quota - gpus[vc.name]),
+            "resourcesUsed": _used(usage.get(vc.name, Held())),
+            "gpuFree": None if vc.gpu_quota is None
+            else max(0, vc.gpu_quota - len(usage.get(vc.name, Held()).gpus)),
             "waitingJobs": counts[2 * i],
             "runningJobs": counts[2 * i + 1],
             "allowedCapabilities": vc.allowed_capabilities,
         }
         for i, vc in enumerate(vcs)
     }
+
+
+def _used(vc_held: Held) -> dict[str, int]:
+    return {"GPUs": len(vc_held.gpus), "CPUs": vc_held.cpus, "memoryMB": vc_held.memory_mb,
+            "tasks": vc_held.tasks}
 
 
 def _vc_or_404(name: str) -> VirtualCluster:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from shared.cluster import held
 from shared.models import Allocation, JobSpec, Node, TaskPlacement
 
 
@@ -176,19 +177,11 @@ class NodeFree:
 
 def free_view(node: Node, allocations: Iterable[Allocation]) -> NodeFree:
     """A live node's free resources given what its allocations hold."""
-    used_gpus: set[int] = set()
-    cpus, memory = node.cpus, node.memory_mb
-    used_ports: set[int] = set()
-    for alloc in allocations:
-        used_gpus.update(alloc.gpus)
-        cpus -= alloc.cpus
-        memory -= alloc.memory_mb
-        used_ports.update(alloc.ports)
+    used = held(allocations)
     return NodeFree(
-        name=node.name, ip=node.ip,
-        free_gpus=sorted(g.index for g in node.gpus if g.index not in used_gpus),
-        free_cpus=cpus, free_memory_mb=memory, port_range=node.port_range,
-        used_ports=used_ports,
+        name=node.name, ip=node.ip, free_gpus=used.free_gpus(node),
+        free_cpus=node.cpus - used.cpus, free_memory_mb=node.memory_mb - used.memory_mb,
+        port_range=node.port_range, used_ports=set(used.ports),
     )
 
 

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request, plan_pass
 from shared import keys, telemetry
 from shared.accounts import Accounts
+from shared.cluster import gpus_by_vc, node_is_live
 from shared.config import Settings
 from shared.lifecycle import (
     commit_placement,
@@ -95,8 +96,9 @@ class Scheduler:
                 return
 
     def live(self, nodes: list[Node]) -> list[Node]:
-        cutoff = now_ms() - int(self.settings.node_lost_seconds * 1000)
-        return [n for n in nodes if n.heartbeat_ms >= cutoff]
+        now = now_ms()
+        return [n for n in nodes
+                if node_is_live(n.heartbeat_ms, now, self.settings.node_lost_seconds)]
 
     def _queue(self) -> tuple[list[JobRequest], dict[str, str]]:
         """The queued jobs' requests in queue order, and each one's waiting reason.
@@ -151,10 +153,7 @@ class Scheduler:
         nodes = self.store.get_nodes()
         allocations = self.store.all_allocations([n.name for n in nodes])
         cluster = Cluster(free_view(node, allocations[node.name]) for node in self.live(nodes))
-        used: Counter[str] = Counter()
-        for allocs in allocations.values():
-            for alloc in allocs:
-                used[alloc.vc] += len(alloc.gpus)
+        used = gpus_by_vc(a for allocs in allocations.values() for a in allocs)
         queue, reasons = self._queue()
         plan = plan_pass(cluster, queue, self.accounts.gpu_quotas(), used)
         deadline = now_ms() + int(self.settings.launch_timeout_seconds * 1000)
@@ -247,10 +246,9 @@ class Scheduler:
         self.request_pass()
 
     def fail_lost_nodes(self) -> None:
-        lost_after = int(self.settings.node_lost_seconds * 1000)
         now = now_ms()
         for name, beat in self.store.node_heartbeats().items():
-            if now - beat < lost_after:
+            if node_is_live(beat, now, self.settings.node_lost_seconds):
                 continue
             for key in self.store.get_allocations(self.store.r, name):
                 job_id, attempt, role, index = parse_attempt_task_key(key)
