@@ -7,40 +7,17 @@ memory size and whether Docker knows the NVIDIA runtime.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from typing import Any
 
 import docker
-import pynvml
 
 from shared.config import Settings
 from shared.models import Gpu, Node
+from shared.nvml import Nvml
 
 log = logging.getLogger("pai.launcher")
-
-MIB = 1024 * 1024
-
-
-def _text(value: str | bytes) -> str:
-    """Older NVML bindings return bytes, newer ones str."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
-def gpus_from_nvml(nvml: Any) -> list[Gpu]:
-    """Every device an initialized NVML reports, by its index."""
-    gpus = []
-    for index in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        gpus.append(Gpu(
-            index=index,
-            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-            model=_text(nvml.nvmlDeviceGetName(handle)),
-            memory_mb=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // MIB,
-        ))
-    return gpus
-
 
 def virtual_gpus(node_name: str, count: int) -> list[Gpu]:
     """Declared GPUs for testing: only their environment variables are set."""
@@ -52,21 +29,10 @@ def choose_gpus(node_name: str, nvml_gpus: list[Gpu], declared: int | None) -> l
     return virtual_gpus(node_name, declared) if declared is not None else nvml_gpus
 
 
-def read_nvml_gpus() -> list[Gpu]:
+def read_nvml_gpus(nvml: Nvml | None = None) -> list[Gpu]:
     """The GPUs NVML sees; none when there is no NVML (no driver, no GPU)."""
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as error:
-        log.info("no NVML on this node (%s): it has no GPUs of its own", error)
-        return []
-    try:
-        return gpus_from_nvml(pynvml)
-    except pynvml.NVMLError as error:
-        log.warning("NVML failed while listing GPUs (%s): reporting none", error)
-        return []
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
+    with nvml or Nvml() as session:
+        return session.gpus()
 
 
 def real_cpus() -> int:

@@ -12,13 +12,12 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
 import docker
-import pynvml
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 from redis.exceptions import RedisError
@@ -38,6 +37,7 @@ from services.monitor.nodemetrics import (
 from shared.config import Settings
 from shared.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
 from shared.models import Allocation, attempt_task_key, split_job_id
+from shared.nvml import Nvml, text
 from shared.store import Store
 
 log = logging.getLogger(__name__)
@@ -45,80 +45,60 @@ log = logging.getLogger(__name__)
 STATS_WORKERS = 4  # containers sampled at once: docker stats is slow, the engine is shared
 
 
-def _text(value: str | bytes) -> str:
-    """Older NVML bindings return bytes, newer ones str."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
 class NvmlReader:
     """The node's GPU devices through NVML; `read` is None where there is no NVML."""
 
-    def __init__(self, nvml: Any = pynvml) -> None:
-        self.nvml = nvml
-        self.available = False
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self.nvml = nvml or Nvml()
+
+    @property
+    def available(self) -> bool:
+        return self.nvml.available
 
     def start(self) -> bool:
-        try:
-            self.nvml.nvmlInit()
-        except self.nvml.NVMLError as error:
-            log.info("no NVML on this node (%s): no GPU series", error)
-            return False
-        self.available = True
-        return True
+        return self.nvml.open()
 
     def close(self) -> None:
-        if self.available:
-            with contextlib.suppress(self.nvml.NVMLError):
-                self.nvml.nvmlShutdown()
-            self.available = False
+        self.nvml.close()
 
     def read(self) -> list[GpuSample] | None:
-        if not self.available:
+        if not self.nvml.available:
             return None
         try:
-            count = self.nvml.nvmlDeviceGetCount()
-            return [self._device(index) for index in range(count)]
-        except self.nvml.NVMLError as error:
+            return [self._device(index, handle) for index, handle in self.nvml.devices()]
+        except self.nvml.error as error:
             log.warning("NVML failed while reading the GPUs (%s): no GPU series this round",
                         error)
             return None
 
-    def _maybe(self, read: Callable[[], Any]) -> Any:
-        """A reading, or None where the device does not support it."""
-        try:
-            return read()
-        except self.nvml.NVMLError:
-            return None
-
-    def _device(self, index: int) -> GpuSample:
-        nvml = self.nvml
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        memory = self._maybe(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
-        power_mw = self._maybe(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+    def _device(self, index: int, handle: Any) -> GpuSample:
+        lib, maybe = self.nvml.lib, self.nvml.maybe
+        memory = maybe(lambda: lib.nvmlDeviceGetMemoryInfo(handle))
+        power_mw = maybe(lambda: lib.nvmlDeviceGetPowerUsage(handle))
 
         def ecc(kind: int) -> Any:
-            return self._maybe(lambda: nvml.nvmlDeviceGetTotalEccErrors(
-                handle, kind, nvml.NVML_AGGREGATE_ECC))
+            return maybe(lambda: lib.nvmlDeviceGetTotalEccErrors(
+                handle, kind, lib.NVML_AGGREGATE_ECC))
 
         def pids() -> tuple[int, ...]:
-            processes = [*nvml.nvmlDeviceGetComputeRunningProcesses(handle),
-                         *nvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]
+            processes = [*lib.nvmlDeviceGetComputeRunningProcesses(handle),
+                         *lib.nvmlDeviceGetGraphicsRunningProcesses(handle)]
             return tuple(sorted({int(p.pid) for p in processes}))
 
         return GpuSample(
             index=index,
-            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-            model=_text(nvml.nvmlDeviceGetName(handle)),
-            utilization_percent=self._maybe(
-                lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)),
+            uuid=text(lib.nvmlDeviceGetUUID(handle)),
+            model=text(lib.nvmlDeviceGetName(handle)),
+            utilization_percent=maybe(
+                lambda: float(lib.nvmlDeviceGetUtilizationRates(handle).gpu)),
             memory_used_bytes=int(memory.used) if memory is not None else None,
             memory_total_bytes=int(memory.total) if memory is not None else None,
-            temperature_celsius=self._maybe(
-                lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            temperature_celsius=maybe(
+                lambda: float(lib.nvmlDeviceGetTemperature(handle, lib.NVML_TEMPERATURE_GPU))),
             power_watts=power_mw / 1000.0 if power_mw is not None else None,
-            ecc_corrected=ecc(nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            ecc_uncorrected=ecc(nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-            process_pids=self._maybe(pids),
+            ecc_corrected=ecc(lib.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ecc_uncorrected=ecc(lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            process_pids=maybe(pids),
         )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,7 +10,6 @@ import pytest
 from services.launcher.inventory import (
     build_node,
     choose_gpus,
-    gpus_from_nvml,
     has_nvidia_runtime,
     real_memory_mb,
     virtual_gpus,
@@ -20,45 +18,6 @@ from shared.config import Settings
 from shared.models import Gpu
 
 GIB = 1024**3
-
-
-class FakeNvml:
-    """The few NVML calls the mapping makes, over a list of devices."""
-
-    def __init__(self, devices: list[dict[str, Any]]) -> None:
-        self.devices = devices
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:
-        return self.devices[index]
-
-    def nvmlDeviceGetUUID(self, handle: dict[str, Any]) -> str | bytes:
-        uuid: str | bytes = handle["uuid"]
-        return uuid
-
-    def nvmlDeviceGetName(self, handle: dict[str, Any]) -> str | bytes:
-        name: str | bytes = handle["name"]
-        return name
-
-    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
-        return SimpleNamespace(total=handle["total"], free=0, used=0)
-
-
-def test_nvml_devices_map_to_gpus_by_index() -> None:
-    nvml = FakeNvml([
-        {"uuid": "GPU-aaa", "name": "Tesla V100-SXM2-16GB", "total": 16 * GIB},
-        {"uuid": b"GPU-bbb", "name": b"Tesla V100-SXM2-16GB", "total": 16 * GIB + 5},
-    ])
-    assert gpus_from_nvml(nvml) == [
-        Gpu(index=0, uuid="GPU-aaa", model="Tesla V100-SXM2-16GB", memory_mb=16384),
-        Gpu(index=1, uuid="GPU-bbb", model="Tesla V100-SXM2-16GB", memory_mb=16384),
-    ]
-
-
-def test_no_devices_no_gpus() -> None:
-    assert gpus_from_nvml(FakeNvml([])) == []
 
 
 REAL = [Gpu(index=0, uuid="GPU-real", model="A100", memory_mb=40960)]

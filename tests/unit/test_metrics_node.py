@@ -25,6 +25,7 @@ from services.monitor.nodemetrics import (
     node_series,
 )
 from services.monitor.sampling import NvmlReader, container_pids
+from shared.nvml import Nvml
 
 NODE = "gpu-01"
 TASK_LABELS = (NODE, "alice", "mnist", "worker", "1", "0", "vision")
@@ -232,7 +233,7 @@ def _nvml(devices: int = 1, *, fail_init: bool = False) -> Any:
 
 
 def test_nvml_readings_become_a_sample_in_plain_units() -> None:
-    reader = NvmlReader(_nvml())
+    reader = NvmlReader(Nvml(_nvml()))
     assert reader.start()
 
     assert reader.read() == [GpuSample(
@@ -242,7 +243,7 @@ def test_nvml_readings_become_a_sample_in_plain_units() -> None:
 
 
 def test_without_an_nvml_library_there_is_no_gpu_sample() -> None:
-    reader = NvmlReader(_nvml(fail_init=True))
+    reader = NvmlReader(Nvml(_nvml(fail_init=True)))
 
     assert not reader.start()
     assert reader.read() is None
