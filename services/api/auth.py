@@ -7,13 +7,15 @@ a password change or an admin's revocation take effect at once.
 
 from __future__ import annotations
 
+import functools
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jwt
 from flask import Blueprint, g, request
 
-from services.api.bodies import load, load_body
+from services.api.bodies import declared_schema, load, load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.schemas import TokenRequestSchema
@@ -84,6 +86,23 @@ def require_admin() -> User:
     return user
 
 
+View = TypeVar("View", bound=Callable[..., Any])
+ADMIN_ONLY = "admin_only"  # the attribute `admin_only` sets on a view
+
+
+def admin_only(view: View) -> View:
+    """The view answers admins only (403 for anyone else, before it reads its
+    body); the OpenAPI document shows the 403."""
+
+    @functools.wraps(view)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        require_admin()
+        return view(*args, **kwargs)
+
+    setattr(checked, ADMIN_ONLY, True)
+    return checked  # type: ignore[return-value]
+
+
 def require_self_or_admin(username: str, action: str = "do this") -> User:
     user = current_user()
     if not user.admin and user.username != username:
@@ -95,11 +114,12 @@ def _login_fields() -> dict[str, Any]:
     """The login, from JSON or from a form (OpenPAI's clients send both),
     loaded by the one schema."""
     if request.mimetype == "application/x-www-form-urlencoded":
-        return load(TokenRequestSchema(), request.form.to_dict())
-    return load_body(TokenRequestSchema())
+        return load(declared_schema(), request.form.to_dict())
+    return load_body()
 
 
 @bp.post("/token")
+@takes(TokenRequestSchema())
 def login() -> tuple[dict[str, Any], int]:
     """Trade a username and password (JSON or a form) for a bearer token.
     ---

@@ -1,6 +1,7 @@
 """Request bodies: read within the size limit, parsed strictly, and loaded
-by the view's marshmallow schema, the same schema the OpenAPI document shows
-(a view names it once, in `load_body(Schema)` and in its docstring).
+by the view's marshmallow schema, the same schema the OpenAPI document shows:
+a view names it once, with `@takes(Schema())`, and both `load_body()` and
+services/api/openapi.py read it from there.
 
 Every way a body can be wrong ends here as a 4xx with the API's one error
 shape, never a 500: a body over the limit, chunked or not (413); bytes that
@@ -12,13 +13,17 @@ fields the schema refuses or does not know (400, each named in `fields`).
 from __future__ import annotations
 
 import json
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 from flask import current_app, request
 from marshmallow import Schema, ValidationError
 
 from services.api.errors import ApiError
 from shared.jobspec import flat_errors
+
+View = TypeVar("View", bound=Callable[..., Any])
+BODY_SCHEMA = "body_schema"  # the attribute `takes` sets on a view
 
 MAX_DEPTH = 32  # a job config nests about 6 deep; a parser's stack is not a quota
 
@@ -98,6 +103,26 @@ def load(schema: Schema, data: Any) -> dict[str, Any]:
     return loaded
 
 
-def load_body(schema: Schema) -> dict[str, Any]:
-    """The JSON body loaded by the view's schema (a non-object is a 400 too)."""
-    return load(schema, read_json())
+def takes(schema: Schema) -> Callable[[View], View]:
+    """Declare a view's JSON request body: `load_body()` loads it by `schema`,
+    and the OpenAPI document shows `schema` as the body (with 400 and 413)."""
+
+    def declare(view: View) -> View:
+        setattr(view, BODY_SCHEMA, schema)
+        return view
+
+    return declare
+
+
+def declared_schema() -> Schema:
+    """The schema the current request's view declared with `takes`."""
+    view = current_app.view_functions[request.endpoint or ""]
+    schema: Schema | None = getattr(view, BODY_SCHEMA, None)
+    if schema is None:
+        raise LookupError(f"{request.endpoint} reads a body but declares no @takes schema")
+    return schema
+
+
+def load_body() -> dict[str, Any]:
+    """The JSON body loaded by the view's declared schema (a non-object is a 400 too)."""
+    return load(declared_schema(), read_json())

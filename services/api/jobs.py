@@ -12,7 +12,7 @@ from flask import Blueprint, Response, current_app, request, stream_with_context
 
 from services.api import sse
 from services.api.auth import current_user, require_self_or_admin
-from services.api.bodies import load_body, read_json
+from services.api.bodies import load_body, read_json, takes
 from services.api.errors import ApiError
 from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
 from services.api.loghub import TaskLog, stream_position
@@ -313,20 +313,17 @@ def config(username: str, name: str) -> Response | dict[str, Any]:
 
 
 @bp.put("/user/<username>/jobs/<name>/executionType")
+@takes(StopRequestSchema())
 def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
     """Stop a job; a finished job is left as it is.
     ---
     put:
-      requestBody:
-        required: true
-        content: {application/json: {schema: StopRequest}}
       responses:
         202: {content: {application/json: {schema: StopAccepted}}}
-        400: BadRequest
         403: Forbidden
         404: NotFound
     """
-    load_body(StopRequestSchema())  # {"value": "STOP"}, nothing else
+    load_body()  # {"value": "STOP"}, nothing else
     pai = platform()
     job = request_stop(pai.store, get_job_or_404(username, name, owner_only=True,
                                                  action="stop").id)

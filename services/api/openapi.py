@@ -4,11 +4,17 @@ Nothing here is written per endpoint. Paths and path parameters come from
 Flask's URL map (an `int` converter is an integer), operations from the YAML
 after `---` in each view's docstring, bodies from the marshmallow schemas in
 `services.api.schemas` and `shared.jobspec`. The conventions every operation
-shares are applied once, by `_ConventionsPlugin`: the bearer token unless the
-endpoint is public (the same `PUBLIC_ENDPOINTS` the auth check reads), 401
-wherever a token is needed, 413 wherever a body is read. A route with a
-method its docstring does not document fails the build, so a new view
-cannot go undocumented.
+shares are applied once, by `_ConventionsPlugin`, from what the code itself
+declares, so a docstring lists only what is particular to its view:
+
+- the bearer token and 401, unless the endpoint is public (the same
+  `PUBLIC_ENDPOINTS` the auth check reads);
+- the request body a view declares with `@takes(Schema())` (the schema
+  `load_body()` loads it by), with 400 and 413;
+- 403 for an `@admin_only` view.
+
+A route with a method its docstring does not document fails the build, so a
+new view cannot go undocumented.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from marshmallow import Schema, class_registry, fields
 from werkzeug.routing import Rule
 
 from services.api import schemas
-from services.api.auth import PUBLIC_ENDPOINTS
+from services.api.auth import ADMIN_ONLY, PUBLIC_ENDPOINTS
+from services.api.bodies import BODY_SCHEMA
 from shared.jobspec import MAX_ENVS, BoundedList, EnvVars, JobConfigSchema
 
 bp = Blueprint("openapi", __name__, url_prefix="/api/v1")
@@ -76,7 +83,9 @@ def build_spec(app: Flask) -> APISpec:
     marshmallow = MarshmallowPlugin(schema_name_resolver=_schema_name)
     api = APISpec(
         title="pai", version="v1", openapi_version=OPENAPI_VERSION,
-        plugins=[FlaskPlugin(), marshmallow, _ConventionsPlugin()],
+        # The conventions before marshmallow: the body schemas they add are
+        # turned into references like the docstrings' own.
+        plugins=[FlaskPlugin(), _ConventionsPlugin(), marshmallow],
         info={"description": "Submit, watch and stop GPU jobs (OpenPAI's v1 REST shapes). "
                              "Errors are {code, message, fields?}; times are epoch ms."},
     )
@@ -125,7 +134,8 @@ def _jobspec_field_properties(self: OpenAPIConverter, field: fields.Field,
 
 
 class _ConventionsPlugin(BasePlugin):
-    """What every operation shares, applied after FlaskPlugin read the docstrings."""
+    """What every operation shares, applied after FlaskPlugin read the docstrings
+    and before MarshmallowPlugin resolves their schemas."""
 
     def operation_helper(self, path: str | None = None,
                          operations: dict[str, Any] | None = None,
@@ -154,8 +164,15 @@ class _ConventionsPlugin(BasePlugin):
         else:
             operation["security"] = [{BEARER: []}]
             responses.setdefault(401, "Unauthorized")
+        body_schema = getattr(view, BODY_SCHEMA, None)
+        if body_schema is not None:
+            operation.setdefault("requestBody", {
+                "required": True, "content": {"application/json": {"schema": body_schema}}})
         if "requestBody" in operation:
+            responses.setdefault(400, "BadRequest")
             responses.setdefault(413, "TooLarge")
+        if getattr(view, ADMIN_ONLY, False):
+            responses.setdefault(403, "Forbidden")
         for status, response in responses.items():
             if isinstance(response, dict):
                 response.setdefault("description", HTTPStatus(int(status)).phrase)

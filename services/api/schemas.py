@@ -1,5 +1,5 @@
 """The API's bodies as marshmallow schemas: what requests are loaded by
-(services/api/bodies.py `load_body`) and what the OpenAPI document shows,
+(a view declares one with `@takes`, services/api/bodies.py) and what the OpenAPI document shows,
 one declaration for both, so the served spec is what the code enforces.
 Responses are described here too, and a test holds every response to them.
 The job config is not repeated: it is `shared.jobspec.JobConfigSchema`.

@@ -17,8 +17,8 @@ from typing import Any
 from flask import Blueprint
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from services.api.auth import current_user, require_admin
-from services.api.bodies import load_body
+from services.api.auth import admin_only, current_user
+from services.api.bodies import load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
 from shared import keys, storage
@@ -177,13 +177,12 @@ def get_share(name: str) -> dict[str, Any]:
 
 
 @bp.put("/shares/<name>")
+@admin_only
+@takes(_PUT)
 def put_share(name: str) -> tuple[dict[str, Any], int]:
     """Create or change a storage share (admin only); its users mount it read-only.
     ---
     put:
-      requestBody:
-        required: true
-        content: {application/json: {schema: StorageSharePutSchema}}
       responses:
         200:
           description: changed
@@ -191,15 +190,12 @@ def put_share(name: str) -> tuple[dict[str, Any], int]:
         201:
           description: created
           content: {application/json: {schema: StorageShareSchema}}
-        400: BadRequest
-        403: Forbidden
     """
-    require_admin()
     try:
         share_name = canonical_name(name)
     except ValueError as error:
         raise ApiError("BadRequestError", f"share name: {error}") from None
-    loaded = load_body(_PUT)
+    loaded = load_body()
     pai = platform()
     problem = storage.share_path_problem(loaded["path"], pai.settings.storage_roots,
                                          pai.settings.platform_dirs)
@@ -214,16 +210,15 @@ def put_share(name: str) -> tuple[dict[str, Any], int]:
 
 
 @bp.delete("/shares/<name>")
+@admin_only
 def delete_share(name: str) -> dict[str, Any]:
     """Delete a storage share (admin only); running jobs keep their mounts.
     ---
     delete:
       responses:
         200: {content: {application/json: {schema: Message}}}
-        403: Forbidden
         404: NotFound
     """
-    require_admin()
     if not _delete_share(platform().store, _name_or_404(name)):
         raise ApiError("NoStorageShareError", f"storage share {name} does not exist", 404)
     return {"message": f"storage share {name} deleted"}

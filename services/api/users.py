@@ -6,8 +6,8 @@ from typing import Any
 
 from flask import Blueprint
 
-from services.api.auth import accounts, current_user, require_admin, require_self_or_admin
-from services.api.bodies import load_body
+from services.api.auth import accounts, admin_only, current_user, require_self_or_admin
+from services.api.bodies import load_body, takes
 from services.api.errors import ApiError
 from services.api.schemas import (
     AdminFlagSchema,
@@ -39,21 +39,17 @@ def _user_or_404(username: str) -> dict[str, Any]:
 
 
 @bp.post("/user")
+@admin_only
+@takes(UserCreateSchema())
 def create_user() -> tuple[dict[str, Any], int]:
     """Create a user (admin only); it may use `default` unless told otherwise.
     ---
     post:
-      requestBody:
-        required: true
-        content: {application/json: {schema: UserCreate}}
       responses:
         201: {content: {application/json: {schema: User}}}
-        400: BadRequest
-        403: Forbidden
         409: Conflict
     """
-    require_admin()
-    body = load_body(UserCreateSchema())
+    body = load_body()
     vcs = _vcs(body["virtualClusters"])
     try:
         user = accounts().create_user(body["username"], body["password"], admin=body["admin"],
@@ -66,6 +62,7 @@ def create_user() -> tuple[dict[str, Any], int]:
 
 
 @bp.get("/user")
+@admin_only
 def list_users() -> list[dict[str, Any]]:
     """Every user (admin only).
     ---
@@ -73,9 +70,7 @@ def list_users() -> list[dict[str, Any]]:
       responses:
         200:
           content: {application/json: {schema: {type: array, items: User}}}
-        403: Forbidden
     """
-    require_admin()
     return [u.view() for u in accounts().list_users()]
 
 
@@ -94,6 +89,7 @@ def get_user(username: str) -> dict[str, Any]:
 
 
 @bp.delete("/user/<username>")
+@admin_only
 def delete_user(username: str) -> dict[str, Any]:
     """Delete a user (admin only; never oneself).
     ---
@@ -101,10 +97,9 @@ def delete_user(username: str) -> dict[str, Any]:
       responses:
         200: {content: {application/json: {schema: Message}}}
         400: BadRequest
-        403: Forbidden
         404: NotFound
     """
-    admin = require_admin()
+    admin = current_user()
     if username == admin.username:
         raise ApiError("BadRequestError", "an admin cannot delete their own account")
     _user_or_404(username)
@@ -113,22 +108,19 @@ def delete_user(username: str) -> dict[str, Any]:
 
 
 @bp.put("/user/<username>/password")
+@takes(PasswordChangeSchema())
 def set_password(username: str) -> dict[str, Any]:
     """Change a password; every token of the user is revoked with the old one.
     ---
     put:
-      requestBody:
-        required: true
-        content: {application/json: {schema: PasswordChange}}
       responses:
         200: {content: {application/json: {schema: Message}}}
-        400: BadRequest
         401: Unauthorized
         403: Forbidden
         404: NotFound
     """
     caller = require_self_or_admin(username, "change this password")
-    body = load_body(PasswordChangeSchema())
+    body = load_body()
     _user_or_404(username)
     new = body["newPassword"]
     found = accounts()
@@ -141,21 +133,17 @@ def set_password(username: str) -> dict[str, Any]:
 
 
 @bp.put("/user/<username>/admin")
+@admin_only
+@takes(AdminFlagSchema())
 def set_admin(username: str) -> dict[str, Any]:
     """Grant or take the admin right (admin only; never one's own).
     ---
     put:
-      requestBody:
-        required: true
-        content: {application/json: {schema: AdminFlag}}
       responses:
         200: {content: {application/json: {schema: User}}}
-        400: BadRequest
-        403: Forbidden
         404: NotFound
     """
-    require_admin()
-    value = load_body(AdminFlagSchema())["value"]
+    value = load_body()["value"]
     if username == current_user().username and not value:
         raise ApiError("BadRequestError", "an admin cannot take their own admin right")
     _user_or_404(username)
@@ -164,21 +152,17 @@ def set_admin(username: str) -> dict[str, Any]:
 
 
 @bp.put("/user/<username>/virtualClusters")
+@admin_only
+@takes(UserVirtualClustersSchema())
 def set_virtual_clusters(username: str) -> dict[str, Any]:
     """Set the virtual clusters a user may submit to (admin only).
     ---
     put:
-      requestBody:
-        required: true
-        content: {application/json: {schema: UserVirtualClusters}}
       responses:
         200: {content: {application/json: {schema: User}}}
-        400: BadRequest
-        403: Forbidden
         404: NotFound
     """
-    require_admin()
-    vcs = _vcs(load_body(UserVirtualClustersSchema())["virtualClusters"])
+    vcs = _vcs(load_body()["virtualClusters"])
     _user_or_404(username)
     accounts().set_virtual_clusters(username, vcs)
     return _user_or_404(username)

@@ -6,8 +6,8 @@ from typing import Any
 
 from flask import Blueprint
 
-from services.api.auth import accounts, require_admin
-from services.api.bodies import load_body
+from services.api.auth import accounts, admin_only
+from services.api.bodies import load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.schemas import VirtualClusterPutSchema
@@ -92,13 +92,12 @@ def get_vc(name: str) -> dict[str, Any]:
 
 
 @bp.put("/virtual-clusters/<name>")
+@admin_only
+@takes(VirtualClusterPutSchema())
 def put_vc(name: str) -> tuple[dict[str, Any], int]:
     """Create or change a virtual cluster (admin only).
     ---
     put:
-      requestBody:
-        required: true
-        content: {application/json: {schema: VirtualClusterPut}}
       responses:
         200:
           description: changed
@@ -106,11 +105,8 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
         201:
           description: created
           content: {application/json: {schema: VirtualCluster}}
-        400: BadRequest
-        403: Forbidden
     """
-    require_admin()
-    body = load_body(VirtualClusterPutSchema())
+    body = load_body()
     problems = capability_list_errors(body["allowedCapabilities"])
     if problems:  # beyond the schema's check: repeats, and what no VC may allow
         raise ApiError("BadRequestError", "the request body is not valid",
@@ -125,17 +121,16 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
 
 
 @bp.delete("/virtual-clusters/<name>")
+@admin_only
 def delete_vc(name: str) -> dict[str, Any]:
     """Delete an idle virtual cluster (admin only; `default` stays).
     ---
     delete:
       responses:
         200: {content: {application/json: {schema: Message}}}
-        403: Forbidden
         404: NotFound
         409: Conflict
     """
-    require_admin()
     if name == DEFAULT_VC:
         raise ApiError("ForbiddenVirtualClusterError", "the default virtual cluster stays", 403)
     view = _views([_vc_or_404(name)])[name]
