@@ -66,9 +66,10 @@ def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
     return job
 
 
-@bp.post("/user/<username>/jobs")
-def submit_for_user(username: str) -> tuple[dict[str, Any], int]:
-    """Submit a job for a user (themselves, or anyone for an admin).
+@bp.post("/jobs", endpoint="submit")
+@bp.post("/user/<username>/jobs", endpoint="submit_for_user")
+def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
+    """Submit a job: as the caller, or for a user (themselves, or anyone for an admin).
     ---
     post:
       parameters:
@@ -86,29 +87,7 @@ def submit_for_user(username: str) -> tuple[dict[str, Any], int]:
         404: NotFound
         409: Conflict
     """
-    return _submit(username, _json_body())
-
-
-@bp.post("/jobs")
-def submit() -> tuple[dict[str, Any], int]:
-    """Submit a job as the caller.
-    ---
-    post:
-      parameters:
-      - {in: query, schema: SubmitQuerySchema}
-      requestBody:
-        required: true
-        content: {application/json: {schema: JobConfig}}
-      responses:
-        202: {content: {application/json: {schema: Submitted}}}
-        200:
-          description: dryRun; the config as it would be stored
-          content: {application/json: {schema: DryRun}}
-        400: BadRequest
-        403: Forbidden
-        409: Conflict
-    """
-    return _submit(current_user().username, _json_body())
+    return _submit(username or current_user().username, _json_body())
 
 
 def _check_vc(username: str, vc_name: str, gpus: int) -> User:

@@ -11,7 +11,9 @@ declares, so a docstring lists only what is particular to its view:
   `PUBLIC_ENDPOINTS` the auth check reads);
 - the request body a view declares with `@takes(Schema())` (the schema
   `load_body()` loads it by), with 400 and 413;
-- 403 for an `@admin_only` view.
+- 403 for an `@admin_only` view;
+- no 404 on a path that names nothing: one view may serve two rules (submit,
+  with and without `/user/<username>`), each documented on its own.
 
 A route with a method its docstring does not document fails the build, so a
 new view cannot go undocumented.
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
-from apispec import APISpec, BasePlugin
+from apispec import APISpec, BasePlugin, yaml_utils
 from apispec.ext.marshmallow import MarshmallowPlugin
 from apispec.ext.marshmallow.openapi import OpenAPIConverter
 from apispec_webframeworks.flask import FlaskPlugin
@@ -85,7 +87,7 @@ def build_spec(app: Flask) -> APISpec:
         title="pai", version="v1", openapi_version=OPENAPI_VERSION,
         # The conventions before marshmallow: the body schemas they add are
         # turned into references like the docstrings' own.
-        plugins=[FlaskPlugin(), _ConventionsPlugin(), marshmallow],
+        plugins=[_FlaskRulePlugin(), _ConventionsPlugin(), marshmallow],
         info={"description": "Submit, watch and stop GPU jobs (OpenPAI's v1 REST shapes). "
                              "Errors are {code, message, fields?}; times are epoch ms."},
     )
@@ -133,6 +135,19 @@ def _jobspec_field_properties(self: OpenAPIConverter, field: fields.Field,
     return {}
 
 
+class _FlaskRulePlugin(FlaskPlugin):
+    """FlaskPlugin, documenting the rule it is given: its own lookup finds one
+    rule per view function, and a view may serve two."""
+
+    def path_helper(self, path: str | None = None, operations: dict[str, Any] | None = None,
+                    parameters: list[dict[str, Any]] | None = None, **kwargs: Any) -> str:
+        assert operations is not None
+        rule: Rule = kwargs["rule"]
+        view: Callable[..., Any] = kwargs["view"]
+        operations.update(yaml_utils.load_operations_from_docstring(view.__doc__ or ""))
+        return self.flaskpath2openapi(rule.rule)
+
+
 class _ConventionsPlugin(BasePlugin):
     """What every operation shares, applied after FlaskPlugin read the docstrings
     and before MarshmallowPlugin resolves their schemas."""
@@ -173,6 +188,8 @@ class _ConventionsPlugin(BasePlugin):
             responses.setdefault(413, "TooLarge")
         if getattr(view, ADMIN_ONLY, False):
             responses.setdefault(403, "Forbidden")
+        if not _RULE_VARIABLE.search(rule.rule):
+            responses.pop(404, None)  # a path that names nothing has nothing to miss
         for status, response in responses.items():
             if isinstance(response, dict):
                 response.setdefault("description", HTTPStatus(int(status)).phrase)
