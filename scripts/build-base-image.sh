@@ -22,18 +22,10 @@ MIRROR=${PAI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CACHE=${PAI_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pai}
 TARBALL=$CACHE/debian-$SUITE-minbase-r$RECIPE.tar.gz
 
-say() { echo "build-base-image: $*" >&2; }
-die() { echo "build-base-image: $*" >&2; exit 1; }
-
-command -v docker >/dev/null 2>&1 ||
-    die "the docker command is missing: run scripts/runtime.sh docker (or install docker.io) first."
-
-have=$(docker image inspect --format '{{ index .Config.Labels "pai.base.recipe" }}' "$IMAGE" \
-    2>/dev/null || true)
-if [ "$have" = "$RECIPE" ]; then
-    say "$IMAGE is already present"
-    exit 0
-fi
+NAME=build-base-image
+LABEL=pai.base.recipe
+# shellcheck source=scripts/image-recipe.sh
+. "$(dirname "$0")/image-recipe.sh"
 
 ensure_debootstrap() {
     command -v debootstrap >/dev/null 2>&1 && return
@@ -87,7 +79,7 @@ say "importing $IMAGE from $TARBALL"
 docker import \
     --change 'CMD ["/bin/bash"]' \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
-    --change "LABEL pai.base.recipe=$RECIPE" \
+    --change "LABEL $LABEL=$RECIPE" \
     --message "Debian $SUITE minbase by scripts/build-base-image.sh" \
     "$TARBALL" "$IMAGE" >/dev/null
 docker run --rm --network host "$IMAGE" sh -c 'test -x /usr/bin/apt-get' ||

@@ -14,18 +14,10 @@ RECIPE=1
 REQUIRED_APPLETS="sh echo env sleep cat ls mkdir touch test [ printf nc wget grep sed true false
 seq hostname head tail wc kill date yes awk id rm cut tr sort"
 
-say() { echo "build-test-image: $*" >&2; }
-die() { echo "build-test-image: $*" >&2; exit 1; }
-
-command -v docker >/dev/null 2>&1 ||
-    die "the docker command is missing: run scripts/runtime.sh docker (or install docker.io) first."
-
-have=$(docker image inspect --format '{{ index .Config.Labels "pai.test.recipe" }}' "$IMAGE" \
-    2>/dev/null || true)
-if [ "$have" = "$RECIPE" ]; then
-    say "$IMAGE is already present"
-    exit 0
-fi
+NAME=build-test-image
+LABEL=pai.test.recipe
+# shellcheck source=scripts/image-recipe.sh
+. "$(dirname "$0")/image-recipe.sh"
 
 is_static() { [ -x "$1" ] && ! ldd "$1" >/dev/null 2>&1; }
 
@@ -85,7 +77,7 @@ tar --numeric-owner --owner=0 --group=0 -C "$rootfs" -cf - . |
     docker import \
         --change 'CMD ["/bin/sh"]' \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-        --change "LABEL pai.test.recipe=$RECIPE" \
+        --change "LABEL $LABEL=$RECIPE" \
         --message "pai test image from $busybox" \
         - "$IMAGE" >/dev/null
 docker run --rm --network host "$IMAGE" sh -c 'echo ok' | grep -qx ok ||

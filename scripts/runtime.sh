@@ -48,35 +48,33 @@ apt_install() {
         --no-install-recommends "$@" >&2
 }
 
-ensure_redis_binary() {
-    command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 && return
+# ensure_commands PACKAGE "WHAT TO INSTALL" "AFTERWARDS" COMMAND...: every
+# COMMAND is on PATH, or Debian's PACKAGE is installed with apt-get (as root),
+# or stop and say what to install.
+ensure_commands() {
+    local package=$1 what=$2 afterwards=$3 missing=0 command
+    shift 3
+    for command in "$@"; do
+        command -v "$command" >/dev/null 2>&1 || missing=1
+    done
+    [ "$missing" = 0 ] && return
     if can_apt; then
-        say "redis-server is missing: installing Debian's redis-server with apt-get"
-        apt_install redis-server
+        say "$* missing: installing Debian's $package with apt-get"
+        apt_install "$package"
         return
     fi
-    die "redis-server is missing: install Redis 7 (on Debian/Ubuntu: sudo apt-get install redis-server) and run this again."
+    die "$* missing: install $what (on Debian/Ubuntu: sudo apt-get install $package)${afterwards} and run this again."
 }
 
+ensure_redis_binary() { ensure_commands redis-server "Redis 7" "" redis-server redis-cli; }
+
+# Debian's prometheus package may try to start its own service: the tests never use it.
 ensure_prometheus_binary() {
-    command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 && return
-    if can_apt; then
-        # Debian's package may try to start its own service: the tests never use it.
-        say "prometheus is missing: installing Debian's prometheus with apt-get"
-        apt_install prometheus
-        return
-    fi
-    die "prometheus/promtool are missing: install Prometheus 2 (on Debian/Ubuntu: sudo apt-get install prometheus) and run this again."
+    ensure_commands prometheus "Prometheus 2" "" prometheus promtool
 }
 
 ensure_docker_package() {
-    command -v docker >/dev/null 2>&1 && command -v dockerd >/dev/null 2>&1 && return
-    if can_apt; then
-        say "the Docker engine is missing: installing Debian's docker.io with apt-get"
-        apt_install docker.io
-        return
-    fi
-    die "no Docker engine answers and none is installed: install Docker (on Debian/Ubuntu: sudo apt-get install docker.io), start it, and run this again (or set DOCKER_HOST)."
+    ensure_commands docker.io "Docker" ", start it (or set DOCKER_HOST)," docker dockerd
 }
 
 # --- .run/env ---------------------------------------------------------------
