@@ -124,6 +124,7 @@ def login() -> tuple[dict[str, Any], int]:
     """Trade a username and password (JSON or a form) for a bearer token.
     ---
     post:
+      errors: [400, 401, 429]
       requestBody:
         required: true
         content:
@@ -131,9 +132,6 @@ def login() -> tuple[dict[str, Any], int]:
           application/x-www-form-urlencoded: {schema: TokenRequest}
       responses:
         200: {content: {application/json: {schema: Token}}}
-        400: BadRequest
-        401: Unauthorized
-        429: TooManyRequests
     """
     fields = _login_fields()
     password, expiration = fields["password"], fields["expiration"]

@@ -72,6 +72,7 @@ def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
     """Submit a job: as the caller, or for a user (themselves, or anyone for an admin).
     ---
     post:
+      errors: [400, 403, 404, 409]
       parameters:
       - {in: query, schema: SubmitQuerySchema}
       requestBody:
@@ -82,10 +83,6 @@ def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
         200:
           description: dryRun; the config as it would be stored
           content: {application/json: {schema: DryRun}}
-        400: BadRequest
-        403: Forbidden
-        404: NotFound
-        409: Conflict
     """
     return _submit(username or current_user().username, _json_body())
 
@@ -184,6 +181,7 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
     """Jobs newest first, filtered; a page with the total on request.
     ---
     get:
+      errors: [400]
       parameters:
       - {in: query, schema: JobListQuerySchema}
       responses:
@@ -194,7 +192,6 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
                 oneOf:
                 - {type: array, items: JobSummary}
                 - JobPage
-        400: BadRequest
     """
     args = request.args
     try:
@@ -235,11 +232,9 @@ def remove(username: str, name: str) -> dict[str, Any]:
     """Delete a finished job, so that its name may be used again.
     ---
     delete:
+      errors: [403, 404, 409]
       responses:
         200: {content: {application/json: {schema: Message}}}
-        403: Forbidden
-        404: NotFound
-        409: Conflict
     """
     job = get_job_or_404(username, name, owner_only=True, action="delete")
     if not job.state.is_final:
@@ -254,9 +249,9 @@ def detail(username: str, name: str) -> dict[str, Any]:
     """A job's status, its current attempt's tasks and every attempt.
     ---
     get:
+      errors: [404]
       responses:
         200: {content: {application/json: {schema: JobDetail}}}
-        404: NotFound
     """
     store = platform().store
     job = get_job_or_404(username, name)
@@ -271,14 +266,13 @@ def config(username: str, name: str) -> Response | dict[str, Any]:
     """The config a job runs from, normalized; YAML when Accept asks for it.
     ---
     get:
+      errors: [403, 404]
       responses:
         200:
           content:
             application/json: {schema: JobConfig}
             application/yaml: {schema: {type: string}}
             text/yaml: {schema: {type: string}}
-        403: Forbidden
-        404: NotFound
     """
     job = get_job_or_404(username, name, owner_only=True, action="read the config")
     found = platform().store.get_config(job.id)
@@ -297,10 +291,9 @@ def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
     """Stop a job; a finished job is left as it is.
     ---
     put:
+      errors: [403, 404]
       responses:
         202: {content: {application/json: {schema: StopAccepted}}}
-        403: Forbidden
-        404: NotFound
     """
     load_body()  # {"value": "STOP"}, nothing else
     pai = platform()
@@ -315,6 +308,7 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
     """A task's log: the last lines as text, or followed as server-sent events.
     ---
     get:
+      errors: [400, 403, 404]
       parameters:
       - {in: query, schema: TaskLogQuerySchema}
       responses:
@@ -322,9 +316,6 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
           content:
             text/plain: {schema: {type: string}}
             text/event-stream: {schema: {type: string}}
-        400: BadRequest
-        403: Forbidden
-        404: NotFound
     """
     job = get_job_or_404(username, name, owner_only=True, action="read the logs")
     try:

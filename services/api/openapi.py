@@ -5,7 +5,8 @@ Flask's URL map (an `int` converter is an integer), operations from the YAML
 after `---` in each view's docstring, bodies from the marshmallow schemas in
 `services.api.schemas` and `shared.jobspec`. The conventions every operation
 shares are applied once, by `_ConventionsPlugin`, from what the code itself
-declares, so a docstring lists only what is particular to its view:
+declares, so a docstring lists only what is particular to its view (its
+success responses, and its other errors by status: `errors: [404, 409]`):
 
 - the bearer token and 401, unless the endpoint is public (the same
   `PUBLIC_ENDPOINTS` the auth check reads);
@@ -47,11 +48,12 @@ _CACHE_KEY = "pai.openapi"
 _DOCUMENTED = ("/api/v1/", "/healthz")
 _HTTP_METHODS = ("get", "put", "post", "delete", "patch")
 
-# Component name -> status; views' docstrings refer to the names.
+# Component name -> status; a view's docstring lists its errors by status (`errors: [404]`).
 ERROR_RESPONSES = {
     "BadRequest": 400, "Unauthorized": 401, "Forbidden": 403, "NotFound": 404,
     "Conflict": 409, "TooLarge": 413, "TooManyRequests": 429,
 }
+_ERROR_NAMES = {status: name for name, status in ERROR_RESPONSES.items()}
 # <converter(args):name> in a Flask rule; the converter decides the type.
 _RULE_VARIABLE = re.compile(r"<(?:(\w+)(?:\([^)]*\))?:)?(\w+)>")
 _CONVERTER_TYPES: dict[str, dict[str, Any]] = {
@@ -174,6 +176,8 @@ class _ConventionsPlugin(BasePlugin):
         if summary and summary != "---":
             operation.setdefault("summary", summary.rstrip("."))
         responses = operation.setdefault("responses", {})
+        for status in operation.pop("errors", ()):
+            responses.setdefault(status, _ERROR_NAMES[status])
         if rule.endpoint in PUBLIC_ENDPOINTS:
             operation["security"] = []
         else:

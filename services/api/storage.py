@@ -165,9 +165,9 @@ def get_share(name: str) -> dict[str, Any]:
     """One storage share (admins, or a user it is granted to).
     ---
     get:
+      errors: [404]
       responses:
         200: {content: {application/json: {schema: StorageShareSchema}}}
-        404: NotFound
     """
     wanted = _name_or_404(name)
     for share in load_shares(platform().store):
@@ -215,9 +215,9 @@ def delete_share(name: str) -> dict[str, Any]:
     """Delete a storage share (admin only); running jobs keep their mounts.
     ---
     delete:
+      errors: [404]
       responses:
         200: {content: {application/json: {schema: Message}}}
-        404: NotFound
     """
     if not _delete_share(platform().store, _name_or_404(name)):
         raise ApiError("NoStorageShareError", f"storage share {name} does not exist", 404)

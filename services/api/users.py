@@ -45,9 +45,9 @@ def create_user() -> tuple[dict[str, Any], int]:
     """Create a user (admin only); it may use `default` unless told otherwise.
     ---
     post:
+      errors: [409]
       responses:
         201: {content: {application/json: {schema: User}}}
-        409: Conflict
     """
     body = load_body()
     vcs = _vcs(body["virtualClusters"])
@@ -79,10 +79,9 @@ def get_user(username: str) -> dict[str, Any]:
     """One user, to themselves or an admin.
     ---
     get:
+      errors: [403, 404]
       responses:
         200: {content: {application/json: {schema: User}}}
-        403: Forbidden
-        404: NotFound
     """
     require_self_or_admin(username, "see this user")
     return _user_or_404(username)
@@ -94,10 +93,9 @@ def delete_user(username: str) -> dict[str, Any]:
     """Delete a user (admin only; never oneself).
     ---
     delete:
+      errors: [400, 404]
       responses:
         200: {content: {application/json: {schema: Message}}}
-        400: BadRequest
-        404: NotFound
     """
     admin = current_user()
     if username == admin.username:
@@ -113,11 +111,9 @@ def set_password(username: str) -> dict[str, Any]:
     """Change a password; every token of the user is revoked with the old one.
     ---
     put:
+      errors: [401, 403, 404]
       responses:
         200: {content: {application/json: {schema: Message}}}
-        401: Unauthorized
-        403: Forbidden
-        404: NotFound
     """
     caller = require_self_or_admin(username, "change this password")
     body = load_body()
@@ -139,9 +135,9 @@ def set_admin(username: str) -> dict[str, Any]:
     """Grant or take the admin right (admin only; never one's own).
     ---
     put:
+      errors: [404]
       responses:
         200: {content: {application/json: {schema: User}}}
-        404: NotFound
     """
     value = load_body()["value"]
     if username == current_user().username and not value:
@@ -158,9 +154,9 @@ def set_virtual_clusters(username: str) -> dict[str, Any]:
     """Set the virtual clusters a user may submit to (admin only).
     ---
     put:
+      errors: [404]
       responses:
         200: {content: {application/json: {schema: User}}}
-        404: NotFound
     """
     vcs = _vcs(load_body()["virtualClusters"])
     _user_or_404(username)
@@ -173,10 +169,9 @@ def revoke_tokens(username: str) -> dict[str, Any]:
     """Revoke every token of a user, e.g. after a laptop went missing.
     ---
     delete:
+      errors: [403, 404]
       responses:
         200: {content: {application/json: {schema: Message}}}
-        403: Forbidden
-        404: NotFound
     """
     require_self_or_admin(username, "revoke these tokens")
     _user_or_404(username)

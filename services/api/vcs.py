@@ -84,9 +84,9 @@ def get_vc(name: str) -> dict[str, Any]:
     """One virtual cluster: quota, what it uses now and who waits in it.
     ---
     get:
+      errors: [404]
       responses:
         200: {content: {application/json: {schema: VirtualCluster}}}
-        404: NotFound
     """
     return _views([_vc_or_404(name)])[name]
 
@@ -126,10 +126,9 @@ def delete_vc(name: str) -> dict[str, Any]:
     """Delete an idle virtual cluster (admin only; `default` stays).
     ---
     delete:
+      errors: [404, 409]
       responses:
         200: {content: {application/json: {schema: Message}}}
-        404: NotFound
-        409: Conflict
     """
     if name == DEFAULT_VC:
         raise ApiError("ForbiddenVirtualClusterError", "the default virtual cluster stays", 403)

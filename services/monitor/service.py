@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -65,6 +66,17 @@ ORPHAN_STOP_SECONDS = 10
 HANDLER_THREADS = 8
 
 
+def _gone_is_done(what: str, container: Container, action: Callable[[], Any]) -> None:
+    """Stop or remove a container: one already gone is done, and an engine
+    error is logged, not raised (the next reconcile tries again)."""
+    try:
+        action()
+    except NotFound:
+        pass
+    except APIError as error:
+        log.warning("could not %s container %s: %s", what, container.name, error)
+
+
 @dataclass(frozen=True)
 class ReconcileSummary:
     """What one reconcile pass found on the node."""
@@ -102,12 +114,8 @@ class Monitor:
         if phase_of(container.status) == Phase.RUNNING:
             log.info("stopping orphan container %s: %s is settled or its attempt is over",
                      container.name, describe(ref))
-            try:
-                container.stop(timeout=ORPHAN_STOP_SECONDS)
-            except NotFound:
-                pass
-            except APIError as error:
-                log.warning("could not stop orphan container %s: %s", container.name, error)
+            _gone_is_done("stop orphan", container,
+                          lambda: container.stop(timeout=ORPHAN_STOP_SECONDS))
         return False
 
     def handle_exit(self, container: Container, *, fresh: bool = False) -> ExitReport | None:
@@ -181,12 +189,7 @@ class Monitor:
         return report
 
     def _remove(self, container: Container) -> None:
-        try:
-            container.remove(force=True)
-        except NotFound:
-            pass
-        except APIError as error:
-            log.warning("could not remove container %s: %s", container.name, error)
+        _gone_is_done("remove", container, lambda: container.remove(force=True))
 
     # ------------------------------------------------------------ reconcile
 
