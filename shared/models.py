@@ -65,11 +65,6 @@ class TaskRoleSpec:
     min_failed_task_count: int | None = None
     min_succeeded_task_count: int | None = None
 
-    @property
-    def ports_per_task(self) -> int:
-        """The default port plus every portList port."""
-        return 1 + sum(p.port_number for p in self.ports)
-
 
 @dataclass(frozen=True)
 class JobSpec:

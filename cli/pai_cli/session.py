@@ -78,10 +78,6 @@ class Session:
 pass_session = click.make_pass_decorator(Session)
 
 
-def default_session() -> Session:
-    return Session(config_path=logins.config_path())
-
-
 # ------------------------------------------------------------------ output
 
 

@@ -146,11 +146,6 @@ class NodeFree:
     # one is not below it (ports are only taken during a pass).
     port_hint: int = field(default=0, repr=False, compare=False)
 
-    def fits(self, task: TaskRequest) -> bool:
-        return (len(self.free_gpus) >= task.gpus and self.free_cpus >= task.cpus
-                and self.free_memory_mb >= task.memory_mb
-                and self.free_port_count() >= task.shape[3])
-
     def free_port_count(self) -> int:
         low, high = self.port_range
         return high - low + 1 - len(self.used_ports)
@@ -305,9 +300,6 @@ class Cluster:
         self._move(node, before)
         return TaskPlacement(role=task.role, index=task.index, node=node.name, ip=node.ip,
                              gpus=gpus, cpus=task.cpus, memory_mb=task.memory_mb, ports=ports)
-
-    def snapshot(self, names: Iterable[str]) -> dict[str, NodeFree]:
-        return {n: _copy(self.nodes[n]) for n in names}
 
     def restore(self, saved: dict[str, NodeFree]) -> None:
         """Put saved nodes back; each enters its bucket again at the end."""
