@@ -24,7 +24,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import gevent
 import redis
+from gevent import monkey
 
 from services.api import sse
 from shared.store import Store
@@ -34,7 +36,7 @@ log = logging.getLogger("pai.api")
 FEED_LINES = 10_000  # lines a feed keeps at least, for followers that fall behind
 READ_BLOCK_MS = 1000
 RETRY_SECONDS = 1.0
-WAKE_GROUP = 16
+WAKE_GROUP = 4
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,16 @@ class Feed:
             self.base += drop
 
 
+def _let_others_run() -> None:
+    """Under gevent (the API's workers): wait until the loop has polled its
+    sockets and run every ready greenlet. With real threads (tests, the
+    development server): let the woken ones have the interpreter."""
+    if monkey.is_module_patched("threading"):
+        gevent.idle()
+    else:
+        time.sleep(0)
+
+
 class LogHub:
     """The feeds of one process, keyed by task log."""
 
@@ -112,15 +124,19 @@ class LogHub:
 
     @staticmethod
     def _wake(feed: Feed, followers: int) -> None:
-        """Wake the followers a group at a time, yielding between groups.
+        """Wake the followers a group at a time, letting requests in between.
 
-        Under gevent everything woken at once runs before a request that
-        arrives meanwhile; in groups, a request waits for one group at most.
+        Under gevent everything woken at once runs before a request whose
+        Redis reply arrives meanwhile. `gevent.sleep(0)` would not help: it
+        yields to greenlets already runnable, and the loop may not poll
+        sockets until the whole fan-out is done. `gevent.idle()` returns only
+        once the loop has polled and run what was ready, so a request waits
+        for one group of frames at most.
         """
         for _ in range(math.ceil(followers / WAKE_GROUP) or 1):
             with feed.cond:
                 feed.cond.notify(WAKE_GROUP)
-            time.sleep(0)  # gevent: let the woken group, and any request, run
+            _let_others_run()
 
     def _read(self, task: TaskLog, feed: Feed) -> None:
         """Read the stream into the feed until no one follows or the task has settled."""
