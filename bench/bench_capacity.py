@@ -22,7 +22,14 @@ The follow cap per user (PAI_API_FOLLOWS_PER_USER) is raised for the run so
 that one user can hold every follower; everything else is the default. The
 ratio is the p99 under load over the idle p99 (the goal: at most 2).
 
-PAI_BENCH_CAPACITY_CALLS overrides the submits and lists per phase (1,000 each).
+The load process runs at nice LOAD_NICE (10): in a deployment the followers,
+the slow clients and the monitor writing the log are other machines, and on
+a two-core test box their own CPU would otherwise compete with the API they
+are meant to load. The API itself, Redis and the measuring client keep the
+default priority.
+
+PAI_BENCH_CAPACITY_CALLS overrides the submits and lists per phase (1,000 each);
+PAI_BENCH_LOAD_NICE the load process's niceness (0: the same as the API).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ LINES_PER_SECOND = 2
 CALLS = 1000
 WARMUP = 20
 CONNECT_SECONDS = 120.0
+LOAD_NICE = 10
 FOLLOWED = "followed"
 
 
@@ -194,11 +202,12 @@ def _timed(pai: Platform, calls: int) -> dict[str, list[float]]:
     return samples
 
 
-def _attack(address: tuple[str, int], token: str, redis_url: str,
+def _attack(address: tuple[str, int], token: str, redis_url: str, nice: int,
             ready: Connection, stop: Connection) -> None:
     """The load, in a process of its own so that it does not take the measuring
     client's interpreter: followers, slow-loris and the log writer. Sends its
     readiness (or an error), waits for `stop`, then sends its figures."""
+    os.nice(nice)
     writer = LogWriter(redis_url, f"{USER}~{FOLLOWED}", LINES_PER_SECOND)
     followers = Followers(address, token, FOLLOWERS)
     loris = SlowLoris(address, SLOW_LORIS)
@@ -228,9 +237,11 @@ def _attack(address: tuple[str, int], token: str, redis_url: str,
 
 def run() -> Figures:
     calls = int(os.environ.get("PAI_BENCH_CAPACITY_CALLS", CALLS))
+    nice = int(os.environ.get("PAI_BENCH_LOAD_NICE", LOAD_NICE))
     figures: dict[str, Figure] = {
         "followers": FOLLOWERS, "slow-loris connections": SLOW_LORIS,
         "log lines/s to every follower": LINES_PER_SECOND, "calls per phase": calls,
+        "load process niceness": nice,
         "load average before": " ".join(f"{v:.2f}" for v in os.getloadavg()),
     }
     with throwaway_redis() as url, running_platform(
@@ -244,7 +255,7 @@ def run() -> Figures:
         spawn = multiprocessing.get_context("spawn")
         (ours, theirs), (stop_ours, stop_theirs) = spawn.Pipe(), spawn.Pipe()
         attack = spawn.Process(target=_attack, daemon=True, args=(
-            address, str(pai.http.headers["Authorization"]), url, theirs, stop_theirs))
+            address, str(pai.http.headers["Authorization"]), url, nice, theirs, stop_theirs))
         attack.start()
         try:
             if not ours.poll(2 * CONNECT_SECONDS):
