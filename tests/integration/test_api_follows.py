@@ -8,6 +8,7 @@ ships them (services.monitor.logs.append_log_entries).
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -175,3 +176,30 @@ def test_a_renewed_lease_outlives_its_first_expiry(redis_client: redis.Redis) ->
     assert leases.renew("alice", lease, now=start + LEASE_SECONDS / 2)
 
     assert leases.acquire("alice", now=start + LEASE_SECONDS + 1) is None
+
+
+def test_follows_starting_at_once_never_exceed_the_cap(redis_server: str,
+                                                       redis_client: redis.Redis) -> None:
+    """Threat: a user opens many follows at the same instant, through several
+    API processes, so that each sees room under the cap before any lease lands."""
+    cap, tries = 5, 40
+    start = threading.Barrier(tries)
+    got: list[str | None] = []
+    lock = threading.Lock()
+
+    def open_one() -> None:
+        leases = FollowLeases(Store(redis.Redis.from_url(redis_server, decode_responses=True)),
+                              cap)  # a connection of its own, as another API process has
+        start.wait(timeout=30)
+        lease = leases.acquire("alice")
+        with lock:
+            got.append(lease)
+
+    threads = [threading.Thread(target=open_one) for _ in range(tries)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(got) == tries
+    assert sum(lease is not None for lease in got) == cap
+    assert redis_client.zcard("pai:follows:alice") == cap
