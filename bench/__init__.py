@@ -37,7 +37,8 @@ class BenchError(RuntimeError):
     """The benchmark could not set itself up (no redis-server, say)."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port on 127.0.0.1 nobody listens on now (another process may take it first)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -89,7 +90,7 @@ def throwaway_redis() -> Iterator[str]:
         # without dangerous commands), so the figures include AUTH's cost.
         credentials = ensure_credentials(Path(datadir) / "acl")
         for _ in range(5):  # another process may take the free port first
-            port = _free_port()
+            port = free_port()
             proc = subprocess.Popen(
                 [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", datadir,
                  "--aclfile", str(credentials.acl_file),

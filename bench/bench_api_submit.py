@@ -43,7 +43,7 @@ from bench.live_platform import (
     Processes,
     free_port,
     running_platform,
-    wait_until,
+    wait_for,
 )
 from shared.models import Gpu, Node
 from shared.store import Store
@@ -206,7 +206,7 @@ def reference(work_dir: Path, per_connection: int) -> tuple[list[float], dict[in
                     return True
             except OSError:
                 return False
-        wait_until(answers, 30, "the reference gunicorn")
+        wait_for(answers, 30, "the reference gunicorn", interval=0.05)
         return measure(Load(port, f"/api/v1/user/{USER}/jobs", "none", CONNECTIONS,
                             per_connection, WARMUP_PER_CONNECTION, "ref"))
     finally:

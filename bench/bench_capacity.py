@@ -46,7 +46,7 @@ from multiprocessing.connection import Connection
 from urllib.parse import urlsplit
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis
-from bench.live_platform import USER, Platform, running_platform, wait_until
+from bench.live_platform import USER, Platform, running_platform, wait_for
 from services.monitor.logs import append_log_entries
 from shared.containers import TaskRef
 from shared.store import connect
@@ -184,7 +184,7 @@ def _timed(pai: Platform, calls: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"submit": [], "list": []}
 
     def submit() -> None:
-        pai.submit(pai.config(f"c-{uuid.uuid4().hex[:10]}", "true"))
+        pai.submit_accepted(pai.config(f"c-{uuid.uuid4().hex[:10]}", "true"))
 
     def listing() -> None:
         resp = pai.http.get(f"{pai.url}/api/v1/jobs", params={"limit": 50}, timeout=60)
@@ -213,8 +213,8 @@ def _attack(address: tuple[str, int], token: str, redis_url: str, nice: int,
     loris = SlowLoris(address, SLOW_LORIS)
     try:
         try:
-            wait_until(lambda: followers.answered + followers.refused >= FOLLOWERS,
-                       CONNECT_SECONDS, "every follower's answer", interval=0.2)
+            wait_for(lambda: followers.answered + followers.refused >= FOLLOWERS,
+                     CONNECT_SECONDS, "every follower's answer", interval=0.2)
         except BenchError as error:
             ready.send(str(error))
             return
@@ -247,7 +247,7 @@ def run() -> Figures:
     with throwaway_redis() as url, running_platform(
             url, services=("api",),
             extra_env={"PAI_API_FOLLOWS_PER_USER": str(FOLLOWERS)}) as pai:
-        pai.submit(pai.config(FOLLOWED, "sleep 3600"))
+        pai.submit_accepted(pai.config(FOLLOWED, "sleep 3600"))
         idle = _timed(pai, calls)
 
         where = urlsplit(pai.url)

@@ -39,7 +39,7 @@ from bench.live_platform import (
     Platform,
     docker_engine,
     running_platform,
-    wait_until,
+    wait_for,
 )
 from shared import keys
 
@@ -75,12 +75,12 @@ def ship(pai: Platform) -> tuple[str, float]:
     """Submit the 100,000-line job; seconds until its last line is readable."""
     name = f"loud-{uuid.uuid4().hex[:6]}"
     start = time.perf_counter()
-    pai.submit(pai.config(name, f"seq 1 {LINES}"))
-    wait_until(lambda: _tail(pai, name, 1) == [str(LINES)], WAIT_SECONDS,
-               "the last line to be readable")
+    pai.submit_accepted(pai.config(name, f"seq 1 {LINES}"))
+    wait_for(lambda: _tail(pai, name, 1) == [str(LINES)], WAIT_SECONDS,
+             "the last line to be readable", interval=0.05)
     seconds = time.perf_counter() - start
-    wait_until(lambda: pai.detail(name)["jobStatus"]["state"] == "SUCCEEDED", WAIT_SECONDS,
-               "the job to succeed", interval=0.02)
+    wait_for(lambda: pai.detail(name)["jobStatus"]["state"] == "SUCCEEDED", WAIT_SECONDS,
+             "the job to succeed", interval=0.02)
     return name, seconds
 
 
@@ -149,7 +149,7 @@ def _sse_data(lines: Iterator[str]) -> Iterator[str]:
 def follow_latencies(pai: Platform) -> list[float]:
     """Milliseconds from print to receipt of each line, following through the API."""
     name = f"ticks-{uuid.uuid4().hex[:6]}"
-    pai.submit(pai.config(name, FOLLOW_SCRIPT))
+    pai.submit_accepted(pai.config(name, FOLLOW_SCRIPT))
     latencies = []
     with pai.http.get(_log_url(pai, name), params={"follow": 1, "tail": 0}, stream=True,
                       timeout=WAIT_SECONDS) as resp:

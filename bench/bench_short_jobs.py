@@ -105,7 +105,7 @@ def platform_burst(pai: Platform, url: str, jobs: int, prefix: str) -> tuple[flo
     before = int(r.zcard(succeeded))
     t0_ms = time.time() * 1000
     for number in range(jobs):
-        pai.submit(pai.config(f"{prefix}-{number}", COMMAND, gpus=1, memory_mb=MEMORY_MB))
+        pai.submit_accepted(pai.config(f"{prefix}-{number}", COMMAND, gpus=1, memory_mb=MEMORY_MB))
     deadline = time.monotonic() + TIMEOUT_SECONDS
     while int(r.zcard(succeeded)) < before + jobs:
         if any(r.zcard(k) for k in failed):

@@ -1,12 +1,15 @@
-"""The platform as processes, for the benchmarks that drive it end to end.
+"""The platform as processes: the one harness of the benchmarks and of tests/e2e.
 
-The same approach as tests/e2e/conftest.py (which needs pytest): the real
-`pai-api`, `pai-scheduler`, `pai-launcher` and `pai-monitor` entry points,
-started from this virtualenv with their own `PAI_*` environment on a
+The real `pai-api`, `pai-scheduler`, `pai-launcher` and `pai-monitor` entry
+points, started from this virtualenv with their own `PAI_*` environment on a
 throwaway Redis and the Docker engine DOCKER_HOST names, as `make up` runs
 them. Everything started here is stopped by its PID, and every container of
-the run's node (label `pai.node=<node>`) or of the run's reference loop
+the run's node (label `pai.node=<node>`) or of a benchmark's reference loop
 (label `pai.bench=<run id>`) is removed at the end.
+
+Nothing here needs pytest: a platform that does not come up, or a condition
+that never holds, raises BenchError; tests/e2e/conftest.py wraps this module
+in fixtures and turns a start-up failure into a test failure.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,7 @@ import docker
 import requests
 from docker.errors import DockerException, ImageNotFound
 
-from bench import BenchError
+from bench import BenchError, free_port
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -37,18 +39,15 @@ TEST_IMAGE = "pai-test/busybox:latest"
 BENCH_LABEL = "pai.bench"
 ADMIN, ADMIN_PASSWORD = "bench-admin", "bench-admin-password"
 USER, USER_PASSWORD = "alice", "alice-password"
+SERVICES = ("api", "scheduler", "launcher", "monitor")
+FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 READY_SECONDS = 60.0
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str,
-               interval: float = 0.05) -> Any:
+def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition",
+             interval: float = 0.1) -> Any:
+    """Poll until `check` returns something truthy, and return it; BenchError
+    after `timeout` seconds, so no wait can hang a run."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -88,7 +87,9 @@ def remove_containers(client: docker.DockerClient, label: str) -> int:
 
 
 class Processes:
-    """Child processes, each in its own session, stopped by PID at the end."""
+    """Child processes, each in its own session, stopped by PID at the end.
+
+    Each writes to `<log_dir>/<name>.log`; a restarted one appends to it."""
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
@@ -106,7 +107,7 @@ class Processes:
             if proc.poll() is not None:
                 raise BenchError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
 
-    def tail(self, name: str, lines: int = 30) -> str:
+    def tail(self, name: str, lines: int = 40) -> str:
         path = self.log_dir / f"{name}.log"
         text = path.read_text(errors="replace") if path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
@@ -114,10 +115,12 @@ class Processes:
     def pid(self, name: str) -> int:
         return self.procs[name].pid
 
-    def stop(self, name: str) -> None:
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Send `sig` to the process group of `name`; SIGKILL it if it
+        outlives 20 s (a SIGKILL test wants it dead at once, not gracefully)."""
         proc = self.procs.pop(name)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, sig)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -130,52 +133,99 @@ class Processes:
             self.stop(name)
 
 
+def platform_env(redis_url: str, run_dir: Path, *, node: str, gpus: int = 8,
+                 port_range: str = "22000-22999",
+                 admin: tuple[str, str] = (ADMIN, ADMIN_PASSWORD),
+                 extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of one node's services: this process's own without its
+    `PAI_*` settings, then the node's, on fresh ports and a storage root
+    `<run_dir>/storage` that job containers (any uid) may write to."""
+    storage = run_dir / "storage"
+    storage.mkdir(exist_ok=True)
+    storage.chmod(0o777)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAI_")}
+    env.update({
+        "PAI_REDIS_URL": redis_url,
+        "PAI_API_HOST": "127.0.0.1",
+        "PAI_API_PORT": str(free_port()),
+        "PAI_MONITOR_PORT": str(free_port()),
+        "PAI_NODE_NAME": node,
+        "PAI_NODE_IP": "127.0.0.1",
+        "PAI_NODE_VIRTUAL_GPUS": str(gpus),
+        "PAI_NODE_CPUS": "16",
+        "PAI_NODE_MEMORY_MB": "16384",
+        "PAI_STORAGE_ROOTS": str(storage),
+        "PAI_PORT_RANGE": port_range,
+        "PAI_ADMIN_USER": admin[0],
+        "PAI_ADMIN_PASSWORD": admin[1],
+        **(extra_env or {}),
+    })
+    if "DOCKER_HOST" in os.environ:
+        env["PAI_DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    return env
+
+
 class Platform:
-    """api + scheduler + launcher + monitor of one node, over HTTP."""
+    """The services of one node as processes, and its API over HTTP.
 
-    SERVICES = ("api", "scheduler", "launcher", "monitor")
+    `admin` is logged in as the environment's admin, `http` as USER once
+    `up()` returned."""
 
-    def __init__(self, redis_url: str, work_dir: Path, *, gpus: int = 8,
+    def __init__(self, env: Mapping[str, str], run_dir: Path, *,
                  services: Sequence[str] = SERVICES,
-                 extra_env: Mapping[str, str] | None = None) -> None:
-        self.node = f"bench-{run_id()}"
-        storage = work_dir / "storage"
-        storage.mkdir(exist_ok=True)
-        storage.chmod(0o777)
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PAI_")}
-        self.env.update({
-            "PAI_REDIS_URL": redis_url,
-            "PAI_API_HOST": "127.0.0.1",
-            "PAI_API_PORT": str(free_port()),
-            "PAI_MONITOR_PORT": str(free_port()),
-            "PAI_NODE_NAME": self.node,
-            "PAI_NODE_IP": "127.0.0.1",
-            "PAI_NODE_VIRTUAL_GPUS": str(gpus),
-            "PAI_NODE_CPUS": "16",
-            "PAI_NODE_MEMORY_MB": "16384",
-            "PAI_STORAGE_ROOTS": str(storage),
-            "PAI_PORT_RANGE": "22000-22999",
-            "PAI_ADMIN_USER": ADMIN,
-            "PAI_ADMIN_PASSWORD": ADMIN_PASSWORD,
-            **(extra_env or {}),
-        })
-        if "DOCKER_HOST" in os.environ:
-            self.env["PAI_DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+                 docker_client: docker.DockerClient | None = None,
+                 image: str = TEST_IMAGE) -> None:
+        self.env = dict(env)
+        self.run_dir = run_dir
         self.services = tuple(services)
+        self.docker = docker_client
+        self.image = image
         self.url = f"http://127.0.0.1:{self.env['PAI_API_PORT']}"
-        self.processes = Processes(work_dir)
+        self.node = self.env["PAI_NODE_NAME"]
+        self.storage = Path(self.env["PAI_STORAGE_ROOTS"].split(",")[0])
+        self.processes = Processes(run_dir)
         self.http = requests.Session()
         self.admin = requests.Session()
 
-    def start(self) -> None:
+    # -------------------------------------------------------------- processes
+
+    def up(self) -> None:
+        """Start every service, wait until the node is READY (only until the
+        admin can log in when there is no launcher), then log USER in."""
         for service in self.services:
-            self.processes.start(service, [str(BIN / f"pai-{service}")], self.env)
-        wait_until(self._ready, READY_SECONDS, "the platform to come up", interval=0.2)
-        resp = self.admin.post(f"{self.url}/api/v1/user",
-                               json={"username": USER, "password": USER_PASSWORD}, timeout=30)
-        if resp.status_code not in (201, 409):
-            raise BenchError(f"creating user {USER} answered {resp.status_code}: {resp.text}")
-        self.http.headers["Authorization"] = f"Bearer {self.token(USER, USER_PASSWORD)}"
+            self.start(service)
+        wait_for(self._ready, READY_SECONDS, "the platform to come up")
+        self.create_user(USER, USER_PASSWORD)
+        self.login(self.http, USER, USER_PASSWORD)
+
+    def start(self, service: str) -> None:
+        self.processes.start(service, [str(BIN / f"pai-{service}")], self.env)
+
+    def kill(self, service: str, sig: int = signal.SIGKILL) -> None:
+        self.processes.stop(service, sig)
+
+    def log_tail(self, service: str, lines: int = 40) -> str:
+        return self.processes.tail(service, lines)
+
+    def shutdown(self) -> None:
+        self.processes.stop_all()
+        self.http.close()
+        self.admin.close()
+
+    def _ready(self) -> bool:
+        self.processes.check_alive()
+        try:
+            if "Authorization" not in self.admin.headers:
+                self.login(self.admin, self.env["PAI_ADMIN_USER"],
+                           self.env["PAI_ADMIN_PASSWORD"])
+            if "launcher" not in self.services:
+                return True
+            nodes = self.admin.get(f"{self.url}/api/v1/nodes", timeout=5).json()
+        except requests.RequestException:
+            return False
+        return any(n["name"] == self.node and n["state"] == "READY" for n in nodes)
+
+    # ------------------------------------------------------------------- HTTP
 
     def token(self, username: str, password: str) -> str:
         resp = requests.post(f"{self.url}/api/v1/token",
@@ -184,57 +234,107 @@ class Platform:
         token: str = resp.json()["token"]
         return token
 
-    def _ready(self) -> bool:
-        self.processes.check_alive()
-        try:
-            if "Authorization" not in self.admin.headers:
-                self.admin.headers["Authorization"] = \
-                    f"Bearer {self.token(ADMIN, ADMIN_PASSWORD)}"
-            if "launcher" not in self.services:
-                return True
-            nodes = self.admin.get(f"{self.url}/api/v1/nodes", timeout=5).json()
-        except requests.RequestException:
-            return False
-        return any(n["name"] == self.node and n["state"] == "READY" for n in nodes)
+    def login(self, session: requests.Session, username: str, password: str) -> None:
+        session.headers["Authorization"] = f"Bearer {self.token(username, password)}"
 
-    def stop(self) -> None:
-        self.processes.stop_all()
-        self.http.close()
-        self.admin.close()
+    def create_user(self, username: str, password: str) -> None:
+        resp = self.admin.post(f"{self.url}/api/v1/user",
+                               json={"username": username, "password": password}, timeout=30)
+        if resp.status_code not in (201, 409):
+            raise BenchError(f"creating user {username} answered {resp.status_code}: "
+                             f"{resp.text}")
 
-    # ------------------------------------------------------------------ HTTP
+    def submit(self, config: dict[str, Any], user: str = USER) -> requests.Response:
+        return self.http.post(f"{self.url}/api/v1/user/{user}/jobs", json=config, timeout=30)
 
-    def submit(self, config: dict[str, Any]) -> None:
-        resp = self.http.post(f"{self.url}/api/v1/user/{USER}/jobs", json=config, timeout=30)
+    def submit_accepted(self, config: dict[str, Any], user: str = USER) -> None:
+        """Submit, and raise BenchError unless the API accepted the job."""
+        resp = self.submit(config, user)
         if resp.status_code != 202:
             raise BenchError(f"submit answered {resp.status_code}: {resp.text}")
 
-    def detail(self, name: str) -> dict[str, Any]:
-        resp = self.http.get(f"{self.url}/api/v1/user/{USER}/jobs/{name}", timeout=30)
+    def detail(self, name: str, user: str = USER) -> dict[str, Any]:
+        resp = self.http.get(f"{self.url}/api/v1/user/{user}/jobs/{name}", timeout=30)
         resp.raise_for_status()
         body: dict[str, Any] = resp.json()
         return body
 
-    def config(self, name: str, command: str, *, gpus: int = 0,
-               memory_mb: int = 128) -> dict[str, Any]:
-        return {"jobName": name, "image": TEST_IMAGE,
-                "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1,
+    def stop(self, name: str, user: str = USER) -> requests.Response:
+        """Ask the platform to stop job `name` (the services keep running)."""
+        return self.http.put(f"{self.url}/api/v1/user/{user}/jobs/{name}/executionType",
+                             json={"value": "STOP"}, timeout=30)
+
+    def log(self, name: str, role: str, index: int = 0, user: str = USER,
+            attempt: int | None = None) -> str:
+        params = {} if attempt is None else {"attempt": attempt}
+        resp = self.http.get(
+            f"{self.url}/api/v1/user/{user}/jobs/{name}/tasks/{role}/{index}/log",
+            params=params, timeout=30)
+        resp.raise_for_status()
+        return resp.text
+
+    def wait_state(self, name: str, states: set[str] | str = FINAL, user: str = USER,
+                   timeout: float = 120) -> dict[str, Any]:
+        """The job's detail once its state is one of `states`."""
+        wanted = {states} if isinstance(states, str) else states
+
+        def reached() -> dict[str, Any] | None:
+            detail = self.detail(name, user)
+            return detail if detail["jobStatus"]["state"] in wanted else None
+
+        found: dict[str, Any] = wait_for(reached, timeout,
+                                         f"job {name} to reach {sorted(wanted)}")
+        return found
+
+    def job_containers(self, name: str | None = None, user: str = USER) -> list[Any]:
+        """The node's containers (of job `name` only, when given)."""
+        if self.docker is None:
+            raise BenchError("this platform was started without a Docker client")
+        filters: dict[str, Any] = {"label": [f"pai.node={self.node}"]}
+        if name is not None:
+            filters["label"].append(f"pai.job={user}~{name}")
+        return list(self.docker.containers.list(all=True, filters=filters, ignore_removed=True))
+
+    def config(self, name: str, command: str, *, tasks: int = 1, gpus: int = 0,
+               memory_mb: int = 128, **extra: Any) -> dict[str, Any]:
+        """A one-role job on the test image."""
+        return {"jobName": name, "image": self.image,
+                "taskRoles": [{"name": "main", "taskNumber": tasks, "cpuNumber": 1,
                                "memoryMB": memory_mb, "gpuNumber": gpus,
-                               "command": command}]}
+                               "command": command}],
+                **extra}
 
 
 @contextmanager
-def running_platform(redis_url: str, **options: Any) -> Iterator[Platform]:
-    """A started platform on `redis_url`; stopped, and its containers removed, after."""
-    client = docker_engine() if "launcher" in options.get("services", Platform.SERVICES) \
-        else None
-    with tempfile.TemporaryDirectory(prefix="pai-bench-") as work_dir:
-        platform = Platform(redis_url, Path(work_dir), **options)
-        try:
-            platform.start()
-            yield platform
-        finally:
-            platform.stop()
-            if client is not None:
-                remove_containers(client, f"pai.node={platform.node}")
-                client.close()
+def running(env: Mapping[str, str], run_dir: Path, *, services: Sequence[str] = SERVICES,
+            docker_client: docker.DockerClient | None = None,
+            image: str = TEST_IMAGE) -> Iterator[Platform]:
+    """A platform up with `env` (see Platform.up); at the end its services
+    stopped and, given `docker_client`, its node's containers removed."""
+    platform = Platform(env, run_dir, services=services, docker_client=docker_client,
+                        image=image)
+    try:
+        platform.up()
+        yield platform
+    finally:
+        platform.shutdown()
+        if docker_client is not None:
+            remove_containers(docker_client, f"pai.node={platform.node}")
+
+
+@contextmanager
+def running_platform(redis_url: str, *, gpus: int = 8, services: Sequence[str] = SERVICES,
+                     extra_env: Mapping[str, str] | None = None) -> Iterator[Platform]:
+    """A benchmark's platform on `redis_url`, in a temporary directory, with
+    the Docker engine when it runs a launcher."""
+    client = docker_engine() if "launcher" in services else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="pai-bench-") as work_dir:
+            env = platform_env(redis_url, Path(work_dir), node=f"bench-{run_id()}", gpus=gpus,
+                               extra_env=extra_env)
+            with running(env, Path(work_dir), services=services,
+                         docker_client=client) as platform:
+                yield platform
+    finally:
+        if client is not None:
+            client.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -23,18 +22,11 @@ import requests
 import yaml
 from click.testing import CliRunner, Result
 
+from bench.live_platform import Platform, free_port, wait_for
 from pai_cli.main import cli
-from tests.e2e.conftest import Platform, wait_for
 
 PAI = Path(sys.executable).parent / "pai"
 ALICE, ALICE_PASSWORD = "alice", "alice-password"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _env(config: Path) -> dict[str, str]:
@@ -189,7 +181,7 @@ def test_a_revoked_or_expired_login_says_how_to_renew_it(platform: Platform,
 
 
 def test_an_unreachable_server_is_one_line(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     config = tmp_path / "config.yaml"
 
     refused = run_pai(config, "login", "--username", ALICE, "--password-stdin", url,

@@ -40,7 +40,7 @@ import pytest
 import requests
 import yaml
 
-from tests.e2e.conftest import wait_for
+from bench.live_platform import wait_for
 
 pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.timeout(900)]
 

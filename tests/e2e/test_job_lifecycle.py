@@ -10,9 +10,9 @@ from typing import Any
 
 import requests
 
+from bench.live_platform import Platform, wait_for
 from shared.config import Settings
 from shared.messaging import Messenger, make_celery
-from tests.e2e.conftest import Platform, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV_DUMP = "env | grep -E '^(PAI_|NVIDIA_|CUDA_)' | sed 's/^/ENV /'; "

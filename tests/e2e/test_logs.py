@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 import docker
 import pytest
 
-from tests.e2e.conftest import Platform, _free_port, running_platform, wait_for
+from bench.live_platform import Platform, free_port, wait_for
+from tests.e2e.conftest import running_platform
 
 BOUND = 20_000
 LINES = 100_000
@@ -33,7 +34,7 @@ def bounded(platform: Platform, docker_client: docker.DockerClient,
     node = f"e2e-logs-{uuid.uuid4().hex[:8]}"
     env = {**platform.env,
            "PAI_REDIS_URL": platform.env["PAI_REDIS_URL"].rsplit("/", 1)[0] + "/2",
-           "PAI_API_PORT": str(_free_port()), "PAI_MONITOR_PORT": str(_free_port()),
+           "PAI_API_PORT": str(free_port()), "PAI_MONITOR_PORT": str(free_port()),
            "PAI_NODE_NAME": node, "PAI_STORAGE_ROOTS": str(storage),
            "PAI_PORT_RANGE": "22000-22999", "PAI_LOG_MAX_LINES": str(BOUND)}
     with running_platform(env, run_dir, docker_client, platform.image) as pai:

@@ -20,7 +20,7 @@ import pytest
 import requests
 import yaml
 
-from tests.e2e.conftest import Platform, _free_port, wait_for
+from bench.live_platform import Platform, free_port, wait_for
 
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rules"
 # The job runs until the test stops it; it keeps one core a little busy.
@@ -64,7 +64,7 @@ def prometheus(platform: Platform, tmp_path_factory: pytest.TempPathFactory
         ],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = open(work / "prometheus.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [binary, f"--config.file={work / 'prometheus.yml'}",

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.conftest import Platform
+from bench.live_platform import Platform
 
 ROOT = Path(__file__).resolve().parents[2]
 

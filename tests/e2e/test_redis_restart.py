@@ -12,15 +12,16 @@ from pathlib import Path
 import docker
 import pytest
 
+from bench.live_platform import Platform, free_port, wait_for
 from tests.conftest import _start_redis, _stop, redis_credentials
-from tests.e2e.conftest import Platform, _free_port, running_platform, wait_for
+from tests.e2e.conftest import running_platform
 
 
 class OwnRedis:
     """A redis-server of this test's own, restartable on the same port and data."""
 
     def __init__(self, datadir: Path) -> None:
-        self.datadir, self.port = datadir, _free_port()
+        self.datadir, self.port = datadir, free_port()
         self.binary = shutil.which("redis-server") or "redis-server"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -56,7 +57,7 @@ def on_own_redis(platform: Platform, own_redis: OwnRedis, docker_client: docker.
     storage.mkdir()
     storage.chmod(0o777)
     env = {**platform.env, "PAI_REDIS_URL": own_redis.url,
-           "PAI_API_PORT": str(_free_port()), "PAI_MONITOR_PORT": str(_free_port()),
+           "PAI_API_PORT": str(free_port()), "PAI_MONITOR_PORT": str(free_port()),
            "PAI_NODE_NAME": f"e2e-redis-{uuid.uuid4().hex[:8]}",
            "PAI_STORAGE_ROOTS": str(storage), "PAI_PORT_RANGE": "23000-23999"}
     with running_platform(env, run_dir, docker_client, platform.image) as pai:

@@ -560,16 +560,42 @@ def test_heartbeat_registers_the_node_and_renews_its_lease(rig: Rig) -> None:
     assert not thread.is_alive()
 
 
-def test_heartbeat_survives_redis_errors(rig: Rig, redis_server: str) -> None:
-    broken = Store(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.1))
+class FailureCountingStore(Store):
+    """A Store on a Redis that refuses every connection, counting the node
+    writes that failed: the heartbeat loop's attempts, observed."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        super().__init__(client)
+        self.failures = 0
+
+    def register_node(self, node: Node) -> None:
+        try:
+            super().register_node(node)
+        except redis.RedisError:
+            self.failures += 1
+            raise
+
+    def heartbeat(self, name: str) -> None:
+        try:
+            super().heartbeat(name)
+        except redis.RedisError:
+            self.failures += 1
+            raise
+
+
+def test_heartbeat_survives_redis_errors(rig: Rig) -> None:
+    broken = FailureCountingStore(
+        redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.1))
     launcher = Launcher(rig.settings, broken, rig.launcher.messenger, rig.launcher.runtime,
                         rig.node)
     stop = threading.Event()
     thread = threading.Thread(target=launcher.heartbeat_loop, args=(stop,))
     thread.start()
-    time.sleep(0.3)
-    assert thread.is_alive()
-    stop.set()
+    try:
+        wait_for(lambda: broken.failures >= 3, "three failed heartbeats")
+        assert thread.is_alive(), "a Redis error ended the heartbeat loop"
+    finally:
+        stop.set()
     thread.join(5)
     assert not thread.is_alive()
 
