@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -27,19 +26,13 @@ import redis
 from docker.errors import DockerException, ImageNotFound
 from docker.models.containers import Container
 
+from bench import free_port
 from shared.redisacl import Credentials, ensure_credentials
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_IMAGE = "pai-test/busybox:latest"
 BUILD_TEST_IMAGE = REPO_ROOT / "scripts" / "build-test-image.sh"
 SESSION_LABEL = "pai.test.session"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def redis_credentials(datadir: Path) -> Credentials:
@@ -110,7 +103,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     datadir = tmp_path_factory.mktemp("redis")
     for _ in range(5):
-        port = _free_port()
+        port = free_port()
         proc = _start_redis(binary, datadir, port)
         if proc is not None:
             break
