@@ -29,18 +29,9 @@ from pathlib import Path
 
 import docker
 import redis
-from docker.types import Mount
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis
-from bench.live_platform import (
-    BENCH_LABEL,
-    TEST_IMAGE,
-    Platform,
-    docker_engine,
-    remove_containers,
-    run_id,
-    running_platform,
-)
+from bench.live_platform import Platform, bare_container, reference_engine, running_platform
 from shared import keys
 from shared.models import Job
 from shared.states import JobState
@@ -73,13 +64,10 @@ def docker_loop(client: docker.DockerClient, work_dir: Path, run: str, jobs: int
             output = work_dir / f"loop-{run}-{number}"
             output.mkdir()
             began = time.perf_counter()
-            container = client.containers.create(
-                TEST_IMAGE, [COMMAND], name=f"pai-bench-loop-{run}-{number}",
-                entrypoint=["/bin/sh", "-c"], labels={BENCH_LABEL: run},
-                environment={"PAI_JOB_NAME": f"loop-{number}", "CUDA_VISIBLE_DEVICES": "0"},
-                network_mode="host", nano_cpus=10**9, mem_limit=f"{MEMORY_MB}m",
-                shm_size="64m", privileged=False, init=True,
-                mounts=[Mount(str(output), str(output), type="bind", read_only=False)])
+            container = bare_container(
+                client, run, f"pai-bench-loop-{run}-{number}", COMMAND, output,
+                memory_mb=MEMORY_MB,
+                environment={"PAI_JOB_NAME": f"loop-{number}", "CUDA_VISIBLE_DEVICES": "0"})
             container.start()
             if container.wait(timeout=TIMEOUT_SECONDS)["StatusCode"] != 0:
                 raise BenchError(f"loop container {number} failed")
@@ -125,19 +113,13 @@ def platform_burst(pai: Platform, url: str, jobs: int, prefix: str) -> tuple[flo
 
 def run() -> Figures:
     jobs = int(os.environ.get("PAI_BENCH_JOBS", JOBS))
-    client = docker_engine()
-    run_label = run_id()
-    try:
+    with reference_engine() as (client, run_label):
         with tempfile.TemporaryDirectory(prefix="pai-bench-") as tmp:
             docker_loop(client, Path(tmp), run_label + "w", GPUS, GPUS)  # warm, untimed
             loop_seconds, cycles = docker_loop(client, Path(tmp), run_label, jobs, GPUS)
         with throwaway_redis() as url, running_platform(url, gpus=GPUS) as pai:
             platform_burst(pai, url, GPUS, "warm")  # untimed
             seconds, records = platform_burst(pai, url, jobs, "short")
-    finally:
-        remove_containers(client, f"{BENCH_LABEL}={run_label}")
-        remove_containers(client, f"{BENCH_LABEL}={run_label}w")
-        client.close()
     in_platform = [((job.completed_ms or 0) - job.created_ms) / 1000 for job in records]
     rate, reference = jobs / seconds, jobs / loop_seconds
     table: dict[str, dict[str, Figure]] = {

@@ -40,17 +40,14 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from docker.types import Mount
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis
 from bench.live_platform import (
-    BENCH_LABEL,
     REPO,
     TEST_IMAGE,
     Platform,
-    docker_engine,
-    remove_containers,
-    run_id,
+    bare_container,
+    reference_engine,
     running_platform,
 )
 
@@ -123,15 +120,12 @@ def reference_round(client: docker.DockerClient, watch: StartWatch, work_dir: Pa
     output = work_dir / f"ref-output-{number}"
     output.mkdir()
     name = f"pai-bench-ref-{run}-{number}"
-    labels = {BENCH_LABEL: run, "pai.job": f"reference~{number}", "pai.attempt": "0",
-              "pai.role": "main", "pai.index": "0"}
+    labels = {"pai.job": f"reference~{number}", "pai.attempt": "0", "pai.role": "main",
+              "pai.index": "0"}
     t0 = time.time_ns()
-    container = client.containers.create(
-        TEST_IMAGE, [COMMAND], name=name, entrypoint=["/bin/sh", "-c"], labels=labels,
-        environment={"PAI_JOB_NAME": f"reference-{number}", "PAI_TASK_ROLE_NAME": "main"},
-        network_mode="host", nano_cpus=10**9, mem_limit=f"{MEMORY_MB}m",
-        shm_size=f"{SHM_MB}m", privileged=False, init=True,
-        mounts=[Mount(str(output), str(output), type="bind", read_only=False)])
+    container = bare_container(
+        client, run, name, COMMAND, output, memory_mb=MEMORY_MB, shm_mb=SHM_MB, labels=labels,
+        environment={"PAI_JOB_NAME": f"reference-{number}", "PAI_TASK_ROLE_NAME": "main"})
     container.start()
     watch.wait("name", name, JOB_SECONDS)
     started = started_at_ns(client.api.inspect_container(container.id)["State"]["StartedAt"])
@@ -212,22 +206,17 @@ def _stats(samples: list[float]) -> dict[str, Figure]:
 
 def run() -> Figures:
     rounds = int(os.environ.get("PAI_BENCH_ROUNDS", ROUNDS))
-    client = docker_engine()
-    run_label = run_id()
-    try:
-        with throwaway_redis() as url, tempfile.TemporaryDirectory(prefix="pai-bench-") as tmp, \
-                running_platform(url) as pai, start_watch(client) as watch:
-            # One untimed round of each: images and code paths warm.
-            reference_round(client, watch, Path(tmp), run_label, -1)
-            platform_round(pai, client, watch, -1)
-            reference, milestones = [], []
-            for number in range(rounds):
-                reference.append(reference_round(client, watch, Path(tmp), run_label, number))
-                milestones.append(platform_round(pai, client, watch, number))
-            hello = [hello_world_round(pai, client, watch, number) for number in range(rounds)]
-    finally:
-        remove_containers(client, f"{BENCH_LABEL}={run_label}")
-        client.close()
+    with reference_engine() as (client, run_label), throwaway_redis() as url, \
+            tempfile.TemporaryDirectory(prefix="pai-bench-") as tmp, \
+            running_platform(url) as pai, start_watch(client) as watch:
+        # One untimed round of each: images and code paths warm.
+        reference_round(client, watch, Path(tmp), run_label, -1)
+        platform_round(pai, client, watch, -1)
+        reference, milestones = [], []
+        for number in range(rounds):
+            reference.append(reference_round(client, watch, Path(tmp), run_label, number))
+            milestones.append(platform_round(pai, client, watch, number))
+        hello = [hello_world_round(pai, client, watch, number) for number in range(rounds)]
     started = [m["container StartedAt"] for m in milestones]
     table = {label: _stats([m[label] for m in milestones]) for label in milestones[0]}
     table["bare SDK create+start (reference)"] = _stats(reference)

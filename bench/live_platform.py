@@ -30,6 +30,7 @@ from typing import Any
 import docker
 import requests
 from docker.errors import DockerException, ImageNotFound
+from docker.types import Mount
 
 from bench import BenchError, free_port
 
@@ -84,6 +85,38 @@ def remove_containers(client: docker.DockerClient, label: str) -> int:
         with contextlib.suppress(DockerException):
             container.remove(force=True)
     return len(found)
+
+
+@contextmanager
+def reference_engine() -> Iterator[tuple[docker.DockerClient, str]]:
+    """The engine and a fresh run label for a benchmark's bare-Docker reference;
+    every container labelled with it (or a label starting with it, such as
+    a warm-up's) is removed at the end."""
+    client, run = docker_engine(), run_id()
+    try:
+        yield client, run
+    finally:
+        for container in client.containers.list(all=True, filters={"label": BENCH_LABEL},
+                                                ignore_removed=True):
+            if container.labels.get(BENCH_LABEL, "").startswith(run):
+                with contextlib.suppress(DockerException):
+                    container.remove(force=True)
+        client.close()
+
+
+def bare_container(client: docker.DockerClient, run: str, name: str, command: str,
+                   output: Path, *, memory_mb: int, shm_mb: int = 64,
+                   environment: Mapping[str, str] | None = None,
+                   labels: Mapping[str, str] | None = None) -> Any:
+    """A container created as the launcher creates a task's (host network, one
+    CPU, the memory and shm asked for, an init, the output folder bound), but
+    straight through the Docker SDK: what the platform is measured against."""
+    return client.containers.create(
+        TEST_IMAGE, [command], name=name, entrypoint=["/bin/sh", "-c"],
+        labels={BENCH_LABEL: run, **(labels or {})}, environment=dict(environment or {}),
+        network_mode="host", nano_cpus=10**9, mem_limit=f"{memory_mb}m",
+        shm_size=f"{shm_mb}m", privileged=False, init=True,
+        mounts=[Mount(str(output), str(output), type="bind", read_only=False)])
 
 
 class Processes:
