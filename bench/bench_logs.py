@@ -58,16 +58,6 @@ def boot_seconds() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def _log_url(pai: Platform, name: str) -> str:
-    return f"{pai.url}/api/v1/user/{USER}/jobs/{name}/tasks/main/0/log"
-
-
-def _tail(pai: Platform, name: str, lines: int) -> list[str]:
-    resp = pai.http.get(_log_url(pai, name), params={"tail": lines}, timeout=120)
-    resp.raise_for_status()
-    return resp.text.splitlines()
-
-
 # ------------------------------------------------------------------ shipping
 
 
@@ -76,7 +66,7 @@ def ship(pai: Platform) -> tuple[str, float]:
     name = f"loud-{uuid.uuid4().hex[:6]}"
     start = time.perf_counter()
     pai.submit_accepted(pai.config(name, f"seq 1 {LINES}"))
-    wait_for(lambda: _tail(pai, name, 1) == [str(LINES)], WAIT_SECONDS,
+    wait_for(lambda: pai.log(name, "main", tail=1).splitlines() == [str(LINES)], WAIT_SECONDS,
              "the last line to be readable", interval=0.05)
     seconds = time.perf_counter() - start
     wait_for(lambda: pai.detail(name)["jobStatus"]["state"] == "SUCCEEDED", WAIT_SECONDS,
@@ -111,7 +101,7 @@ def tails(pai: Platform, name: str, redis_url: str) -> tuple[dict[str, dict[str,
             expected = [str(n) for n in range(LINES - lines + 1, LINES + 1)]
 
             def checked(lines: int = lines, expected: list[str] = expected) -> None:
-                if _tail(pai, name, lines) != expected:
+                if pai.log(name, "main", tail=lines).splitlines() != expected:
                     raise BenchError(f"tail={lines} did not answer the last {lines} lines")
 
             def bare_read(n: int = lines) -> object:
@@ -151,7 +141,7 @@ def follow_latencies(pai: Platform) -> list[float]:
     name = f"ticks-{uuid.uuid4().hex[:6]}"
     pai.submit_accepted(pai.config(name, FOLLOW_SCRIPT))
     latencies = []
-    with pai.http.get(_log_url(pai, name), params={"follow": 1, "tail": 0}, stream=True,
+    with pai.http.get(pai.log_url(name), params={"follow": 1, "tail": 0}, stream=True,
                       timeout=WAIT_SECONDS) as resp:
         resp.raise_for_status()
         for line in _sse_data(resp.iter_lines(decode_unicode=True)):

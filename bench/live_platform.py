@@ -297,12 +297,17 @@ class Platform:
         return self.http.put(f"{self.url}/api/v1/user/{user}/jobs/{name}/executionType",
                              json={"value": "STOP"}, timeout=30)
 
+    def log_url(self, name: str, role: str = "main", index: int = 0, user: str = USER) -> str:
+        return f"{self.url}/api/v1/user/{user}/jobs/{name}/tasks/{role}/{index}/log"
+
     def log(self, name: str, role: str, index: int = 0, user: str = USER,
-            attempt: int | None = None) -> str:
+            attempt: int | None = None, tail: int | None = None) -> str:
+        """The task's log as the API serves it: all of it (up to the API's
+        default), or its last `tail` lines."""
         params = {} if attempt is None else {"attempt": attempt}
-        resp = self.http.get(
-            f"{self.url}/api/v1/user/{user}/jobs/{name}/tasks/{role}/{index}/log",
-            params=params, timeout=30)
+        if tail is not None:
+            params["tail"] = tail
+        resp = self.http.get(self.log_url(name, role, index, user), params=params, timeout=120)
         resp.raise_for_status()
         return resp.text
 

@@ -130,8 +130,7 @@ def login() -> tuple[dict[str, Any], int]:
         content:
           application/json: {schema: TokenRequest}
           application/x-www-form-urlencoded: {schema: TokenRequest}
-      responses:
-        200: {content: {application/json: {schema: Token}}}
+      responses: {200: Token}
     """
     fields = _login_fields()
     password, expiration = fields["password"], fields["expiration"]
@@ -175,8 +174,7 @@ def logout() -> dict[str, Any]:
     """Revoke the token this request carries, at once.
     ---
     delete:
-      responses:
-        200: {content: {application/json: {schema: Message}}}
+      responses: {200: Message}
     """
     claims = g.claims
     accounts().revoke_token(claims["jti"], int(claims["exp"]) * 1000)

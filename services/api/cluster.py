@@ -60,8 +60,8 @@ def healthz() -> tuple[dict[str, Any], int]:
     get:
       tags: [meta]
       responses:
-        200: {content: {application/json: {schema: Health}}}
-        503: {content: {application/json: {schema: Health}}}
+        200: Health
+        503: Health
     """
     try:
         platform().store.r.ping()

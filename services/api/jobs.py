@@ -79,7 +79,7 @@ def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
         required: true
         content: {application/json: {schema: JobConfig}}
       responses:
-        202: {content: {application/json: {schema: Submitted}}}
+        202: Submitted
         200:
           description: dryRun; the config as it would be stored
           content: {application/json: {schema: DryRun}}
@@ -233,8 +233,7 @@ def remove(username: str, name: str) -> dict[str, Any]:
     ---
     delete:
       errors: [403, 404, 409]
-      responses:
-        200: {content: {application/json: {schema: Message}}}
+      responses: {200: Message}
     """
     job = get_job_or_404(username, name, owner_only=True, action="delete")
     if not job.state.is_final:
@@ -250,8 +249,7 @@ def detail(username: str, name: str) -> dict[str, Any]:
     ---
     get:
       errors: [404]
-      responses:
-        200: {content: {application/json: {schema: JobDetail}}}
+      responses: {200: JobDetail}
     """
     store = platform().store
     job = get_job_or_404(username, name)
@@ -292,8 +290,7 @@ def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
     ---
     put:
       errors: [403, 404]
-      responses:
-        202: {content: {application/json: {schema: StopAccepted}}}
+      responses: {202: StopAccepted}
     """
     load_body()  # {"value": "STOP"}, nothing else
     pai = platform()

@@ -5,8 +5,9 @@ Flask's URL map (an `int` converter is an integer), operations from the YAML
 after `---` in each view's docstring, bodies from the marshmallow schemas in
 `services.api.schemas` and `shared.jobspec`. The conventions every operation
 shares are applied once, by `_ConventionsPlugin`, from what the code itself
-declares, so a docstring lists only what is particular to its view (its
-success responses, and its other errors by status: `errors: [404, 409]`):
+declares, so a docstring lists only what is particular to its view: its
+success responses (`200: User` for a JSON body of one schema) and its other
+errors by status (`errors: [404, 409]`). The rest is derived:
 
 - the bearer token and 401, unless the endpoint is public (the same
   `PUBLIC_ENDPOINTS` the auth check reads);
@@ -178,6 +179,10 @@ class _ConventionsPlugin(BasePlugin):
         responses = operation.setdefault("responses", {})
         for status in operation.pop("errors", ()):
             responses.setdefault(status, _ERROR_NAMES[status])
+        for status, response in list(responses.items()):
+            if isinstance(response, str) and response not in ERROR_RESPONSES:
+                # `200: User`: a JSON body of that schema
+                responses[status] = {"content": {"application/json": {"schema": response}}}
         if rule.endpoint in PUBLIC_ENDPOINTS:
             operation["security"] = []
         else:

@@ -166,8 +166,7 @@ def get_share(name: str) -> dict[str, Any]:
     ---
     get:
       errors: [404]
-      responses:
-        200: {content: {application/json: {schema: StorageShareSchema}}}
+      responses: {200: StorageShareSchema}
     """
     wanted = _name_or_404(name)
     for share in load_shares(platform().store):
@@ -216,8 +215,7 @@ def delete_share(name: str) -> dict[str, Any]:
     ---
     delete:
       errors: [404]
-      responses:
-        200: {content: {application/json: {schema: Message}}}
+      responses: {200: Message}
     """
     if not _delete_share(platform().store, _name_or_404(name)):
         raise ApiError("NoStorageShareError", f"storage share {name} does not exist", 404)

@@ -46,8 +46,7 @@ def create_user() -> tuple[dict[str, Any], int]:
     ---
     post:
       errors: [409]
-      responses:
-        201: {content: {application/json: {schema: User}}}
+      responses: {201: User}
     """
     body = load_body()
     vcs = _vcs(body["virtualClusters"])
@@ -80,8 +79,7 @@ def get_user(username: str) -> dict[str, Any]:
     ---
     get:
       errors: [403, 404]
-      responses:
-        200: {content: {application/json: {schema: User}}}
+      responses: {200: User}
     """
     require_self_or_admin(username, "see this user")
     return _user_or_404(username)
@@ -94,8 +92,7 @@ def delete_user(username: str) -> dict[str, Any]:
     ---
     delete:
       errors: [400, 404]
-      responses:
-        200: {content: {application/json: {schema: Message}}}
+      responses: {200: Message}
     """
     admin = current_user()
     if username == admin.username:
@@ -112,8 +109,7 @@ def set_password(username: str) -> dict[str, Any]:
     ---
     put:
       errors: [401, 403, 404]
-      responses:
-        200: {content: {application/json: {schema: Message}}}
+      responses: {200: Message}
     """
     caller = require_self_or_admin(username, "change this password")
     body = load_body()
@@ -136,8 +132,7 @@ def set_admin(username: str) -> dict[str, Any]:
     ---
     put:
       errors: [404]
-      responses:
-        200: {content: {application/json: {schema: User}}}
+      responses: {200: User}
     """
     value = load_body()["value"]
     if username == current_user().username and not value:
@@ -155,8 +150,7 @@ def set_virtual_clusters(username: str) -> dict[str, Any]:
     ---
     put:
       errors: [404]
-      responses:
-        200: {content: {application/json: {schema: User}}}
+      responses: {200: User}
     """
     vcs = _vcs(load_body()["virtualClusters"])
     _user_or_404(username)
@@ -170,8 +164,7 @@ def revoke_tokens(username: str) -> dict[str, Any]:
     ---
     delete:
       errors: [403, 404]
-      responses:
-        200: {content: {application/json: {schema: Message}}}
+      responses: {200: Message}
     """
     require_self_or_admin(username, "revoke these tokens")
     _user_or_404(username)

@@ -85,8 +85,7 @@ def get_vc(name: str) -> dict[str, Any]:
     ---
     get:
       errors: [404]
-      responses:
-        200: {content: {application/json: {schema: VirtualCluster}}}
+      responses: {200: VirtualCluster}
     """
     return _views([_vc_or_404(name)])[name]
 
@@ -127,8 +126,7 @@ def delete_vc(name: str) -> dict[str, Any]:
     ---
     delete:
       errors: [404, 409]
-      responses:
-        200: {content: {application/json: {schema: Message}}}
+      responses: {200: Message}
     """
     if name == DEFAULT_VC:
         raise ApiError("ForbiddenVirtualClusterError", "the default virtual cluster stays", 403)

@@ -41,20 +41,10 @@ def bounded(platform: Platform, docker_client: docker.DockerClient,
         yield pai
 
 
-def log_url(pai: Platform, name: str) -> str:
-    return f"{pai.url}/api/v1/user/alice/jobs/{name}/tasks/main/0/log"
-
-
-def tail(pai: Platform, name: str, lines: int) -> list[str]:
-    resp = pai.http.get(log_url(pai, name), params={"tail": lines}, timeout=60)
-    resp.raise_for_status()
-    return resp.text.splitlines()
-
-
 def follow(pai: Platform, name: str, **params: int) -> list[str]:
     """Every data line of the event stream, until its end event."""
     data: list[str] = []
-    with pai.http.get(log_url(pai, name), params={"follow": 1, **params}, stream=True,
+    with pai.http.get(pai.log_url(name), params={"follow": 1, **params}, stream=True,
                       timeout=60) as resp:
         resp.raise_for_status()
         event = ""
@@ -74,9 +64,10 @@ def test_a_100000_line_job_keeps_its_last_lines_and_all_of_them_in_output_dir(
     assert bounded.submit(bounded.config(name, f"seq 1 {LINES}")).status_code == 202
     assert bounded.wait_state(name, timeout=300)["jobStatus"]["state"] == "SUCCEEDED"
 
-    assert tail(bounded, name, 1000) == [str(n) for n in range(LINES - 999, LINES + 1)]
+    assert bounded.log(name, "main", tail=1000).splitlines() == \
+        [str(n) for n in range(LINES - 999, LINES + 1)]
 
-    everything = tail(bounded, name, LINES)
+    everything = bounded.log(name, "main", tail=LINES).splitlines()
     marker, kept = everything[0], everything[1:]
     assert BOUND <= len(kept) <= BOUND + SLACK  # the stream stays within its bound
     assert kept == [str(n) for n in range(LINES - len(kept) + 1, LINES + 1)]
@@ -98,7 +89,7 @@ def test_the_log_is_served_after_its_container_and_monitor_are_gone(
     bounded.kill("monitor", signal.SIGKILL)
     bounded.start("monitor")
 
-    assert tail(bounded, name, 3) == ["49", "50", "last"]
+    assert bounded.log(name, "main", tail=3).splitlines() == ["49", "50", "last"]
     assert follow(bounded, name, tail=2) == ["50", "last"]
 
 
