@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,15 +155,25 @@ class Accounts:
         return bool(stored) and matched
 
     def _update_user(self, username: str, mapping: dict[str, str],
-                     *, revoke_tokens: bool = False) -> None:
+                     *, revoke_tokens: bool = False, granted: Sequence[str] = ()) -> None:
         """Change fields of a user that still exists, compare-and-set: a
         change racing a delete never brings the record back (a bare HSET
-        would recreate it without a password hash or a uid)."""
+        would recreate it without a password hash or a uid). Every VC in
+        `granted` must exist when the write lands: a grant racing the VC's
+        deletion is refused (AccountError) instead of leaving a grant that a
+        VC created later under that name would honour."""
         key = keys.user(_key_name(username))
+        vc_keys = [keys.vc(_key_name(vc)) for vc in granted]
 
         def write(pipe: Pipe) -> None:
+            if vc_keys:
+                pipe.watch(*vc_keys)
             if not pipe.exists(key):
                 raise NoSuchAccount(f"user {username} does not exist")
+            missing = [vc for vc, vc_key in zip(granted, vc_keys, strict=True)
+                       if not pipe.exists(vc_key)]
+            if missing:
+                raise AccountError(f"no such virtual cluster: {', '.join(missing)}")
             pipe.multi()
             pipe.hset(key, mapping=mapping)
             if revoke_tokens:
@@ -178,7 +189,25 @@ class Accounts:
         self._update_user(username, {"admin": "1" if admin else "0"})
 
     def set_virtual_clusters(self, username: str, vcs: list[str]) -> None:
-        self._update_user(username, {"virtual_clusters": json.dumps(sorted(set(vcs)))})
+        """The VCs a user may submit to; each must exist (AccountError)."""
+        granted = sorted(set(vcs))
+        self._update_user(username, {"virtual_clusters": json.dumps(granted)},
+                          granted=granted)
+
+    def _take_vc(self, username: str, vc: str) -> None:
+        """Take one VC from a user, compare-and-set on the user's record: a
+        grant landing meanwhile is re-read, never overwritten."""
+        key = keys.user(_key_name(username))
+
+        def write(pipe: Pipe) -> None:
+            raw = pipe.hget(key, "virtual_clusters")
+            held = json.loads(raw) if raw else []
+            if vc not in held:
+                return
+            pipe.multi()
+            pipe.hset(key, "virtual_clusters", json.dumps([v for v in held if v != vc]))
+
+        self.store.transact(write, key)
 
     def delete_user(self, username: str) -> bool:
         name = _key_name(username)
@@ -255,17 +284,17 @@ class Accounts:
 
     def delete_vc(self, name: str) -> None:
         """Delete the VC and take it from every user, so a VC made later under
-        the same name does not quietly hand its old users access."""
+        the same name does not quietly hand its old users access. The VC goes
+        first: a grant racing this finds no VC and is refused, and one that
+        landed before is in the users' records the sweep reads after."""
         name = _key_name(name)
-        for user in self.list_users():
-            if name in user.virtual_clusters:
-                with contextlib.suppress(NoSuchAccount):  # deleted meanwhile: nothing to take
-                    self.set_virtual_clusters(
-                        user.username, [v for v in user.virtual_clusters if v != name])
         pipe = self.r.pipeline()
         pipe.delete(keys.vc(name))
         pipe.srem(keys.VCS, name)
         pipe.execute()
+        for user in self.list_users():
+            if name in user.virtual_clusters:
+                self._take_vc(user.username, name)
 
     def gpu_quotas(self) -> dict[str, int | None]:
         return {vc.name: vc.gpu_quota for vc in self.list_vcs()}

@@ -154,7 +154,10 @@ def set_virtual_clusters(username: str) -> dict[str, Any]:
     """
     vcs = _vcs(load_body()["virtualClusters"])
     _user_or_404(username)
-    accounts().set_virtual_clusters(username, vcs)
+    try:
+        accounts().set_virtual_clusters(username, vcs)
+    except AccountError as error:  # a VC deleted since _vcs looked: as if before
+        raise ApiError("NoVirtualClusterError", str(error), 400) from None
     return _user_or_404(username)
 
 

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 
 from services.api.app import create_app
 from shared import keys
-from shared.accounts import Accounts, NoSuchAccount, VirtualCluster
+from shared.accounts import AccountError, Accounts, NoSuchAccount, VirtualCluster
 from shared.config import Settings
 from shared.store import Store
 from tests.integration.api_client import AuthedClient, config, error_of, new_user
@@ -138,6 +138,7 @@ def test_an_account_change_racing_a_delete_does_not_bring_the_user_back(
     hash and no id (500s at every later login); the change is conditional on
     the record, so the user stays deleted and the caller gets NoSuchAccount."""
     accounts = Accounts(Store(redis_client))
+    accounts.put_vc(VirtualCluster("default"))
     accounts.create_user("carol", "secret-pw")
     other = Accounts(Store.from_url(redis_server))
     hook = Hook("before-write", keys.user("carol"), lambda: other.delete_user("carol"))
@@ -152,6 +153,47 @@ def test_an_account_change_racing_a_delete_does_not_bring_the_user_back(
     assert hook.fired
     other.r.close()
     assert not redis_client.exists(keys.user("carol"))
+
+
+def test_a_grant_racing_the_vcs_deletion_leaves_no_grant_behind(
+        redis_server: str, redis_client: redis.Redis) -> None:
+    """Threat (a dangling grant): an admin grants a VC at the moment another
+    deletes it. The grant would outlive the VC, and a VC created later under
+    that name would hand its quota to a user nobody gave it to. The grant is
+    conditional on the VC, so it is refused and nothing is left."""
+    accounts = Accounts(Store(redis_client))
+    for name in ("default", "research"):
+        accounts.put_vc(VirtualCluster(name))
+    accounts.create_user("carol", "secret-pw")
+    other = Accounts(Store.from_url(redis_server))
+    hook = Hook("before-write", keys.user("carol"), lambda: other.delete_vc("research"))
+    racing = Accounts(Store(with_hooks(redis_client, hook)))
+    with pytest.raises(AccountError, match="research"):
+        racing.set_virtual_clusters("carol", ["default", "research"])
+    assert hook.fired
+    other.r.close()
+    accounts.put_vc(VirtualCluster("research", 8))  # the name, made again later
+    carol = accounts.get_user("carol")
+    assert carol is not None and not carol.may_use("research")
+
+
+def test_taking_a_deleted_vc_from_users_keeps_a_grant_made_meanwhile(
+        redis_server: str, redis_client: redis.Redis) -> None:
+    """The sweep after a VC's deletion re-reads each user it changes: a grant
+    of another VC that lands between its read and its write survives."""
+    accounts = Accounts(Store(redis_client))
+    for name in ("default", "research", "vision"):
+        accounts.put_vc(VirtualCluster(name))
+    accounts.create_user("carol", "secret-pw", virtual_clusters=["default", "research"])
+    other = Accounts(Store.from_url(redis_server))
+    hook = Hook("before-write", keys.user("carol"),
+                lambda: other.set_virtual_clusters("carol", ["default", "vision"]))
+    Accounts(Store(with_hooks(redis_client, hook))).delete_vc("research")
+    assert hook.fired
+    other.r.close()
+    carol = accounts.get_user("carol")
+    assert carol is not None
+    assert sorted(carol.virtual_clusters) == ["default", "vision"]
 
 
 def test_two_admins_writing_one_vc_at_once_keep_its_creation_time(
