@@ -23,10 +23,11 @@ import pytest
 import redis
 import requests
 
+from bench import free_port
 from pai_cli.sse import Event, parse_events
 from services.monitor.logs import append_log_entries
 from shared.containers import TaskRef
-from tests.conftest import REPO_ROOT, _free_port
+from tests.conftest import REPO_ROOT
 from tests.integration.api_client import config
 
 pytestmark = pytest.mark.redis
@@ -43,7 +44,7 @@ class Api:
     """One `pai-api` process tree, stopped by its PID at the end."""
 
     def __init__(self, redis_url: str, work: Path, **settings: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAI_")}
         env.update({

@@ -4,7 +4,6 @@ become series, served over HTTP (no NVML on this machine: no GPU series)."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 from collections.abc import Iterator
 
 import docker
@@ -13,6 +12,7 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import free_port
 from services.monitor.exporter import NodeExporter
 from services.monitor.nodemetrics import NVML_UP, TASK_CPU, TASK_MEMORY
 from services.monitor.sampling import NvmlReader
@@ -41,16 +41,9 @@ def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.Dock
         rig.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_a_running_tasks_cpu_and_memory_are_served(rig: Rig) -> None:
     settings = dataclasses.replace(rig.settings, monitor_host="127.0.0.1",
-                                   monitor_port=_free_port())
+                                   monitor_port=free_port())
     exporter = NodeExporter(settings, rig.store, rig.docker, NvmlReader(_NoNvml()))
     job_id = rig.place()
     container = rig.run(job_id, GATE)
