@@ -16,6 +16,7 @@ from bench import free_port
 from services.monitor.exporter import NodeExporter
 from services.monitor.nodemetrics import NVML_UP, TASK_CPU, TASK_MEMORY
 from services.monitor.sampling import NvmlReader
+from shared.nvml import Nvml
 from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -44,7 +45,7 @@ def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.Dock
 def test_a_running_tasks_cpu_and_memory_are_served(rig: Rig) -> None:
     settings = dataclasses.replace(rig.settings, monitor_host="127.0.0.1",
                                    monitor_port=free_port())
-    exporter = NodeExporter(settings, rig.store, rig.docker, NvmlReader(_NoNvml()))
+    exporter = NodeExporter(settings, rig.store, rig.docker, NvmlReader(Nvml(_NoNvml())))
     job_id = rig.place()
     container = rig.run(job_id, GATE)
     wait_for(lambda: container.reload() or container.status == "running", "the container to run")
