@@ -119,10 +119,6 @@ class FollowLeases:
         """Give the lease back (the follow's own member; nothing else is touched)."""
         self.store.r.zrem(keys.follow_leases(username), lease)
 
-    def live(self, username: str, now: float | None = None) -> int:
-        now_ms = _ms(time.time() if now is None else now)
-        return int(self.store.r.zcount(keys.follow_leases(username), f"({now_ms}", "+inf"))
-
 
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)

@@ -35,25 +35,21 @@ def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
         for state in (JobState.WAITING, JobState.RUNNING):
             pipe.zintercard(2, [keys.vc_jobs(vc.name), keys.state_jobs(state)])
     counts = pipe.execute() if vcs else []
-    return {
-        vc.name: {
+    views = {}
+    for i, vc in enumerate(vcs):
+        used = usage.get(vc.name, Held())
+        views[vc.name] = {
             "name": vc.name,
             "description": vc.description,
             "gpuQuota": vc.gpu_quota,
-            "resourcesUsed": _used(usage.get(vc.name, Held())),
-            "gpuFree": None if vc.gpu_quota is None
-            else max(0, vc.gpu_quota - len(usage.get(vc.name, Held()).gpus)),
+            "resourcesUsed": {"GPUs": len(used.gpus), "CPUs": used.cpus,
+                              "memoryMB": used.memory_mb, "tasks": used.tasks},
+            "gpuFree": None if vc.gpu_quota is None else max(0, vc.gpu_quota - len(used.gpus)),
             "waitingJobs": counts[2 * i],
             "runningJobs": counts[2 * i + 1],
             "allowedCapabilities": vc.allowed_capabilities,
         }
-        for i, vc in enumerate(vcs)
-    }
-
-
-def _used(vc_held: Held) -> dict[str, int]:
-    return {"GPUs": len(vc_held.gpus), "CPUs": vc_held.cpus, "memoryMB": vc_held.memory_mb,
-            "tasks": vc_held.tasks}
+    return views
 
 
 def _vc_or_404(name: str) -> VirtualCluster:
