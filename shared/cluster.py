@@ -10,6 +10,7 @@ on the boundary of "lost" and on what "used" means.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -102,3 +103,14 @@ def placement_fits(node: Node, allocations: Iterable[Allocation],
 def can_ever_hold(node: Node, gpus: int, cpus: int, memory_mb: int) -> bool:
     """Would a task of this size fit on the node if it were empty?"""
     return len(node.gpus) >= gpus and node.cpus >= cpus and node.memory_mb >= memory_mb
+
+
+def gpu_type_matches(model: str, gpu_type: str) -> bool:
+    """Does a node whose GPUs are `model` serve a job asking for `gpu_type`?
+
+    Case-insensitively, the whole model name or one of its words: `V100`
+    matches "Tesla V100-SXM2-32GB", as OpenPAI users name GPU types by their
+    generation; `V10` does not.
+    """
+    wanted, model = gpu_type.strip().lower(), model.strip().lower()
+    return bool(wanted) and (wanted == model or wanted in re.split(r"[^a-z0-9]+", model))

@@ -81,6 +81,10 @@ class JobSpec:
     code_dir: str = ""
     job_envs: dict[str, Any] = field(default_factory=dict)
     gpu_type: str | None = None
+    priority_class: str = "test"  # shared/priority.py
+    # How long a preempted task has between SIGTERM and SIGKILL (None: the
+    # platform's default; never above the admin's maximum)
+    preemption_grace_seconds: int | None = None
     # Added to the container only if the VC's allow-list names them (shared/capabilities.py).
     capabilities: tuple[str, ...] = ()
 
@@ -125,6 +129,8 @@ class JobSpec:
             code_dir=config.get("codeDir") or "",
             job_envs=dict(config.get("jobEnvs") or {}),
             gpu_type=config.get("gpuType"),
+            priority_class=config.get("jobPriorityClass") or "test",
+            preemption_grace_seconds=config.get("preemptionGracePeriodSec"),
             capabilities=tuple((config.get("extras") or {}).get("capabilities") or ()),
         )
 
@@ -160,6 +166,16 @@ class Job:
     # The owner's immutable id (accounts.User.uid): a later user of the same
     # name is not this job's owner.
     user_id: str = ""
+    priority: str = "test"  # its priority class (shared/priority.py)
+    # While placed: whether it runs on its VC's guarantee or on borrowed GPUs
+    mode: str = ""
+    # Set while the current attempt is being preempted: for which job, and
+    # when its grace period ends (then it is stopped hard)
+    preempted_by: str = ""
+    preempt_deadline_ms: int | None = None
+    preemptions: int = 0  # attempts ended by preemption (never charged)
+    # Why it waits, as data (JSON of scheduler.policy.Waiting); "" while placed
+    waiting: str = ""
 
     def to_fields(self) -> dict[str, str]:
         """The job's Redis hash fields (config is stored beside them)."""
@@ -191,6 +207,12 @@ class Job:
             gpus=int(fields.get("gpus") or 0),
             started_ms=opt_int("started_ms"),
             user_id=fields.get("user_id", ""),
+            priority=fields.get("priority") or "test",
+            mode=fields.get("mode", ""),
+            preempted_by=fields.get("preempted_by", ""),
+            preempt_deadline_ms=opt_int("preempt_deadline_ms"),
+            preemptions=int(fields.get("preemptions") or 0),
+            waiting=fields.get("waiting", ""),
         )
 
 
@@ -240,6 +262,7 @@ class Attempt:
     exit_code: int | None = None
     reason: str = ""
     platform_failure: bool = False
+    preempted_by: str = ""  # the job it made room for, when preempted
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -256,6 +279,9 @@ class Gpu:
     uuid: str = ""
     model: str = ""
     memory_mb: int = 0
+    # GPUs of one node sharing an NVLink/switch domain have the same group
+    # (from NVML's topology, or declared for virtual GPUs); None: unknown
+    group: int | None = None
 
 
 @dataclass

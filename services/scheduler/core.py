@@ -2,26 +2,30 @@
 
 A job is placed whole or not at all: every task gets concrete GPU indices,
 CPUs, memory and ports on one node, or the job keeps waiting with a
-human-readable reason built from structured shortfalls.
+human-readable reason built from structured shortfalls. What to place, in
+which order, and whom to preempt is the policy's (services/scheduler/policy.py);
+this module only answers "does this gang fit, and where".
 
 Nodes are indexed by free GPU count, so finding a best-fit node for a task
 looks at the buckets from the task's GPU count upwards instead of scanning
 every node; within a bucket each scan resumes where the last one for the same
 requirement stopped, so a pass looks at each node about once per distinct
 task requirement, not once per task. A job shape that failed once in a pass
-fails fast for every later job of that shape.
+fails fast for every later job of that shape (the policy keeps that cache,
+keyed by `JobRequest.fit_key`).
 """
 
 from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from shared.cluster import held
+from shared.cluster import gpu_type_matches, held
 from shared.models import Allocation, JobSpec, Node, TaskPlacement
+from shared.priority import PriorityClass
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,17 @@ class TaskRequest:
             self.__dict__["_requirement"] = need
         return need
 
+    @property
+    def fit(self) -> tuple[tuple[int, int, int, int], tuple[tuple[int, int], ...]]:
+        """Everything that decides where the task fits: its shape and, per port
+        request, how many from where (two tasks alike in shape but not in
+        `beginAt` do not fit alike)."""
+        fit = self.__dict__.get("_fit")
+        if fit is None:
+            fit = (self.shape, tuple(sorted((p.count, p.begin_at) for p in self.ports)))
+            self.__dict__["_fit"] = fit
+        return fit  # type: ignore[no-any-return]
+
 
 @dataclass(frozen=True)
 class JobRequest:
@@ -70,6 +85,9 @@ class JobRequest:
     attempt: int
     tasks: tuple[TaskRequest, ...]
     vc: str = "default"
+    priority: PriorityClass = PriorityClass.TEST
+    seq: int = 0  # submit order (the job's queue sequence)
+    gpu_type: str | None = None
 
     @property
     def gpus(self) -> int:
@@ -88,8 +106,19 @@ class JobRequest:
             self.__dict__["_shape"] = shape
         return shape
 
+    @property
+    def fit_key(self) -> tuple[object, ...]:
+        """Jobs equal in this fit alike on any cluster: task shapes with their
+        port `beginAt`s, and the GPU type."""
+        key: tuple[object, ...] | None = self.__dict__.get("_fit_key")
+        if key is None:
+            key = (tuple(sorted(t.fit for t in self.tasks)), self.gpu_type)
+            self.__dict__["_fit_key"] = key
+        return key
 
-def job_request(job_id: str, version: int, attempt: int, spec: JobSpec) -> JobRequest:
+
+def job_request(job_id: str, version: int, attempt: int, spec: JobSpec,
+                seq: int = 0) -> JobRequest:
     tasks = tuple(
         TaskRequest(
             role=role.name, index=i, cpus=role.cpu_number, memory_mb=role.memory_mb,
@@ -98,7 +127,8 @@ def job_request(job_id: str, version: int, attempt: int, spec: JobSpec) -> JobRe
         )
         for role in spec.task_roles for i in range(role.task_number)
     )
-    return JobRequest(job_id, version, attempt, tasks, spec.virtual_cluster)
+    return JobRequest(job_id, version, attempt, tasks, spec.virtual_cluster,
+                      PriorityClass.parse(spec.priority_class), seq, spec.gpu_type or None)
 
 
 @dataclass(frozen=True)
@@ -120,6 +150,8 @@ class Shortfall:
         if self.resource == "node":
             return (f"{who}needs {self.node} together on one node; "
                     "no node has all of them free")
+        if self.resource == "gpu_type":
+            return f"no live node has GPUs of type {self.node}"
         if self.resource == "tasks":
             return (f"the gang of {self.requested} tasks does not fit at once: "
                     f"only {self.free} can be placed together now")
@@ -145,6 +177,39 @@ class NodeFree:
     # Every port from the range's start up to here is used: the lowest free
     # one is not below it (ports are only taken during a pass).
     port_hint: int = field(default=0, repr=False, compare=False)
+    gpu_model: str = ""
+    # GPU index -> the NVLink/switch group it shares with its peers (absent:
+    # no topology known, every GPU alike)
+    gpu_groups: Mapping[int, int] | None = None
+    # The node's whole size, for reservations (what it will have once its
+    # running tasks end): every GPU index, CPUs, memory MB. Empty: use free.
+    all_gpus: tuple[int, ...] = ()
+    cpus: int = 0
+    memory_mb: int = 0
+
+    def emptied(self) -> NodeFree:
+        """The node as it will be when everything on it has ended."""
+        return NodeFree(self.name, self.ip, list(self.all_gpus or self.free_gpus),
+                        self.cpus or self.free_cpus, self.memory_mb or self.free_memory_mb,
+                        self.port_range, set(), 0, self.gpu_model, self.gpu_groups,
+                        self.all_gpus, self.cpus, self.memory_mb)
+
+    def take_gpus(self, count: int) -> tuple[int, ...]:
+        """`count` free GPUs, from one topology group when one can hold them
+        all (the fullest such group, keeping emptier groups whole)."""
+        free = self.free_gpus
+        chosen = free[:count]
+        groups = self.gpu_groups
+        if groups and count > 1:
+            members: dict[int, list[int]] = {}
+            for gpu in free:
+                members.setdefault(groups.get(gpu, -1), []).append(gpu)
+            fitting = [m for m in members.values() if len(m) >= count]
+            if fitting:
+                chosen = min(fitting, key=lambda m: (len(m), m[0]))[:count]
+        taken = set(chosen)
+        free[:] = [g for g in free if g not in taken]
+        return tuple(chosen)
 
     def free_port_count(self) -> int:
         low, high = self.port_range
@@ -173,10 +238,14 @@ class NodeFree:
 def free_view(node: Node, allocations: Iterable[Allocation]) -> NodeFree:
     """A live node's free resources given what its allocations hold."""
     used = held(allocations)
+    groups = {g.index: g.group for g in node.gpus if g.group is not None}
     return NodeFree(
         name=node.name, ip=node.ip, free_gpus=used.free_gpus(node),
         free_cpus=node.cpus - used.cpus, free_memory_mb=node.memory_mb - used.memory_mb,
         port_range=node.port_range, used_ports=set(used.ports),
+        gpu_model=node.gpus[0].model if node.gpus else "", gpu_groups=groups or None,
+        all_gpus=tuple(sorted(g.index for g in node.gpus)), cpus=node.cpus,
+        memory_mb=node.memory_mb,
     )
 
 
@@ -197,8 +266,8 @@ class _Bucket:
     def __init__(self) -> None:
         self.slots: list[str | None] = []
         self.position: dict[str, int] = {}
-        # (cpus, memory MB, ports) -> first slot that may fit it
-        self.frontiers: dict[tuple[int, int, int], int] = {}
+        # ((cpus, memory MB, ports), GPU type) -> first slot that may fit it
+        self.frontiers: dict[tuple[tuple[int, int, int], str | None], int] = {}
         self.holes = 0
 
     def enter(self, name: str) -> None:
@@ -224,42 +293,49 @@ class _Bucket:
         self.slots, self.holes = kept, 0
         self.frontiers = {need: alive_before[at] for need, at in self.frontiers.items()}
 
-    def _start(self, need: tuple[int, int, int]) -> int:
+    def _start(self, need: tuple[int, int, int], gpu_type: str | None) -> int:
         """Where a scan for `need` may begin: past every node known to fail it,
-        or to fail a requirement it is at least as large as."""
-        start = self.frontiers.get(need)
+        or to fail a requirement it is at least as large as (of any GPU type,
+        or of the same one)."""
+        start = self.frontiers.get((need, gpu_type))
         if start is None:
             cpus, memory, ports = need
-            start = max((at for (c, m, p), at in self.frontiers.items()
-                         if c <= cpus and m <= memory and p <= ports), default=0)
+            start = max((at for ((c, m, p), kind), at in self.frontiers.items()
+                         if c <= cpus and m <= memory and p <= ports
+                         and (kind is None or kind == gpu_type)), default=0)
         return start
 
-    def first_fit(self, need: tuple[int, int, int], nodes: Mapping[str, NodeFree]
-                  ) -> NodeFree | None:
+    def first_fit(self, need: tuple[int, int, int], nodes: Mapping[str, NodeFree],
+                  gpu_type: str | None = None) -> NodeFree | None:
         if not self.position:
             return None
         cpus, memory, ports = need
         slots = self.slots
-        for i in range(self._start(need), len(slots)):
+        for i in range(self._start(need, gpu_type), len(slots)):
             name = slots[i]
             if name is None:
                 continue
             node = nodes[name]
             if node.free_cpus >= cpus and node.free_memory_mb >= memory \
-                    and node.free_port_count() >= ports:
-                self.frontiers[need] = i
+                    and node.free_port_count() >= ports \
+                    and (gpu_type is None or gpu_type_matches(node.gpu_model, gpu_type)):
+                self.frontiers[need, gpu_type] = i
                 return node
-        self.frontiers[need] = len(slots)
+        self.frontiers[need, gpu_type] = len(slots)
         return None
 
 
 class Cluster:
     """Free resources of the live nodes, indexed by free GPU count."""
 
-    def __init__(self, nodes: Iterable[NodeFree]) -> None:
+    def __init__(self, nodes: Iterable[NodeFree], *, by_name: bool = True) -> None:
+        """`by_name`: nodes of equal free GPUs are tried in name order; else
+        in the order given (a reservation prefers the nodes freest now)."""
         self.nodes = {n.name: n for n in nodes}
         self.buckets: list[_Bucket] = [_Bucket() for _ in range(self._bucket_count())]
-        for node in sorted(self.nodes.values(), key=lambda n: n.name):
+        ordered = sorted(self.nodes.values(), key=lambda n: n.name) if by_name \
+            else self.nodes.values()
+        for node in ordered:
             self.buckets[len(node.free_gpus)].enter(node.name)
 
     def _bucket_count(self) -> int:
@@ -271,19 +347,32 @@ class Cluster:
             self.buckets[before].leave(node.name)
             self.buckets[after].enter(node.name)
 
-    def best_fit(self, task: TaskRequest) -> NodeFree | None:
-        """The node that fits the task with the fewest GPUs left over.
+    def best_fit(self, task: TaskRequest, gpu_type: str | None = None) -> NodeFree | None:
+        """The node that fits the task with the fewest GPUs left over (of the
+        GPU type, when one is asked for).
 
         Within a bucket, the first node (in the order the nodes entered it,
         by name at first) that fits; GPU-less tasks start at the bucket of
         nodes with no free GPUs, keeping GPUs for the tasks that need them.
         """
         need = task.requirement
+        if not task.gpus:
+            gpu_type = None  # a CPU-only task does not care what GPUs a node has
         for count in range(task.gpus, len(self.buckets)):
-            node = self.buckets[count].first_fit(need, self.nodes)
+            node = self.buckets[count].first_fit(need, self.nodes, gpu_type)
             if node is not None:
                 return node
         return None
+
+    def remove(self, names: Iterable[str]) -> dict[str, NodeFree]:
+        """Take nodes out of this pass (reserved for a job); returned as they were."""
+        taken = {}
+        for name in names:
+            node = self.nodes.pop(name, None)
+            if node is not None:
+                self.buckets[len(node.free_gpus)].leave(name)
+                taken[name] = node
+        return taken
 
     def assign(self, node: NodeFree, task: TaskRequest) -> TaskPlacement:
         """Take the task's resources on the node. Ports come first: a port
@@ -293,8 +382,7 @@ class Cluster:
         for request in task.ports:
             ports[request.label] = node.take_ports(request.count, request.begin_at)
         before = len(node.free_gpus)
-        gpus = tuple(node.free_gpus[:task.gpus])
-        del node.free_gpus[:task.gpus]
+        gpus = node.take_gpus(task.gpus)
         node.free_cpus -= task.cpus
         node.free_memory_mb -= task.memory_mb
         self._move(node, before)
@@ -309,8 +397,12 @@ class Cluster:
             self.buckets[len(current.free_gpus)].leave(name)
             self.buckets[len(node.free_gpus)].enter(name)
 
-    def shortfall(self, task: TaskRequest) -> Shortfall:
+    def shortfall(self, task: TaskRequest, gpu_type: str | None = None) -> Shortfall:
         nodes = list(self.nodes.values())
+        if gpu_type and task.gpus:
+            nodes = [n for n in nodes if gpu_type_matches(n.gpu_model, gpu_type)]
+            if not nodes:
+                return Shortfall("gpu_type", task.gpus, 0, role=task.role, node=gpu_type)
         checks = (
             ("gpus", task.gpus, max((len(n.free_gpus) for n in nodes), default=0)),
             ("cpus", task.cpus, max((n.free_cpus for n in nodes), default=0)),
@@ -325,9 +417,10 @@ class Cluster:
                          node=f"{task.gpus} GPUs, {task.cpus} CPUs, {task.memory_mb} MB")
 
 
-def _copy(node: NodeFree) -> NodeFree:
+def copy_node(node: NodeFree) -> NodeFree:
     return NodeFree(node.name, node.ip, list(node.free_gpus), node.free_cpus,
-                    node.free_memory_mb, node.port_range, set(node.used_ports), node.port_hint)
+                    node.free_memory_mb, node.port_range, set(node.used_ports), node.port_hint,
+                    node.gpu_model, node.gpu_groups, node.all_gpus, node.cpus, node.memory_mb)
 
 
 @dataclass(frozen=True)
@@ -347,18 +440,19 @@ def place_gang(cluster: Cluster, request: JobRequest) -> GangResult:
     order = sorted(request.tasks, key=lambda t: (-t.gpus, -t.cpus, -t.memory_mb, t.role, t.index))
     touched: dict[str, NodeFree] = {}
     placements: list[TaskPlacement] = []
+    gpu_type = request.gpu_type
     for task in order:
-        node = cluster.best_fit(task)
+        node = cluster.best_fit(task, gpu_type)
         if node is None:
             cluster.restore(touched)
             # Judge against the cluster as it was: if the task fits alone,
             # it is the gang as a whole that does not.
-            if placements and cluster.best_fit(task) is not None:
+            if placements and cluster.best_fit(task, gpu_type) is not None:
                 return GangResult(shortfall=Shortfall("tasks", len(request.tasks),
                                                       len(placements)))
-            return GangResult(shortfall=cluster.shortfall(task))
+            return GangResult(shortfall=cluster.shortfall(task, gpu_type))
         if node.name not in touched:
-            touched[node.name] = _copy(node)
+            touched[node.name] = copy_node(node)
         try:
             placements.append(cluster.assign(node, task))
         except PortsExhausted as error:
@@ -367,12 +461,6 @@ def place_gang(cluster: Cluster, request: JobRequest) -> GangResult:
             return GangResult(shortfall=Shortfall("ports", task.shape[3], 0, role=task.role,
                                                   node=str(error)))
     return GangResult(placements=tuple(placements))
-
-
-@dataclass
-class PassPlan:
-    placed: list[tuple[JobRequest, tuple[TaskPlacement, ...]]] = field(default_factory=list)
-    waiting: dict[str, str] = field(default_factory=dict)  # job id -> reason
 
 
 _gc_lock = threading.Lock()
@@ -403,45 +491,3 @@ def paused_gc() -> Iterator[None]:
             _gc_pausers -= 1
             if _gc_pausers == 0 and _gc_was_enabled:
                 gc.enable()
-
-
-def plan_pass(cluster: Cluster, queue: Sequence[JobRequest],
-              quotas: Mapping[str, int | None] | None = None,
-              used: Mapping[str, int] | None = None) -> PassPlan:
-    """Place queued jobs in order, greedily: a job that does not fit waits
-    and later, smaller jobs may still start (backfill). A job whose virtual
-    cluster's GPU quota it would overrun waits whatever the nodes have."""
-    with paused_gc():
-        return _plan_pass(cluster, queue, quotas, used)
-
-
-def _plan_pass(cluster: Cluster, queue: Sequence[JobRequest],
-               quotas: Mapping[str, int | None] | None,
-               used: Mapping[str, int] | None) -> PassPlan:
-    plan = PassPlan()
-    quotas = quotas or {}
-    vc_used: dict[str, int] = dict(used or {})
-    failed_shapes: dict[tuple[tuple[int, int, int, int], ...], str] = {}
-    for request in queue:
-        quota = quotas.get(request.vc)
-        if quota is not None and vc_used.get(request.vc, 0) + request.gpus > quota:
-            plan.waiting[request.job_id] = (
-                f"virtual cluster {request.vc} is at its quota: {vc_used.get(request.vc, 0)} "
-                f"of {quota} GPUs in use; the job needs {request.gpus}")
-            continue
-        shape = request.shape
-        known = failed_shapes.get(shape)
-        if known is not None:
-            plan.waiting[request.job_id] = known
-            continue
-        result = place_gang(cluster, request)
-        if result.placed:
-            plan.placed.append((request, result.placements))
-            vc_used[request.vc] = vc_used.get(request.vc, 0) + request.gpus
-        else:
-            assert result.shortfall is not None
-            reason = ("no node has reported in yet" if not cluster.nodes
-                      else result.shortfall.describe())
-            failed_shapes[shape] = reason
-            plan.waiting[request.job_id] = reason
-    return plan

@@ -1,0 +1,525 @@
+"""The scheduling policy: a snapshot in, decisions out. No IO, no clock.
+
+What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
+
+- **Guarantees.** A VC's `gpuQuota` is guaranteed. A queued job that fits in
+  what its VC's guarantee has left (counting only running work of its class
+  or higher) is *guaranteed*; any other job, and every `oppo` job, may only
+  *borrow* GPUs no guaranteed work wants, unless its VC forbids borrowing.
+- **Order.** Guaranteed work is placed first, then borrowing work. In each
+  phase the VCs take turns by how much of their guarantee they use (the VC
+  furthest below it first); within a VC, class then submit order
+  (`shared.priority.queue_order`).
+- **Preemption.** A guaranteed job that does not fit may take the place of
+  borrowed work, or of its own VC's lower-class work: the fewest victims,
+  borrowed first, lowest class, youngest. Victims get a grace period; the
+  job waits for them on the nodes it will use (reserved meanwhile). A
+  victim is never chosen for a job that could itself be preempted.
+- **Reservations.** The first job of each VC (per phase) that does not fit
+  reserves the nodes it will use; later jobs of the pass backfill only on
+  other nodes, so a stream of small jobs cannot starve a big one.
+- **Explanations.** Every job left waiting gets a reason code, a message,
+  what blocks it and, when it can be known, an estimated start.
+
+The scheduler service feeds it Redis's records; bench/sim.py feeds it a
+trace with simulated time. Both run exactly this code.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from services.scheduler.core import (
+    Cluster,
+    JobRequest,
+    NodeFree,
+    copy_node,
+    paused_gc,
+    place_gang,
+)
+from shared.cluster import gpu_type_matches
+from shared.models import Allocation, TaskPlacement
+from shared.priority import PriorityClass, queue_order
+
+GUARANTEED = "guaranteed"
+BORROWED = "borrowed"
+DEFAULT_VC = "default"
+
+# Reason codes of a waiting job (jobStatus.waiting.reason)
+NO_NODES = "NoNodes"
+UNSCHEDULABLE = "Unschedulable"  # no node could ever hold it as the cluster is
+NO_GPU_TYPE = "GpuTypeUnavailable"
+INSUFFICIENT = "InsufficientResources"
+RESERVED = "ReservedForOtherJob"
+PREEMPTING = "WaitingForPreemption"
+QUOTA = "QuotaExceeded"  # beyond its VC's guarantee, and the VC does not borrow
+
+MAX_VICTIM_CANDIDATES = 256
+
+
+@dataclass(frozen=True)
+class VcPolicy:
+    guarantee: int
+    borrowing: bool = True
+
+
+def vc_policies(quotas: Mapping[str, int | None], borrowing: Mapping[str, bool],
+                total_gpus: int) -> dict[str, VcPolicy]:
+    """Each VC's guarantee: its `gpuQuota` (none: 0). The `default` VC, unless
+    given a quota of its own, is guaranteed what the others leave."""
+    guarantee = {name: quota or 0 for name, quota in quotas.items()}
+    if quotas.get(DEFAULT_VC) is None:
+        others = sum(g for name, g in guarantee.items() if name != DEFAULT_VC)
+        guarantee[DEFAULT_VC] = max(0, total_gpus - others)
+    return {name: VcPolicy(g, borrowing.get(name, True)) for name, g in guarantee.items()}
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A placed job as the policy weighs it: what it holds and how it stands."""
+
+    job_id: str
+    vc: str
+    priority: PriorityClass
+    mode: str  # GUARANTEED or BORROWED
+    started_ms: int  # youngest is preempted first
+    allocations: tuple[Allocation, ...]
+    version: int = 0
+    attempt: int = 0
+    grace_ms: int = 30_000
+    # Being preempted already: for whom, and when its grace period ends
+    preempted_by: str = ""
+    preempt_deadline_ms: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(a.gpus) for a in self.allocations)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """What holds a waiting job: kind is quota, reservation, job, resources,
+    nodes or gpuType; name says which."""
+
+    kind: str
+    name: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name}
+
+
+@dataclass(frozen=True)
+class Waiting:
+    reason: str
+    message: str
+    blocked_by: tuple[Blocker, ...] = ()
+    estimated_start_ms: int | None = None
+    position: int = 0  # in its VC's queue, 1 = next
+
+    def to_dict(self) -> dict[str, object]:
+        """The stored explanation (position is read live from the VC's queue)."""
+        return {"reason": self.reason, "message": self.message,
+                "blockedBy": [b.to_dict() for b in self.blocked_by],
+                "estimatedStartTime": self.estimated_start_ms}
+
+
+@dataclass(frozen=True)
+class Placed:
+    request: JobRequest
+    placements: tuple[TaskPlacement, ...]
+    mode: str
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victim: RunningJob
+    by: str  # the job it makes room for
+
+
+@dataclass
+class Plan:
+    placed: list[Placed] = field(default_factory=list)
+    preempt: list[Preemption] = field(default_factory=list)
+    # running jobs whose standing changed (promoted into, or pushed out of,
+    # their VC's guarantee): job id -> new mode
+    modes: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+    reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def order_key(request: JobRequest) -> float:
+    return queue_order(request.priority, request.seq)
+
+
+class _Standing:
+    """Per VC: its guarantee, what it holds, and its guaranteed GPUs by class."""
+
+    def __init__(self, vcs: Mapping[str, VcPolicy]) -> None:
+        self.vcs = vcs
+        self.used: dict[str, int] = {}
+        self.by_class: dict[str, list[int]] = {}  # VC -> guaranteed GPUs per class
+        self.demotable: dict[str, list[RunningJob]] = {}  # running guaranteed work
+
+    def policy(self, vc: str) -> VcPolicy:
+        return self.vcs.get(vc) or VcPolicy(0, True)
+
+    def share(self, vc: str) -> float:
+        """How much of its guarantee a VC uses: the lowest goes first. A VC
+        with no guarantee comes after every VC with one."""
+        guarantee = self.policy(vc).guarantee
+        used = self.used.get(vc, 0)
+        return used / guarantee if guarantee else 1e18 + used
+
+    def guaranteed_gpus(self, vc: str, at_least: PriorityClass = PriorityClass.OPPO) -> int:
+        return sum(self.by_class.get(vc, (0, 0, 0))[at_least:])
+
+    def count(self, vc: str, priority: PriorityClass, gpus: int) -> None:
+        self.by_class.setdefault(vc, [0, 0, 0])[priority] += gpus
+
+    def fits_guarantee(self, request: JobRequest) -> bool:
+        if request.priority == PriorityClass.OPPO:
+            return False
+        return (self.guaranteed_gpus(request.vc, request.priority) + request.gpus
+                <= self.policy(request.vc).guarantee)
+
+
+def plan(cluster: Cluster, queue: Sequence[JobRequest], running: Sequence[RunningJob],
+         vcs: Mapping[str, VcPolicy], now_ms: int) -> Plan:
+    """One pass's decisions. `cluster` holds the free resources of the nodes
+    that may take work (live, schedulable) and is used up as jobs are placed."""
+    with paused_gc():
+        return _Pass(cluster, queue, running, vcs, now_ms).run()
+
+
+class _Pass:
+    def __init__(self, cluster: Cluster, queue: Sequence[JobRequest],
+                 running: Sequence[RunningJob], vcs: Mapping[str, VcPolicy],
+                 now_ms: int) -> None:
+        self.cluster = cluster
+        self.queue = queue
+        self.running = running
+        self.now_ms = now_ms
+        self.standing = _Standing(vcs)
+        self.out = Plan()
+        self.reserved: dict[str, NodeFree] = {}  # node -> as it was when reserved
+        self.reserved_for: dict[str, str] = {}  # node -> job id
+        self.never: dict[tuple[object, ...], Waiting | None] = {}
+        self.failed: dict[tuple[object, ...], Waiting] = {}  # fit key -> why
+        self.no_victims: set[tuple[object, ...]] = set()
+        # every node that may take work, empty, for "could it ever fit"
+        self.all_nodes = [n.emptied() for n in cluster.nodes.values()]
+        self.empty: Cluster | None = None  # all_nodes, for trial placements
+        self.held_by: dict[tuple[object, ...], list[str]] = {}
+        self.victim_pool = [r for r in running if not r.preempted_by]
+        self.preempting_for: dict[str, list[RunningJob]] = {}
+        for r in running:
+            if r.preempted_by:
+                self.preempting_for.setdefault(r.preempted_by, []).append(r)
+
+    # ------------------------------------------------------------ standing
+
+    def _settle_standing(self) -> None:
+        """Guarantees as the running work stands: promote borrowed work that
+        now fits its VC's guarantee, demote the lowest work that does not."""
+        standing = self.standing
+        by_vc: dict[str, list[RunningJob]] = {}
+        for r in self.running:
+            standing.used[r.vc] = standing.used.get(r.vc, 0) + r.gpus
+            if not r.preempted_by:  # leaving: its guarantee is free for others
+                by_vc.setdefault(r.vc, []).append(r)
+        for vc, jobs in by_vc.items():
+            guarantee = standing.policy(vc).guarantee
+            kept: list[RunningJob] = []
+            total = 0
+            for r in sorted(jobs, key=lambda r: (-r.priority, r.mode != GUARANTEED,
+                                                 r.started_ms, r.job_id)):
+                fits = r.priority != PriorityClass.OPPO and total + r.gpus <= guarantee
+                if fits:
+                    kept.append(r)
+                    total += r.gpus
+                    standing.count(vc, r.priority, r.gpus)
+                mode = GUARANTEED if fits else BORROWED
+                if mode != r.mode:
+                    self.out.modes[r.job_id] = mode
+            standing.demotable[vc] = kept
+
+    def _mode(self, r: RunningJob) -> str:
+        return self.out.modes.get(r.job_id, r.mode)
+
+    def _admit(self, placed: Placed) -> None:
+        """Count a placed job; guaranteed work pushes its VC's lowest
+        guaranteed running work out to borrowed if the guarantee would
+        overflow (it is then the first to make room for others)."""
+        standing, request = self.standing, placed.request
+        standing.used[request.vc] = standing.used.get(request.vc, 0) + request.gpus
+        if placed.mode != GUARANTEED:
+            return
+        standing.count(request.vc, request.priority, request.gpus)
+        guarantee = standing.policy(request.vc).guarantee
+        kept = standing.demotable.get(request.vc, [])
+        for work in sorted(kept, key=lambda r: (r.priority, -r.started_ms)):
+            if standing.guaranteed_gpus(request.vc) <= guarantee:
+                break
+            kept.remove(work)
+            standing.count(request.vc, work.priority, -work.gpus)
+            self.out.modes[work.job_id] = BORROWED
+
+    # ---------------------------------------------------------------- pass
+
+    def run(self) -> Plan:
+        self._settle_standing()
+        by_vc: dict[str, list[JobRequest]] = {}
+        for request in sorted(self.queue, key=order_key):
+            by_vc.setdefault(request.vc, []).append(request)
+        borrowing: dict[str, list[JobRequest]] = {}
+        # Guaranteed work first; what it leaves, and what it would take from
+        # no one, goes to the jobs that borrow.
+        self._phase(by_vc, guaranteed_phase=True, deferred=borrowing)
+        self._phase(borrowing, guaranteed_phase=False, deferred={})
+        self._positions(by_vc)
+        return self.out
+
+    def _phase(self, by_vc: Mapping[str, list[JobRequest]], *, guaranteed_phase: bool,
+               deferred: dict[str, list[JobRequest]]) -> None:
+        """Take the VCs' queues in turns, the VC furthest below its guarantee
+        first, one job per turn."""
+        heap = [(self.standing.share(vc), vc, 0) for vc in by_vc]
+        heapq.heapify(heap)
+        blocked_head: set[str] = set()
+        for _ in range(sum(len(q) for q in by_vc.values())):
+            if not heap:
+                break
+            _, vc, at = heapq.heappop(heap)
+            request = by_vc[vc][at]
+            if at + 1 < len(by_vc[vc]):
+                heapq.heappush(heap, (self.standing.share(vc), vc, at + 1))
+            if guaranteed_phase and not self.standing.fits_guarantee(request):
+                if self.standing.policy(vc).borrowing:
+                    deferred.setdefault(vc, []).append(request)
+                else:
+                    self.out.waiting[request.job_id] = self._quota_wait(request)
+                continue
+            mode = GUARANTEED if guaranteed_phase else BORROWED
+            shortfall = self._try_place(request, mode)
+            if shortfall is None:
+                heap = [(self.standing.share(v), v, a) for _, v, a in heap]
+                heapq.heapify(heap)
+                continue
+            head = vc not in blocked_head
+            blocked_head.add(vc)
+            self.out.waiting[request.job_id] = self._wait(request, shortfall,
+                                                          guaranteed_phase, head)
+
+    # ------------------------------------------------------------ placing
+
+    def _try_place(self, request: JobRequest, mode: str) -> Waiting | None:
+        """Place the job on free, unreserved resources; else why not. A fit
+        that failed once fails for every later job alike in this pass (the
+        free resources only shrink)."""
+        why = self.failed.get(request.fit_key)
+        if why is not None:
+            return why
+        result = place_gang(self.cluster, request)
+        if result.shortfall is not None:
+            why = Waiting(INSUFFICIENT, result.shortfall.describe(),
+                          (Blocker("resources", result.shortfall.resource),))
+            self.failed[request.fit_key] = why
+            return why
+        placed = Placed(request, result.placements, mode)
+        self.out.placed.append(placed)
+        self._admit(placed)
+        return None
+
+    def _wait(self, request: JobRequest, why: Waiting, guaranteed: bool,
+              head: bool) -> Waiting:
+        """Why the job cannot start now, and what this pass does about it:
+        preempt for it (guaranteed work), or reserve its nodes (a VC's head)."""
+        never = self._never(request)
+        if never is not None:
+            return never
+        victims = self.preempting_for.get(request.job_id)
+        if victims:
+            return self._await_victims(request, victims)
+        if guaranteed and request.fit_key not in self.no_victims:
+            chosen = self._choose_victims(request)
+            if chosen:
+                for victim in chosen:
+                    self.out.preempt.append(Preemption(victim, request.job_id))
+                    self.victim_pool.remove(victim)
+                return self._await_victims(request, chosen)
+            self.no_victims.add(request.fit_key)
+        reserved_by = self._held_by_reservation(request)
+        if reserved_by:
+            return Waiting(RESERVED, "the resources it needs are reserved for "
+                           + ", ".join(reserved_by) + ", ahead of it",
+                           tuple(Blocker("reservation", j) for j in reserved_by))
+        if head:
+            nodes = self._reserve(request)
+            if nodes:
+                return Waiting(why.reason, why.message + "; reserved "
+                               + ", ".join(nodes) + " for it until they free up",
+                               why.blocked_by + tuple(Blocker("nodes", n) for n in nodes))
+        return why
+
+    def _never(self, request: JobRequest) -> Waiting | None:
+        """Why the job cannot run on these nodes even once they are empty."""
+        key = request.fit_key
+        if key not in self.never:
+            self.never[key] = self._judge_never(request)
+        return self.never[key]
+
+    def _judge_never(self, request: JobRequest) -> Waiting | None:
+        if not self.all_nodes:
+            return Waiting(NO_NODES, "no node has reported in yet (or every node is "
+                           "cordoned)", (Blocker("nodes", "none"),))
+        if request.gpu_type and request.gpus and not any(
+                gpu_type_matches(n.gpu_model, request.gpu_type) for n in self.all_nodes):
+            return Waiting(NO_GPU_TYPE, f"no live node has GPUs of type {request.gpu_type}",
+                           (Blocker("gpuType", request.gpu_type),))
+        if self.empty is None:
+            self.empty = Cluster(copy_node(n) for n in self.all_nodes)
+        result = place_gang(self.empty, request)
+        if result.placed:  # put the nodes back as they were: empty
+            touched = {p.node for p in result.placements}
+            self.empty.restore({n.name: copy_node(n) for n in self.all_nodes
+                                if n.name in touched})
+            return None
+        assert result.shortfall is not None
+        return Waiting(UNSCHEDULABLE, "it cannot fit even on empty nodes: "
+                       + result.shortfall.describe(),
+                       (Blocker("resources", result.shortfall.resource),))
+
+    def _quota_wait(self, request: JobRequest) -> Waiting:
+        vc = request.vc
+        guarantee = self.standing.policy(vc).guarantee
+        used = self.standing.guaranteed_gpus(vc, request.priority)
+        if request.priority == PriorityClass.OPPO:
+            message = (f"oppo jobs run only on borrowed GPUs, and virtual cluster {vc} "
+                       "does not borrow")
+        else:
+            message = (f"virtual cluster {vc} uses {used} of its {guarantee} guaranteed GPUs "
+                       f"and does not borrow; the job needs {request.gpus}")
+        return Waiting(QUOTA, message, (Blocker("quota", vc),))
+
+    # ------------------------------------------------------- reservations
+
+    def _reserve(self, request: JobRequest) -> tuple[str, ...]:
+        """Set aside the nodes the job will use: those freest now that can
+        hold it once their tasks end. Later jobs of the pass do not get them."""
+        nodes = sorted(self.cluster.nodes.values(), key=lambda n: (-len(n.free_gpus), n.name))
+        empty = Cluster((n.emptied() for n in nodes), by_name=False)
+        result = place_gang(empty, request)
+        if not result.placed:
+            return ()
+        names = tuple(sorted({p.node for p in result.placements}))
+        self._take(names, request.job_id)
+        return names
+
+    def _take(self, names: Iterable[str], job_id: str) -> None:
+        for name, node in self.cluster.remove(names).items():
+            self.reserved[name] = node
+            self.reserved_for[name] = job_id
+        self.out.reservations[job_id] = tuple(sorted(
+            n for n, j in self.reserved_for.items() if j == job_id))
+
+    def _held_by_reservation(self, request: JobRequest) -> list[str]:
+        """The jobs whose reserved nodes could take this one now."""
+        if not self.reserved:
+            return []
+        key = (request.fit_key, len(self.reserved))
+        if key not in self.held_by:
+            result = place_gang(Cluster(copy_node(n) for n in self.reserved.values()), request)
+            self.held_by[key] = sorted({self.reserved_for[p.node]
+                                        for p in result.placements})
+        return self.held_by[key]
+
+    # --------------------------------------------------------- preemption
+
+    def _candidates(self, request: JobRequest) -> list[RunningJob]:
+        """Who may make room for a guaranteed job: borrowed work anywhere,
+        and lower-class work of its own VC; borrowed first, then lowest class,
+        then youngest."""
+        pool = [r for r in self.victim_pool
+                if self._mode(r) == BORROWED
+                or (r.vc == request.vc and r.priority < request.priority)]
+        pool.sort(key=lambda r: (self._mode(r) != BORROWED, r.priority, -r.started_ms,
+                                 r.job_id))
+        return pool[:MAX_VICTIM_CANDIDATES]
+
+    def _fits_without(self, request: JobRequest, victims: Sequence[RunningJob]) -> bool:
+        nodes = {name: copy_node(n) for name, n in self.cluster.nodes.items()}
+        for victim in victims:
+            for alloc in victim.allocations:
+                node = nodes.get(alloc.node)
+                if node is None:
+                    continue  # on a reserved or unschedulable node: no help
+                node.free_gpus = sorted(set(node.free_gpus) | set(alloc.gpus))
+                node.free_cpus += alloc.cpus
+                node.free_memory_mb += alloc.memory_mb
+                node.used_ports.difference_update(alloc.ports)
+                node.port_hint = 0
+        return place_gang(Cluster(nodes.values()), request).placed
+
+    def _choose_victims(self, request: JobRequest) -> list[RunningJob]:
+        """The fewest victims that make room, in preference order; none if
+        even all of them would not."""
+        pool = self._candidates(request)
+        free = sum(len(n.free_gpus) for n in self.cluster.nodes.values())
+        if free + sum(r.gpus for r in pool) < request.gpus:
+            return []
+        chosen: list[RunningJob] = []
+        for victim in pool:
+            chosen.append(victim)
+            free += victim.gpus
+            if free >= request.gpus and self._fits_without(request, chosen):
+                break
+        else:
+            return []
+        for victim in reversed(chosen[:-1]):  # drop any the rest make unneeded
+            rest = [v for v in chosen if v is not victim]
+            if self._fits_without(request, rest):
+                chosen = rest
+        return chosen
+
+    def _await_victims(self, request: JobRequest, victims: Sequence[RunningJob]) -> Waiting:
+        """The job waits for its victims to leave, on their nodes (reserved)."""
+        self._take({a.node for v in victims for a in v.allocations}, request.job_id)
+        deadlines = [v.preempt_deadline_ms or self.now_ms + v.grace_ms for v in victims]
+        names = sorted(v.job_id for v in victims)
+        return Waiting(PREEMPTING, "preempting " + ", ".join(names)
+                       + " to make room; it starts when they have stopped",
+                       tuple(Blocker("job", n) for n in names), max(deadlines))
+
+    # ---------------------------------------------------------- positions
+
+    def _positions(self, by_vc: Mapping[str, list[JobRequest]]) -> None:
+        waiting = self.out.waiting
+        for queue in by_vc.values():
+            position = 0
+            for request in queue:
+                why = waiting.get(request.job_id)
+                if why is not None:
+                    position += 1
+                    waiting[request.job_id] = Waiting(why.reason, why.message,
+                                                      why.blocked_by,
+                                                      why.estimated_start_ms, position)
+
+
+def fifo_plan(cluster: Cluster, queue: Sequence[JobRequest]) -> Plan:
+    """The baseline the trace simulator compares with: strict submit order,
+    no guarantees, no backfill (the first job that does not fit holds every
+    job behind it)."""
+    out = Plan()
+    blocked = False
+    with paused_gc():
+        for request in sorted(queue, key=lambda r: r.seq):
+            if not blocked:
+                result = place_gang(cluster, request)
+                if result.placed:
+                    out.placed.append(Placed(request, result.placements, GUARANTEED))
+                    continue
+                blocked = True
+            out.waiting[request.job_id] = Waiting(INSUFFICIENT, "waits its turn")
+    return out
