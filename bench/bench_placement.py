@@ -1,6 +1,6 @@
 """Placement: one scheduling pass of the pure core over a big queue.
 
-`services.scheduler.core.plan_pass` places a queue of jobs (gangs of up to
+`services.scheduler.policy.plan` places a queue of jobs (gangs of up to
 16 nodes, a seeded mix of shapes) on a cluster of 8-GPU nodes, with no IO:
 this is the scheduler's own cost, apart from reading Redis and committing.
 Two workloads at several sizes (nodes N, queue 10 x N):
@@ -44,9 +44,10 @@ from services.scheduler.core import (
     NodeFree,
     PortRequest,
     TaskRequest,
-    plan_pass,
 )
+from services.scheduler.policy import plan as plan_pass
 from services.scheduler.service import Scheduler
+from shared.cluster import VcPolicy, vc_policies
 from shared.config import Settings
 from shared.lifecycle import submit_job
 from shared.messaging import Messenger, make_celery
@@ -108,8 +109,17 @@ def make_queue(count: int, rng: random.Random) -> list[JobRequest]:
             f"user{i % 97:02d}~job-{i:06d}", 1, 0,
             tuple(TaskRequest("worker", t, cpus, memory, gpus, port_requests)
                   for t in range(tasks)),
-            vc=("default", "vision", "speech")[i % 3]))
+            vc=("default", "vision", "speech")[i % 3], seq=i))
     return queue
+
+
+def policies(nodes_count: int) -> dict[str, VcPolicy]:
+    """`vision` and `speech` are each guaranteed a quarter of the GPUs,
+    `default` the rest: the pass weighs guarantees and borrowing as it would
+    on a shared cluster."""
+    quarter = nodes_count * GPUS_PER_NODE // 4
+    return vc_policies({"default": None, "vision": quarter, "speech": quarter}, {},
+                       nodes_count * GPUS_PER_NODE)
 
 
 def measure(nodes_count: int, busy: bool) -> dict[str, Figure]:
@@ -131,12 +141,12 @@ def measure(nodes_count: int, busy: bool) -> dict[str, Figure]:
         index_samples.append(time.perf_counter() - start)
         cluster = Cluster(make_nodes(nodes_count, busy, random.Random(seed)))
         start = time.perf_counter()
-        plan = plan_pass(cluster, queue)
+        plan = plan_pass(cluster, queue, [], policies(nodes_count), 0)
         pass_samples.append(time.perf_counter() - start)
     assert plan is not None
     pass_s, index_s = min(pass_samples), min(index_samples)
     placed = len(plan.placed)
-    tasks = sum(len(p) for _, p in plan.placed)
+    tasks = sum(len(p.placements) for p in plan.placed)
     return {
         "queued": len(queue), "placed": placed, "tasks placed": tasks,
         "pass ms": pass_s * 1000, "placed/s": placed / pass_s,

@@ -18,12 +18,11 @@ from typing import Any
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from shared import keys
+from shared.cluster import DEFAULT_VC
 from shared.models import now_ms
 from shared.names import canonical_name
 from shared.offload import OffLoopHasher
 from shared.store import Pipe, Store
-
-DEFAULT_VC = "default"
 
 _hasher = OffLoopHasher()  # argon2 must not stall the API's gevent workers
 
@@ -68,11 +67,15 @@ class User:
 @dataclass
 class VirtualCluster:
     name: str
-    gpu_quota: int | None = None  # None: no limit
+    # GPUs guaranteed to its jobs (None: none, but `default` is guaranteed
+    # what the other VCs leave); see services/scheduler/policy.py
+    gpu_quota: int | None = None
     description: str = ""
     created_ms: int = 0
     # Capabilities its jobs may ask for (shared/capabilities.py); only admins set it.
     allowed_capabilities: list[str] = field(default_factory=list)
+    # May its jobs run beyond its guarantee on GPUs no one else's guarantee uses?
+    borrowing: bool = True
 
 
 def hash_password(password: str) -> str:
@@ -247,7 +250,8 @@ class Accounts:
         quota = fields.get("gpu_quota", "")
         return VirtualCluster(fields["name"], int(quota) if quota != "" else None,
                               fields.get("description", ""), int(fields.get("created_ms") or 0),
-                              json.loads(fields.get("allowed_capabilities") or "[]"))
+                              json.loads(fields.get("allowed_capabilities") or "[]"),
+                              fields.get("borrowing", "1") == "1")
 
     def get_vc(self, name: str) -> VirtualCluster | None:
         fields = self.r.hgetall(keys.vc(_key_name(name)))
@@ -276,7 +280,8 @@ class Accounts:
             pipe.hset(key, mapping={
                 "name": vc.name, "gpu_quota": "" if vc.gpu_quota is None else str(vc.gpu_quota),
                 "description": vc.description, "created_ms": str(vc.created_ms),
-                "allowed_capabilities": json.dumps(sorted(set(vc.allowed_capabilities)))})
+                "allowed_capabilities": json.dumps(sorted(set(vc.allowed_capabilities))),
+                "borrowing": "1" if vc.borrowing else "0"})
             pipe.sadd(keys.VCS, vc.name)
             return vc
 
@@ -295,9 +300,6 @@ class Accounts:
         for user in self.list_users():
             if name in user.virtual_clusters:
                 self._take_vc(user.username, name)
-
-    def gpu_quotas(self) -> dict[str, int | None]:
-        return {vc.name: vc.gpu_quota for vc in self.list_vcs()}
 
     # ------------------------------------------------------------- bootstrap
 

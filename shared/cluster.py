@@ -11,10 +11,15 @@ on the boundary of "lost" and on what "used" means.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shared.models import Allocation, Node, TaskPlacement
+
+DEFAULT_VC = "default"
+# How a placed job stands: on its VC's guarantee, or on borrowed GPUs
+GUARANTEED = "guaranteed"
+BORROWED = "borrowed"
 
 
 def node_is_live(heartbeat_ms: int, now_ms: int, lost_seconds: float) -> bool:
@@ -114,3 +119,20 @@ def gpu_type_matches(model: str, gpu_type: str) -> bool:
     """
     wanted, model = gpu_type.strip().lower(), model.strip().lower()
     return bool(wanted) and (wanted == model or wanted in re.split(r"[^a-z0-9]+", model))
+
+
+@dataclass(frozen=True)
+class VcPolicy:
+    guarantee: int
+    borrowing: bool = True
+
+
+def vc_policies(quotas: Mapping[str, int | None], borrowing: Mapping[str, bool],
+                total_gpus: int) -> dict[str, VcPolicy]:
+    """Each VC's guarantee: its `gpuQuota` (none: 0). The `default` VC, unless
+    given a quota of its own, is guaranteed what the others leave."""
+    guarantee = {name: quota or 0 for name, quota in quotas.items()}
+    if quotas.get(DEFAULT_VC) is None:
+        others = sum(g for name, g in guarantee.items() if name != DEFAULT_VC)
+        guarantee[DEFAULT_VC] = max(0, total_gpus - others)
+    return {name: VcPolicy(g, borrowing.get(name, True)) for name, g in guarantee.items()}

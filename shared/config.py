@@ -135,6 +135,17 @@ class Settings:
     heartbeat_seconds: float = 5.0
     node_lost_seconds: float = 30.0
     launch_timeout_seconds: float = 120.0
+    # A preempted job's grace between SIGTERM and SIGKILL, unless it asks for
+    # another (`preemptionGracePeriodSec`), which is held to the maximum.
+    preemption_grace_seconds: float = 30.0
+    preemption_max_grace_seconds: float = 300.0
+
+    def preemption_grace_ms(self, requested_seconds: int | None) -> int:
+        """A job's grace when preempted: what it asked for (else the default),
+        never above the admin's maximum."""
+        seconds = self.preemption_grace_seconds if requested_seconds is None \
+            else requested_seconds
+        return int(min(seconds, self.preemption_max_grace_seconds) * 1000)
     log_max_lines: int = 100_000
     log_level: str = "INFO"
     log_format: str = "text"  # PAI_LOG_FORMAT: text | json (one object per line)
@@ -212,6 +223,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         node_lost_seconds=_seconds(env, "PAI_NODE_LOST_SECONDS", defaults.node_lost_seconds),
         launch_timeout_seconds=_seconds(env, "PAI_LAUNCH_TIMEOUT_SECONDS",
                                         defaults.launch_timeout_seconds),
+        preemption_grace_seconds=_seconds(env, "PAI_PREEMPTION_GRACE_SECONDS",
+                                          defaults.preemption_grace_seconds),
+        preemption_max_grace_seconds=_seconds(env, "PAI_PREEMPTION_MAX_GRACE_SECONDS",
+                                              defaults.preemption_max_grace_seconds),
         log_max_lines=_int(env, "PAI_LOG_MAX_LINES", defaults.log_max_lines)
         or defaults.log_max_lines,
         log_level=_log_level(env, defaults.log_level),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.cluster import can_ever_hold
+from shared.cluster import can_ever_hold, gpu_type_matches
 from shared.models import JobSpec, Node
 
 
@@ -19,6 +19,12 @@ def infeasible_reasons(spec: JobSpec, nodes: Sequence[Node]) -> dict[str, list[s
     if not nodes:
         return {}
     reasons: dict[str, list[str]] = {}
+    if spec.gpu_type and any(r.gpu_number for r in spec.task_roles):
+        models = sorted({g.model for n in nodes for g in n.gpus if g.model})
+        typed = [n for n in nodes if n.gpus and gpu_type_matches(n.gpus[0].model, spec.gpu_type)]
+        if not typed:
+            return {"gpuType": [f"no node has GPUs of type {spec.gpu_type}; the cluster has "
+                                + (", ".join(models) or "no GPUs")]}
     max_gpus = max(len(n.gpus) for n in nodes)
     max_cpus = max(n.cpus for n in nodes)
     max_memory = max(n.memory_mb for n in nodes)

@@ -29,6 +29,7 @@ from marshmallow import (
 
 from shared import storage
 from shared.capabilities import capability_list_errors
+from shared.priority import CLASS_NAMES, DEFAULT_CLASS
 from shared.storage import StoragePathError
 
 MAX_TASK_ROLES = 100
@@ -40,6 +41,7 @@ MAX_GPUS = 64
 MAX_PORT_LABELS = 100
 MAX_PORTS_PER_LABEL = 100
 MAX_RETRIES = 100
+MAX_GRACE_SECONDS = 3600  # a job may ask for up to this; the admin's maximum still applies
 MAX_ENVS = 1000
 MAX_COMMAND_CHARS = 64 * 1024
 MAX_PATH_CHARS = 4096
@@ -258,6 +260,13 @@ class _JobSchema(_StrictSchema):
                                         validate=validate.Range(min=0, max=MAX_TOTAL_TASKS))
     jobEnvs = _EnvVars(load_default=dict)
     gpuType = fields.String(allow_none=True, validate=validate.Length(max=255))
+    jobPriorityClass = fields.String(load_default=DEFAULT_CLASS,
+                                     validate=validate.OneOf(CLASS_NAMES), metadata={
+                                         "description": "prod > test > oppo (HiveD's names)"})
+    preemptionGracePeriodSec = _Int(validate=validate.Range(min=0, max=MAX_GRACE_SECONDS),
+                                    metadata={"description": "seconds between SIGTERM and "
+                                              "SIGKILL when preempted (held to the admin's "
+                                              "maximum)"})
     extras = fields.Dict(load_default=dict)
     taskRoles = _BoundedList(fields.Nested(_TaskRoleSchema), required=True,
                              min_items=1, max_items=MAX_TASK_ROLES)

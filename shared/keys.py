@@ -57,6 +57,12 @@ def vc_jobs(vc: str) -> str:
     return f"{PREFIX}vc:{vc}:jobs"
 
 
+def vc_queue(vc: str) -> str:
+    """Zset: the VC's waiting jobs -> shared.priority.queue_order (its queue,
+    in order: a job's rank is its position)."""
+    return f"{PREFIX}vc:{vc}:queue"
+
+
 def state_jobs(state: str) -> str:
     return f"{PREFIX}state:{state}:jobs"
 

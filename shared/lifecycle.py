@@ -54,9 +54,15 @@ def submit_job(store: Store, username: str, config: dict[str, Any], *,
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
               virtual_cluster=spec.virtual_cluster, created_ms=created, version=1,
               gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles),
-              user_id=user_id)
+              user_id=user_id, priority=spec.priority_class)
     attempt = Attempt(index=0, created_ms=created)
     return store.create_job(job, config, initial_tasks(spec), attempt)
+
+
+def _clear_placement(job: Job) -> None:
+    """The job is back in its queue: nothing of its last placement stands."""
+    job.waiting_reason, job.waiting, job.mode = "", "", ""
+    job.preempted_by, job.preempt_deadline_ms = "", None
 
 
 def _move_task(task: Task, target: TaskState) -> None:
@@ -102,7 +108,7 @@ def record_task_exit(
         if job is None or task is None or task.state.is_final:
             return None
         live = attempt == job.attempt and job.state in LIVE_JOB_STATES
-        if not live:
+        if not live or (job.preempted_by and exit_code != 0):
             target = TaskState.STOPPED
         else:
             target = TaskState.SUCCEEDED if exit_code == 0 else TaskState.FAILED
@@ -123,6 +129,21 @@ def record_task_exit(
         elif live:
             spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
             outcome = evaluate_completion(spec, tasks.values())
+            if job.preempted_by and (outcome is None or outcome.state != JobState.SUCCEEDED):
+                # Preempted: tasks ending on the signal are not the job's
+                # failure. Once all have ended it goes back to its queue at
+                # its old place, uncharged; a success in the grace period stands.
+                outcome = None
+                if all(t.state.is_final for t in tasks.values()):
+                    ended = retried = True
+                    closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
+                                             f"Preempted by {job.preempted_by}", True)
+                    closed.preempted_by = job.preempted_by
+                    store.bump(job, JobState.WAITING)
+                    job.attempt += 1
+                    job.preemptions += 1
+                    _clear_placement(job)
+                    new_tasks = [Task(role=t.role, index=t.index) for t in tasks.values()]
             if outcome is not None:
                 ended = True
                 closed = _closed_attempt(store, pipe, job, outcome.state, outcome.exit_code,
@@ -138,7 +159,7 @@ def record_task_exit(
                         job.retries += 1
                     else:
                         job.platform_retries += 1
-                    job.waiting_reason = ""
+                    _clear_placement(job)
                     new_tasks = [Task(role=t.role, index=t.index) for t in tasks.values()]
                 else:
                     store.bump(job, outcome.state)
@@ -156,7 +177,7 @@ def record_task_exit(
         if retried:
             store.write_tasks(pipe, job_id, job.attempt, new_tasks)
             store.write_attempt(pipe, job_id, Attempt(index=job.attempt, created_ms=now_ms()))
-            pipe.zadd(keys.QUEUE, {job_id: job.queue_seq})
+            store.enqueue(pipe, job)
         store.write_job(pipe, job, previous)
         store.add_event(pipe, job_id, "task-exit", attempt=attempt, role=role, index=index,
                         state=task.state, exitCode=exit_code, diagnostics=diagnostics)
@@ -239,7 +260,7 @@ def request_stop(store: Store, job_id: str) -> Job:
         store.write_tasks(pipe, job_id, job.attempt, waiting)
         if closed is not None:
             store.write_attempt(pipe, job_id, closed)
-        pipe.zrem(keys.QUEUE, job_id)
+        store.dequeue(pipe, job_id, job.virtual_cluster)
         store.write_job(pipe, job, previous)
         store.add_event(pipe, job_id, "stop-requested", state=job.state)
         return job
@@ -249,7 +270,7 @@ def request_stop(store: Store, job_id: str) -> Job:
 
 def commit_placement(
     store: Store, job_id: str, *, version: int, attempt: int,
-    placements: Sequence[TaskPlacement], launch_deadline_ms: int,
+    placements: Sequence[TaskPlacement], launch_deadline_ms: int, mode: str = "",
 ) -> bool:
     """Bind a gang: allocations on the nodes, tasks LAUNCHING, job dequeued.
 
@@ -287,7 +308,7 @@ def commit_placement(
             task.launched_ms = launched
             changed.append(task)
         store.bump(job)
-        job.waiting_reason = ""
+        job.waiting_reason, job.waiting, job.mode = "", "", mode
         pipe.multi()
         for p in placements:
             store.write_allocation(pipe, Allocation(
@@ -297,10 +318,10 @@ def commit_placement(
             pipe.zadd(keys.LAUNCHING,
                       {attempt_task_key(job_id, attempt, p.role, p.index): launch_deadline_ms})
         store.write_tasks(pipe, job_id, attempt, changed)
-        pipe.zrem(keys.QUEUE, job_id)
+        store.dequeue(pipe, job_id, job.virtual_cluster)
         store.write_job(pipe, job, JobState.WAITING)
         store.add_event(pipe, job_id, "placed", attempt=attempt,
-                        nodes=sorted({p.node for p in placements}))
+                        nodes=sorted({p.node for p in placements}), mode=mode)
         return True
 
     return store.transact(decide, job_key, *node_keys)
@@ -324,9 +345,10 @@ def take_pass_request(pipe: Pipe) -> None:
     pipe.delete(keys.PASS_REQUESTED)
 
 
-def set_waiting_reason(store: Store, job_id: str, reason: str, *,
-                       version: int | None = None) -> bool:
-    """Why a job waits, as a pass saw it (at `version`, when given).
+def set_waiting(store: Store, job_id: str, reason: str, explanation: str = "", *,
+                version: int | None = None) -> bool:
+    """Why a job waits, as a pass saw it (at `version`, when given): the
+    sentence (`waiting_reason`) and the explanation as data (`waiting`, JSON).
 
     Not a state change (the version stays), but still compare-and-set: a
     plain write after the job was stopped and deleted would bring back a
@@ -338,12 +360,56 @@ def set_waiting_reason(store: Store, job_id: str, reason: str, *,
 
     def decide(pipe: Pipe) -> bool:
         job = store.read_job(pipe, job_id)
-        if job is None or job.state != JobState.WAITING or job.waiting_reason == reason:
+        if job is None or job.state != JobState.WAITING or (
+                job.waiting_reason == reason and job.waiting == explanation):
             return False
         if version is not None and job.version != version:
             return False
         pipe.multi()
-        pipe.hset(key, "waiting_reason", reason)
+        pipe.hset(key, mapping={"waiting_reason": reason, "waiting": explanation})
+        return True
+
+    return store.transact(decide, key)
+
+
+def mark_preempted(store: Store, job_id: str, *, attempt: int, by: str,
+                   deadline_ms: int) -> Job | None:
+    """Preempt the job's attempt to make room for `by`: its tasks are told,
+    then stopped at `deadline_ms`. The job (its attempt still placed and not
+    already being preempted or stopped), else None: the caller signals only
+    what this marked, so a repeated decision signals no one twice.
+    """
+    key = keys.job(job_id)
+
+    def decide(pipe: Pipe) -> Job | None:
+        job = store.read_job(pipe, job_id)
+        if job is None or job.attempt != attempt or job.state not in LIVE_JOB_STATES \
+                or job.preempted_by or pipe.zscore(keys.QUEUE, job_id) is not None:
+            return None
+        job.preempted_by, job.preempt_deadline_ms = by, deadline_ms
+        job.version += 1  # whoever decided on the old view must look again
+        pipe.multi()
+        store.write_job(pipe, job, job.state)
+        store.add_event(pipe, job_id, "preempted", attempt=attempt, by=by,
+                        deadline=deadline_ms)
+        return job
+
+    return store.transact(decide, key)
+
+
+def set_mode(store: Store, job_id: str, *, attempt: int, mode: str) -> bool:
+    """A placed job now runs on its VC's guarantee or on borrowed GPUs (the
+    policy promotes and demotes as other work comes and goes)."""
+    key = keys.job(job_id)
+
+    def decide(pipe: Pipe) -> bool:
+        job = store.read_job(pipe, job_id)
+        if job is None or job.attempt != attempt or job.state not in LIVE_JOB_STATES \
+                or not job.mode or job.mode == mode:
+            return False
+        pipe.multi()
+        pipe.hset(key, "mode", mode)
+        store.add_event(pipe, job_id, "mode", attempt=attempt, mode=mode)
         return True
 
     return store.transact(decide, key)
@@ -367,16 +433,17 @@ def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
         batch = job_ids[start:start + STALE_BATCH]
 
         def decide(pipe: Pipe, batch: Sequence[str] = batch) -> list[str]:
-            stale = []
+            stale: dict[str, str | None] = {}
             for job_id in batch:
                 job = store.read_job(pipe, job_id)
                 if job is None or job.state != JobState.WAITING \
                         or not pipe.exists(keys.job_config(job_id)):
-                    stale.append(job_id)
+                    stale[job_id] = job.virtual_cluster if job is not None else None
             if stale:
                 pipe.multi()
-                pipe.zrem(keys.QUEUE, *stale)
-            return stale
+                for job_id, vc in stale.items():
+                    store.dequeue(pipe, job_id, vc)
+            return list(stale)
 
         dropped += store.transact(decide, *(keys.job(job_id) for job_id in batch))
     return dropped
@@ -424,8 +491,9 @@ def delete_job(store: Store, job_id: str) -> bool:
         pipe.multi()
         pipe.delete(*doomed)
         for index in (keys.JOBS, keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster),
-                      keys.state_jobs(job.state), keys.QUEUE):
+                      keys.state_jobs(job.state)):
             pipe.zrem(index, job_id)
+        store.dequeue(pipe, job_id, job.virtual_cluster)
         return True
 
     return store.transact(decide, job_key)

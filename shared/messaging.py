@@ -20,6 +20,7 @@ STOP_JOB = "pai.scheduler.stop_job"
 RECONCILE = "pai.scheduler.reconcile"
 START_TASK = "pai.launcher.start_task"
 STOP_TASK = "pai.launcher.stop_task"
+PREEMPT_TASK = "pai.launcher.preempt_task"
 
 
 def launcher_queue(node: str) -> str:
@@ -74,4 +75,8 @@ class Messenger:
 
     def stop_task(self, node: str, job_id: str, attempt: int, role: str, index: int) -> None:
         self.app.send_task(STOP_TASK, args=[job_id, attempt, role, index],
+                           queue=launcher_queue(node))
+
+    def preempt_task(self, node: str, job_id: str, attempt: int, role: str, index: int) -> None:
+        self.app.send_task(PREEMPT_TASK, args=[job_id, attempt, role, index],
                            queue=launcher_queue(node))

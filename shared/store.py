@@ -26,6 +26,7 @@ from shared.models import (
     parse_attempt_task_key,
     task_key,
 )
+from shared.priority import PriorityClass, queue_order
 from shared.states import JobState, TaskState, check_job_move
 
 T = TypeVar("T")
@@ -128,11 +129,26 @@ class Store:
             pipe.zadd(keys.JOBS, {job.id: job.created_ms})
             pipe.zadd(keys.user_jobs(job.username), {job.id: job.created_ms})
             pipe.zadd(keys.vc_jobs(job.virtual_cluster), {job.id: job.created_ms})
-            pipe.zadd(keys.QUEUE, {job.id: job.queue_seq})
+            self.enqueue(pipe, job)
             self.add_event(pipe, job.id, "submitted", attempt=attempt.index)
             return job
 
         return self.transact(write, job_key)
+
+    def enqueue(self, pipe: Pipe, job: Job) -> None:
+        """Queue the job for placement: in the queue the scheduler reads, and
+        in its VC's queue at its place (class, then submit order)."""
+        pipe.zadd(keys.QUEUE, {job.id: job.queue_seq})
+        pipe.zadd(keys.vc_queue(job.virtual_cluster),
+                  {job.id: queue_order(PriorityClass.parse(job.priority), job.queue_seq)})
+
+    def dequeue(self, pipe: Pipe, job_id: str, vc: str | None) -> None:
+        """Take the job from the queues (`vc` None: its record is gone, so only
+        from the scheduler's: a record goes only with `delete_job`, which
+        dequeues it from both)."""
+        pipe.zrem(keys.QUEUE, job_id)
+        if vc is not None:
+            pipe.zrem(keys.vc_queue(vc), job_id)
 
     def write_job(self, pipe: Pipe, job: Job, previous_state: JobState | None) -> None:
         """Queue the job record's write and keep the per-state index in step."""

@@ -20,12 +20,14 @@ from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from services.api.schemas import MAX_TAIL, StopRequestSchema
 from services.api.storage import check_job_storage
-from shared.accounts import Accounts, User
+from shared import keys
+from shared.accounts import DEFAULT_VC, Accounts, User
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, validate_job_config
 from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
 from shared.models import Job, JobSpec, Node, job_id_of
+from shared.priority import PriorityClass
 from shared.states import JobState
 from shared.store import JobConflict
 
@@ -87,9 +89,9 @@ def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
     return _submit(username or current_user().username, _json_body())
 
 
-def _check_vc(username: str, vc_name: str, gpus: int) -> User:
-    """The VC exists, the user may use it, and its quota can ever hold the
-    job; the job's owner."""
+def _check_vc(username: str, vc_name: str, gpus: int, priority: str) -> User:
+    """The VC exists, the user may use it, and it can ever run the job (a VC
+    that does not borrow runs only what its guarantee holds); the job's owner."""
     accounts = Accounts(platform().store)
     vc = accounts.get_vc(vc_name)
     if vc is None:
@@ -102,11 +104,17 @@ def _check_vc(username: str, vc_name: str, gpus: int) -> User:
     if not owner.may_use(vc_name):
         raise ApiError("ForbiddenUserError",
                        f"user {username} may not use virtual cluster {vc_name}", 403)
-    if vc.gpu_quota is not None and gpus > vc.gpu_quota:
-        raise ApiError("InvalidJobConfigError", "the job can never run in its virtual cluster",
-                       400, fields={"virtualCluster": [
-                           f"the job needs {gpus} GPUs at once; the quota of {vc_name} "
-                           f"is {vc.gpu_quota}"]})
+    if not vc.borrowing and vc_name != DEFAULT_VC:
+        if priority == PriorityClass.OPPO.label:
+            raise ApiError("InvalidJobConfigError", "the job can never run in its virtual "
+                           "cluster", 400, fields={"jobPriorityClass": [
+                               f"oppo jobs run only on borrowed GPUs; virtual cluster "
+                               f"{vc_name} does not borrow"]})
+        if gpus > (vc.gpu_quota or 0):
+            raise ApiError("InvalidJobConfigError", "the job can never run in its virtual "
+                           "cluster", 400, fields={"virtualCluster": [
+                               f"the job needs {gpus} GPUs at once; {vc_name} is guaranteed "
+                               f"{vc.gpu_quota or 0} and does not borrow"]})
     return owner
 
 
@@ -152,7 +160,8 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     check_job_storage(validated.config, caller)
     spec = JobSpec.from_config(validated.config)
     owner = _check_vc(username, spec.virtual_cluster,
-                      sum(r.gpu_number * r.task_number for r in spec.task_roles))
+                      sum(r.gpu_number * r.task_number for r in spec.task_roles),
+                      spec.priority_class)
     if spec.capabilities:
         _check_capabilities(spec)
     reasons = infeasible_reasons(spec, _known_nodes())
@@ -255,8 +264,10 @@ def detail(username: str, name: str) -> dict[str, Any]:
     job = get_job_or_404(username, name)
     config = store.get_config(job.id) or {"taskRoles": []}
     roles = [r["name"] for r in config["taskRoles"]]
+    rank = store.r.zrank(keys.vc_queue(job.virtual_cluster), job.id)
     return job_detail(job, roles, store.get_tasks(job.id, job.attempt),
-                      store.get_attempts(job.id), f"/api/v1/user/{username}/jobs/{name}")
+                      store.get_attempts(job.id), f"/api/v1/user/{username}/jobs/{name}",
+                      None if rank is None else rank + 1)
 
 
 @bp.get("/user/<username>/jobs/<name>/config")

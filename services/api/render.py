@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,9 @@ def job_summary(job: Job) -> dict[str, Any]:
         "virtualCluster": job.virtual_cluster,
         "gpus": job.gpus,
         "startedTime": job.started_ms,
+        "priorityClass": job.priority,
+        # while placed: on its VC's guarantee ("guaranteed") or borrowed GPUs
+        "mode": job.mode or None,
     }
 
 
@@ -64,11 +68,29 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "exitCode": attempt.exit_code,
         "reason": attempt.reason,
         "platformFailure": attempt.platform_failure,
+        "preemptedBy": attempt.preempted_by or None,
+    }
+
+
+def waiting_view(job: Job, position: int | None) -> dict[str, Any] | None:
+    """Why a queued job waits, as the scheduler's last pass explained it, and
+    its place in its VC's queue now (1 = next)."""
+    if job.state.value != "WAITING" or position is None:
+        return None
+    explained = json.loads(job.waiting) if job.waiting else {}
+    return {
+        "reason": explained.get("reason", "Queued"),
+        "message": explained.get("message", job.waiting_reason or "not yet considered"),
+        "position": position,
+        "ahead": position - 1,
+        "blockedBy": explained.get("blockedBy", []),
+        "estimatedStartTime": explained.get("estimatedStartTime"),
     }
 
 
 def job_detail(job: Job, role_order: Sequence[str], tasks: Sequence[Task],
-               attempts: Sequence[Attempt], base_url: str) -> dict[str, Any]:
+               attempts: Sequence[Attempt], base_url: str,
+               position: int | None = None) -> dict[str, Any]:
     """`GET /user/<u>/jobs/<name>`: status, the current attempt's tasks, attempts."""
     roles: dict[str, Any] = {}
     for role in role_order:
@@ -83,6 +105,10 @@ def job_detail(job: Job, role_order: Sequence[str], tasks: Sequence[Task],
         "waitingReason": job.waiting_reason,
         "attemptIndex": job.attempt,
         "platformRetries": job.platform_retries,
+        "waiting": waiting_view(job, position),
+        "preemptedBy": job.preempted_by or None,
+        "preemptionDeadline": job.preempt_deadline_ms,
+        "preemptions": job.preemptions,
     })
     status.pop("name")
     return {

@@ -11,8 +11,10 @@ from __future__ import annotations
 from marshmallow import RAISE, Schema, fields, validate
 
 from shared.capabilities import GRANTABLE
+from shared.cluster import BORROWED, GUARANTEED
 from shared.jobspec import JobConfigSchema, WholeNumber
 from shared.names import INPUT_PATTERN
+from shared.priority import CLASS_NAMES
 from shared.states import JobState, TaskState
 
 MIN_PASSWORD, MAX_PASSWORD = 6, 256
@@ -135,6 +137,27 @@ class JobSummarySchema(Schema):
     virtualCluster = fields.String(required=True)
     gpus = fields.Integer(required=True, metadata={"description": "GPUs the job asks for"})
     startedTime = _ms(allow_none=True)  # when the current attempt started running
+    priorityClass = fields.String(required=True, validate=validate.OneOf(CLASS_NAMES))
+    mode = fields.String(required=True, allow_none=True,
+                         validate=validate.OneOf([GUARANTEED, BORROWED]), metadata={
+                             "description": "while placed: on its virtual cluster's guarantee, "
+                                            "or on borrowed GPUs (preemptible)"})
+
+
+class BlockerSchema(Schema):
+    kind = fields.String(required=True, metadata={
+        "description": "quota, reservation, job, resources, nodes or gpuType"})
+    name = fields.String(required=True)
+
+
+class WaitingSchema(Schema):
+    reason = fields.String(required=True, metadata={"description": "a reason code"})
+    message = fields.String(required=True)
+    position = fields.Integer(required=True, metadata={
+        "description": "place in its virtual cluster's queue, 1 = next"})
+    ahead = fields.Integer(required=True)
+    blockedBy = fields.List(fields.Nested(BlockerSchema), required=True)
+    estimatedStartTime = _ms(allow_none=True)
 
 
 class JobPageSchema(Schema):
@@ -150,6 +173,12 @@ class JobStatusSchema(JobSummarySchema):
     waitingReason = fields.String(required=True)
     attemptIndex = fields.Integer(required=True)
     platformRetries = fields.Integer(required=True)
+    waiting = fields.Nested(WaitingSchema, required=True, allow_none=True)
+    preemptedBy = fields.String(required=True, allow_none=True, metadata={
+        "description": "being preempted to make room for this job"})
+    preemptionDeadline = _ms(allow_none=True)
+    preemptions = fields.Integer(required=True, metadata={
+        "description": "attempts ended by preemption (never counted in retries)"})
 
 
 class TaskStatusSchema(Schema):
@@ -190,6 +219,7 @@ class AttemptSchema(Schema):
     exitCode = fields.Integer(required=True, allow_none=True)
     reason = fields.String(required=True)
     platformFailure = fields.Boolean(required=True)
+    preemptedBy = fields.String(required=True, allow_none=True)
 
 
 class JobDetailSchema(Schema):
@@ -262,19 +292,32 @@ class ResourcesUsedSchema(Schema):
 class VirtualClusterSchema(Schema):
     name = fields.String(required=True)
     description = fields.String(required=True)
-    gpuQuota = fields.Integer(required=True, allow_none=True,
-                              metadata={"description": "null: no limit"})
+    gpuQuota = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "GPUs guaranteed (null: none set; `default` then gets what the "
+                       "others leave)"})
+    gpuGuaranteed = fields.Integer(required=True, metadata={
+        "description": "the guarantee in force now"})
+    borrowing = fields.Boolean(required=True, metadata={
+        "description": "may its jobs run beyond the guarantee on idle GPUs"})
     resourcesUsed = fields.Nested(ResourcesUsedSchema, required=True)
-    gpuFree = fields.Integer(required=True, allow_none=True)
+    gpuBorrowed = fields.Integer(required=True, metadata={
+        "description": "GPUs its jobs hold beyond the guarantee (preemptible)"})
+    gpuFree = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "guaranteed GPUs it does not use now"})
     waitingJobs = fields.Integer(required=True)
     runningJobs = fields.Integer(required=True)
     allowedCapabilities = fields.List(fields.String(), required=True)
+    queue = fields.List(fields.String(), metadata={
+        "description": "one VC's view only: its waiting jobs in order (first 1000), "
+                       "as user~name"})
 
 
 class VirtualClusterPutSchema(_Request):
     gpuQuota = WholeNumber(allow_none=True, load_default=None,
                            validate=validate.Range(min=0, max=1_000_000),
-                           metadata={"description": "GPUs, or null for no limit"})
+                           metadata={"description": "GPUs guaranteed, or null for none"})
+    borrowing = fields.Boolean(load_default=True, metadata={
+        "description": "may its jobs borrow GPUs beyond the guarantee"})
     description = fields.String(load_default="", validate=validate.Length(max=1024))
     allowedCapabilities = fields.List(
         fields.String(validate=validate.OneOf(sorted(GRANTABLE))), load_default=list,

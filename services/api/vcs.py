@@ -14,21 +14,48 @@ from services.api.schemas import VirtualClusterPutSchema
 from shared import keys
 from shared.accounts import DEFAULT_VC, AccountError, VirtualCluster
 from shared.capabilities import capability_list_errors
-from shared.cluster import Held, held_by_vc
+from shared.cluster import BORROWED, Held, VcPolicy, held_by_vc, node_is_live, vc_policies
+from shared.models import now_ms
 from shared.states import JobState
 
 bp = Blueprint("vcs", __name__, url_prefix="/api/v1")
 
+QUEUE_SHOWN = 1000
 
-def _usage() -> dict[str, Held]:
-    """What each VC's allocations hold, over every node that ever reported."""
+
+def _usage() -> tuple[dict[str, Held], dict[str, int]]:
+    """What each VC's allocations hold, over every node that ever reported,
+    and how many of those GPUs its borrowing jobs hold."""
     store = platform().store
-    allocations = store.all_allocations(list(store.node_heartbeats()))
-    return held_by_vc(a for allocs in allocations.values() for a in allocs)
+    allocations = [a for allocs in store.all_allocations(list(store.node_heartbeats())).values()
+                   for a in allocs]
+    ids = sorted({a.job_id for a in allocations})
+    pipe = store.r.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(keys.job(job_id), "mode")
+    borrowing = {job_id for job_id, mode in zip(ids, pipe.execute() if ids else [],
+                                                 strict=True) if mode == BORROWED}
+    borrowed: dict[str, int] = {}
+    for a in allocations:
+        if a.job_id in borrowing:
+            borrowed[a.vc] = borrowed.get(a.vc, 0) + len(a.gpus)
+    return held_by_vc(allocations), borrowed
+
+
+def _guarantees() -> dict[str, VcPolicy]:
+    """Every VC's guarantee in force (`default`'s depends on the live GPUs)."""
+    settings = platform().settings
+    now = now_ms()
+    gpus = sum(len(n.gpus) for n in platform().store.get_nodes()
+               if node_is_live(n.heartbeat_ms, now, settings.node_lost_seconds))
+    vcs = accounts().list_vcs()
+    return vc_policies({vc.name: vc.gpu_quota for vc in vcs},
+                       {vc.name: vc.borrowing for vc in vcs}, gpus)
 
 
 def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
-    usage = _usage()
+    usage, borrowed = _usage()
+    guarantees = _guarantees()
     r = platform().store.r
     pipe = r.pipeline(transaction=False)
     for vc in vcs:
@@ -38,13 +65,18 @@ def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
     views = {}
     for i, vc in enumerate(vcs):
         used = usage.get(vc.name, Held())
+        guarantee = guarantees.get(vc.name, VcPolicy(0)).guarantee
+        lent = borrowed.get(vc.name, 0)
         views[vc.name] = {
             "name": vc.name,
             "description": vc.description,
             "gpuQuota": vc.gpu_quota,
+            "gpuGuaranteed": guarantee,
+            "borrowing": vc.borrowing,
             "resourcesUsed": {"GPUs": len(used.gpus), "CPUs": used.cpus,
                               "memoryMB": used.memory_mb, "tasks": used.tasks},
-            "gpuFree": None if vc.gpu_quota is None else max(0, vc.gpu_quota - len(used.gpus)),
+            "gpuBorrowed": lent,
+            "gpuFree": max(0, guarantee - (len(used.gpus) - lent)),
             "waitingJobs": counts[2 * i],
             "runningJobs": counts[2 * i + 1],
             "allowedCapabilities": vc.allowed_capabilities,
@@ -77,13 +109,15 @@ def list_vcs() -> dict[str, dict[str, Any]]:
 
 @bp.get("/virtual-clusters/<name>")
 def get_vc(name: str) -> dict[str, Any]:
-    """One virtual cluster: quota, what it uses now and who waits in it.
+    """One virtual cluster: guarantee, what it uses now and its queue in order.
     ---
     get:
       errors: [404]
       responses: {200: VirtualCluster}
     """
-    return _views([_vc_or_404(name)])[name]
+    view = _views([_vc_or_404(name)])[name]
+    view["queue"] = platform().store.r.zrange(keys.vc_queue(name), 0, QUEUE_SHOWN - 1)
+    return view
 
 
 @bp.put("/virtual-clusters/<name>")
@@ -109,7 +143,8 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
     existed = accounts().get_vc(name) is not None
     try:
         accounts().put_vc(VirtualCluster(name, body["gpuQuota"], body["description"],
-                                         allowed_capabilities=body["allowedCapabilities"]))
+                                         allowed_capabilities=body["allowedCapabilities"],
+                                         borrowing=body["borrowing"]))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
     return _views([_vc_or_404(name)])[name], 200 if existed else 201

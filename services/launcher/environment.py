@@ -40,6 +40,10 @@ DEFAULT_PORT_LABEL = "default"
 NO_GPUS_NVIDIA = "none"  # the NVIDIA runtime then mounts no GPU at all
 NO_GPUS_CUDA = ""  # CUDA then sees no device
 
+# Where a preempted task finds its notice (PAI_PREEMPTED=1 and more, one
+# VAR=value per line), written by the launcher before the SIGTERM.
+PREEMPTION_FILE = "/pai/preempted"
+
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -163,6 +167,15 @@ def task_environment(
             for label, ports in _port_lists(task).items():
                 put(f"PAI_PORT_LIST_{name}_{task.index}_{env_name_part(label)}", _joined(ports))
 
+    put("PAI_PREEMPTION_FILE", PREEMPTION_FILE)
+
     for key, value in spec.job_envs.items():
         put(str(key), env_value(value))
     return env
+
+
+def preemption_notice(by: str, deadline_ms: int) -> str:
+    """The preemption file's text: a job sourcing it, or grepping for
+    PAI_PREEMPTED=1, learns it must save its state before the deadline."""
+    return (f"PAI_PREEMPTED=1\nPAI_PREEMPTED_BY={by}\n"
+            f"PAI_PREEMPTION_DEADLINE={deadline_ms // 1000}\n")

@@ -8,7 +8,10 @@ made, and two racing starts end with one container.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import tarfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -188,6 +191,33 @@ class DockerRuntime:
             return False
         with contextlib.suppress(NotFound):  # gone meanwhile: the monitor saw it exit
             container.stop(timeout=timeout)
+        return True
+
+    def warn(self, ref: TaskRef, path: str, text: str) -> bool:
+        """Write `text` at `path` in the task's running container, then send it
+        SIGTERM (its init passes it on). False when no container started (one
+        only created is removed; the caller settles the task)."""
+        container = self.find(ref)
+        if container is None:
+            return False
+        if container.status == "created":
+            self._remove(container)
+            return False
+        folder, _, name = path.rpartition("/")
+        data = text.encode()
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo(f"{folder.strip('/')}/{name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        try:
+            container.put_archive("/", archive.getvalue())
+        except NotFound:
+            return True  # gone meanwhile: the monitor saw it exit
+        except APIError as error:  # the job made the path unwritable: it still gets the signal
+            log.warning("cannot write %s in %s: %s", path, container.name, _explain(error))
+        with contextlib.suppress(NotFound, APIError):  # exited meanwhile
+            container.kill(signal="SIGTERM")
         return True
 
     def _remove(self, container: Container | str) -> None:

@@ -15,7 +15,12 @@ import time
 
 import redis
 
-from services.launcher.environment import IncompletePlacement, task_environment
+from services.launcher.environment import (
+    PREEMPTION_FILE,
+    IncompletePlacement,
+    preemption_notice,
+    task_environment,
+)
 from services.launcher.mounts import TaskSetupError
 from services.launcher.runtime import DockerRuntime, ImageUnavailable
 from shared.accounts import Accounts
@@ -120,6 +125,24 @@ class Launcher:
         if task is not None and task_is_live(task) and task.node == self.node.name:
             self._settle(ref, EXIT_SETUP_FAILED, "stopped before its container started",
                          platform_failure=True)
+
+    def preempt_task(self, job_id: str, attempt: int, role: str, index: int) -> None:
+        """Warn a preempted task: the notice file, then SIGTERM. The scheduler
+        stops it for good when its grace period ends; one that never started
+        is settled now (it has nothing to save)."""
+        job = self.store.get_job(job_id)
+        if job is None or job.attempt != attempt or not job.preempted_by:
+            return
+        ref = TaskRef(job_id, attempt, role, index)
+        notice = preemption_notice(job.preempted_by, job.preempt_deadline_ms or 0)
+        if self.runtime.warn(ref, PREEMPTION_FILE, notice):
+            log.info("preempting %s attempt %d %s[%d] for %s", job_id, attempt, role, index,
+                     job.preempted_by)
+            return
+        task = self.store.get_task(job_id, attempt, role, index)
+        if task is not None and task_is_live(task) and task.node == self.node.name:
+            self._settle(ref, EXIT_SETUP_FAILED, f"preempted by {job.preempted_by} "
+                         "before its container started", platform_failure=True)
 
     def _settle(self, ref: TaskRef, exit_code: int, diagnostics: str, *,
                 platform_failure: bool = False) -> None:

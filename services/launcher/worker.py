@@ -32,6 +32,10 @@ def create_launcher_app(
     launcher = Launcher(settings, Store.from_url(settings.redis_url), Messenger(app),
                         DockerRuntime(client, settings, extra_labels=extra_labels), node)
 
+    @app.task(name=messaging.PREEMPT_TASK, shared=False)
+    def preempt_task(job_id: str, attempt: int, role: str, index: int) -> None:
+        launcher.preempt_task(str(job_id), int(attempt), str(role), int(index))
+
     @app.task(name=messaging.START_TASK, shared=False)
     def start_task(job_id: str, attempt: int, role: str, index: int) -> None:
         launcher.start_task(str(job_id), int(attempt), str(role), int(index))

@@ -75,7 +75,7 @@ class TaskRequest:
         if fit is None:
             fit = (self.shape, tuple(sorted((p.count, p.begin_at) for p in self.ports)))
             self.__dict__["_fit"] = fit
-        return fit  # type: ignore[no-any-return]
+        return fit
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,9 @@ from services.scheduler.core import (
     paused_gc,
     place_gang,
 )
-from shared.cluster import gpu_type_matches
+from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
 from shared.models import Allocation, TaskPlacement
 from shared.priority import PriorityClass, queue_order
-
-GUARANTEED = "guaranteed"
-BORROWED = "borrowed"
-DEFAULT_VC = "default"
 
 # Reason codes of a waiting job (jobStatus.waiting.reason)
 NO_NODES = "NoNodes"
@@ -57,23 +53,6 @@ PREEMPTING = "WaitingForPreemption"
 QUOTA = "QuotaExceeded"  # beyond its VC's guarantee, and the VC does not borrow
 
 MAX_VICTIM_CANDIDATES = 256
-
-
-@dataclass(frozen=True)
-class VcPolicy:
-    guarantee: int
-    borrowing: bool = True
-
-
-def vc_policies(quotas: Mapping[str, int | None], borrowing: Mapping[str, bool],
-                total_gpus: int) -> dict[str, VcPolicy]:
-    """Each VC's guarantee: its `gpuQuota` (none: 0). The `default` VC, unless
-    given a quota of its own, is guaranteed what the others leave."""
-    guarantee = {name: quota or 0 for name, quota in quotas.items()}
-    if quotas.get(DEFAULT_VC) is None:
-        others = sum(g for name, g in guarantee.items() if name != DEFAULT_VC)
-        guarantee[DEFAULT_VC] = max(0, total_gpus - others)
-    return {name: VcPolicy(g, borrowing.get(name, True)) for name, g in guarantee.items()}
 
 
 @dataclass(frozen=True)

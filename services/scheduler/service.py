@@ -16,21 +16,26 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from services.scheduler.core import Cluster, JobRequest, free_view, job_request, plan_pass
+from services.scheduler import policy
+from services.scheduler.core import Cluster, JobRequest, free_view, job_request
+from services.scheduler.policy import Preemption, RunningJob
 from shared import keys, telemetry
 from shared.accounts import Accounts
-from shared.cluster import gpus_by_vc, node_is_live
+from shared.cluster import BORROWED, node_is_live, vc_policies
 from shared.config import Settings
 from shared.lifecycle import (
     commit_placement,
     drop_stale_from_queue,
+    mark_preempted,
     record_task_exit,
     renew_stale_launch,
-    set_waiting_reason,
+    set_mode,
+    set_waiting,
     take_pass_request,
 )
 from shared.messaging import Messenger
 from shared.models import (
+    Allocation,
     Job,
     JobSpec,
     Node,
@@ -39,6 +44,7 @@ from shared.models import (
     now_ms,
     parse_attempt_task_key,
 )
+from shared.priority import PriorityClass
 from shared.states import JobState
 from shared.store import Store, task_is_live
 
@@ -47,6 +53,7 @@ log = logging.getLogger("pai.scheduler")
 DIRTY = keys.PREFIX + "scheduler:dirty"
 MAX_PASSES_PER_CALL = 50
 LOCK_SECONDS = 60
+STOP_RESEND_MS = 15_000
 MAX_CACHED_SPECS = 100_000
 
 
@@ -64,6 +71,7 @@ class Scheduler:
         self.messenger = messenger
         self.accounts = Accounts(store)
         self._specs: dict[tuple[str, int], JobSpec] = {}  # (job id, queue_seq) -> spec
+        self._hard_stops: dict[str, int] = {}  # job id -> when its last hard stop was sent
         # job id -> ((queue_seq, version, attempt), request): a waiting job that
         # did not change since the last pass keeps its request (and the shapes
         # the core worked out for it).
@@ -100,37 +108,43 @@ class Scheduler:
         return [n for n in nodes
                 if node_is_live(n.heartbeat_ms, now, self.settings.node_lost_seconds)]
 
-    def _queue(self) -> tuple[list[JobRequest], dict[str, str]]:
-        """The queued jobs' requests in queue order, and each one's waiting reason.
+    def _load_specs(self, jobs: list[Job]) -> None:
+        """Parse the configs of these jobs not parsed before, in one round trip.
+        A submission's config never changes (and its `queue_seq` is its own),
+        so each is read and parsed once."""
+        unparsed = [job for job in jobs if (job.id, job.queue_seq) not in self._specs]
+        if not unparsed:
+            return
+        pipe = self.store.r.pipeline(transaction=False)
+        for job in unparsed:
+            pipe.get(keys.job_config(job.id))
+        if len(self._specs) + len(unparsed) > MAX_CACHED_SPECS:
+            self._specs.clear()
+        for job, raw in zip(unparsed, pipe.execute(), strict=True):
+            if raw:
+                self._specs[job.id, job.queue_seq] = JobSpec.from_config(json.loads(raw))
 
-        Two round trips: every queued job's record, then the configs of the
-        jobs not parsed before. A submission's config never changes (and its
-        `queue_seq` is its own), so each is read and parsed once.
-        """
-        r = self.store.r
-        ids = self.store.queued_job_ids()
-        pipe = r.pipeline(transaction=False)
+    def _records(self, ids: list[str]) -> list[Job | None]:
+        pipe = self.store.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id))
-        records = pipe.execute() if ids else []
+        return [Job.from_fields(f) if f else None for f in pipe.execute()] if ids else []
+
+    def _queue(self) -> tuple[list[JobRequest], dict[str, Job]]:
+        """The queued jobs' requests, and their records.
+
+        Two round trips: every queued job's record, then the configs of the
+        jobs not parsed before.
+        """
+        ids = self.store.queued_job_ids()
         jobs, stale = [], []
-        for job_id, fields in zip(ids, records, strict=True):
-            job = Job.from_fields(fields) if fields else None
+        for job_id, job in zip(ids, self._records(ids), strict=True):
             if job is None or job.state != JobState.WAITING:
                 stale.append(job_id)
             else:
                 jobs.append(job)
-        unparsed = [job for job in jobs if (job.id, job.queue_seq) not in self._specs]
-        if unparsed:
-            pipe = r.pipeline(transaction=False)
-            for job in unparsed:
-                pipe.get(keys.job_config(job.id))
-            if len(self._specs) + len(unparsed) > MAX_CACHED_SPECS:
-                self._specs.clear()
-            for job, raw in zip(unparsed, pipe.execute(), strict=True):
-                if raw:
-                    self._specs[job.id, job.queue_seq] = JobSpec.from_config(json.loads(raw))
-        requests, reasons = [], {}
+        self._load_specs(jobs)
+        requests, records = [], {}
         known, self._requests = self._requests, {}
         for job in jobs:
             spec = self._specs.get((job.id, job.queue_seq))
@@ -140,44 +154,114 @@ class Scheduler:
             key = (job.queue_seq, job.version, job.attempt)
             cached = known.get(job.id)
             request = cached[1] if cached is not None and cached[0] == key \
-                else job_request(job.id, job.version, job.attempt, spec)
+                else job_request(job.id, job.version, job.attempt, spec, job.queue_seq)
             self._requests[job.id] = (key, request)
             requests.append(request)
-            reasons[job.id] = job.waiting_reason
+            records[job.id] = job
         if stale:
             drop_stale_from_queue(self.store, stale)  # only those still stale
-        return requests, reasons
+        return requests, records
+
+    def _running(self, allocations: dict[str, list[Allocation]]) -> list[RunningJob]:
+        """The placed jobs as the policy weighs them (one round trip for their
+        records, and one for configs not seen before)."""
+        held: dict[str, list[Allocation]] = {}
+        for allocs in allocations.values():
+            for alloc in allocs:
+                held.setdefault(alloc.job_id, []).append(alloc)
+        ids = sorted(held)
+        jobs = [job for job in self._records(ids) if job is not None]
+        self._load_specs(jobs)
+        running = []
+        for job in jobs:
+            mine = tuple(a for a in held[job.id] if a.attempt == job.attempt)
+            if not mine or job.state not in (JobState.WAITING, JobState.RUNNING):
+                continue  # ending, or an old attempt's: the sweep releases it
+            spec = self._specs.get((job.id, job.queue_seq))
+            grace = self.settings.preemption_grace_ms(
+                spec.preemption_grace_seconds if spec else None)
+            running.append(RunningJob(
+                job_id=job.id, vc=job.virtual_cluster,
+                priority=PriorityClass.parse(job.priority), mode=job.mode or BORROWED,
+                started_ms=job.started_ms or job.created_ms, allocations=mine,
+                version=job.version, attempt=job.attempt, grace_ms=grace,
+                preempted_by=job.preempted_by,
+                preempt_deadline_ms=job.preempt_deadline_ms))
+        return running
 
     def run_pass(self) -> PassStats:
         started = time.perf_counter()
+        now = now_ms()
         nodes = self.store.get_nodes()
         allocations = self.store.all_allocations([n.name for n in nodes])
-        cluster = Cluster(free_view(node, allocations[node.name]) for node in self.live(nodes))
-        used = gpus_by_vc(a for allocs in allocations.values() for a in allocs)
-        queue, reasons = self._queue()
-        plan = plan_pass(cluster, queue, self.accounts.gpu_quotas(), used)
-        deadline = now_ms() + int(self.settings.launch_timeout_seconds * 1000)
+        live = self.live(nodes)
+        cluster = Cluster(free_view(node, allocations[node.name]) for node in live)
+        running = self._running(allocations)
+        queue, records = self._queue()
+        vcs = self.accounts.list_vcs()
+        policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
+                               {vc.name: vc.borrowing for vc in vcs},
+                               sum(len(n.gpus) for n in live))
+        plan = policy.plan(cluster, queue, running, policies, now)
+        deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()
-        for request, placements in plan.placed:
+        for placed in plan.placed:
+            request = placed.request
             if commit_placement(self.store, request.job_id, version=request.version,
-                                attempt=request.attempt, placements=placements,
-                                launch_deadline_ms=deadline):
+                                attempt=request.attempt, placements=placed.placements,
+                                launch_deadline_ms=deadline, mode=placed.mode):
                 stats.placed += 1
                 placed_by_vc[request.vc] += 1
-                self._send_starts(request.job_id, request.attempt, placements)
+                self._send_starts(request.job_id, request.attempt, placed.placements)
             else:
                 self.store.r.set(DIRTY, "1")  # the job changed under us: look again
-        versions = {request.job_id: request.version for request in queue}
-        for job_id, reason in plan.waiting.items():
-            if reasons.get(job_id) != reason:  # most jobs wait for the same reason as before
-                set_waiting_reason(self.store, job_id, reason, version=versions.get(job_id))
+        for preemption in plan.preempt:
+            self._preempt(preemption, now)
+        for job_id, mode in plan.modes.items():
+            attempt = next(r.attempt for r in running if r.job_id == job_id)
+            set_mode(self.store, job_id, attempt=attempt, mode=mode)
+        self._stop_overdue(running, now)
+        for job_id, why in plan.waiting.items():
+            job = records.get(job_id)
+            explanation = json.dumps(why.to_dict(), separators=(",", ":"))
+            if job is not None and (job.waiting_reason, job.waiting) != (why.message,
+                                                                          explanation):
+                set_waiting(self.store, job_id, why.message, explanation, version=job.version)
         stats.seconds = time.perf_counter() - started
         self._record_pass(stats.seconds, placed_by_vc)
         if stats.placed or queue:
-            log.info("pass: %d placed, %d waiting, %.1f ms", stats.placed, stats.waiting,
-                     stats.seconds * 1000)
+            log.info("pass: %d placed, %d waiting, %d preempted, %.1f ms", stats.placed,
+                     stats.waiting, len(plan.preempt), stats.seconds * 1000)
         return stats
+
+    def _preempt(self, preemption: Preemption, now: int) -> None:
+        """Mark the victim (compare-and-set), then warn each of its live tasks."""
+        victim = preemption.victim
+        job = mark_preempted(self.store, victim.job_id, attempt=victim.attempt,
+                             by=preemption.by, deadline_ms=now + victim.grace_ms)
+        if job is None:
+            return  # it ended or moved on meanwhile: the next pass decides again
+        log.info("preempting %s for %s (grace %.0f s)", victim.job_id, preemption.by,
+                 victim.grace_ms / 1000)
+        for task in self.store.get_tasks(victim.job_id, victim.attempt):
+            if task_is_live(task) and task.node:
+                self.messenger.preempt_task(task.node, victim.job_id, victim.attempt,
+                                            task.role, task.index)
+
+    def _stop_overdue(self, running: list[RunningJob], now: int) -> None:
+        """Preempted jobs whose grace period is over are stopped (SIGKILL after
+        the stop timeout); at most once per STOP_RESEND_MS each."""
+        for r in running:
+            if not r.preempted_by or (r.preempt_deadline_ms or 0) > now:
+                continue
+            if now - self._hard_stops.get(r.job_id, 0) < STOP_RESEND_MS:
+                continue
+            self._hard_stops[r.job_id] = now
+            log.info("grace period of preempted %s over: stopping it", r.job_id)
+            self.stop_attempt(r.job_id, r.attempt)
+        if len(self._hard_stops) > MAX_CACHED_SPECS:
+            self._hard_stops.clear()
 
     def _record_pass(self, seconds: float, placed_by_vc: Counter[str]) -> None:
         """Count the pass for Prometheus (through Redis: see shared/telemetry.py)."""

@@ -24,7 +24,7 @@ from shared.lifecycle import (
     mark_task_running,
     record_task_exit,
     request_stop,
-    set_waiting_reason,
+    set_waiting,
     submit_job,
 )
 from shared.models import Gpu, Job, Node, TaskPlacement, attempt_task_key, parse_attempt_task_key
@@ -226,7 +226,7 @@ def test_one_failure_fails_a_job_without_retries(store: Store) -> None:
 def test_commit_placement_refuses_a_stale_version(store: Store, redis_client: redis.Redis) -> None:
     job = submit_job(store, "alice", config())
     snapshot = job_of(store, job.id)
-    set_waiting_reason(store, job.id, "no node has 1 free GPU")  # not a state change
+    set_waiting(store, job.id, "no node has 1 free GPU")  # not a state change
     assert job_of(store, job.id).version == snapshot.version
     stale = snapshot.version - 1
     assert not commit_placement(store, job.id, version=stale, attempt=0,
@@ -273,18 +273,18 @@ def test_commit_placement_of_an_unknown_job_is_refused(store: Store) -> None:
                                 launch_deadline_ms=DEADLINE_MS)
 
 
-def test_set_waiting_reason_is_shown(store: Store) -> None:
+def test_set_waiting_is_shown(store: Store) -> None:
     job = submit_job(store, "alice", config())
-    set_waiting_reason(store, job.id, "no node has 1 free GPU")
+    set_waiting(store, job.id, "no node has 1 free GPU")
     assert job_of(store, job.id).waiting_reason == "no node has 1 free GPU"
-    set_waiting_reason(store, "nobody~x", "whatever")  # a job that is gone: no record made
+    set_waiting(store, "nobody~x", "whatever")  # a job that is gone: no record made
     assert store.get_job("nobody~x") is None
 
 
 def test_a_waiting_reason_for_an_older_version_is_not_written(store: Store) -> None:
     job = submit_job(store, "alice", config())
     place(store, job.id)  # the job moved on: placed, its reason cleared
-    assert not set_waiting_reason(store, job.id, "no node has 1 free GPU",
+    assert not set_waiting(store, job.id, "no node has 1 free GPU",
                                   version=job.version)
     assert job_of(store, job.id).waiting_reason == ""
 
@@ -305,7 +305,7 @@ def test_a_waiting_reason_racing_a_delete_leaves_no_record(
     hook = Hook("before-write", keys.job(job.id), stop_and_delete)
     racing = Store(with_hooks(redis_client, hook))
 
-    assert not set_waiting_reason(racing, job.id, "no node has 1 free GPU",
+    assert not set_waiting(racing, job.id, "no node has 1 free GPU",
                                   version=job.version)
     assert hook.fired
     other.r.close()

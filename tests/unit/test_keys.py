@@ -36,6 +36,7 @@ LITERAL_KEYS = [
                  id="task_log"),
     pytest.param(keys.user_jobs("alice"), "pai:user:alice:jobs", id="user_jobs"),
     pytest.param(keys.vc_jobs("default"), "pai:vc:default:jobs", id="vc_jobs"),
+    pytest.param(keys.vc_queue("default"), "pai:vc:default:queue", id="vc_queue"),
     pytest.param(keys.state_jobs("RUNNING"), "pai:state:RUNNING:jobs", id="state_jobs"),
     pytest.param(keys.node("gpu-01"), "pai:node:gpu-01", id="node"),
     pytest.param(keys.node_alloc("gpu-01"), "pai:node:gpu-01:alloc", id="node_alloc"),

@@ -16,14 +16,30 @@ from services.scheduler.core import (
     TaskRequest,
     free_view,
     place_gang,
-    plan_pass,
 )
+from services.scheduler.policy import Plan, plan
+from shared.cluster import vc_policies
 from shared.models import Allocation, Gpu, Node
 
 
 def node(name: str, gpus: int = 8, cpus: int = 16, memory: int = 65536,
          ports: tuple[int, int] = (15000, 15100)) -> NodeFree:
     return NodeFree(name, "127.0.0.1", list(range(gpus)), cpus, memory, ports)
+
+
+def plan_pass(cluster: Cluster, queue: list[JobRequest]) -> Plan:
+    """One pass of the policy with every GPU guaranteed to `default`: what is
+    left is placement alone."""
+    total = sum(len(n.free_gpus) for n in cluster.nodes.values())
+    return plan(cluster, queue, [], vc_policies({"default": None}, {}, total), 0)
+
+
+def reasons(result: Plan) -> dict[str, str]:
+    return {job_id: why.message for job_id, why in result.waiting.items()}
+
+
+def placed_ids(result: Plan) -> list[str]:
+    return [p.request.job_id for p in result.placed]
 
 
 def job(job_id: str, *tasks: tuple[int, int, int, int]) -> JobRequest:
@@ -63,25 +79,25 @@ CASES = [
 @pytest.mark.parametrize(("nodes", "request_", "placed", "reason"), CASES)
 def test_gang_cases(nodes: list[NodeFree], request_: JobRequest, placed: bool,
                     reason: str) -> None:
-    plan = plan_pass(Cluster(nodes), [request_])
-    assert bool(plan.placed) == placed
+    result = plan_pass(Cluster(nodes), [request_])
+    assert bool(result.placed) == placed
     if not placed:
-        assert plan.waiting[request_.job_id].endswith(reason)
+        assert reason in result.waiting[request_.job_id].message
 
 
 def test_two_six_gpu_jobs_on_eight_gpus_one_waits() -> None:
-    plan = plan_pass(Cluster([node("a", gpus=8)]),
-                     [job("first", (1, 6, 1, 100)), job("second", (1, 6, 1, 100))])
-    assert [r.job_id for r, _ in plan.placed] == ["first"]
-    assert plan.waiting == {"second": "role r0 needs 6 GPUs on one node; "
-                                      "the most free on any node is 2"}
+    result = plan_pass(Cluster([node("a", gpus=8)]),
+                       [job("first", (1, 6, 1, 100)), job("second", (1, 6, 1, 100))])
+    assert placed_ids(result) == ["first"]
+    assert reasons(result)["second"].startswith("role r0 needs 6 GPUs on one node; "
+                                                "the most free on any node is 2")
 
 
 def test_smaller_job_backfills_behind_a_waiting_one() -> None:
-    plan = plan_pass(Cluster([node("a", gpus=4)]),
-                     [job("big", (1, 8, 1, 100)), job("small", (1, 2, 1, 100))])
-    assert [r.job_id for r, _ in plan.placed] == ["small"]
-    assert "big" in plan.waiting
+    result = plan_pass(Cluster([node("a", gpus=4), node("b", gpus=8, cpus=0)]),
+                       [job("big", (1, 8, 1, 100)), job("small", (1, 2, 1, 100))])
+    assert placed_ids(result) == ["small"]
+    assert "big" in result.waiting
 
 
 def test_best_fit_keeps_a_whole_node_free() -> None:
@@ -141,12 +157,12 @@ def test_placement_never_double_books(nodes: list[NodeFree],
                                       jobs: list[list[tuple[int, int, int, int]]]) -> None:
     capacity = {n.name: (len(n.free_gpus), n.free_cpus, n.free_memory_mb) for n in nodes}
     requests = [job(f"j{i}", *shapes) for i, shapes in enumerate(jobs)]
-    plan = plan_pass(Cluster(nodes), requests)
+    result = plan_pass(Cluster(nodes), requests)
 
     gpus_given: Counter[tuple[str, int]] = Counter()
     ports_given: Counter[tuple[str, int]] = Counter()
     used = {name: [0, 0, 0] for name in capacity}
-    for request, placements in plan.placed:
+    for request, placements in ((p.request, p.placements) for p in result.placed):
         # all-or-nothing: every task of a placed job has a place, exactly once
         assert sorted((p.role, p.index) for p in placements) == \
             sorted((t.role, t.index) for t in request.tasks)
@@ -162,28 +178,18 @@ def test_placement_never_double_books(nodes: list[NodeFree],
     assert all(count == 1 for count in ports_given.values()), "a port was given twice"
     for name, (gpus, cpus, memory) in capacity.items():
         assert used[name][0] <= gpus and used[name][1] <= cpus and used[name][2] <= memory
-    placed_ids = {r.job_id for r, _ in plan.placed}
-    assert placed_ids.isdisjoint(plan.waiting)
-    assert placed_ids | set(plan.waiting) == {r.job_id for r in requests}
-
-
-def test_vc_quota_holds_a_job_back_whatever_the_nodes_have() -> None:
-    small = JobRequest("small", 1, 0, (TaskRequest("r", 0, 1, 100, 2),), vc="research")
-    big = JobRequest("big", 1, 0, (TaskRequest("r", 0, 1, 100, 4),), vc="research")
-    other = JobRequest("other", 1, 0, (TaskRequest("r", 0, 1, 100, 4),), vc="default")
-    plan = plan_pass(Cluster([node("a", gpus=8)]), [small, big, other],
-                     quotas={"research": 4, "default": None}, used={"research": 1})
-    assert [r.job_id for r, _ in plan.placed] == ["small", "other"]
-    assert plan.waiting == {"big": "virtual cluster research is at its quota: 3 of 4 GPUs "
-                                   "in use; the job needs 4"}
+    placed = set(placed_ids(result))
+    assert placed.isdisjoint(result.waiting)
+    assert placed | set(result.waiting) == {r.job_id for r in requests}
 
 
 def test_ports_from_a_begin_at_near_the_top_of_the_range_make_the_job_wait() -> None:
     cluster = Cluster([node("a", ports=(20000, 20009))])
     task = TaskRequest("r", 0, 1, 100, 0, ports=(PortRequest("ssh", 3, begin_at=20008),))
-    plan = plan_pass(cluster, [JobRequest("j", 1, 0, (task,)),
-                               job("next", (1, 0, 1, 100))])
-    assert plan.waiting == {"j": "role r cannot get its ports: node a has no 3 free ports "
-                                 "from 20008"}
-    assert [r.job_id for r, _ in plan.placed] == ["next"]
+    result = plan_pass(cluster, [JobRequest("j", 1, 0, (task,)),
+                                 job("next", (1, 0, 1, 100))])
+    assert result.waiting["j"].reason == "Unschedulable"
+    assert reasons(result)["j"].endswith("role r cannot get its ports: node a has no 3 "
+                                         "free ports from 20008")
+    assert placed_ids(result) == ["next"]
     assert cluster.nodes["a"].used_ports == {20000}
