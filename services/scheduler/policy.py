@@ -6,18 +6,19 @@ What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
   what its VC's guarantee has left (counting only running work of its class
   or higher) is *guaranteed*; any other job, and every `oppo` job, may only
   *borrow* GPUs no guaranteed work wants, unless its VC forbids borrowing.
-- **Order.** Guaranteed work is placed first, then borrowing work. In each
-  phase the VCs take turns by how much of their guarantee they use (the VC
-  furthest below it first); within a VC, class then submit order
+- **Order.** The VCs take turns, one job a turn, the VC using the least of
+  its guarantee first (so guaranteed work nearly always comes before work
+  that borrows); within a VC, class then submit order
   (`shared.priority.queue_order`).
 - **Preemption.** A guaranteed job that does not fit may take the place of
   borrowed work, or of its own VC's lower-class work: the fewest victims,
   borrowed first, lowest class, youngest. Victims get a grace period; the
   job waits for them on the nodes it will use (reserved meanwhile). A
   victim is never chosen for a job that could itself be preempted.
-- **Reservations.** The first job of each VC (per phase) that does not fit
-  reserves the nodes it will use; later jobs of the pass backfill only on
-  other nodes, so a stream of small jobs cannot starve a big one.
+- **Reservations.** The first job of each VC that does not fit reserves the
+  nodes it will use, and the share of its VC's guarantee it needs: later
+  jobs of the pass backfill only on other nodes, and only as borrowers, so
+  a stream of small jobs cannot starve a big one.
 - **Explanations.** Every job left waiting gets a reason code, a message,
   what blocks it and, when it can be known, an estimated start.
 
@@ -51,6 +52,8 @@ INSUFFICIENT = "InsufficientResources"
 RESERVED = "ReservedForOtherJob"
 PREEMPTING = "WaitingForPreemption"
 QUOTA = "QuotaExceeded"  # beyond its VC's guarantee, and the VC does not borrow
+
+NEVER = frozenset({NO_NODES, UNSCHEDULABLE, NO_GPU_TYPE})
 
 MAX_VICTIM_CANDIDATES = 256
 
@@ -126,6 +129,9 @@ class Plan:
     modes: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, Waiting] = field(default_factory=dict)
     reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # job id -> how many jobs had been placed when it reserved (what came
+    # after must not be on its nodes)
+    reserved_after: dict[str, int] = field(default_factory=dict)
 
 
 def order_key(request: JobRequest) -> float:
@@ -252,44 +258,43 @@ class _Pass:
         by_vc: dict[str, list[JobRequest]] = {}
         for request in sorted(self.queue, key=order_key):
             by_vc.setdefault(request.vc, []).append(request)
-        borrowing: dict[str, list[JobRequest]] = {}
-        # Guaranteed work first; what it leaves, and what it would take from
-        # no one, goes to the jobs that borrow.
-        self._phase(by_vc, guaranteed_phase=True, deferred=borrowing)
-        self._phase(borrowing, guaranteed_phase=False, deferred={})
-        self._positions(by_vc)
-        return self.out
-
-    def _phase(self, by_vc: Mapping[str, list[JobRequest]], *, guaranteed_phase: bool,
-               deferred: dict[str, list[JobRequest]]) -> None:
-        """Take the VCs' queues in turns, the VC furthest below its guarantee
-        first, one job per turn."""
         heap = [(self.standing.share(vc), vc, 0) for vc in by_vc]
         heapq.heapify(heap)
-        blocked_head: set[str] = set()
-        for _ in range(sum(len(q) for q in by_vc.values())):
+        blocked: set[str] = set()  # VCs whose head job waits (it holds a reservation)
+        for _ in range(len(self.queue)):
             if not heap:
                 break
             _, vc, at = heapq.heappop(heap)
             request = by_vc[vc][at]
             if at + 1 < len(by_vc[vc]):
                 heapq.heappush(heap, (self.standing.share(vc), vc, at + 1))
-            if guaranteed_phase and not self.standing.fits_guarantee(request):
-                if self.standing.policy(vc).borrowing:
-                    deferred.setdefault(vc, []).append(request)
-                else:
-                    self.out.waiting[request.job_id] = self._quota_wait(request)
-                continue
-            mode = GUARANTEED if guaranteed_phase else BORROWED
-            shortfall = self._try_place(request, mode)
-            if shortfall is None:
+            if self._consider(request, head=vc not in blocked):
                 heap = [(self.standing.share(v), v, a) for _, v, a in heap]
                 heapq.heapify(heap)
-                continue
-            head = vc not in blocked_head
-            blocked_head.add(vc)
-            self.out.waiting[request.job_id] = self._wait(request, shortfall,
-                                                          guaranteed_phase, head)
+            else:
+                blocked.add(vc)
+        self._positions(by_vc)
+        return self.out
+
+    def _consider(self, request: JobRequest, head: bool) -> bool:
+        """Place one job, guaranteed if its VC's guarantee holds it, else on
+        borrowed GPUs if its VC borrows; else explain why it waits. A VC's
+        first waiting job keeps the share of the guarantee it needs (so the
+        VC's later jobs borrow instead of using it up) and reserves its nodes."""
+        vc = self.standing.policy(request.vc)
+        guaranteed = self.standing.fits_guarantee(request)
+        if guaranteed or vc.borrowing:
+            why = self._try_place(request, GUARANTEED if guaranteed else BORROWED)
+            if why is None:
+                return True
+            why = self._wait(request, why, guaranteed, head)
+        else:
+            why = self._quota_wait(request)
+        self.out.waiting[request.job_id] = why
+        if head and request.priority != PriorityClass.OPPO \
+                and request.gpus <= vc.guarantee and why.reason not in NEVER:
+            self.standing.count(request.vc, request.priority, request.gpus)
+        return False
 
     # ------------------------------------------------------------ placing
 
@@ -400,6 +405,7 @@ class _Pass:
         for name, node in self.cluster.remove(names).items():
             self.reserved[name] = node
             self.reserved_for[name] = job_id
+        self.out.reserved_after.setdefault(job_id, len(self.out.placed))
         self.out.reservations[job_id] = tuple(sorted(
             n for n, j in self.reserved_for.items() if j == job_id))
 

@@ -102,6 +102,7 @@ def test_seed_example_worker_gets_every_variable() -> None:
         "PAI_PORT_LIST_ps_server_1_default": "15000",
         "PAI_PORT_LIST_worker_0_default": "15001",
         "PAI_PORT_LIST_worker_1_default": "15001",
+        "PAI_PREEMPTION_FILE": "/pai/preempted",
     }
 
 

@@ -1,0 +1,431 @@
+"""The scheduling policy: one table-driven case per rule, then properties
+over random clusters, running work and queues."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.scheduler.core import Cluster, JobRequest, NodeFree, PortRequest, TaskRequest
+from services.scheduler.policy import (
+    NO_GPU_TYPE,
+    PREEMPTING,
+    QUOTA,
+    RESERVED,
+    UNSCHEDULABLE,
+    Plan,
+    RunningJob,
+    fifo_plan,
+    plan,
+)
+from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches, vc_policies
+from shared.models import Allocation
+from shared.priority import PriorityClass, queue_order
+
+NOW = 1_000_000
+PORTS = (15000, 15099)
+PROD, TEST, OPPO = PriorityClass.PROD, PriorityClass.TEST, PriorityClass.OPPO
+
+
+def req(job_id: str, gpus: int, *, vc: str = "default", cls: PriorityClass = TEST,
+        seq: int = 0, tasks: int = 1, gpu_type: str | None = None,
+        ports: tuple[PortRequest, ...] = ()) -> JobRequest:
+    return JobRequest(job_id, 1, 0, tuple(TaskRequest("w", i, 1, 100, gpus, ports)
+                                          for i in range(tasks)),
+                      vc, cls, seq, gpu_type)
+
+
+@dataclass
+class Run:
+    """A running job for a case: `gpus` per node it holds."""
+
+    job_id: str
+    vc: str
+    on: dict[str, int]
+    mode: str = GUARANTEED
+    cls: PriorityClass = TEST
+    started: int = 0
+    preempted_by: str = ""
+
+
+def scenario(nodes: dict[str, int], runs: Sequence[Run] = (), *, model: str = "",
+             groups: dict[int, int] | None = None) -> tuple[Cluster, list[RunningJob]]:
+    """8-CPU nodes of the given GPU counts, with the running jobs' tasks on them."""
+    free = {name: list(range(count)) for name, count in nodes.items()}
+    running = []
+    for run in runs:
+        allocations = []
+        for node, count in run.on.items():
+            gpus = tuple(free[node][:count])
+            del free[node][:count]
+            allocations.append(Allocation(run.job_id, 0, "w", len(allocations), node, gpus,
+                                          0, 0, ()))
+        running.append(RunningJob(run.job_id, run.vc, run.cls, run.mode, run.started,
+                                  tuple(allocations), preempted_by=run.preempted_by,
+                                  preempt_deadline_ms=NOW + 5000 if run.preempted_by else None))
+    cluster = Cluster(NodeFree(name, "127.0.0.1", free[name], 64, 64_000, PORTS,
+                               gpu_model=model, gpu_groups=groups,
+                               all_gpus=tuple(range(count)), cpus=64, memory_mb=64_000)
+                      for name, count in nodes.items())
+    return cluster, running
+
+
+def run_plan(nodes: dict[str, int], queue: Sequence[JobRequest], runs: Sequence[Run] = (),
+             vcs: dict[str, VcPolicy] | None = None, **node_options: object) -> Plan:
+    cluster, running = scenario(nodes, runs, **node_options)  # type: ignore[arg-type]
+    return plan(cluster, queue, running, vcs or {"default": VcPolicy(sum(nodes.values()))},
+                NOW)
+
+
+def placed(result: Plan) -> dict[str, str]:
+    """job id -> the mode it was placed in."""
+    return {p.request.job_id: p.mode for p in result.placed}
+
+
+def preempted(result: Plan) -> dict[str, str]:
+    return {p.victim.job_id: p.by for p in result.preempt}
+
+
+# --------------------------------------------------------------- guarantees
+
+QUOTA_CASES = [
+    pytest.param({"a": 8}, [req("j", 4, vc="research")], [],
+                 {"research": VcPolicy(4), "default": VcPolicy(4)},
+                 {"j": GUARANTEED}, id="a job within its VC's guarantee runs guaranteed"),
+    pytest.param({"a": 8}, [req("j", 6, vc="research")], [],
+                 {"research": VcPolicy(4), "default": VcPolicy(4)},
+                 {"j": BORROWED}, id="a job beyond its guarantee borrows idle GPUs"),
+    pytest.param({"a": 8}, [req("j", 6, vc="research")], [],
+                 {"research": VcPolicy(4, borrowing=False), "default": VcPolicy(4)},
+                 {}, id="a VC that does not borrow keeps to its guarantee"),
+    pytest.param({"a": 8}, [req("j", 2, vc="research")],
+                 [Run("r1", "research", {"a": 4})],
+                 {"research": VcPolicy(4), "default": VcPolicy(4)},
+                 {"j": BORROWED}, id="the guarantee used up, the next job borrows"),
+    pytest.param({"a": 8}, [req("j", 2, vc="research", cls=OPPO)], [],
+                 {"research": VcPolicy(4), "default": VcPolicy(4)},
+                 {"j": BORROWED}, id="an oppo job never runs guaranteed"),
+    pytest.param({"a": 8}, [req("j", 2, vc="nowhere")], [],
+                 {"default": VcPolicy(8)},
+                 {"j": BORROWED}, id="a VC nobody configured has no guarantee"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "queue", "runs", "vcs", "expected"), QUOTA_CASES)
+def test_guarantees_and_borrowing(nodes: dict[str, int], queue: list[JobRequest],
+                                  runs: list[Run], vcs: dict[str, VcPolicy],
+                                  expected: dict[str, str]) -> None:
+    assert placed(run_plan(nodes, queue, runs, vcs)) == expected
+
+
+def test_a_vc_that_does_not_borrow_says_so() -> None:
+    result = run_plan({"a": 8}, [req("j", 6, vc="research")], [],
+                      {"research": VcPolicy(4, borrowing=False), "default": VcPolicy(4)})
+    assert result.waiting["j"].reason == QUOTA
+    assert "does not borrow" in result.waiting["j"].message
+
+
+@pytest.mark.parametrize(("quotas", "total", "expected"), [
+    pytest.param({"default": None, "a": 4, "b": 2}, 16, {"default": 10, "a": 4, "b": 2},
+                 id="default is guaranteed what the others leave"),
+    pytest.param({"default": None, "a": 20}, 16, {"default": 0, "a": 20},
+                 id="an overcommitted cluster leaves default nothing"),
+    pytest.param({"default": 3, "a": 4}, 16, {"default": 3, "a": 4},
+                 id="a quota given to default is its guarantee"),
+    pytest.param({"default": None, "a": None}, 8, {"default": 8, "a": 0},
+                 id="a VC without a quota has no guarantee"),
+])
+def test_vc_policies(quotas: dict[str, int | None], total: int,
+                     expected: dict[str, int]) -> None:
+    assert {n: p.guarantee for n, p in vc_policies(quotas, {}, total).items()} == expected
+
+
+def test_running_work_is_promoted_into_a_guarantee_that_freed_up() -> None:
+    result = run_plan({"a": 8}, [], [Run("old", "research", {"a": 2}, mode=BORROWED)],
+                      {"research": VcPolicy(4), "default": VcPolicy(4)})
+    assert result.modes == {"old": GUARANTEED}
+
+
+def test_a_prod_job_pushes_its_vcs_test_work_out_of_the_guarantee() -> None:
+    result = run_plan({"a": 8}, [req("p", 4, vc="research", cls=PROD)],
+                      [Run("t", "research", {"a": 4}, cls=TEST)],
+                      {"research": VcPolicy(4), "default": VcPolicy(4)})
+    assert placed(result) == {"p": GUARANTEED}
+    assert result.modes == {"t": BORROWED}
+    assert not result.preempt  # it fitted beside it: no one had to stop
+
+
+# --------------------------------------------------------------- order
+
+def test_within_a_vc_a_higher_class_goes_first() -> None:
+    result = run_plan({"a": 4}, [req("test-first", 4, seq=1), req("prod-later", 4, seq=2,
+                                                                   cls=PROD)])
+    assert placed(result) == {"prod-later": GUARANTEED}
+    assert result.waiting["test-first"].position == 1
+
+
+def test_the_vc_furthest_below_its_guarantee_goes_first() -> None:
+    # both VCs are guaranteed 4; "busy" already uses 3, "idle" nothing: one slot of 4 left
+    result = run_plan({"a": 8}, [req("busy-job", 1, vc="busy", seq=1),
+                                 req("idle-job", 4, vc="idle", seq=2)],
+                      [Run("r", "busy", {"a": 3})],
+                      {"busy": VcPolicy(4), "idle": VcPolicy(4), "default": VcPolicy(0)})
+    assert "idle-job" in placed(result)
+
+
+def test_positions_count_within_each_vc() -> None:
+    queue = [req(f"x{i}", 8, vc="x", seq=i) for i in range(3)] + [req("y0", 8, vc="y", seq=9)]
+    result = run_plan({"a": 4}, queue, [], {"x": VcPolicy(2), "y": VcPolicy(2)})
+    assert [result.waiting[f"x{i}"].position for i in range(3)] == [1, 2, 3]
+    assert result.waiting["y0"].position == 1
+
+
+def test_queue_order_puts_class_before_submit_time() -> None:
+    assert queue_order(PROD, 99) < queue_order(TEST, 1) < queue_order(OPPO, 0)
+    assert queue_order(TEST, 1) < queue_order(TEST, 2)
+
+
+# --------------------------------------------------------------- preemption
+
+SPLIT = {"research": VcPolicy(4), "default": VcPolicy(4)}
+OVERCOMMITTED = {"research": VcPolicy(4), "default": VcPolicy(8)}
+
+PREEMPTION_CASES = [
+    pytest.param(
+        [req("owner", 4, vc="research", seq=5)],
+        [Run("lender", "default", {"a": 8}, mode=BORROWED)],
+        SPLIT,
+        {"lender": "owner"},
+        id="guaranteed work preempts borrowed work"),
+    pytest.param(
+        [req("borrower", 4, vc="default", seq=5)],
+        [Run("guaranteed", "research", {"a": 4}), Run("b2", "default", {"a": 4},
+                                                      mode=BORROWED)],
+        SPLIT,
+        {},
+        id="borrowed work never preempts"),
+    pytest.param(
+        [req("owner", 4, vc="research", seq=5)],
+        [Run("g", "default", {"a": 8}, mode=GUARANTEED)],
+        OVERCOMMITTED,
+        {},
+        id="guaranteed work of another VC is never a victim"),
+    pytest.param(
+        [req("owner", 2, vc="research", seq=5)],
+        [Run("old", "default", {"a": 2}, mode=BORROWED, started=1),
+         Run("young", "default", {"a": 2}, mode=BORROWED, started=9),
+         Run("g", "default", {"a": 4}, mode=GUARANTEED)],
+        SPLIT,
+        {"young": "owner"},
+        id="the youngest borrowed job goes first"),
+    pytest.param(
+        [req("owner", 2, vc="research", seq=5)],
+        [Run("test-b", "default", {"a": 2}, mode=BORROWED, cls=TEST, started=9),
+         Run("oppo-b", "default", {"a": 2}, mode=BORROWED, cls=OPPO, started=1),
+         Run("g", "default", {"a": 4}, mode=GUARANTEED)],
+        SPLIT,
+        {"oppo-b": "owner"},
+        id="the lowest class goes before the youngest"),
+    pytest.param(
+        [req("owner", 4, vc="research", seq=5)],
+        [Run("b1", "default", {"a": 1}, mode=BORROWED, started=9),
+         Run("b4", "default", {"a": 4}, mode=BORROWED, started=1),
+         Run("g", "default", {"a": 3}, mode=GUARANTEED)],
+        {"research": VcPolicy(5), "default": VcPolicy(3)},
+        {"b4": "owner"},
+        id="the fewest victims: a victim the others make unneeded is spared"),
+    pytest.param(
+        [req("prod", 4, vc="research", cls=PROD, seq=5)],
+        [Run("test", "research", {"a": 4}, cls=TEST),
+         Run("g", "default", {"a": 4}, mode=GUARANTEED)],
+        SPLIT,
+        {"test": "prod"},
+        id="a VC's prod job preempts its own test job"),
+    pytest.param(
+        [req("owner", 4, vc="research", seq=5)],
+        [Run("leaving", "default", {"a": 4}, mode=BORROWED, preempted_by="owner"),
+         Run("other", "default", {"a": 4}, mode=BORROWED)],
+        SPLIT,
+        {},
+        id="no new victims while the chosen ones are leaving"),
+]
+
+
+@pytest.mark.parametrize(("queue", "runs", "vcs", "expected"), PREEMPTION_CASES)
+def test_preemption(queue: list[JobRequest], runs: list[Run], vcs: dict[str, VcPolicy],
+                    expected: dict[str, str]) -> None:
+    result = run_plan({"a": 8}, queue, runs, vcs)
+    assert preempted(result) == expected
+    for job_id in expected.values():
+        why = result.waiting[job_id]
+        assert why.reason == PREEMPTING
+        assert why.estimated_start_ms == NOW + 30_000  # the victims' grace period
+
+
+def test_a_preempting_job_waits_on_its_victims_and_nobody_takes_their_nodes() -> None:
+    queue = [req("owner", 8, vc="research", seq=1), req("small", 1, vc="default", seq=2)]
+    runs = [Run("lender", "default", {"a": 8}, mode=BORROWED, preempted_by="owner")]
+    result = run_plan({"a": 8, "b": 1}, queue, runs,
+                      {"research": VcPolicy(8), "default": VcPolicy(1)})
+    assert result.waiting["owner"].reason == PREEMPTING
+    assert result.waiting["owner"].estimated_start_ms == NOW + 5000
+    assert result.reservations["owner"] == ("a",)
+    assert placed(result) == {"small": GUARANTEED}
+    assert result.placed[0].placements[0].node == "b"
+
+
+# --------------------------------------------------------------- starvation
+
+def test_the_head_reserves_its_nodes_and_small_jobs_backfill_elsewhere() -> None:
+    # "a" is busy with 6 of 8 GPUs; "b" has 2 free of 4. The 8-GPU head can
+    # only ever run on "a": it reserves it; the 1-GPU jobs after it go to "b".
+    queue = [req("big", 8, seq=1)] + [req(f"small{i}", 1, seq=2 + i) for i in range(4)]
+    result = run_plan({"a": 8, "b": 4}, queue, [Run("r", "default", {"a": 6, "b": 2})])
+    assert result.reservations == {"big": ("a",)}
+    assert set(placed(result)) == {"small0", "small1"}
+    assert all(p.placements[0].node == "b" for p in result.placed)
+    assert result.waiting["small2"].reason == RESERVED  # "a" has room, kept for "big"
+
+
+def test_a_job_that_fits_only_in_a_reservation_is_told_so() -> None:
+    queue = [req("big", 8, seq=1), req("small", 2, seq=2)]
+    result = run_plan({"a": 8}, queue, [Run("r", "default", {"a": 6})])
+    assert result.waiting["small"].reason == RESERVED
+    assert [b.name for b in result.waiting["small"].blocked_by] == ["big"]
+
+
+def test_without_reservations_fifo_holds_everything_behind_the_head() -> None:
+    cluster, _ = scenario({"a": 4})
+    result = fifo_plan(cluster, [req("big", 8, seq=1), req("small", 1, seq=2)])
+    assert not result.placed
+
+
+# --------------------------------------------------------------- placement
+
+def test_a_failed_fit_does_not_hold_back_a_job_alike_but_for_its_ports() -> None:
+    late = req("late-ports", 0, seq=1, ports=(PortRequest("p", 2, begin_at=15099),))
+    early = req("early-ports", 0, seq=2, ports=(PortRequest("p", 2, begin_at=15000),))
+    result = run_plan({"a": 1}, [late, early])
+    assert "early-ports" in placed(result)
+    assert result.waiting["late-ports"].reason == UNSCHEDULABLE
+
+
+@pytest.mark.parametrize(("model", "gpu_type", "matches"), [
+    pytest.param("Tesla V100-SXM2-32GB", "V100", True, id="a word of the model"),
+    pytest.param("Tesla V100-SXM2-32GB", "v100", True, id="case does not matter"),
+    pytest.param("Tesla V100-SXM2-32GB", "V10", False, id="part of a word does not"),
+    pytest.param("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB PCIe", True, id="the whole model"),
+    pytest.param("virtual", "", False, id="empty asks for nothing"),
+])
+def test_gpu_type_matches(model: str, gpu_type: str, matches: bool) -> None:
+    assert gpu_type_matches(model, gpu_type) is matches
+
+
+def test_gpu_type_restricts_the_nodes() -> None:
+    cluster, _ = scenario({"k80": 8}, model="Tesla K80")
+    other, _ = scenario({"v100": 8}, model="Tesla V100")
+    nodes = list(cluster.nodes.values()) + list(other.nodes.values())
+    result = plan(Cluster(nodes), [req("j", 2, gpu_type="V100")], [],
+                  {"default": VcPolicy(16)}, NOW)
+    assert result.placed[0].placements[0].node == "v100"
+
+
+def test_a_gpu_type_no_node_has_is_named() -> None:
+    result = run_plan({"a": 8}, [req("j", 1, gpu_type="H100")], model="Tesla V100")
+    assert result.waiting["j"].reason == NO_GPU_TYPE
+
+
+def test_multi_gpu_tasks_get_gpus_of_one_topology_group() -> None:
+    # GPUs 0-3 and 4-7 are two NVLink islands; GPU 0 and 1 are taken.
+    groups = {g: g // 4 for g in range(8)}
+    result = run_plan({"a": 8}, [req("j", 4)], [Run("r", "default", {"a": 2})],
+                      groups=groups)
+    assert result.placed[0].placements[0].gpus == (4, 5, 6, 7)
+
+
+def test_a_gang_lands_on_as_few_nodes_as_it_can() -> None:
+    result = run_plan({"a": 8, "b": 8, "c": 8}, [req("j", 2, tasks=4)])
+    assert {p.node for p in result.placed[0].placements} == {"a"}
+
+
+# ----------------------------------------------------------------- properties
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[dict[str, int], list[Run], list[JobRequest],
+                                     dict[str, VcPolicy]]:
+    nodes = {f"n{i}": draw(st.integers(1, 8)) for i in range(draw(st.integers(1, 4)))}
+    vcs = ["default", "a", "b"]
+    left = dict(nodes)
+    runs = []
+    for i in range(draw(st.integers(0, 5))):
+        name = draw(st.sampled_from(sorted(nodes)))
+        if not left[name]:
+            continue
+        count = draw(st.integers(1, left[name]))
+        left[name] -= count
+        runs.append(Run(f"run{i}", draw(st.sampled_from(vcs)), {name: count},
+                        mode=draw(st.sampled_from([GUARANTEED, BORROWED])),
+                        cls=draw(st.sampled_from(list(PriorityClass))),
+                        started=draw(st.integers(0, 100))))
+    queue = [req(f"q{i}", draw(st.integers(0, 8)), vc=draw(st.sampled_from(vcs)),
+                 cls=draw(st.sampled_from(list(PriorityClass))), seq=i,
+                 tasks=draw(st.integers(1, 3)))
+             for i in range(draw(st.integers(1, 8)))]
+    policies = {vc: VcPolicy(draw(st.integers(0, 8)), draw(st.booleans())) for vc in vcs}
+    return nodes, runs, queue, policies
+
+
+@settings(max_examples=300, deadline=None)
+@given(world=worlds())
+def test_properties_of_a_pass(world: tuple[dict[str, int], list[Run], list[JobRequest],
+                                            dict[str, VcPolicy]]) -> None:
+    nodes, runs, queue, vcs = world
+    cluster, running = scenario(nodes, runs)
+    free = {name: set(n.free_gpus) for name, n in cluster.nodes.items()}
+    result = plan(cluster, queue, running, vcs, NOW)
+
+    # every job is decided once: placed or waiting
+    ids = [p.request.job_id for p in result.placed]
+    assert len(ids) == len(set(ids))
+    assert set(ids).isdisjoint(result.waiting)
+    assert set(ids) | set(result.waiting) == {r.job_id for r in queue}
+    # gangs are whole, and no GPU is given twice or given while held
+    given_gpus: Counter[tuple[str, int]] = Counter()
+    for p in result.placed:
+        assert sorted((t.role, t.index) for t in p.placements) == \
+            sorted((t.role, t.index) for t in p.request.tasks)
+        for t in p.placements:
+            given_gpus.update((t.node, g) for g in t.gpus)
+            assert set(t.gpus) <= free[t.node], "a held GPU was given"
+    assert all(count == 1 for count in given_gpus.values()), "a GPU was given twice"
+    # a reservation is never taken by a later job in the same pass
+    for job_id, names in result.reservations.items():
+        for p in result.placed[result.reserved_after[job_id]:]:
+            assert not {t.node for t in p.placements} & set(names), "a reservation was taken"
+    # preemption: only for guaranteed-eligible work, only of borrowed or the
+    # same VC's lower classes, each victim once, never one already leaving
+    by_id = {r.job_id: r for r in running}
+    victims = [p.victim.job_id for p in result.preempt]
+    assert len(victims) == len(set(victims)), "a job was preempted twice"
+    requests = {r.job_id: r for r in queue}
+    for p in result.preempt:
+        victim, winner = by_id[p.victim.job_id], requests[p.by]
+        assert not victim.preempted_by
+        assert winner.priority != OPPO, "opportunistic work preempted someone"
+        mode = result.modes.get(victim.job_id, victim.mode)
+        assert mode == BORROWED or (victim.vc == winner.vc
+                                    and victim.priority < winner.priority), \
+            "guaranteed work was preempted for borrowed or equal work"
+        assert result.waiting[p.by].reason == PREEMPTING
+    # borrowed placements never ask anyone to leave; guaranteed ones fit the guarantee
+    for vc, policy in vcs.items():
+        guaranteed = sum(p.request.gpus for p in result.placed
+                         if p.request.vc == vc and p.mode == GUARANTEED)
+        kept = sum(r.gpus for r in running if r.vc == vc and not r.preempted_by
+                   and result.modes.get(r.job_id, r.mode) == GUARANTEED)
+        assert guaranteed + kept <= policy.guarantee or guaranteed == 0
