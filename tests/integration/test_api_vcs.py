@@ -1,5 +1,6 @@
-"""Virtual clusters through the API on a real Redis: quotas, what is used and
-who waits, admin-only changes, and what a submission may ask of a VC."""
+"""Virtual clusters through the API on a real Redis: guarantees, borrowing,
+what is used and who waits, admin-only changes, and what a submission may
+ask of a VC."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from tests.integration.api_client import AuthedClient, config, error_of, new_use
 
 @pytest.fixture
 def alice(flask_client: FlaskClient, admin: AuthedClient) -> AuthedClient:
-    """An ordinary user of `default` and `vision` (quota 4 GPUs)."""
+    """An ordinary user of `default` and `vision` (guaranteed 4 GPUs, no borrowing)."""
     assert admin.put("/api/v1/virtual-clusters/vision",
-                     json={"gpuQuota": 4, "description": "computer vision"}).status_code == 201
+                     json={"gpuQuota": 4, "description": "computer vision",
+                           "borrowing": False}).status_code == 201
     client = new_user(flask_client, admin, "alice")
     admin.put("/api/v1/user/alice/virtualClusters",
               json={"virtualClusters": ["default", "vision"]})
@@ -49,9 +51,12 @@ def test_the_default_vc_exists_without_a_quota(alice: AuthedClient) -> None:
     assert listed.status_code == 200 and listed.json is not None
     assert sorted(listed.json) == ["default", "vision"]
     default = vc_view(alice, "default")
+    assert default.pop("queue") == []  # one VC's view lists its queue
     assert default == listed.json["default"]
     assert default["name"] == "default"
-    assert (default["gpuQuota"], default["gpuFree"]) == (None, None)
+    # no node has reported: what the others leave of nothing is nothing
+    assert (default["gpuQuota"], default["gpuGuaranteed"], default["gpuFree"]) == (None, 0, 0)
+    assert default["borrowing"] is True
     assert default["resourcesUsed"] == {"GPUs": 0, "CPUs": 0, "memoryMB": 0, "tasks": 0}
     assert (default["waitingJobs"], default["runningJobs"]) == (0, 0)
 
@@ -84,9 +89,10 @@ def test_an_admin_creates_updates_and_deletes_a_vc(admin: AuthedClient,
     assert updated.status_code == 200
     assert vc_view(admin, "speech")["gpuQuota"] == 16
 
-    unlimited = admin.put("/api/v1/virtual-clusters/speech", json={"gpuQuota": None})
-    assert unlimited.status_code == 200 and unlimited.json is not None
-    assert (unlimited.json["gpuQuota"], unlimited.json["gpuFree"]) == (None, None)
+    unguaranteed = admin.put("/api/v1/virtual-clusters/speech", json={"gpuQuota": None})
+    assert unguaranteed.status_code == 200 and unguaranteed.json is not None
+    assert (unguaranteed.json["gpuQuota"], unguaranteed.json["gpuGuaranteed"],
+            unguaranteed.json["borrowing"]) == (None, 0, True)
 
     assert admin.delete("/api/v1/virtual-clusters/speech").status_code == 200
     assert error_of(admin.get("/api/v1/virtual-clusters/speech"), 404) \
@@ -94,11 +100,18 @@ def test_an_admin_creates_updates_and_deletes_a_vc(admin: AuthedClient,
     assert redis_client.smembers(keys.VCS) == {"default"}
 
 
-def test_a_zero_quota_vc_refuses_every_gpu_job(admin: AuthedClient) -> None:
-    assert admin.put("/api/v1/virtual-clusters/frozen", json={"gpuQuota": 0}).status_code \
+def test_a_zero_quota_vc_borrows_unless_told_not_to(admin: AuthedClient) -> None:
+    assert admin.put("/api/v1/virtual-clusters/lender", json={"gpuQuota": 0}).status_code \
         == 201
+    borrowing = admin.post("/api/v1/user/root/jobs", json=gpu_job("one", "lender", tasks=1))
+    assert borrowing.status_code == 202
+    assert admin.put("/api/v1/virtual-clusters/frozen",
+                     json={"gpuQuota": 0, "borrowing": False}).status_code == 201
     resp = admin.post("/api/v1/user/root/jobs", json=gpu_job("one", "frozen", tasks=1))
     assert error_of(resp, 400) == "InvalidJobConfigError"
+    oppo = {**config("cpu-oppo", virtualCluster="frozen"), "jobPriorityClass": "oppo"}
+    assert error_of(admin.post("/api/v1/user/root/jobs", json=oppo), 400) \
+        == "InvalidJobConfigError"
     cpu_only = admin.post("/api/v1/user/root/jobs", json=config("cpu", virtualCluster="frozen"))
     assert cpu_only.status_code == 202
 
@@ -181,7 +194,9 @@ def test_a_vc_shows_its_quota_what_is_used_and_who_waits(
     assert view["gpuQuota"] == 4
     assert view["resourcesUsed"] == {"GPUs": 2, "CPUs": 2, "memoryMB": 256, "tasks": 2}
     assert view["gpuFree"] == 2
+    assert view["gpuBorrowed"] == 0
     assert (view["runningJobs"], view["waitingJobs"]) == (1, 2)
+    assert view.pop("queue") == ["alice~queued-1", "alice~queued-2"]
     default = vc_view(alice, "default")
     assert (default["runningJobs"], default["waitingJobs"]) == (0, 1)
     assert default["resourcesUsed"]["GPUs"] == 0
@@ -218,18 +233,18 @@ def test_submitting_to_an_unknown_vc_is_400(alice: AuthedClient,
     assert redis_client.zcard(keys.JOBS) == 0
 
 
-def test_a_job_needing_more_gpus_than_its_vc_quota_is_400(alice: AuthedClient,
+def test_a_job_needing_more_gpus_than_a_non_borrowing_vc_guarantees_is_400(alice: AuthedClient,
                                                           redis_client: redis.Redis) -> None:
     resp = alice.post("/api/v1/user/alice/jobs", json=gpu_job("big", "vision", tasks=5))
 
     assert error_of(resp, 400) == "InvalidJobConfigError"
     assert resp.json is not None
     assert resp.json["fields"] == {"virtualCluster": [
-        "the job needs 5 GPUs at once; the quota of vision is 4"]}
+        "the job needs 5 GPUs at once; vision is guaranteed 4 and does not borrow"]}
     assert redis_client.zcard(keys.JOBS) == 0
 
 
-def test_the_quota_counts_gpus_over_every_role(alice: AuthedClient) -> None:
+def test_the_guarantee_counts_gpus_over_every_role(alice: AuthedClient) -> None:
     job = gpu_job("two-roles", "vision", tasks=1, gpus=3)
     job["taskRoles"].append({**job["taskRoles"][0], "name": "worker", "gpuNumber": 2})
     resp = alice.post("/api/v1/user/alice/jobs", json=job)
