@@ -129,10 +129,13 @@ def record_task_exit(
         elif live:
             spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
             outcome = evaluate_completion(spec, tasks.values())
-            if job.preempted_by and (outcome is None or outcome.state != JobState.SUCCEEDED):
+            succeeded = outcome is not None and outcome.state == JobState.SUCCEEDED \
+                and exit_code == 0
+            if job.preempted_by and not succeeded:
                 # Preempted: tasks ending on the signal are not the job's
-                # failure. Once all have ended it goes back to its queue at
-                # its old place, uncharged; a success in the grace period stands.
+                # failure (nor, stopped, its success). Once all have ended it
+                # goes back to its queue at its old place, uncharged; a task
+                # succeeding in the grace period that completes the job stands.
                 outcome = None
                 if all(t.state.is_final for t in tasks.values()):
                     ended = retried = True

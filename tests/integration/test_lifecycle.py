@@ -21,9 +21,11 @@ from shared.lifecycle import (
     ExitReport,
     commit_placement,
     delete_job,
+    mark_preempted,
     mark_task_running,
     record_task_exit,
     request_stop,
+    set_mode,
     set_waiting,
     submit_job,
 )
@@ -716,3 +718,107 @@ def test_start_and_exit_reported_at_once_settle_the_task_once(
         assert task.state == TaskState.SUCCEEDED
         # A start seen after the exit is refused, so its launcher stops nothing live.
         assert started == (task.container_id == "c0")
+
+
+# ------------------------------------------------------------ preemption
+
+
+def preempt(store: Store, job_id: str, by: str = "bob~owner") -> Job | None:
+    return mark_preempted(store, job_id, attempt=job_of(store, job_id).attempt, by=by,
+                          deadline_ms=DEADLINE_MS)
+
+
+def test_a_preempted_job_goes_back_to_its_place_uncharged(
+        store: Store, redis_client: redis.Redis) -> None:
+    earlier = submit_job(store, "alice", config("earlier"))
+    job = submit_job(store, "alice", config("victim", roles=[role("main", 2)], retryCount=0))
+    later = submit_job(store, "alice", config("later"))
+    start_all(store, job.id)
+    assert preempt(store, job.id) is not None
+
+    first = exit_task(store, job.id, "main", 0, 143)  # SIGTERM: not the job's failure
+    assert (first.attempt_ended, first.job_state) == (False, JobState.RUNNING)
+    second = exit_task(store, job.id, "main", 1, 137)
+    assert (second.attempt_ended, second.retried) == (True, True)
+
+    after = job_of(store, job.id)
+    assert (after.state, after.attempt, after.retries, after.platform_retries,
+            after.preemptions) == (JobState.WAITING, 1, 0, 0, 1)
+    assert (after.preempted_by, after.mode, after.queue_seq) == ("", "", job.queue_seq)
+    closed = store.get_attempts(job.id)[0]
+    assert (closed.reason, closed.preempted_by) == ("Preempted by bob~owner", "bob~owner")
+    assert task_states(store, job.id, 0) == {"main:0": TaskState.STOPPED,
+                                             "main:1": TaskState.STOPPED}
+    # back between the jobs submitted before and after it
+    assert redis_client.zrange(keys.vc_queue("default"), 0, -1) == [earlier.id, job.id,
+                                                                    later.id]
+    assert "preempted" in event_kinds(store, job.id)
+    assert_state_index_consistent(redis_client, after)
+
+
+def test_a_job_that_succeeds_in_its_grace_period_succeeds(store: Store) -> None:
+    job = submit_job(store, "alice", config("quick"))
+    start_all(store, job.id)
+    assert preempt(store, job.id) is not None
+    exit_task(store, job.id, "main", 0, 0)
+    assert job_of(store, job.id).state == JobState.SUCCEEDED
+
+
+def test_a_job_is_preempted_once_per_attempt(store: Store) -> None:
+    job = submit_job(store, "alice", config("once"))
+    start_all(store, job.id)
+    assert preempt(store, job.id, by="bob~first") is not None
+    assert preempt(store, job.id, by="bob~second") is None
+    assert job_of(store, job.id).preempted_by == "bob~first"
+
+
+def test_a_waiting_or_finished_job_is_never_marked_preempted(store: Store) -> None:
+    queued = submit_job(store, "alice", config("queued"))
+    assert preempt(store, queued.id) is None
+    done = submit_job(store, "alice", config("done"))
+    start_all(store, done.id)
+    exit_task(store, done.id, "main", 0, 0)
+    assert preempt(store, done.id) is None
+
+
+def test_a_stop_wins_over_a_preemption(store: Store) -> None:
+    job = submit_job(store, "alice", config("stopped", retryCount=3))
+    start_all(store, job.id)
+    assert preempt(store, job.id) is not None
+    request_stop(store, job.id)
+    exit_task(store, job.id, "main", 0, 143)
+    after = job_of(store, job.id)
+    assert (after.state, after.preemptions) == (JobState.STOPPED, 0)
+
+
+def test_tasks_exiting_at_once_under_preemption_requeue_exactly_once(
+    store: Store, redis_server: str, redis_client: redis.Redis,
+    fresh_jobs: Callable[..., Job],
+) -> None:
+    for _ in range(ROUNDS):
+        job = fresh_jobs(roles=[role("main", 2)])
+        start_all(store, job.id)
+        assert preempt(store, job.id) is not None
+        reports = race(
+            redis_server,
+            partial(exit_in, job_id=job.id, index=0, code=143),
+            partial(exit_in, job_id=job.id, index=1, code=143),
+        )
+        assert sum(r.retried for r in reports if r is not None) == 1
+        after = job_of(store, job.id)
+        assert (after.state, after.attempt, after.preemptions, after.retries) == \
+            (JobState.WAITING, 1, 1, 0)
+        assert redis_client.zscore(keys.QUEUE, job.id) == after.queue_seq
+        assert event_kinds(store, job.id).count("attempt-end") == 1
+
+
+def test_set_mode_changes_only_a_placed_job(store: Store) -> None:
+    job = submit_job(store, "alice", config("moded"))
+    assert not set_mode(store, job.id, attempt=0, mode="borrowed")  # not placed
+    placed_job = job_of(store, job.id)
+    assert commit_placement(store, job.id, version=placed_job.version, attempt=0,
+                            placements=placements(store, job.id),
+                            launch_deadline_ms=DEADLINE_MS, mode="guaranteed")
+    assert set_mode(store, job.id, attempt=0, mode="borrowed")
+    assert job_of(store, job.id).mode == "borrowed"
+    assert not set_mode(store, job.id, attempt=0, mode="borrowed")  # already so
