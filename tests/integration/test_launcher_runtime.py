@@ -35,7 +35,7 @@ from shared.completion import NON_RETRYABLE_PREFIX
 from shared.config import Settings
 from shared.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
 from shared.jobspec import validate_job_config
-from shared.lifecycle import commit_placement, request_stop, submit_job
+from shared.lifecycle import commit_placement, mark_preempted, request_stop, submit_job
 from shared.messaging import SCHEDULER_QUEUE, Messenger, make_celery
 from shared.models import Job, Node, Task, TaskPlacement, now_ms
 from shared.states import JobState, TaskState
@@ -540,6 +540,52 @@ def test_stop_of_a_created_container_removes_it_and_settles_the_task(rig: Rig) -
     rig.launcher.stop_task(job.id, 0, "main", 0)
     assert rig.container(job) is None
     assert rig.task(job).state == TaskState.STOPPED
+
+
+# ---------------------------------------------------------------- preemption
+
+TRAPS_TERM = ('trap \'cat "$PAI_PREEMPTION_FILE"; exit 7\' TERM; '
+              'while true; do sleep 0.2; done')
+
+
+def test_a_preempted_task_reads_its_notice_and_gets_sigterm(rig: Rig) -> None:
+    job = rig.submit(rig.config(command=TRAPS_TERM))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    wait_for(lambda: status_of(container) == "running", "the container to run")
+    assert mark_preempted(rig.store, job.id, attempt=0, by="bob~owner",
+                          deadline_ms=now_ms() + 30_000) is not None
+
+    rig.launcher.preempt_task(job.id, 0, "main", 0)
+
+    assert container.wait(timeout=WAIT_SECONDS)["StatusCode"] == 7  # its own handler ran
+    notice = container.logs().decode()
+    assert "PAI_PREEMPTED=1" in notice and "PAI_PREEMPTED_BY=bob~owner" in notice
+
+
+def test_a_preempt_message_for_a_job_not_preempted_does_nothing(rig: Rig) -> None:
+    """Threat: a forged or stale preempt message (another user's job id in the
+    launcher's queue) must not signal a job the scheduler did not preempt."""
+    job = rig.submit(rig.config(command=TRAPS_TERM))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    container = rig.container(job)
+    assert container is not None
+    wait_for(lambda: status_of(container) == "running", "the container to run")
+
+    rig.launcher.preempt_task(job.id, 0, "main", 0)
+
+    assert status_of(container) == "running"
+
+
+def test_a_task_preempted_before_its_container_started_is_settled(rig: Rig) -> None:
+    job = rig.submit(rig.config())
+    assert mark_preempted(rig.store, job.id, attempt=0, by="bob~owner",
+                          deadline_ms=now_ms() + 30_000) is not None
+    rig.launcher.preempt_task(job.id, 0, "main", 0)
+    assert rig.task(job).state == TaskState.STOPPED
+    after = rig.job(job)
+    assert (after.state, after.attempt, after.preemptions) == (JobState.WAITING, 1, 1)
 
 
 # ------------------------------------------------------------------ heartbeat
