@@ -12,6 +12,7 @@ import redis
 
 from services.scheduler.service import Scheduler
 from shared import keys
+from shared.accounts import Accounts, VirtualCluster
 from shared.config import Settings
 from shared.lifecycle import (
     commit_placement,
@@ -273,3 +274,68 @@ def test_a_stale_launch_that_starts_meanwhile_keeps_no_lease(
     assert hook.fired
     assert redis_client.zscore(keys.LAUNCHING, member) is None
     assert launcher_messages(redis_client, "n1") == []
+
+
+# ------------------------------------------------------------ the policy
+
+
+def launcher_tasks(r: redis.Redis, node: str) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of what waits in a launcher's queue."""
+    messages = [json.loads(m) for m in r.lrange(f"launcher.{node}", 0, -1)]
+    return [(m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0])
+            for m in messages]
+
+
+def test_a_borrowing_job_is_preempted_for_the_owner_and_comes_back_uncharged(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    add_node(store, gpus=4)
+    Accounts(store).put_vc(VirtualCluster("research", 4))  # default keeps 0 of 4
+    borrower = submit_job(store, "alice", config("borrower", gpus=4))
+    scheduler.run_pass()
+    assert (store.get_job(borrower.id) or pytest.fail()).mode == "borrowed"
+    mark_task_running(store, borrower.id, 0, "main", 0, "c1")
+
+    owner = submit_job(store, "bob", {**config("owner", gpus=4), "virtualCluster": "research",
+                                      "preemptionGracePeriodSec": 5})
+    scheduler.run_pass()
+
+    victim = store.get_job(borrower.id) or pytest.fail()
+    assert victim.preempted_by == owner.id
+    assert ("pai.launcher.preempt_task", [borrower.id, 0, "main", 0]) in \
+        launcher_tasks(redis_client, "n1")
+    waiting = store.get_job(owner.id) or pytest.fail()
+    explained = json.loads(waiting.waiting)
+    assert explained["reason"] == "WaitingForPreemption"
+    assert explained["blockedBy"] == [{"kind": "job", "name": borrower.id}]
+    # the victim's grace is its own default (30 s), not the owner's 5 s
+    assert explained["estimatedStartTime"] == victim.preempt_deadline_ms
+    scheduler.run_pass()  # again: no second preemption, no second signal
+    assert [t for t, _ in launcher_tasks(redis_client, "n1")].count(
+        "pai.launcher.preempt_task") == 1
+
+    report = record_task_exit(store, borrower.id, 0, "main", 0, exit_code=143)
+    assert report is not None and report.retried
+    scheduler.task_ended(borrower.id, 0, "main", 0)
+
+    placed = store.get_job(owner.id) or pytest.fail()
+    assert (placed.mode, store.get_tasks(owner.id, 0)[0].state) == ("guaranteed",
+                                                                     TaskState.LAUNCHING)
+    requeued = store.get_job(borrower.id) or pytest.fail()
+    assert (requeued.state, requeued.retries, requeued.preemptions) == (JobState.WAITING, 0, 1)
+    assert redis_client.zrange(keys.vc_queue("default"), 0, -1) == [borrower.id]
+
+
+def test_the_overdue_victim_is_stopped_hard(store: Store, redis_server: str,
+                                            redis_client: redis.Redis) -> None:
+    settings = Settings(redis_url=redis_server, preemption_grace_seconds=0)
+    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+    add_node(store, gpus=4)
+    Accounts(store).put_vc(VirtualCluster("research", 4))
+    borrower = submit_job(store, "alice", config("borrower", gpus=4))
+    scheduler.run_pass()
+    mark_task_running(store, borrower.id, 0, "main", 0, "c1")
+    submit_job(store, "bob", {**config("owner", gpus=4), "virtualCluster": "research"})
+    scheduler.run_pass()  # preempts, with no grace at all
+    scheduler.run_pass()  # the grace is over: the stop follows
+    assert ("pai.launcher.stop_task", [borrower.id, 0, "main", 0]) in \
+        launcher_tasks(redis_client, "n1")
