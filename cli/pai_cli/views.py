@@ -51,16 +51,25 @@ def _table(title: str | None, columns: Sequence[str], *, right: Iterable[str] = 
 
 
 def jobs_table(rows: Sequence[Mapping[str, Any]], gpus: Mapping[str, int | None],
-               now: int) -> Table:
-    table = _table(None, ["NAME", "USER", "VC", "STATE", "GPUS", "SUBMITTED", "DURATION",
-                          "RETRIES"], right=("GPUS", "RETRIES"), wrap=("NAME",))
+               now: int, *, waiting: bool = False) -> Table:
+    """The job list; `waiting`: why each one waits instead of how long it ran."""
+    last = ["WAITING FOR"] if waiting else ["DURATION", "RETRIES"]
+    table = _table(None, ["NAME", "USER", "VC", "CLASS", "STATE", "GPUS", "SUBMITTED", *last],
+                   right=("GPUS", "RETRIES"), wrap=("NAME", "WAITING FOR"))
     for row in rows:
-        table.add_row(_cell(row["name"]), _cell(row.get("username")),
-                      _cell(row.get("virtualCluster")), _state(row.get("state")),
-                      _cell(gpus.get(row["name"])),
-                      _cell(format_time(row.get("createdTime"), seconds=False)),
-                      _cell(elapsed(row.get("createdTime"), row.get("completedTime"), now)),
-                      _cell(row.get("retries")))
+        state = row.get("state")
+        if row.get("mode") == "borrowed":
+            state = f"{state} (borrowed)"
+        cells = [_cell(row["name"]), _cell(row.get("username")),
+                 _cell(row.get("virtualCluster")), _cell(row.get("priorityClass")),
+                 _state(state), _cell(gpus.get(row["name"])),
+                 _cell(format_time(row.get("createdTime"), seconds=False))]
+        if waiting:
+            cells.append(_cell(row.get("waitingReason") or "a scheduling pass"))
+        else:
+            cells += [_cell(elapsed(row.get("createdTime"), row.get("completedTime"), now)),
+                      _cell(row.get("retries"))]
+        table.add_row(*cells)
     return table
 
 
@@ -90,8 +99,16 @@ def job_view(detail: Mapping[str, Any], now: int) -> RenderableType:
     ]
     if status.get("executionType") == "STOP" and state != "STOPPED":
         pairs.append(("Stop", "requested"))
+    if status.get("priorityClass"):
+        pairs.append(("Priority class", status.get("priorityClass")))
+    if status.get("mode"):
+        pairs.append(("Runs on", "borrowed GPUs (preemptible)" if status["mode"] == "borrowed"
+                      else "its virtual cluster's guarantee"))
+    if status.get("preemptedBy"):
+        pairs.append(("Preempted by", f"{status['preemptedBy']}, stopped at "
+                      f"{format_time(status.get('preemptionDeadline'))} at the latest"))
     if state == "WAITING":
-        pairs.append(("Waiting for", status.get("waitingReason") or "a scheduling pass"))
+        pairs += _waiting_pairs(status)
     if status.get("appExitCode") is not None:
         pairs.append(("Exit code", status.get("appExitCode")))
     if status.get("appExitDiagnostics"):
@@ -102,6 +119,23 @@ def job_view(detail: Mapping[str, Any], now: int) -> RenderableType:
         parts += [Text(""), attempts_table(attempts)]
     parts += [Text(""), tasks_table(detail.get("taskRoles") or {}, status.get("attemptIndex"))]
     return Group(*parts)
+
+
+def _waiting_pairs(status: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    waiting = status.get("waiting")
+    if not waiting:
+        return [("Waiting for", status.get("waitingReason") or "a scheduling pass")]
+    pairs: list[tuple[str, Any]] = [
+        ("Waiting for", f"{waiting.get('message')} [{waiting.get('reason')}]"),
+        ("Position", f"{waiting.get('position')} in {status.get('virtualCluster')} "
+                     f"({waiting.get('ahead')} ahead)")]
+    blockers = waiting.get("blockedBy") or []
+    if blockers:
+        pairs.append(("Blocked by", ", ".join(f"{b.get('kind')} {b.get('name')}"
+                                              for b in blockers)))
+    if waiting.get("estimatedStartTime"):
+        pairs.append(("Expected start", format_time(waiting["estimatedStartTime"])))
+    return pairs
 
 
 def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
@@ -152,15 +186,17 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]], now: int) -> Table:
 
 
 def vcs_table(vcs: Mapping[str, Mapping[str, Any]]) -> Table:
-    table = _table(None, ["NAME", "GPU QUOTA", "GPUS USED", "GPUS FREE", "RUNNING",
-                          "WAITING", "DESCRIPTION"],
-                   right=("GPU QUOTA", "GPUS USED", "GPUS FREE", "RUNNING", "WAITING"),
+    """Each VC's guarantee, what it uses (and of that, borrows) and its queue."""
+    numbers = ("GUARANTEED", "GPUS USED", "BORROWED", "GPUS FREE", "RUNNING", "WAITING")
+    table = _table(None, ["NAME", *numbers, "BORROWS", "DESCRIPTION"], right=numbers,
                    wrap=("DESCRIPTION",))
     for name, vc in vcs.items():
-        quota = vc.get("gpuQuota")
         used = (vc.get("resourcesUsed") or {}).get("GPUs")
-        table.add_row(_cell(name), _cell("unlimited" if quota is None else quota),
-                      _cell(used), _cell("-" if vc.get("gpuFree") is None else vc["gpuFree"]),
+        table.add_row(_cell(name), _cell(vc.get("gpuGuaranteed", vc.get("gpuQuota"))),
+                      _cell(used), _cell(vc.get("gpuBorrowed")),
+                      _cell("-" if vc.get("gpuFree") is None else vc["gpuFree"]),
                       _cell(vc.get("runningJobs")), _cell(vc.get("waitingJobs")),
+                      _cell(None if vc.get("borrowing") is None
+                            else "yes" if vc["borrowing"] else "no"),
                       _cell(vc.get("description")))
     return table

@@ -25,6 +25,7 @@ def job_summary(job: Job) -> dict[str, Any]:
         "gpus": job.gpus,
         "startedTime": job.started_ms,
         "priorityClass": job.priority,
+        "waitingReason": job.waiting_reason,
         # while placed: on its VC's guarantee ("guaranteed") or borrowed GPUs
         "mode": job.mode or None,
     }
@@ -102,7 +103,6 @@ def job_detail(job: Job, role_order: Sequence[str], tasks: Sequence[Task],
     status = job_summary(job)
     status.update({
         "appExitDiagnostics": job.exit_diagnostics,
-        "waitingReason": job.waiting_reason,
         "attemptIndex": job.attempt,
         "platformRetries": job.platform_retries,
         "waiting": waiting_view(job, position),

@@ -138,6 +138,8 @@ class JobSummarySchema(Schema):
     gpus = fields.Integer(required=True, metadata={"description": "GPUs the job asks for"})
     startedTime = _ms(allow_none=True)  # when the current attempt started running
     priorityClass = fields.String(required=True, validate=validate.OneOf(CLASS_NAMES))
+    waitingReason = fields.String(required=True, metadata={
+        "description": "why it waits, in a sentence (\"\" when not waiting)"})
     mode = fields.String(required=True, allow_none=True,
                          validate=validate.OneOf([GUARANTEED, BORROWED]), metadata={
                              "description": "while placed: on its virtual cluster's guarantee, "
@@ -170,7 +172,6 @@ class JobStatusSchema(JobSummarySchema):
         exclude = ("name",)
 
     appExitDiagnostics = fields.String(required=True)
-    waitingReason = fields.String(required=True)
     attemptIndex = fields.Integer(required=True)
     platformRetries = fields.Integer(required=True)
     waiting = fields.Nested(WaitingSchema, required=True, allow_none=True)

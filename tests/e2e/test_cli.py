@@ -327,10 +327,10 @@ def test_read_commands_as_tables_and_json(
     rows = pai.json("jobs", "--limit", "100")
     assert name in [row["name"] for row in rows]
     table = pai.ok("jobs", "--state", "succeeded", "--limit", "100")
-    assert table.splitlines()[0].split() == ["NAME", "USER", "VC", "STATE", "GPUS",
+    assert table.splitlines()[0].split() == ["NAME", "USER", "VC", "CLASS", "STATE", "GPUS",
                                              "SUBMITTED", "DURATION", "RETRIES"]
     row = next(line.split() for line in table.splitlines() if line.startswith(name + " "))
-    assert row[1:5] == ["alice", "default", "SUCCEEDED", "2"]
+    assert row[1:6] == ["alice", "default", "test", "SUCCEEDED", "2"]
 
     detail = pai.json("status", name)
     assert detail["jobStatus"]["state"] == "SUCCEEDED"
@@ -351,7 +351,7 @@ def test_read_commands_as_tables_and_json(
     assert platform.node in [n["name"] for n in nodes]
     assert platform.node in pai.ok("nodes")
     assert "default" in pai.json("vcs")
-    assert pai.ok("vcs").splitlines()[0].split()[:3] == ["NAME", "GPU", "QUOTA"]
+    assert pai.ok("vcs").splitlines()[0].split()[:3] == ["NAME", "GUARANTEED", "GPUS"]
 
 
 def test_logs_follow_until_the_task_ends(
@@ -378,7 +378,11 @@ def test_status_says_why_a_job_waits(
     status = pai.ok("status", second)
     assert "WAITING" in status
     waiting = next(line for line in status.splitlines() if line.startswith("Waiting for"))
-    assert waiting.split(None, 2)[2] == reason
+    assert waiting.split(None, 2)[2].startswith(reason)
+    assert "Position" in status and "1 in default (0 ahead)" in status
+    listed = pai.ok("jobs", "--waiting", "--limit", "100")
+    assert listed.splitlines()[0].split()[-2:] == ["WAITING", "FOR"]
+    assert second in listed and first not in listed
 
 
 def test_an_admin_reads_another_users_jobs(

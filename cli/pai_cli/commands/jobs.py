@@ -153,15 +153,21 @@ def _gpu_counts(client: Client, rows: list[dict[str, Any]]) -> dict[str, int | N
               help="Only jobs in this state.")
 @click.option("--vc", metavar="VC", help="Only jobs in this virtual cluster.")
 @click.option("--keyword", metavar="TEXT", help="Only jobs whose name contains TEXT.")
+@click.option("--waiting", is_flag=True,
+              help="Only waiting jobs, each with why it waits (`pai status` tells more).")
 @click.option("--limit", "-n", type=click.IntRange(1, 1000), default=20, show_default=True,
               help="Show at most this many, newest first.")
 @output_option()
 @pass_session
 def list_jobs(session: Session, user: str | None, all_users: bool, state: str | None,
-              vc: str | None, keyword: str | None, limit: int, output: str) -> None:
+              vc: str | None, keyword: str | None, waiting: bool, limit: int,
+              output: str) -> None:
     """List jobs, newest first (default: the logged-in user's)."""
     if user and all_users:
         raise click.UsageError("--user and --all exclude each other")
+    if waiting and state and state.upper() != "WAITING":
+        raise click.UsageError("--waiting and --state exclude each other")
+    state = "WAITING" if waiting else state
     client = session.client()
     params = {"username": None if all_users else session.owner(user), "vc": vc,
               "state": state.upper() if state else None, "keyword": keyword,
@@ -176,7 +182,7 @@ def list_jobs(session: Session, user: str | None, all_users: bool, state: str | 
     if not rows:
         out.print("no jobs")
         return
-    out.print(jobs_table(rows, _gpu_counts(client, rows), now_ms()))
+    out.print(jobs_table(rows, _gpu_counts(client, rows), now_ms(), waiting=waiting))
     if isinstance(total, int) and total > len(rows):
         out.print(f"{len(rows)} of {total} jobs; --limit shows more", style="dim",
                   highlight=False)

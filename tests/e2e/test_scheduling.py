@@ -1,0 +1,103 @@
+"""The scheduling policy on the running platform: guarantees, borrowing,
+graceful preemption and no starvation, with real processes, Redis and Docker.
+
+Its own platform (8 virtual GPUs): the `research` VC is guaranteed 4, so
+`default` is guaranteed the other 4 and borrows beyond them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import docker
+import pytest
+
+from bench.live_platform import Platform, platform_env, run_id, wait_for
+from tests.e2e.conftest import running_platform
+
+pytestmark = pytest.mark.docker
+
+# First run: mark the output folder, wait to be preempted, keep the notice.
+# A later run finds the mark and succeeds: a job that checkpoints.
+RESUMABLE = ('if [ -f "$PAI_OUTPUT_DIR/ran" ]; then echo resumed; exit 0; fi; '
+             'touch "$PAI_OUTPUT_DIR/ran"; '
+             'trap \'cp "$PAI_PREEMPTION_FILE" "$PAI_OUTPUT_DIR/notice"; exit 143\' TERM; '
+             'while true; do sleep 0.2; done')
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_server: str, docker_client: docker.DockerClient, test_image: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    run_dir = tmp_path_factory.mktemp("scheduling")
+    env = platform_env(
+        redis_server.rsplit("/", 1)[0] + "/2", run_dir, node=f"sched-{run_id()}",
+        port_range="23000-23999", admin=("root", "root-password"),
+        extra_env={"PAI_HEARTBEAT_SECONDS": "1", "PAI_LAUNCH_TIMEOUT_SECONDS": "20"})
+    with running_platform(env, run_dir, docker_client, test_image) as pai:
+        admin = pai.admin
+        assert admin.put(f"{pai.url}/api/v1/virtual-clusters/research",
+                         json={"gpuQuota": 4}, timeout=30).status_code in (200, 201)
+        assert admin.put(f"{pai.url}/api/v1/user/alice/virtualClusters",
+                         json={"virtualClusters": ["default", "research"]},
+                         timeout=30).status_code == 200
+        yield pai
+
+
+def job(pai: Platform, name: str, command: str, gpus: int, **extra: Any) -> dict[str, Any]:
+    return pai.config(name, command, gpus=gpus, **extra)
+
+
+def test_a_borrowing_job_is_preempted_for_the_owner_and_runs_again_uncharged(
+        cluster: Platform, unique: Callable[[str], str]) -> None:
+    lender, owner = unique("lender"), unique("owner")
+    cluster.submit_accepted(job(cluster, lender, RESUMABLE, 8, preemptionGracePeriodSec=20))
+    running = cluster.wait_state(lender, "RUNNING")
+    assert running["jobStatus"]["mode"] == "borrowed"  # 8 GPUs: beyond default's 4
+    wait_for(lambda: (cluster.storage / "alice" / lender / "output" / "ran").exists(),
+             what="the first run to mark its output")
+
+    cluster.submit_accepted(job(cluster, owner, "sleep 1", 4, virtualCluster="research"))
+
+    done = cluster.wait_state(owner)
+    assert done["jobStatus"]["state"] == "SUCCEEDED"
+    assert done["jobStatus"]["mode"] == "guaranteed"
+    # the victim saved its state on the notice, then ran again and succeeded
+    notice = (cluster.storage / "alice" / lender / "output" / "notice").read_text()
+    assert "PAI_PREEMPTED=1" in notice and f"PAI_PREEMPTED_BY=alice~{owner}" in notice
+    finished = cluster.wait_state(lender)
+    status = finished["jobStatus"]
+    assert (status["state"], status["retries"], status["preemptions"]) == ("SUCCEEDED", 0, 1)
+    first = finished["attempts"][0]
+    assert (first["reason"], first["preemptedBy"]) == (f"Preempted by alice~{owner}",
+                                                       f"alice~{owner}")
+    assert "resumed" in cluster.log(lender, "main")
+    # the owner started only once the victim had stopped: no GPU held twice
+    owner_task = done["taskRoles"]["main"]["taskStatuses"][0]
+    assert owner_task["startedTime"] >= first["completedTime"]
+
+
+def test_a_big_job_is_not_starved_by_small_jobs_submitted_after_it(
+        cluster: Platform, unique: Callable[[str], str]) -> None:
+    early = [unique("early") for _ in range(4)]
+    for name in early:
+        cluster.submit_accepted(job(cluster, name, "sleep 3", 1))
+    for name in early:
+        cluster.wait_state(name, "RUNNING")
+    big = unique("big")
+    cluster.submit_accepted(job(cluster, big, "sleep 1", 8))
+    late = []
+    for _ in range(6):  # a stream behind it, each of which would fit now
+        late.append(unique("late"))
+        cluster.submit_accepted(job(cluster, late[-1], "sleep 1", 1))
+
+    waiting = cluster.detail(big)["jobStatus"]
+    if waiting["state"] == "WAITING":
+        assert waiting["waiting"]["position"] == 1
+
+    started = cluster.wait_state(big)["taskRoles"]["main"]["taskStatuses"][0]["startedTime"]
+    for name in late:
+        detail = cluster.wait_state(name)
+        assert detail["jobStatus"]["state"] == "SUCCEEDED"
+        assert detail["taskRoles"]["main"]["taskStatuses"][0]["startedTime"] > started, \
+            f"{name}, submitted after the big job, started before it"
