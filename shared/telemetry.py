@@ -67,6 +67,10 @@ SCHEDULER_PASS = RecordedMetric(
 PLACEMENTS = RecordedMetric(
     "pai_scheduler_placements", Kind.COUNTER,
     "Jobs (whole gangs) the scheduler placed, by virtual cluster.", ("vc",))
+PREEMPTIONS = RecordedMetric(
+    "pai_scheduler_preemptions", Kind.COUNTER,
+    "Jobs preempted (warned, then stopped and requeued uncharged) to make room for "
+    "guaranteed work, by the victim's virtual cluster.", ("vc",))
 SUBMIT_TO_RUNNING = RecordedMetric(
     "pai_job_submit_to_running_seconds", Kind.HISTOGRAM,
     "From a job's submit (for a retry: from its attempt's re-queueing) to its first "
@@ -80,8 +84,8 @@ API_REQUESTS = RecordedMetric(
     "API request latency by endpoint, method and status (for a log follow, until the "
     "stream starts).", ("endpoint", "method", "status"), LATENCY_BUCKETS)
 
-RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, SUBMIT_TO_RUNNING,
-                                        TASK_EXITS, API_REQUESTS)
+RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, PREEMPTIONS,
+                                        SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS)
 
 _SUM, _COUNT, _BUCKET = "sum", "count", "le="
 _SEP = "|"

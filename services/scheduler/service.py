@@ -244,6 +244,10 @@ class Scheduler:
             return  # it ended or moved on meanwhile: the next pass decides again
         log.info("preempting %s for %s (grace %.0f s)", victim.job_id, preemption.by,
                  victim.grace_ms / 1000)
+        try:
+            telemetry.record(self.store.r, telemetry.PREEMPTIONS, {"vc": victim.vc})
+        except RedisError as error:
+            log.warning("cannot count the preemption: %s", error)
         for task in self.store.get_tasks(victim.job_id, victim.attempt):
             if task_is_live(task) and task.node:
                 self.messenger.preempt_task(task.node, victim.job_id, victim.attempt,

@@ -312,6 +312,8 @@ def test_a_borrowing_job_is_preempted_for_the_owner_and_comes_back_uncharged(
     scheduler.run_pass()  # again: no second preemption, no second signal
     assert [t for t, _ in launcher_tasks(redis_client, "n1")].count(
         "pai.launcher.preempt_task") == 1
+    assert redis_client.hget(keys.recorded_metric("pai_scheduler_preemptions"),
+                             '["default"]') == "1"
 
     report = record_task_exit(store, borrower.id, 0, "main", 0, exit_code=143)
     assert report is not None and report.retried
