@@ -104,17 +104,17 @@ def _check_vc(username: str, vc_name: str, gpus: int, priority: str) -> User:
     if not owner.may_use(vc_name):
         raise ApiError("ForbiddenUserError",
                        f"user {username} may not use virtual cluster {vc_name}", 403)
-    if not vc.borrowing and vc_name != DEFAULT_VC:
-        if priority == PriorityClass.OPPO.label:
-            raise ApiError("InvalidJobConfigError", "the job can never run in its virtual "
-                           "cluster", 400, fields={"jobPriorityClass": [
-                               f"oppo jobs run only on borrowed GPUs; virtual cluster "
-                               f"{vc_name} does not borrow"]})
-        if gpus > (vc.gpu_quota or 0):
-            raise ApiError("InvalidJobConfigError", "the job can never run in its virtual "
-                           "cluster", 400, fields={"virtualCluster": [
-                               f"the job needs {gpus} GPUs at once; {vc_name} is guaranteed "
-                               f"{vc.gpu_quota or 0} and does not borrow"]})
+    if not vc.borrowing and priority == PriorityClass.OPPO.label:
+        raise ApiError("InvalidJobConfigError", "the job can never run in its virtual "
+                       "cluster", 400, fields={"jobPriorityClass": [
+                           f"oppo jobs run only on borrowed GPUs; virtual cluster "
+                           f"{vc_name} does not borrow"]})
+    # `default`'s guarantee is what the others leave: it moves with the nodes
+    if not vc.borrowing and vc_name != DEFAULT_VC and gpus > (vc.gpu_quota or 0):
+        raise ApiError("InvalidJobConfigError", "the job can never run in its virtual "
+                       "cluster", 400, fields={"virtualCluster": [
+                           f"the job needs {gpus} GPUs at once; {vc_name} is guaranteed "
+                           f"{vc.gpu_quota or 0} and does not borrow"]})
     return owner
 
 
