@@ -95,7 +95,9 @@ def make_nodes(count: int, busy: bool, rng: random.Random) -> list[NodeFree]:
             memory -= 16_000 * held
             used_ports = set(range(PORT_RANGE[0], PORT_RANGE[0] + held))
         nodes.append(NodeFree(f"node-{i:05d}", f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
-                              gpus, cpus, memory, PORT_RANGE, used_ports))
+                              gpus, cpus, memory, PORT_RANGE, used_ports,
+                              all_gpus=tuple(range(GPUS_PER_NODE)), cpus=CPUS_PER_NODE,
+                              memory_mb=MEMORY_PER_NODE_MB))
     return nodes
 
 

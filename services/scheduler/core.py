@@ -108,11 +108,14 @@ class JobRequest:
 
     @property
     def fit_key(self) -> tuple[object, ...]:
-        """Jobs equal in this fit alike on any cluster: task shapes with their
-        port `beginAt`s, and the GPU type."""
+        """Jobs equal in this fit alike on any cluster: task shapes (with each
+        port request's `beginAt` when there are any), and the GPU type."""
         key: tuple[object, ...] | None = self.__dict__.get("_fit_key")
         if key is None:
-            key = (tuple(sorted(t.fit for t in self.tasks)), self.gpu_type)
+            if any(t.ports for t in self.tasks):
+                key = (tuple(sorted(t.fit for t in self.tasks)), self.gpu_type)
+            else:
+                key = (self.shape, self.gpu_type)
             self.__dict__["_fit_key"] = key
         return key
 
@@ -332,6 +335,10 @@ class Cluster:
         """`by_name`: nodes of equal free GPUs are tried in name order; else
         in the order given (a reservation prefers the nodes freest now)."""
         self.nodes = {n.name: n for n in nodes}
+        for node in self.nodes.values():
+            if not node.all_gpus and not node.cpus:  # given without its size: as free now
+                node.all_gpus, node.cpus = tuple(node.free_gpus), node.free_cpus
+                node.memory_mb = node.free_memory_mb
         self.buckets: list[_Bucket] = [_Bucket() for _ in range(self._bucket_count())]
         ordered = sorted(self.nodes.values(), key=lambda n: n.name) if by_name \
             else self.nodes.values()

@@ -36,6 +36,7 @@ from services.scheduler.core import (
     Cluster,
     JobRequest,
     NodeFree,
+    TaskRequest,
     copy_node,
     paused_gc,
     place_gang,
@@ -56,6 +57,7 @@ QUOTA = "QuotaExceeded"  # beyond its VC's guarantee, and the VC does not borrow
 NEVER = frozenset({NO_NODES, UNSCHEDULABLE, NO_GPU_TYPE})
 
 MAX_VICTIM_CANDIDATES = 256
+NO_GUARANTEE = VcPolicy(0, True)  # a VC nobody configured
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,9 @@ class Waiting:
     message: str
     blocked_by: tuple[Blocker, ...] = ()
     estimated_start_ms: int | None = None
-    position: int = 0  # in its VC's queue, 1 = next
 
     def to_dict(self) -> dict[str, object]:
-        """The stored explanation (position is read live from the VC's queue)."""
+        """The stored explanation (its position is read live from the VC's queue)."""
         return {"reason": self.reason, "message": self.message,
                 "blockedBy": [b.to_dict() for b in self.blocked_by],
                 "estimatedStartTime": self.estimated_start_ms}
@@ -128,10 +129,23 @@ class Plan:
     # their VC's guarantee): job id -> new mode
     modes: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)  # in its VC's queue, 1 = next
     reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # job id -> how many jobs had been placed when it reserved (what came
     # after must not be on its nodes)
     reserved_after: dict[str, int] = field(default_factory=dict)
+
+
+def _could_hold(node: NodeFree, task: TaskRequest, gpu_type: str | None) -> bool:
+    """Could the node, empty, hold the task (ports counted from each
+    request's `beginAt`)?"""
+    low, high = node.port_range
+    return (len(node.all_gpus or node.free_gpus) >= task.gpus
+            and (node.cpus or node.free_cpus) >= task.cpus
+            and (node.memory_mb or node.free_memory_mb) >= task.memory_mb
+            and high - low + 1 >= task.shape[3]
+            and all(high - max(low, p.begin_at) + 1 >= p.count for p in task.ports)
+            and (not gpu_type or not task.gpus or gpu_type_matches(node.gpu_model, gpu_type)))
 
 
 def order_key(request: JobRequest) -> float:
@@ -148,7 +162,7 @@ class _Standing:
         self.demotable: dict[str, list[RunningJob]] = {}  # running guaranteed work
 
     def policy(self, vc: str) -> VcPolicy:
-        return self.vcs.get(vc) or VcPolicy(0, True)
+        return self.vcs.get(vc) or NO_GUARANTEE
 
     def share(self, vc: str) -> float:
         """How much of its guarantee a VC uses: the lowest goes first. A VC
@@ -163,11 +177,15 @@ class _Standing:
     def count(self, vc: str, priority: PriorityClass, gpus: int) -> None:
         self.by_class.setdefault(vc, [0, 0, 0])[priority] += gpus
 
-    def fits_guarantee(self, request: JobRequest) -> bool:
+    def fits_guarantee(self, request: JobRequest, policy: VcPolicy) -> bool:
+        """Would the job run on its VC's guarantee (counting the VC's
+        guaranteed work of its class or higher, and what its first waiting
+        job keeps)?"""
         if request.priority == PriorityClass.OPPO:
             return False
-        return (self.guaranteed_gpus(request.vc, request.priority) + request.gpus
-                <= self.policy(request.vc).guarantee)
+        counts = self.by_class.get(request.vc)
+        used = sum(counts[request.priority:]) if counts else 0
+        return used + request.gpus <= policy.guarantee
 
 
 def plan(cluster: Cluster, queue: Sequence[JobRequest], running: Sequence[RunningJob],
@@ -193,9 +211,11 @@ class _Pass:
         self.never: dict[tuple[object, ...], Waiting | None] = {}
         self.failed: dict[tuple[object, ...], Waiting] = {}  # fit key -> why
         self.no_victims: set[tuple[object, ...]] = set()
+        # fit key -> (the situation it was worked out in, the answer): see _wait
+        self.explained: dict[tuple[object, ...], tuple[tuple[bool, int, int], Waiting]] = {}
         # every node that may take work, empty, for "could it ever fit"
-        self.all_nodes = [n.emptied() for n in cluster.nodes.values()]
-        self.empty: Cluster | None = None  # all_nodes, for trial placements
+        self.nodes = list(cluster.nodes.values())  # every node that may take work
+        self.empty: Cluster | None = None  # them all, emptied, made when first needed
         self.held_by: dict[tuple[object, ...], list[str]] = {}
         self.victim_pool = [r for r in running if not r.preempted_by]
         self.preempting_for: dict[str, list[RunningJob]] = {}
@@ -265,14 +285,11 @@ class _Pass:
             if not heap:
                 break
             _, vc, at = heapq.heappop(heap)
-            request = by_vc[vc][at]
-            if at + 1 < len(by_vc[vc]):
-                heapq.heappush(heap, (self.standing.share(vc), vc, at + 1))
-            if self._consider(request, head=vc not in blocked):
-                heap = [(self.standing.share(v), v, a) for _, v, a in heap]
-                heapq.heapify(heap)
-            else:
+            queue = by_vc[vc]
+            if not self._consider(queue[at], head=vc not in blocked):
                 blocked.add(vc)
+            if at + 1 < len(queue):  # only this VC's share moved
+                heapq.heappush(heap, (self.standing.share(vc), vc, at + 1))
         self._positions(by_vc)
         return self.out
 
@@ -282,7 +299,7 @@ class _Pass:
         first waiting job keeps the share of the guarantee it needs (so the
         VC's later jobs borrow instead of using it up) and reserves its nodes."""
         vc = self.standing.policy(request.vc)
-        guaranteed = self.standing.fits_guarantee(request)
+        guaranteed = self.standing.fits_guarantee(request, vc)
         if guaranteed or vc.borrowing:
             why = self._try_place(request, GUARANTEED if guaranteed else BORROWED)
             if why is None:
@@ -319,32 +336,45 @@ class _Pass:
     def _wait(self, request: JobRequest, why: Waiting, guaranteed: bool,
               head: bool) -> Waiting:
         """Why the job cannot start now, and what this pass does about it:
-        preempt for it (guaranteed work), or reserve its nodes (a VC's head)."""
+        preempt for it (guaranteed work), or reserve its nodes (a VC's head).
+
+        Most of a long queue waits for the same few reasons: a job that is
+        neither a head nor owed victims gets the answer worked out for the
+        last job alike, while the reservations and victims are unchanged."""
+        key = request.fit_key
+        situation = (guaranteed, len(self.reserved), len(self.victim_pool))
+        plain = not head and request.job_id not in self.preempting_for
+        if plain:
+            known = self.explained.get(key)
+            if known is not None and known[0] == situation:
+                return known[1]
         never = self._never(request)
         if never is not None:
             return never
         victims = self.preempting_for.get(request.job_id)
         if victims:
             return self._await_victims(request, victims)
-        if guaranteed and request.fit_key not in self.no_victims:
+        if guaranteed and key not in self.no_victims:
             chosen = self._choose_victims(request)
             if chosen:
                 for victim in chosen:
                     self.out.preempt.append(Preemption(victim, request.job_id))
                     self.victim_pool.remove(victim)
                 return self._await_victims(request, chosen)
-            self.no_victims.add(request.fit_key)
+            self.no_victims.add(key)
         reserved_by = self._held_by_reservation(request)
         if reserved_by:
-            return Waiting(RESERVED, "the resources it needs are reserved for "
-                           + ", ".join(reserved_by) + ", ahead of it",
-                           tuple(Blocker("reservation", j) for j in reserved_by))
-        if head:
+            why = Waiting(RESERVED, "the resources it needs are reserved for "
+                          + ", ".join(reserved_by) + ", ahead of it",
+                          tuple(Blocker("reservation", j) for j in reserved_by))
+        elif head:
             nodes = self._reserve(request)
             if nodes:
                 return Waiting(why.reason, why.message + "; reserved "
                                + ", ".join(nodes) + " for it until they free up",
                                why.blocked_by + tuple(Blocker("nodes", n) for n in nodes))
+        if plain:
+            self.explained[key] = (situation, why)
         return why
 
     def _never(self, request: JobRequest) -> Waiting | None:
@@ -355,20 +385,26 @@ class _Pass:
         return self.never[key]
 
     def _judge_never(self, request: JobRequest) -> Waiting | None:
-        if not self.all_nodes:
+        if not self.nodes:
             return Waiting(NO_NODES, "no node has reported in yet (or every node is "
                            "cordoned)", (Blocker("nodes", "none"),))
         if request.gpu_type and request.gpus and not any(
-                gpu_type_matches(n.gpu_model, request.gpu_type) for n in self.all_nodes):
+                gpu_type_matches(n.gpu_model, request.gpu_type) for n in self.nodes):
             return Waiting(NO_GPU_TYPE, f"no live node has GPUs of type {request.gpu_type}",
                            (Blocker("gpuType", request.gpu_type),))
+        # Cheap first: each task fits some empty node, and the GPUs add up.
+        capacity = sum(len(n.all_gpus or n.free_gpus) for n in self.nodes)
+        if request.gpus <= capacity and all(
+                any(_could_hold(n, task, request.gpu_type) for n in self.nodes)
+                for task in {t.fit: t for t in request.tasks}.values()):
+            return None
+        # Then exactly, on every node emptied, for the reason to give.
         if self.empty is None:
-            self.empty = Cluster(copy_node(n) for n in self.all_nodes)
+            self.empty = Cluster(n.emptied() for n in self.nodes)
         result = place_gang(self.empty, request)
         if result.placed:  # put the nodes back as they were: empty
             touched = {p.node for p in result.placements}
-            self.empty.restore({n.name: copy_node(n) for n in self.all_nodes
-                                if n.name in touched})
+            self.empty.restore({n.name: n.emptied() for n in self.nodes if n.name in touched})
             return None
         assert result.shortfall is not None
         return Waiting(UNSCHEDULABLE, "it cannot fit even on empty nodes: "
@@ -480,16 +516,13 @@ class _Pass:
     # ---------------------------------------------------------- positions
 
     def _positions(self, by_vc: Mapping[str, list[JobRequest]]) -> None:
-        waiting = self.out.waiting
+        waiting, positions = self.out.waiting, self.out.positions
         for queue in by_vc.values():
             position = 0
             for request in queue:
-                why = waiting.get(request.job_id)
-                if why is not None:
+                if request.job_id in waiting:
                     position += 1
-                    waiting[request.job_id] = Waiting(why.reason, why.message,
-                                                      why.blocked_by,
-                                                      why.estimated_start_ms, position)
+                    positions[request.job_id] = position
 
 
 def fifo_plan(cluster: Cluster, queue: Sequence[JobRequest]) -> Plan:

@@ -166,7 +166,7 @@ def test_within_a_vc_a_higher_class_goes_first() -> None:
     result = run_plan({"a": 4}, [req("test-first", 4, seq=1), req("prod-later", 4, seq=2,
                                                                    cls=PROD)])
     assert placed(result) == {"prod-later": GUARANTEED}
-    assert result.waiting["test-first"].position == 1
+    assert result.positions["test-first"] == 1
 
 
 def test_the_vc_furthest_below_its_guarantee_goes_first() -> None:
@@ -181,8 +181,8 @@ def test_the_vc_furthest_below_its_guarantee_goes_first() -> None:
 def test_positions_count_within_each_vc() -> None:
     queue = [req(f"x{i}", 8, vc="x", seq=i) for i in range(3)] + [req("y0", 8, vc="y", seq=9)]
     result = run_plan({"a": 4}, queue, [], {"x": VcPolicy(2), "y": VcPolicy(2)})
-    assert [result.waiting[f"x{i}"].position for i in range(3)] == [1, 2, 3]
-    assert result.waiting["y0"].position == 1
+    assert [result.positions[f"x{i}"] for i in range(3)] == [1, 2, 3]
+    assert result.positions["y0"] == 1
 
 
 def test_queue_order_puts_class_before_submit_time() -> None:
