@@ -260,9 +260,9 @@ class _JobSchema(_StrictSchema):
                                         validate=validate.Range(min=0, max=MAX_TOTAL_TASKS))
     jobEnvs = _EnvVars(load_default=dict)
     gpuType = fields.String(allow_none=True, validate=validate.Length(max=255))
-    jobPriorityClass = fields.String(load_default=DEFAULT_CLASS,
-                                     validate=validate.OneOf(CLASS_NAMES), metadata={
-                                         "description": "prod > test > oppo (HiveD's names)"})
+    jobPriorityClass = fields.String(validate=validate.OneOf(CLASS_NAMES), metadata={
+        "description": f"prod > test > oppo (HiveD's names); default "
+                       f"extras.hivedScheduler.jobPriorityClass, else {DEFAULT_CLASS}"})
     preemptionGracePeriodSec = _Int(validate=validate.Range(min=0, max=MAX_GRACE_SECONDS),
                                     metadata={"description": "seconds between SIGTERM and "
                                               "SIGKILL when preempted (held to the admin's "
@@ -273,11 +273,17 @@ class _JobSchema(_StrictSchema):
 
     @validates("extras")
     def _requested_capabilities(self, extras: dict[str, Any], **kwargs: Any) -> None:
-        # The one extra pai acts on: whether it is granted is the VC's call, at submit.
+        # The extras pai acts on: capabilities (whether they are granted is
+        # the VC's call, at submit), and HiveD's priority class.
         if "capabilities" in extras:
             errors = capability_list_errors(extras["capabilities"])
             if errors:
                 raise ValidationError({"capabilities": errors})
+        hived = extras.get("hivedScheduler")
+        if isinstance(hived, dict) and "jobPriorityClass" in hived \
+                and hived["jobPriorityClass"] not in CLASS_NAMES:
+            raise ValidationError({"hivedScheduler": {"jobPriorityClass": [
+                f"Must be one of: {', '.join(CLASS_NAMES)}."]}})
 
     @validates_schema(skip_on_field_errors=False)
     def _cross_roles(self, data: dict[str, Any], **kwargs: Any) -> None:

@@ -129,10 +129,18 @@ class JobSpec:
             code_dir=config.get("codeDir") or "",
             job_envs=dict(config.get("jobEnvs") or {}),
             gpu_type=config.get("gpuType"),
-            priority_class=config.get("jobPriorityClass") or "test",
+            priority_class=_priority_class(config),
             preemption_grace_seconds=config.get("preemptionGracePeriodSec"),
             capabilities=tuple((config.get("extras") or {}).get("capabilities") or ()),
         )
+
+
+def _priority_class(config: dict[str, Any]) -> str:
+    """`jobPriorityClass` when the config sets it, else HiveD's
+    `extras.hivedScheduler.jobPriorityClass`, else `test`."""
+    hived = (config.get("extras") or {}).get("hivedScheduler")
+    from_extras = hived.get("jobPriorityClass") if isinstance(hived, dict) else None
+    return str(config.get("jobPriorityClass") or from_extras or "test")
 
 
 # ---------------------------------------------------------------- the records

@@ -21,6 +21,7 @@ from shared.jobspec import (
     ValidatedConfig,
     validate_job_config,
 )
+from shared.models import JobSpec
 
 ROOTS = ("/data",)
 USER = "alice"
@@ -545,3 +546,29 @@ def test_a_trailing_newline_does_not_slip_past_a_name_pattern(field: str) -> Non
     with pytest.raises(InvalidJobConfig) as caught:
         validate_job_config(raw, username="alice", storage_roots=["/data"])
     assert field in caught.value.fields
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    pytest.param({}, "test", id="test by default"),
+    pytest.param({"jobPriorityClass": "prod"}, "prod", id="the v1 field"),
+    pytest.param({"extras": {"hivedScheduler": {"jobPriorityClass": "oppo"}}}, "oppo",
+                 id="HiveD's extras"),
+    pytest.param({"jobPriorityClass": "prod",
+                  "extras": {"hivedScheduler": {"jobPriorityClass": "oppo"}}}, "prod",
+                 id="the field wins over extras"),
+])
+def test_priority_class(extra: dict[str, Any], expected: str) -> None:
+    validated = validate(config(**extra)).config
+    assert JobSpec.from_config(validated).priority_class == expected
+
+
+@pytest.mark.parametrize("extra", [
+    pytest.param({"jobPriorityClass": "urgent"}, id="an unknown class"),
+    pytest.param({"extras": {"hivedScheduler": {"jobPriorityClass": "vip"}}},
+                 id="an unknown class in HiveD's extras"),
+    pytest.param({"preemptionGracePeriodSec": -1}, id="a negative grace"),
+    pytest.param({"preemptionGracePeriodSec": 3601}, id="a grace beyond an hour"),
+])
+def test_bad_scheduling_fields_are_refused(extra: dict[str, Any]) -> None:
+    with pytest.raises(InvalidJobConfig):
+        validate(config(**extra))
