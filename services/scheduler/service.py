@@ -54,6 +54,9 @@ DIRTY = keys.PREFIX + "scheduler:dirty"
 MAX_PASSES_PER_CALL = 50
 LOCK_SECONDS = 60
 STOP_RESEND_MS = 15_000
+# What the policy needs of a placed job's record (see _running)
+RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
+                  "started_ms", "created_ms", "version", "preempted_by", "preempt_deadline_ms")
 MAX_CACHED_SPECS = 100_000
 
 
@@ -108,21 +111,21 @@ class Scheduler:
         return [n for n in nodes
                 if node_is_live(n.heartbeat_ms, now, self.settings.node_lost_seconds)]
 
-    def _load_specs(self, jobs: list[Job]) -> None:
-        """Parse the configs of these jobs not parsed before, in one round trip.
-        A submission's config never changes (and its `queue_seq` is its own),
-        so each is read and parsed once."""
-        unparsed = [job for job in jobs if (job.id, job.queue_seq) not in self._specs]
+    def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
+        """Parse the configs of these (job id, queue_seq) not parsed before, in
+        one round trip. A submission's config never changes (and its
+        `queue_seq` is its own), so each is read and parsed once."""
+        unparsed = [job for job in jobs if job not in self._specs]
         if not unparsed:
             return
         pipe = self.store.r.pipeline(transaction=False)
-        for job in unparsed:
-            pipe.get(keys.job_config(job.id))
+        for job_id, _ in unparsed:
+            pipe.get(keys.job_config(job_id))
         if len(self._specs) + len(unparsed) > MAX_CACHED_SPECS:
             self._specs.clear()
         for job, raw in zip(unparsed, pipe.execute(), strict=True):
             if raw:
-                self._specs[job.id, job.queue_seq] = JobSpec.from_config(json.loads(raw))
+                self._specs[job] = JobSpec.from_config(json.loads(raw))
 
     def _records(self, ids: list[str]) -> list[Job | None]:
         pipe = self.store.r.pipeline(transaction=False)
@@ -143,7 +146,7 @@ class Scheduler:
                 stale.append(job_id)
             else:
                 jobs.append(job)
-        self._load_specs(jobs)
+        self._load_specs([(job.id, job.queue_seq) for job in jobs])
         requests, records = [], {}
         known, self._requests = self._requests, {}
         for job in jobs:
@@ -163,30 +166,39 @@ class Scheduler:
         return requests, records
 
     def _running(self, allocations: dict[str, list[Allocation]]) -> list[RunningJob]:
-        """The placed jobs as the policy weighs them (one round trip for their
-        records, and one for configs not seen before)."""
+        """The placed jobs as the policy weighs them: one round trip for the
+        few fields of their records it needs, and one for configs not seen
+        before (a preempted job's grace is its config's)."""
         held: dict[str, list[Allocation]] = {}
         for allocs in allocations.values():
             for alloc in allocs:
                 held.setdefault(alloc.job_id, []).append(alloc)
         ids = sorted(held)
-        jobs = [job for job in self._records(ids) if job is not None]
-        self._load_specs(jobs)
+        pipe = self.store.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(keys.job(job_id), RUNNING_FIELDS)
+        live: list[tuple[str, list[str | None]]] = []
+        for job_id, values in zip(ids, pipe.execute() if ids else [], strict=True):
+            state, attempt = values[0], values[1]
+            if state in (JobState.WAITING, JobState.RUNNING) and attempt is not None:
+                live.append((job_id, values))
+        self._load_specs([(job_id, int(values[2] or 0)) for job_id, values in live])
         running = []
-        for job in jobs:
-            mine = tuple(a for a in held[job.id] if a.attempt == job.attempt)
-            if not mine or job.state not in (JobState.WAITING, JobState.RUNNING):
-                continue  # ending, or an old attempt's: the sweep releases it
-            spec = self._specs.get((job.id, job.queue_seq))
-            grace = self.settings.preemption_grace_ms(
-                spec.preemption_grace_seconds if spec else None)
+        for job_id, values in live:
+            (_, attempt, queue_seq, vc, priority, mode, started, created, version,
+             preempted_by, deadline) = values
+            mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
+            if not mine:
+                continue  # an old attempt's: the sweep releases it
+            spec = self._specs.get((job_id, int(queue_seq or 0)))
             running.append(RunningJob(
-                job_id=job.id, vc=job.virtual_cluster,
-                priority=PriorityClass.parse(job.priority), mode=job.mode or BORROWED,
-                started_ms=job.started_ms or job.created_ms, allocations=mine,
-                version=job.version, attempt=job.attempt, grace_ms=grace,
-                preempted_by=job.preempted_by,
-                preempt_deadline_ms=job.preempt_deadline_ms))
+                job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
+                mode=mode or BORROWED, started_ms=int(started or created or 0),
+                allocations=mine, version=int(version or 0), attempt=int(attempt or 0),
+                grace_ms=self.settings.preemption_grace_ms(
+                    spec.preemption_grace_seconds if spec else None),
+                preempted_by=preempted_by or "",
+                preempt_deadline_ms=int(deadline) if deadline else None))
         return running
 
     def run_pass(self) -> PassStats:
