@@ -355,6 +355,18 @@ class Store:
         A single HDEL, so nothing can interleave with it."""
         return bool(self.r.hdel(keys.NODE_FLAGS, name))
 
+    def get_node(self, name: str) -> Node | None:
+        """One node's record with its last heartbeat, without reading the others."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zscore(keys.NODES, name)
+        pipe.get(keys.node(name))
+        beat, raw = pipe.execute()
+        if beat is None or not raw:
+            return None
+        node = Node.from_dict(json.loads(raw))
+        node.heartbeat_ms = int(beat)
+        return node
+
     def get_allocations(self, reader: Reader, node: str) -> dict[str, Allocation]:
         raw: dict[str, str] = reader.hgetall(keys.node_alloc(node))
         return {k: Allocation.from_dict(json.loads(v)) for k, v in raw.items()}
