@@ -51,7 +51,7 @@ def _node_view(node: Node, allocations: list[Allocation], flags: NodeFlags,
 
 
 def _node_views(nodes: list[Node]) -> list[dict[str, Any]]:
-    """The nodes as the API shows them: three round trips, however many."""
+    """The nodes as the API shows them: two more round trips, however many."""
     pai = platform()
     allocations = pai.store.all_allocations([node.name for node in nodes])
     flags = pai.store.node_flags()
