@@ -4,6 +4,8 @@ flags, and the state the API shows from them, its heartbeat and its tasks."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.cluster import NODE_STATES, NodeFlags, change_flags, node_view_state
 
@@ -77,3 +79,30 @@ def test_flags_round_trip_through_json_and_ignore_unknown_fields() -> None:
     assert NodeFlags.from_json(DRAINING.to_json()) == DRAINING
     assert NodeFlags.from_json('{"schedulable": false, "later": 1}') == \
         NodeFlags(schedulable=False)
+
+
+CHANGES = st.tuples(st.sampled_from([None, True, False]), st.sampled_from([None, True, False]),
+                    st.sampled_from([None, "", "fan"]))
+
+
+@given(st.lists(CHANGES, max_size=12))
+def test_any_sequence_of_changes_keeps_the_flags_coherent(
+        changes: list[tuple[bool | None, bool | None, str | None]]) -> None:
+    """Whatever admins do in whatever order: a draining node never takes work,
+    a node that takes work keeps no reason, and `schedulable: true` always
+    brings a node back."""
+    flags = READY
+    for schedulable, drain, reason in changes:
+        try:
+            flags = change_flags(flags, schedulable=schedulable, drain=drain, reason=reason,
+                                 by="a", now_ms=NOW)
+        except ValueError:
+            assert (schedulable, drain) in ((None, None), (True, True))
+            continue
+        assert not (flags.drain and flags.schedulable)
+        assert flags.accepts_work == flags.schedulable
+        assert not (flags.accepts_work and flags.reason)
+        if drain:
+            assert flags.drain and not flags.accepts_work
+    back = change_flags(flags, schedulable=True, drain=None, reason=None, by="a", now_ms=NOW)
+    assert back == NodeFlags(by="a", at_ms=NOW)
