@@ -10,9 +10,12 @@ on the boundary of "lost" and on what "used" means.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.models import Allocation, Node, TaskPlacement
 
@@ -32,6 +35,77 @@ def node_is_live(heartbeat_ms: int, now_ms: int, lost_seconds: float) -> bool:
 def node_state(heartbeat_ms: int, now_ms: int, lost_seconds: float) -> str:
     """The node's state as the API shows it (OpenPAI's words)."""
     return "READY" if node_is_live(heartbeat_ms, now_ms, lost_seconds) else "LOST"
+
+
+# ---------------------------------------------------------------- admin flags
+
+# What a node is, as `pai nodes` shows it: READY takes work; CORDONED takes
+# no new work, its tasks run on; DRAINING takes none and its jobs are being
+# preempted away; DRAINED is drained and empty (safe to service); LOST has
+# stopped reporting, whatever an admin said.
+NODE_STATES = ("READY", "CORDONED", "DRAINING", "DRAINED", "LOST")
+
+
+@dataclass(frozen=True)
+class NodeFlags:
+    """An admin's hold on a node: whether new work may land on it
+    (`schedulable`, Slurm's DRAIN when false) and whether the jobs on it are
+    to be preempted and requeued (`drain`, as `kubectl drain`), with who set
+    it, when and why. Kept apart from the node's record, which its launcher
+    rewrites every minute; a node without flags is schedulable."""
+
+    schedulable: bool = True
+    drain: bool = False
+    reason: str = ""
+    by: str = ""
+    at_ms: int = 0
+
+    @property
+    def accepts_work(self) -> bool:
+        """May the scheduler place new tasks here?"""
+        return self.schedulable and not self.drain
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> NodeFlags:
+        data: dict[str, Any] = json.loads(raw)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def change_flags(current: NodeFlags, *, schedulable: bool | None, drain: bool | None,
+                 reason: str | None, by: str, now_ms: int) -> NodeFlags:
+    """The flags after an admin's change; ValueError for a change that means nothing.
+
+    `drain: true` cordons too (a drained node takes no new work);
+    `schedulable: true` uncordons and ends a drain; `drain: false` alone ends
+    the drain and leaves the node cordoned; `schedulable: false` alone
+    cordons and leaves a drain as it was. A reason not given is kept while
+    the node stays cordoned; an uncordoned node keeps none.
+    """
+    if schedulable is None and drain is None:
+        raise ValueError("say schedulable or drain (or both)")
+    if schedulable and drain:
+        raise ValueError("a draining node cannot be schedulable: drain cordons it")
+    new_drain = drain if drain is not None else (current.drain and not schedulable)
+    new_schedulable = schedulable if schedulable is not None else \
+        current.schedulable and not new_drain
+    if new_schedulable:
+        return NodeFlags(by=by, at_ms=now_ms)
+    return NodeFlags(schedulable=False, drain=new_drain,
+                     reason=current.reason if reason is None else reason, by=by, at_ms=now_ms)
+
+
+def node_view_state(live: bool, flags: NodeFlags, tasks: int) -> str:
+    """One of NODE_STATES: lost wins, then the admin's flags; a draining
+    node is DRAINED once nothing holds it any more."""
+    if not live:
+        return "LOST"
+    if flags.drain:
+        return "DRAINING" if tasks else "DRAINED"
+    return "READY" if flags.schedulable else "CORDONED"
 
 
 @dataclass

@@ -60,6 +60,40 @@ def _port_range(raw: str) -> tuple[int, int]:
     return low, high
 
 
+def _gpu_groups(raw: str, gpus: int | None) -> tuple[tuple[int, int], ...]:
+    """PAI_NODE_GPU_GROUPS: comma-separated index ranges ("0-3,4-7", a single
+    index is a group of one), each a topology group of the declared GPUs."""
+    if not raw.strip():
+        return ()
+    if gpus is None:
+        raise ConfigError("PAI_NODE_GPU_GROUPS groups declared GPUs: set PAI_NODE_VIRTUAL_GPUS "
+                          "too (real GPUs report their topology through NVML)")
+    groups: list[tuple[int, int]] = []
+    for part in raw.split(","):
+        low_text, _, high_text = part.strip().partition("-")
+        try:
+            low, high = int(low_text), int(high_text or low_text)
+        except ValueError:
+            raise ConfigError(f"PAI_NODE_GPU_GROUPS must look like 0-3,4-7, got {raw!r}") \
+                from None
+        if not 0 <= low <= high < gpus:
+            raise ConfigError(f"PAI_NODE_GPU_GROUPS: {part.strip()!r} is not a range of GPU "
+                              f"indices 0-{gpus - 1} (PAI_NODE_VIRTUAL_GPUS={gpus})")
+        if any(low <= other_high and other_low <= high for other_low, other_high in groups):
+            raise ConfigError(f"PAI_NODE_GPU_GROUPS: {part.strip()!r} overlaps another group "
+                              f"in {raw!r}")
+        groups.append((low, high))
+    return tuple(groups)
+
+
+def _gpu_model(env: Mapping[str, str], gpus: int | None) -> str:
+    model = env.get("PAI_NODE_GPU_MODEL", "").strip()
+    if model and gpus is None:
+        raise ConfigError("PAI_NODE_GPU_MODEL names declared GPUs: set PAI_NODE_VIRTUAL_GPUS "
+                          "too (real GPUs report their model through NVML)")
+    return model or "virtual"
+
+
 def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -123,6 +157,10 @@ class Settings:
     node_name: str = field(default_factory=socket.gethostname)
     node_ip: str = "127.0.0.1"
     node_virtual_gpus: int | None = None
+    # What the declared GPUs call themselves (a job's gpuType matches it) and
+    # their topology groups as index ranges, inclusive; ungrouped: unknown.
+    node_gpu_model: str = "virtual"
+    node_gpu_groups: tuple[tuple[int, int], ...] = ()
     node_cpus: int | None = None
     node_memory_mb: int | None = None
     storage_roots: tuple[str, ...] = ()
@@ -197,6 +235,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         if not os.path.isabs(root):
             raise ConfigError(f"PAI_STORAGE_ROOTS entries must be absolute paths, got {root!r}")
     dev_mode = _bool(env, "PAI_DEV_MODE") if "PAI_DEV_MODE" in env else True
+    virtual_gpus = _int(env, "PAI_NODE_VIRTUAL_GPUS", None)
     settings = Settings(
         redis_url=_redis_url(env, defaults.redis_url),
         api_host=env.get("PAI_API_HOST") or defaults.api_host,
@@ -207,7 +246,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         admin_password=env.get("PAI_ADMIN_PASSWORD") or defaults.admin_password,
         node_name=env.get("PAI_NODE_NAME") or defaults.node_name,
         node_ip=env.get("PAI_NODE_IP") or defaults.node_ip,
-        node_virtual_gpus=_int(env, "PAI_NODE_VIRTUAL_GPUS", None),
+        node_virtual_gpus=virtual_gpus,
+        node_gpu_model=_gpu_model(env, virtual_gpus),
+        node_gpu_groups=_gpu_groups(env.get("PAI_NODE_GPU_GROUPS", ""), virtual_gpus),
         node_cpus=_int(env, "PAI_NODE_CPUS", None),
         node_memory_mb=_int(env, "PAI_NODE_MEMORY_MB", None),
         storage_roots=roots,

@@ -69,6 +69,8 @@ def state_jobs(state: str) -> str:
 
 # -- nodes --------------------------------------------------------------
 NODES = PREFIX + "nodes"  # zset node name -> last heartbeat ms (the lease)
+# hash node name -> admin flags JSON (cluster.NodeFlags); absent: schedulable
+NODE_FLAGS = PREFIX + "node-flags"
 
 
 def node(name: str) -> str:

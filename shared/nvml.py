@@ -11,8 +11,9 @@ nvidia-ml-py by default) so the mapping can be tested without a driver.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -23,6 +24,45 @@ from shared.models import Gpu
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+
+# Where two GPUs' common ancestor (nvmlGpuTopologyLevel_t) is no farther than
+# a PCIe switch they talk peer to peer without crossing a host bridge: the
+# same board, one switch, or several switches. A job spread over such GPUs
+# (or over GPUs joined by NVLink) runs as if on one island.
+NEAR_LEVELS = frozenset({pynvml.NVML_TOPOLOGY_INTERNAL, pynvml.NVML_TOPOLOGY_SINGLE,
+                         pynvml.NVML_TOPOLOGY_MULTIPLE})
+
+
+def topology_groups(indices: Sequence[int],
+                    near: Callable[[int, int], bool | None]) -> dict[int, int] | None:
+    """GPU index -> topology group: the connected components of "near".
+
+    NVLink and switches are not always transitive in what NVML reports (A-B
+    over NVLink, B-C on one switch), yet a scheduler wants islands, so any
+    chain of near pairs is one group. Groups are numbered by their lowest
+    index, so the same machine always reports the same numbers. `near` says
+    None when it cannot tell for a pair; if it can tell for no pair at all
+    the topology is unknown (None), not "every GPU alone".
+    """
+    parent = {index: index for index in indices}
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]
+            index = parent[index]
+        return index
+
+    pairs = [(a, b) for n, a in enumerate(indices) for b in indices[n + 1:]]
+    answers = [(a, b, near(a, b)) for a, b in pairs]
+    if pairs and all(answer is None for _, _, answer in answers):
+        return None
+    for a, b, answer in answers:
+        if answer:
+            parent[max(root(a), root(b))] = min(root(a), root(b))
+    numbers: dict[int, int] = {}
+    for index in sorted(indices):
+        numbers.setdefault(root(index), len(numbers))
+    return {index: numbers[root(index)] for index in indices}
 
 
 def text(value: str | bytes) -> str:
@@ -83,6 +123,22 @@ class Nvml:
         except self.error:
             return None
 
+    def optional(self, function: str, *args: Any) -> Any:
+        """A call an older driver or binding may lack: None where it is
+        missing or the device does not support it."""
+        call = getattr(self.lib, function, None)
+        return None if call is None else self.maybe(lambda: call(*args))
+
+    def near(self, a: Any, b: Any) -> bool | None:
+        """Whether two devices share an NVLink or a PCIe switch; None if NVML
+        cannot say (no topology support, as in some virtual machines)."""
+        level = self.optional("nvmlDeviceGetTopologyCommonAncestor", a, b)
+        nvlink = self.optional("nvmlDeviceGetP2PStatus", a, b,
+                               pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+        if level is None and nvlink is None:
+            return None
+        return level in NEAR_LEVELS or nvlink == pynvml.NVML_P2P_STATUS_OK
+
     def identity(self, index: int, handle: Any) -> Gpu:
         """What the scheduler knows of a device: index, UUID, model, memory."""
         return Gpu(index=index, uuid=text(self.lib.nvmlDeviceGetUUID(handle)),
@@ -90,10 +146,16 @@ class Nvml:
                    memory_mb=int(self.lib.nvmlDeviceGetMemoryInfo(handle).total) // MIB)
 
     def gpus(self) -> list[Gpu]:
-        """Every device's identity; none without NVML, or if NVML fails while
-        listing them (the node then offers no GPUs rather than wrong ones)."""
+        """Every device's identity and topology group; none without NVML, or
+        if NVML fails while listing them (the node then offers no GPUs rather
+        than wrong ones). Topology NVML cannot tell leaves the groups None."""
         try:
-            return [self.identity(index, handle) for index, handle in self.devices()]
+            handles = dict(self.devices())
+            gpus = [self.identity(index, handle) for index, handle in handles.items()]
         except self.error as error:
             log.warning("NVML failed while listing GPUs (%s): reporting none", error)
             return []
+        groups = topology_groups(list(handles), lambda a, b: self.near(handles[a], handles[b]))
+        if groups is None:
+            return gpus
+        return [dataclasses.replace(gpu, group=groups[gpu.index]) for gpu in gpus]

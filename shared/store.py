@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import redis
 
 from shared import keys
+from shared.cluster import NodeFlags, change_flags
 from shared.models import (
     Allocation,
     Attempt,
@@ -45,6 +46,10 @@ class JobConflict(StoreError):
 
 class JobNotFound(StoreError):
     pass
+
+
+class NodeNotFound(StoreError):
+    """No node of that name ever reported."""
 
 
 class Contention(StoreError):
@@ -330,6 +335,53 @@ class Store:
                 node.heartbeat_ms = beats[name]
                 nodes.append(node)
         return nodes
+
+    def node_flags(self) -> dict[str, NodeFlags]:
+        """Every node an admin holds (cordoned or draining), in one round trip;
+        a node not named here is schedulable."""
+        raw: dict[str, str] = self.r.hgetall(keys.NODE_FLAGS)
+        return {name: NodeFlags.from_json(flags) for name, flags in raw.items()}
+
+    def set_node_flags(self, name: str, *, schedulable: bool | None = None,
+                       drain: bool | None = None, reason: str | None = None,
+                       by: str) -> NodeFlags:
+        """Apply an admin's change (cluster.change_flags) on the flags as they
+        are at commit; NodeNotFound for a node that never reported, ValueError
+        for a change that means nothing. A node made schedulable again loses
+        its entry, so `node_flags()` lists only the nodes held."""
+
+        def change(pipe: Pipe) -> NodeFlags:
+            if pipe.zscore(keys.NODES, name) is None:
+                raise NodeNotFound(f"node {name} has never reported")
+            raw = pipe.hget(keys.NODE_FLAGS, name)
+            flags = change_flags(NodeFlags.from_json(raw) if raw else NodeFlags(),
+                                 schedulable=schedulable, drain=drain, reason=reason, by=by,
+                                 now_ms=now_ms())
+            pipe.multi()
+            if flags.accepts_work:
+                pipe.hdel(keys.NODE_FLAGS, name)
+            else:
+                pipe.hset(keys.NODE_FLAGS, name, flags.to_json())
+            return flags
+
+        return self.transact(change, keys.NODE_FLAGS)
+
+    def clear_node_flags(self, name: str) -> bool:
+        """Forget any hold on a node (one being retired): True if it had one.
+        A single HDEL, so nothing can interleave with it."""
+        return bool(self.r.hdel(keys.NODE_FLAGS, name))
+
+    def get_node(self, name: str) -> Node | None:
+        """One node's record with its last heartbeat, without reading the others."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zscore(keys.NODES, name)
+        pipe.get(keys.node(name))
+        beat, raw = pipe.execute()
+        if beat is None or not raw:
+            return None
+        node = Node.from_dict(json.loads(raw))
+        node.heartbeat_ms = int(beat)
+        return node
 
     def get_allocations(self, reader: Reader, node: str) -> dict[str, Allocation]:
         raw: dict[str, str] = reader.hgetall(keys.node_alloc(node))

@@ -142,6 +142,10 @@ def job_path(username: str, name: str, *rest: str) -> str:
     return "/".join([jobs_path(username), *(quote(p, safe="") for p in (name, *rest))])
 
 
+def node_path(name: str) -> str:
+    return f"/api/v1/nodes/{quote(name, safe='')}"
+
+
 def check_url(url: str) -> str:
     """A cluster URL as the CLI stores it: scheme and host, no trailing slash."""
     parts = urlsplit(url if "://" in url else f"http://{url}")

@@ -26,6 +26,7 @@ from pai_cli.formatting import (
 STATE_STYLES = {
     "WAITING": "yellow", "RUNNING": "cyan", "STOPPING": "magenta", "LAUNCHING": "cyan",
     "SUCCEEDED": "green", "FAILED": "red", "STOPPED": "dim", "READY": "green", "LOST": "red",
+    "CORDONED": "yellow", "DRAINING": "magenta", "DRAINED": "dim",
 }
 
 
@@ -169,20 +170,34 @@ def tasks_table(roles: Mapping[str, Any], attempt: Any) -> Table:
     return table
 
 
+def gpu_models(node: Mapping[str, Any]) -> str:
+    return ", ".join(sorted({g.get("model") or "" for g in node.get("gpus") or []} - {""}))
+
+
 def nodes_table(nodes: Sequence[Mapping[str, Any]], now: int) -> Table:
-    table = _table(None, ["NAME", "STATE", "IP", "GPUS", "GPU MODEL", "CPUS", "MEMORY",
-                          "TASKS", "HEARTBEAT"], right=("GPUS", "CPUS", "MEMORY", "TASKS"))
+    table = _table(None, ["NAME", "STATE", "IP", "GPU MODEL", "GPUS", "FREE", "CPUS",
+                          "MEMORY", "TASKS", "HEARTBEAT", "REASON"],
+                   right=("GPUS", "FREE", "CPUS", "MEMORY", "TASKS"), wrap=("REASON",))
     for node in nodes:
-        models = sorted({g.get("model") or "" for g in node.get("gpus") or []} - {""})
         table.add_row(
             _cell(node.get("name")), _state(node.get("state")), _cell(node.get("ip")),
+            _cell(gpu_models(node)),
             _cell(f"{node.get('gpuUsed', 0)}/{node.get('gpuTotal', 0)}"),
-            _cell(", ".join(models)),
+            _cell(node.get("gpuFree")),
             _cell(f"{node.get('cpuUsed', 0)}/{node.get('cpuTotal', 0)}"),
             _cell(f"{format_mb(node.get('memoryMBUsed'))}/"
                   f"{format_mb(node.get('memoryMBTotal'))}"),
-            _cell(node.get("tasks")), _cell(ago(node.get("lastHeartbeat"), now)))
+            _cell(node.get("tasks")), _cell(ago(node.get("lastHeartbeat"), now)),
+            _cell(node.get("cordonReason")))
     return table
+
+
+def node_line(node: Mapping[str, Any]) -> str:
+    """What an admin's change left: 'node n1 DRAINING (2 tasks left): reboot'."""
+    state = str(node.get("state"))
+    left = f" ({node.get('tasks')} tasks left)" if state == "DRAINING" else ""
+    reason = f": {node['cordonReason']}" if node.get("cordonReason") else ""
+    return f"node {node.get('name')} {state}{left}{reason}"
 
 
 def vcs_table(vcs: Mapping[str, Mapping[str, Any]]) -> Table:

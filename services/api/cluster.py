@@ -1,4 +1,4 @@
-"""Cluster views: nodes with their free resources, and health."""
+"""Cluster views: nodes with their free resources and admins' holds on them, and health."""
 
 from __future__ import annotations
 
@@ -6,51 +6,115 @@ from typing import Any
 
 from flask import Blueprint, Response, request
 
+from services.api.auth import admin_only, current_user
+from services.api.bodies import load_body, takes
+from services.api.errors import ApiError
 from services.api.metrics import api_metrics
 from services.api.platform import platform
-from shared.cluster import held, node_state
-from shared.models import now_ms
+from services.api.schemas import NodePutSchema
+from shared.cluster import NodeFlags, held, node_is_live, node_view_state
+from shared.models import Allocation, Node, now_ms
+from shared.store import NodeNotFound
 
 bp = Blueprint("cluster", __name__)
 
 
+def _node_view(node: Node, allocations: list[Allocation], flags: NodeFlags,
+               now: int, lost_seconds: float) -> dict[str, Any]:
+    used = held(allocations)
+    used_gpus = used.used_gpus(node)
+    live = node_is_live(node.heartbeat_ms, now, lost_seconds)
+    return {
+        "name": node.name,
+        "ip": node.ip,
+        "state": node_view_state(live, flags, used.tasks),
+        "schedulable": flags.accepts_work,
+        "draining": flags.drain,
+        "cordonReason": flags.reason,
+        "cordonedBy": None if flags.accepts_work else flags.by,
+        "cordonedTime": None if flags.accepts_work else flags.at_ms,
+        "lastHeartbeat": node.heartbeat_ms,
+        "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model,
+                  "memoryMB": g.memory_mb, "group": g.group, "used": g.index in used_gpus}
+                 for g in node.gpus],
+        "gpuTotal": len(node.gpus),
+        "gpuUsed": len(used_gpus),
+        "gpuFree": len(node.gpus) - len(used_gpus),
+        "cpuTotal": node.cpus,
+        "cpuUsed": used.cpus,
+        "cpuFree": node.cpus - used.cpus,
+        "memoryMBTotal": node.memory_mb,
+        "memoryMBUsed": used.memory_mb,
+        "memoryMBFree": node.memory_mb - used.memory_mb,
+        "tasks": used.tasks,
+    }
+
+
+def _node_views(nodes: list[Node]) -> list[dict[str, Any]]:
+    """The nodes as the API shows them: two more round trips, however many."""
+    pai = platform()
+    allocations = pai.store.all_allocations([node.name for node in nodes])
+    flags = pai.store.node_flags()
+    now = now_ms()
+    return [_node_view(node, allocations[node.name], flags.get(node.name, NodeFlags()), now,
+                       pai.settings.node_lost_seconds) for node in nodes]
+
+
+def _node_or_404(name: str) -> dict[str, Any]:
+    node = platform().store.get_node(name)
+    if node is None:
+        raise ApiError("NoNodeError", f"node {name} has never reported", 404)
+    return _node_views([node])[0]
+
+
 @bp.get("/api/v1/nodes")
 def nodes() -> list[dict[str, Any]]:
-    """Every node that ever reported, with its free and used resources.
+    """Every node that ever reported, with its free and used resources and
+    whether it takes new work.
     ---
     get:
       responses:
         200:
           content: {application/json: {schema: {type: array, items: Node}}}
     """
-    pai = platform()
-    now = now_ms()
-    nodes = pai.store.get_nodes()
-    allocations = pai.store.all_allocations([node.name for node in nodes])
-    rows = []
-    for node in nodes:
-        used = held(allocations[node.name])
-        used_gpus = used.used_gpus(node)
-        rows.append({
-            "name": node.name,
-            "ip": node.ip,
-            "state": node_state(node.heartbeat_ms, now, pai.settings.node_lost_seconds),
-            "lastHeartbeat": node.heartbeat_ms,
-            "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model,
-                      "memoryMB": g.memory_mb, "used": g.index in used_gpus}
-                     for g in node.gpus],
-            "gpuTotal": len(node.gpus),
-            "gpuUsed": len(used_gpus),
-            "gpuFree": len(node.gpus) - len(used_gpus),
-            "cpuTotal": node.cpus,
-            "cpuUsed": used.cpus,
-            "cpuFree": node.cpus - used.cpus,
-            "memoryMBTotal": node.memory_mb,
-            "memoryMBUsed": used.memory_mb,
-            "memoryMBFree": node.memory_mb - used.memory_mb,
-            "tasks": used.tasks,
-        })
-    return rows
+    return _node_views(platform().store.get_nodes())
+
+
+@bp.get("/api/v1/nodes/<name>")
+def get_node(name: str) -> dict[str, Any]:
+    """One node: its resources, its GPUs' model and topology, and its state.
+    ---
+    get:
+      errors: [404]
+      responses: {200: Node}
+    """
+    return _node_or_404(name)
+
+
+@bp.put("/api/v1/nodes/<name>")
+@admin_only
+@takes(NodePutSchema())
+def put_node(name: str) -> dict[str, Any]:
+    """Cordon, drain or uncordon a node (admin only; docs/nodes.md).
+
+    `{"schedulable": false}`: no new work lands, its tasks run on.
+    `{"drain": true}`: that, and the scheduler preempts its jobs and requeues
+    them. `{"schedulable": true}`: back in service, any drain ended.
+    ---
+    put:
+      errors: [404]
+      responses: {200: Node}
+    """
+    body = load_body()
+    try:
+        platform().store.set_node_flags(
+            name, schedulable=body.get("schedulable"), drain=body.get("drain"),
+            reason=body.get("reason"), by=current_user().username)
+    except NodeNotFound:
+        raise ApiError("NoNodeError", f"node {name} has never reported", 404) from None
+    except ValueError as error:
+        raise ApiError("BadRequestError", str(error)) from None
+    return _node_or_404(name)
 
 
 @bp.get("/healthz")

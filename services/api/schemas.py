@@ -8,10 +8,12 @@ This module imports no view (the views import it).
 
 from __future__ import annotations
 
-from marshmallow import RAISE, Schema, fields, validate
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from shared.capabilities import GRANTABLE
-from shared.cluster import BORROWED, GUARANTEED
+from shared.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.jobspec import JobConfigSchema, WholeNumber
 from shared.names import INPUT_PATTERN
 from shared.priority import CLASS_NAMES
@@ -21,6 +23,7 @@ MIN_PASSWORD, MAX_PASSWORD = 6, 256
 DEFAULT_EXPIRATION_S = 7 * 24 * 3600
 MAX_EXPIRATION_S = 90 * 24 * 3600
 MAX_TAIL = 100_000  # log lines one plain read returns
+MAX_REASON = 512  # characters of an admin's reason for cordoning a node
 
 JOB_STATES = [s.value for s in JobState]
 _MS = {"description": "epoch milliseconds"}
@@ -41,9 +44,19 @@ class _Request(Schema):
         unknown = RAISE
 
 
+class _JsonBoolean(fields.Boolean):
+    """Only JSON's true and false: a set of {True} alone would still let 1 in
+    (1 == True in Python)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if type(value) is not bool:
+            raise self.make_error("invalid", input=value)
+        return value
+
+
 def _flag(**kwargs: object) -> fields.Boolean:
     """JSON's true and false only (not "yes", 1 or "on")."""
-    return fields.Boolean(truthy={True}, falsy={False}, **kwargs)  # type: ignore[arg-type]
+    return _JsonBoolean(**kwargs)  # type: ignore[arg-type]
 
 
 class ErrorSchema(Schema):
@@ -331,13 +344,25 @@ class NodeGpuSchema(Schema):
     uuid = fields.String(required=True)
     model = fields.String(required=True)
     memoryMB = fields.Integer(required=True)
+    group = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "GPUs of one group share NVLink or a PCIe switch; null: unknown"})
     used = fields.Boolean(required=True)
 
 
 class NodeSchema(Schema):
     name = fields.String(required=True)
     ip = fields.String(required=True)
-    state = fields.String(required=True, validate=validate.OneOf(["READY", "LOST"]))
+    state = fields.String(required=True, validate=validate.OneOf(NODE_STATES), metadata={
+        "description": "READY; CORDONED (no new work); DRAINING (its jobs being moved "
+                       "off); DRAINED (drained and empty); LOST (no heartbeat, whatever "
+                       "an admin set)"})
+    schedulable = fields.Boolean(required=True, metadata={
+        "description": "whether new tasks may land on it"})
+    draining = fields.Boolean(required=True)
+    cordonReason = fields.String(required=True, metadata={
+        "description": "the admin's reason while cordoned or draining"})
+    cordonedBy = fields.String(required=True, allow_none=True)
+    cordonedTime = _ms(allow_none=True)
     lastHeartbeat = _ms()
     gpus = fields.List(fields.Nested(NodeGpuSchema), required=True)
     gpuTotal = fields.Integer(required=True)
@@ -350,6 +375,25 @@ class NodeSchema(Schema):
     memoryMBUsed = fields.Integer(required=True)
     memoryMBFree = fields.Integer(required=True)
     tasks = fields.Integer(required=True)
+
+
+class NodePutSchema(_Request):
+    schedulable = _flag(metadata={
+        "description": "false: cordon (no new work; tasks run on); true: uncordon, ending "
+                       "any drain"})
+    drain = _flag(metadata={
+        "description": "true: cordon, and preempt and requeue the jobs on it; false: end "
+                       "the drain, the node stays cordoned"})
+    reason = fields.String(validate=validate.Length(max=MAX_REASON), metadata={
+        "description": "why, shown with the node (kept while it stays cordoned)"})
+
+    @validates_schema
+    def check_meaning(self, data: dict[str, object], **_: object) -> None:
+        if "schedulable" not in data and "drain" not in data:
+            raise ValidationError("give schedulable or drain (or both)", "_schema")
+        if data.get("schedulable") is True and data.get("drain") is True:
+            raise ValidationError("a draining node cannot be schedulable: drain cordons it",
+                                  "drain")
 
 
 # Component name -> schema; views' docstrings refer to these names.
@@ -375,4 +419,5 @@ COMPONENTS: dict[str, type[Schema]] = {
     "VirtualCluster": VirtualClusterSchema,
     "VirtualClusterPut": VirtualClusterPutSchema,
     "Node": NodeSchema,
+    "NodePut": NodePutSchema,
 }

@@ -19,14 +19,27 @@ from shared.nvml import Nvml
 
 log = logging.getLogger("pai.launcher")
 
-def virtual_gpus(node_name: str, count: int) -> list[Gpu]:
-    """Declared GPUs for testing: only their environment variables are set."""
-    return [Gpu(index=i, uuid=f"virtual-{node_name}-{i}", model="virtual") for i in range(count)]
+
+def virtual_gpus(node_name: str, count: int, model: str = "virtual",
+                 groups: tuple[tuple[int, int], ...] = ()) -> list[Gpu]:
+    """Declared GPUs for testing: only their environment variables are set.
+
+    `groups` are index ranges (PAI_NODE_GPU_GROUPS), numbered in the order
+    declared, so a test node can show the scheduler a topology; a GPU in no
+    range has an unknown group.
+    """
+    group_of = {index: number for number, (low, high) in enumerate(groups)
+                for index in range(low, high + 1)}
+    return [Gpu(index=i, uuid=f"virtual-{node_name}-{i}", model=model, group=group_of.get(i))
+            for i in range(count)]
 
 
-def choose_gpus(node_name: str, nvml_gpus: list[Gpu], declared: int | None) -> list[Gpu]:
+def choose_gpus(node_name: str, nvml_gpus: list[Gpu], declared: int | None,
+                model: str = "virtual", groups: tuple[tuple[int, int], ...] = ()) -> list[Gpu]:
     """The operator's declaration wins over what NVML found, as with CPUs."""
-    return virtual_gpus(node_name, declared) if declared is not None else nvml_gpus
+    if declared is None:
+        return nvml_gpus
+    return virtual_gpus(node_name, declared, model, groups)
 
 
 def read_nvml_gpus(nvml: Nvml | None = None) -> list[Gpu]:
@@ -67,11 +80,22 @@ def build_node(
         ip=settings.node_ip,
         cpus=settings.node_cpus or cpus,
         memory_mb=settings.node_memory_mb or memory_mb,
-        gpus=choose_gpus(settings.node_name, gpus, declared),
+        gpus=choose_gpus(settings.node_name, gpus, declared, settings.node_gpu_model,
+                         settings.node_gpu_groups),
         port_range=settings.port_range,
         real_cpus=cpus,
         nvidia_runtime=nvidia_runtime and declared is None,
     )
+
+
+def describe_groups(gpus: list[Gpu]) -> str:
+    """"0:[0,1,2,3] 1:[4,5,6,7]" for the log, or "unknown"."""
+    members: dict[int, list[int]] = {}
+    for gpu in gpus:
+        if gpu.group is not None:
+            members.setdefault(gpu.group, []).append(gpu.index)
+    return " ".join(f"{group}:{indices}".replace(" ", "")
+                    for group, indices in sorted(members.items())) or "unknown"
 
 
 def discover_node(settings: Settings, docker_client: docker.DockerClient) -> Node:
@@ -82,8 +106,10 @@ def discover_node(settings: Settings, docker_client: docker.DockerClient) -> Nod
         memory_mb=real_memory_mb(),
         nvidia_runtime=has_nvidia_runtime(docker_client.info()),
     )
-    log.info("node %s (%s): %d CPUs (%d real), %d MB, %d GPUs%s, NVIDIA runtime %s",
+    log.info("node %s (%s): %d CPUs (%d real), %d MB, %d GPUs%s%s, topology groups %s, "
+             "NVIDIA runtime %s",
              node.name, node.ip, node.cpus, node.real_cpus, node.memory_mb, len(node.gpus),
              " (virtual)" if settings.node_virtual_gpus is not None else "",
+             f" {node.gpus[0].model}" if node.gpus else "", describe_groups(node.gpus),
              "yes" if node.nvidia_runtime else "no")
     return node

@@ -148,6 +148,7 @@ PROTECTED = [
     ("get", "/api/v1/virtual-clusters"),
     ("put", "/api/v1/virtual-clusters/vision"),
     ("get", "/api/v1/nodes"),
+    ("put", "/api/v1/nodes/n1"),
     ("delete", "/api/v1/token"),
     ("get", "/api/v1/no-such-endpoint"),
 ]

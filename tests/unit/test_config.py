@@ -69,6 +69,49 @@ def test_zero_virtual_gpus_is_kept_not_defaulted() -> None:
     assert load_settings({"PAI_NODE_VIRTUAL_GPUS": "0"}).node_virtual_gpus == 0
 
 
+@pytest.mark.parametrize(("env", "model", "groups"), [
+    pytest.param({}, "virtual", (), id="defaults"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_MODEL": " A100 ",
+                  "PAI_NODE_GPU_GROUPS": "0-3, 4-7"}, "A100", ((0, 3), (4, 7)),
+                 id="model and two groups"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "4", "PAI_NODE_GPU_GROUPS": "2,0-1"}, "virtual",
+                 ((2, 2), (0, 1)), id="a single index is a group of one"),
+    pytest.param({"PAI_NODE_GPU_MODEL": "", "PAI_NODE_GPU_GROUPS": " "}, "virtual", (),
+                 id="empty values are unset (as Compose passes them)"),
+])
+def test_declared_gpu_model_and_groups(env: dict[str, str], model: str,
+                                       groups: tuple[tuple[int, int], ...]) -> None:
+    settings = load_settings(env)
+    assert (settings.node_gpu_model, settings.node_gpu_groups) == (model, groups)
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    pytest.param({"PAI_NODE_GPU_GROUPS": "0-3"}, "set PAI_NODE_VIRTUAL_GPUS", id="no GPUs"),
+    pytest.param({"PAI_NODE_GPU_MODEL": "A100"}, "set PAI_NODE_VIRTUAL_GPUS",
+                 id="model without GPUs"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_GROUPS": "0-3;4-7"},
+                 "must look like 0-3,4-7", id="wrong separator"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_GROUPS": "a-b"},
+                 "must look like 0-3,4-7", id="not numbers"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_GROUPS": "0-3,"},
+                 "must look like 0-3,4-7", id="empty part"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_GROUPS": "3-0"},
+                 "'3-0' is not a range of GPU indices 0-7", id="backwards"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_GROUPS": "4-8"},
+                 "'4-8' is not a range of GPU indices 0-7", id="past the last GPU"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_GROUPS": "-1-3"},
+                 "must look like 0-3,4-7", id="negative"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "8", "PAI_NODE_GPU_GROUPS": "0-4,4-7"},
+                 "'4-7' overlaps another group", id="overlap"),
+    pytest.param({"PAI_NODE_VIRTUAL_GPUS": "0", "PAI_NODE_GPU_GROUPS": "0"},
+                 "not a range of GPU indices", id="zero GPUs"),
+])
+def test_declared_gpu_groups_errors_name_the_setting(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match="PAI_NODE_GPU_") as error:
+        load_settings(env)
+    assert message in str(error.value)
+
+
 @pytest.mark.parametrize(("env", "expected"), [
     pytest.param({"PAI_DOCKER_HOST": "unix:///a.sock", "DOCKER_HOST": "unix:///b.sock"},
                  "unix:///a.sock", id="PAI_DOCKER_HOST wins"),

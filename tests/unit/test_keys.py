@@ -21,6 +21,7 @@ LITERAL_KEYS = [
     pytest.param(keys.SCHEDULERS, "pai:schedulers", id="SCHEDULERS"),
     pytest.param(keys.PASS_REQUESTED, "pai:scheduler:pass-requested", id="PASS_REQUESTED"),
     pytest.param(keys.NODES, "pai:nodes", id="NODES"),
+    pytest.param(keys.NODE_FLAGS, "pai:node-flags", id="NODE_FLAGS"),
     pytest.param(keys.USERS, "pai:users", id="USERS"),
     pytest.param(keys.VCS, "pai:vcs", id="VCS"),
     pytest.param(keys.STORAGE_SHARES, "pai:storage:shares", id="STORAGE_SHARES"),

@@ -10,6 +10,7 @@ import pytest
 from services.launcher.inventory import (
     build_node,
     choose_gpus,
+    describe_groups,
     has_nvidia_runtime,
     real_memory_mb,
     virtual_gpus,
@@ -37,6 +38,32 @@ def test_choose_gpus(found: list[Gpu], declared: int | None, expected: list[Gpu]
 def test_virtual_gpus_are_named_after_the_node() -> None:
     assert virtual_gpus("box", 2) == [Gpu(0, "virtual-box-0", "virtual"),
                                       Gpu(1, "virtual-box-1", "virtual")]
+
+
+def test_declared_gpus_carry_the_declared_model_and_groups() -> None:
+    settings = Settings(node_name="n1", node_virtual_gpus=6, node_gpu_model="H100",
+                        node_gpu_groups=((4, 5), (0, 2)))
+    node = build_node(settings, gpus=REAL, cpus=2, memory_mb=1000, nvidia_runtime=False)
+    assert [(g.index, g.model, g.group) for g in node.gpus] == [
+        (0, "H100", 1), (1, "H100", 1), (2, "H100", 1), (3, "H100", None), (4, "H100", 0),
+        (5, "H100", 0)]
+
+
+def test_nvml_gpus_keep_their_own_model_and_groups() -> None:
+    found = [Gpu(0, "GPU-a", "A100", 40960, group=0), Gpu(1, "GPU-b", "A100", 40960, group=1)]
+    settings = Settings(node_name="n1", node_gpu_model="ignored")
+    assert build_node(settings, gpus=found, cpus=2, memory_mb=1000,
+                      nvidia_runtime=True).gpus == found
+
+
+@pytest.mark.parametrize(("gpus", "shown"), [
+    pytest.param([], "unknown", id="no GPUs"),
+    pytest.param([Gpu(0), Gpu(1)], "unknown", id="groups unknown"),
+    pytest.param([Gpu(0, group=0), Gpu(1, group=1), Gpu(2, group=0)], "0:[0,2] 1:[1]",
+                 id="by group"),
+])
+def test_describe_groups(gpus: list[Gpu], shown: str) -> None:
+    assert describe_groups(gpus) == shown
 
 
 @pytest.mark.parametrize(("settings", "cpus", "memory", "real_cpus"), [
