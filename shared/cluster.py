@@ -98,6 +98,13 @@ def change_flags(current: NodeFlags, *, schedulable: bool | None, drain: bool | 
                      reason=current.reason if reason is None else reason, by=by, at_ms=now_ms)
 
 
+def takes_work(node: Node, flags: NodeFlags | None, now_ms: int, lost_seconds: float) -> bool:
+    """May the scheduler place new work on the node: live, and neither
+    cordoned nor draining? Its GPUs are then what guarantees are made of."""
+    return node_is_live(node.heartbeat_ms, now_ms, lost_seconds) and (
+        flags is None or flags.accepts_work)
+
+
 def node_view_state(live: bool, flags: NodeFlags, tasks: int) -> str:
     """One of NODE_STATES: lost wins, then the admin's flags; a draining
     node is DRAINED once nothing holds it any more."""

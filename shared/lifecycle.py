@@ -278,8 +278,9 @@ def commit_placement(
     """Bind a gang: allocations on the nodes, tasks LAUNCHING, job dequeued.
 
     Commits only if the job is the one the placement was computed for (same
-    version, still WAITING), the placement covers every task, and what the
-    nodes hold now leaves room for it: a pass that overlapped another (its
+    version, still WAITING), the placement covers every task, no admin holds
+    any of its nodes (cordon, drain: a node's entry in NODE_FLAGS), and what
+    the nodes hold now leaves room for it: a pass that overlapped another (its
     lock expired) can never hand out a GPU or port twice.
     """
     job_key = keys.job(job_id)
@@ -293,7 +294,10 @@ def commit_placement(
         tasks = store.read_tasks(pipe, job_id, attempt)
         if {task_key(p.role, p.index) for p in placements} != set(tasks):
             return False
-        for name in {p.node for p in placements}:
+        nodes = sorted({p.node for p in placements})
+        if any(pipe.hmget(keys.NODE_FLAGS, nodes)):  # an admin holds one now
+            return False
+        for name in nodes:
             raw = pipe.get(keys.node(name))
             node = Node.from_dict(json.loads(raw)) if raw else None
             held = store.get_allocations(pipe, name).values()
@@ -327,7 +331,7 @@ def commit_placement(
                         nodes=sorted({p.node for p in placements}), mode=mode)
         return True
 
-    return store.transact(decide, job_key, *node_keys)
+    return store.transact(decide, job_key, keys.NODE_FLAGS, *node_keys)
 
 
 def claim_pass_request(store: Store) -> bool:

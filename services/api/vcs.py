@@ -14,7 +14,7 @@ from services.api.schemas import VirtualClusterPutSchema
 from shared import keys
 from shared.accounts import DEFAULT_VC, AccountError, VirtualCluster
 from shared.capabilities import capability_list_errors
-from shared.cluster import BORROWED, Held, VcPolicy, held_by_vc, node_is_live, vc_policies
+from shared.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_work, vc_policies
 from shared.models import now_ms
 from shared.states import JobState
 
@@ -44,10 +44,10 @@ def _usage() -> tuple[dict[str, Held], dict[str, int]]:
 
 def _guarantees() -> dict[str, VcPolicy]:
     """Every VC's guarantee in force (`default`'s depends on the live GPUs)."""
-    settings = platform().settings
-    now = now_ms()
-    gpus = sum(len(n.gpus) for n in platform().store.get_nodes()
-               if node_is_live(n.heartbeat_ms, now, settings.node_lost_seconds))
+    settings, store = platform().settings, platform().store
+    now, flags = now_ms(), store.node_flags()
+    gpus = sum(len(n.gpus) for n in store.get_nodes()
+               if takes_work(n, flags.get(n.name), now, settings.node_lost_seconds))
     vcs = accounts().list_vcs()
     return vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                        {vc.name: vc.borrowing for vc in vcs}, gpus)

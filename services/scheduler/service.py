@@ -21,7 +21,7 @@ from services.scheduler.core import Cluster, JobRequest, free_view, job_request
 from services.scheduler.policy import Preemption, RunningJob
 from shared import keys, telemetry
 from shared.accounts import Accounts
-from shared.cluster import BORROWED, node_is_live, vc_policies
+from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
 from shared.lifecycle import (
     commit_placement,
@@ -38,7 +38,6 @@ from shared.models import (
     Allocation,
     Job,
     JobSpec,
-    Node,
     TaskPlacement,
     attempt_task_key,
     now_ms,
@@ -105,11 +104,6 @@ class Scheduler:
                     log.warning("scheduler lock expired during a pass")
             if not r.exists(DIRTY):
                 return
-
-    def live(self, nodes: list[Node]) -> list[Node]:
-        now = now_ms()
-        return [n for n in nodes
-                if node_is_live(n.heartbeat_ms, now, self.settings.node_lost_seconds)]
 
     def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
         """Parse the configs of these (job id, queue_seq) not parsed before, in
@@ -205,10 +199,13 @@ class Scheduler:
         started = time.perf_counter()
         now = now_ms()
         nodes = self.store.get_nodes()
+        flags = self.store.node_flags()
         allocations = self.store.all_allocations([n.name for n in nodes])
-        live = self.live(nodes)
+        live = [n for n in nodes if takes_work(n, flags.get(n.name), now,
+                                               self.settings.node_lost_seconds)]
         cluster = Cluster(free_view(node, allocations[node.name]) for node in live)
         running = self._running(allocations)
+        self._drain(running, flags, now)
         queue, records = self._queue()
         vcs = self.accounts.list_vcs()
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
@@ -246,6 +243,18 @@ class Scheduler:
             log.info("pass: %d placed, %d waiting, %d preempted, %.1f ms", stats.placed,
                      stats.waiting, len(plan.preempt), stats.seconds * 1000)
         return stats
+
+    def _drain(self, running: list[RunningJob], flags: dict[str, NodeFlags], now: int) -> None:
+        """Jobs with a task on a draining node are preempted (requeued,
+        uncharged), as `kubectl drain` evicts: their tasks get the notice, the
+        SIGTERM and their grace period, then run again elsewhere."""
+        draining = {name for name, f in flags.items() if f.drain}
+        if not draining:
+            return
+        for job in running:
+            nodes = sorted({a.node for a in job.allocations} & draining)
+            if nodes and not job.preempted_by:
+                self._preempt(Preemption(job, f"drain of node {nodes[0]}"), now)
 
     def _preempt(self, preemption: Preemption, now: int) -> None:
         """Mark the victim (compare-and-set), then warn each of its live tasks."""

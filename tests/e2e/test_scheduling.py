@@ -101,3 +101,33 @@ def test_a_big_job_is_not_starved_by_small_jobs_submitted_after_it(
         assert detail["jobStatus"]["state"] == "SUCCEEDED"
         assert detail["taskRoles"]["main"]["taskStatuses"][0]["startedTime"] > started, \
             f"{name}, submitted after the big job, started before it"
+
+
+def test_a_drained_node_gets_nothing_new_and_its_jobs_come_back_uncharged(
+        cluster: Platform, unique: Callable[[str], str]) -> None:
+    node_url = f"{cluster.url}/api/v1/nodes/{cluster.node}"
+    running, later = unique("drained"), unique("after-drain")
+    cluster.submit_accepted(job(cluster, running, RESUMABLE, 1, preemptionGracePeriodSec=20))
+    cluster.wait_state(running, "RUNNING")
+    wait_for(lambda: (cluster.storage / "alice" / running / "output" / "ran").exists(),
+             what="the first run to mark its output")
+    try:
+        assert cluster.admin.put(node_url, json={"drain": True, "reason": "maintenance"},
+                                 timeout=30).status_code == 200
+        requeued = wait_for(lambda: (d := cluster.detail(running))["attempts"][0]["reason"]
+                            and d, what="the drained job's attempt to end")
+        assert requeued["attempts"][0]["reason"] == f"Preempted by drain of node {cluster.node}"
+        wait_for(lambda: cluster.admin.get(node_url, timeout=30).json()["state"] == "DRAINED",
+                 what="the node to be empty")
+        cluster.submit_accepted(job(cluster, later, "true", 1))
+        waiting = wait_for(lambda: cluster.detail(later)["jobStatus"]["waiting"]
+                           and cluster.detail(later)["jobStatus"],
+                           what="the new job's waiting reason")
+        assert waiting["state"] == "WAITING"
+        assert waiting["waiting"]["reason"] == "NoNodes"
+        assert not cluster.job_containers(later)
+    finally:
+        cluster.admin.put(node_url, json={"schedulable": True}, timeout=30)
+    for name in (running, later):
+        done = cluster.wait_state(name)["jobStatus"]
+        assert (done["state"], done["retries"]) == ("SUCCEEDED", 0)

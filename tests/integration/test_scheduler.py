@@ -341,3 +341,52 @@ def test_the_overdue_victim_is_stopped_hard(store: Store, redis_server: str,
     scheduler.run_pass()  # the grace is over: the stop follows
     assert ("pai.launcher.stop_task", [borrower.id, 0, "main", 0]) in \
         launcher_tasks(redis_client, "n1")
+
+
+# ------------------------------------------------------------- cordon, drain
+
+
+def test_nothing_new_lands_on_a_cordoned_node(store: Store, scheduler: Scheduler) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2")
+    store.set_node_flags("n1", schedulable=False, reason="new fans", by="root")
+    submit_job(store, "alice", config("a", gpus=8))
+    submit_job(store, "alice", config("b", gpus=8))
+    scheduler.run_pass()
+    assert store.get_tasks("alice~a", 0)[0].node == "n2"
+    assert store.get_tasks("alice~b", 0)[0].state == TaskState.WAITING
+
+
+def test_a_placement_racing_a_cordon_is_not_committed(store: Store) -> None:
+    add_node(store, "n1")
+    job = submit_job(store, "alice", config("a", gpus=1))
+    store.set_node_flags("n1", drain=True, by="root")  # after the pass's snapshot
+    placement = TaskPlacement(role="main", index=0, node="n1", ip="127.0.0.1", gpus=(0,),
+                              cpus=1, memory_mb=128, ports={"default": [20000]})
+    assert not commit_placement(store, job.id, version=job.version, attempt=0,
+                                placements=[placement], launch_deadline_ms=now_ms() + 60_000)
+
+
+def test_draining_a_node_preempts_its_jobs_and_requeues_them_uncharged(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    add_node(store, "n1")
+    add_node(store, "n2", gpus=0)  # no GPUs: the job has nowhere else to go
+    job = submit_job(store, "alice", config("a", gpus=2))
+    scheduler.run_pass()
+    mark_task_running(store, job.id, 0, "main", 0, "c1")
+    store.set_node_flags("n1", drain=True, reason="maintenance", by="root")
+
+    scheduler.run_pass()
+
+    drained = store.get_job(job.id) or pytest.fail()
+    assert drained.preempted_by == "drain of node n1"
+    assert ("pai.launcher.preempt_task", [job.id, 0, "main", 0]) in \
+        launcher_tasks(redis_client, "n1")
+    record_task_exit(store, job.id, 0, "main", 0, exit_code=143)
+    scheduler.task_ended(job.id, 0, "main", 0)
+    requeued = store.get_job(job.id) or pytest.fail()
+    assert (requeued.state, requeued.retries, requeued.preemptions) == (JobState.WAITING, 0, 1)
+    assert json.loads(requeued.waiting)["reason"] == "Unschedulable"  # n2 has no GPUs
+    store.set_node_flags("n1", schedulable=True, by="root")
+    scheduler.run_pass()
+    assert store.get_tasks(job.id, 1)[0].node == "n1"
