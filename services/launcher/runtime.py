@@ -179,15 +179,21 @@ class DockerRuntime:
 
     # ------------------------------------------------------------------ stop
 
+    def _ever_started(self, ref: TaskRef) -> Container | None:
+        """The task's container if it ever started; one only created is
+        removed (it never ran: the caller settles the task)."""
+        container = self.find(ref)
+        if container is not None and container.status == "created":
+            self._remove(container)
+            return None
+        return container
+
     def stop(self, ref: TaskRef, timeout: int = 10) -> bool:
         """Stop the task's container: True when one had started (its exit is
         then seen by the monitor); False when there is none, or it never
         started (it is removed, and the caller settles the task)."""
-        container = self.find(ref)
+        container = self._ever_started(ref)
         if container is None:
-            return False
-        if container.status == "created":
-            self._remove(container)
             return False
         with contextlib.suppress(NotFound):  # gone meanwhile: the monitor saw it exit
             container.stop(timeout=timeout)
@@ -197,11 +203,8 @@ class DockerRuntime:
         """Write `text` at `path` in the task's running container, then send it
         SIGTERM (its init passes it on). False when no container started (one
         only created is removed; the caller settles the task)."""
-        container = self.find(ref)
+        container = self._ever_started(ref)
         if container is None:
-            return False
-        if container.status == "created":
-            self._remove(container)
             return False
         folder, _, name = path.rpartition("/")
         data = text.encode()

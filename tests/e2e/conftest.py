@@ -39,15 +39,25 @@ def running_platform(env: dict[str, str], run_dir: Path, docker_client: docker.D
         pytest.fail(f"the platform did not come up: {error}", pytrace=False)
 
 
+@contextlib.contextmanager
+def one_node_platform(redis_server: str, docker_client: docker.DockerClient, image: str,
+                  run_dir: Path, *, db: int, name: str, port_range: str) -> Iterator[Platform]:
+    """A platform of one node with 8 virtual GPUs on Redis database `db`, with
+    quick heartbeats and launch retries, admin `root` and user alice."""
+    env = platform_env(
+        redis_server.rsplit("/", 1)[0] + f"/{db}", run_dir, node=f"{name}-{run_id()}",
+        port_range=port_range, admin=("root", "root-password"),
+        extra_env={"PAI_HEARTBEAT_SECONDS": "1", "PAI_LAUNCH_TIMEOUT_SECONDS": "20"})
+    with running_platform(env, run_dir, docker_client, image) as pai:
+        yield pai
+
+
 @pytest.fixture(scope="session")
 def platform(redis_server: str, docker_client: docker.DockerClient, test_image: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    run_dir = tmp_path_factory.mktemp("platform")
-    env = platform_env(
-        redis_server.rsplit("/", 1)[0] + "/1", run_dir, node=f"e2e-{run_id()}",
-        port_range="21000-21999", admin=("root", "root-password"),
-        extra_env={"PAI_HEARTBEAT_SECONDS": "1", "PAI_LAUNCH_TIMEOUT_SECONDS": "20"})
-    with running_platform(env, run_dir, docker_client, test_image) as pai:
+    with one_node_platform(redis_server, docker_client, test_image,
+                       tmp_path_factory.mktemp("platform"), db=1, name="e2e",
+                       port_range="21000-21999") as pai:
         yield pai
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import docker
 import pytest
 
-from bench.live_platform import Platform, platform_env, run_id, wait_for
-from tests.e2e.conftest import running_platform
+from bench.live_platform import Platform, wait_for
+from tests.e2e.conftest import one_node_platform
 
 pytestmark = pytest.mark.docker
 
@@ -29,12 +29,9 @@ RESUMABLE = ('if [ -f "$PAI_OUTPUT_DIR/ran" ]; then echo resumed; exit 0; fi; '
 @pytest.fixture(scope="module")
 def cluster(redis_server: str, docker_client: docker.DockerClient, test_image: str,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    run_dir = tmp_path_factory.mktemp("scheduling")
-    env = platform_env(
-        redis_server.rsplit("/", 1)[0] + "/2", run_dir, node=f"sched-{run_id()}",
-        port_range="23000-23999", admin=("root", "root-password"),
-        extra_env={"PAI_HEARTBEAT_SECONDS": "1", "PAI_LAUNCH_TIMEOUT_SECONDS": "20"})
-    with running_platform(env, run_dir, docker_client, test_image) as pai:
+    with one_node_platform(redis_server, docker_client, test_image,
+                       tmp_path_factory.mktemp("scheduling"), db=2, name="sched",
+                       port_range="23000-23999") as pai:
         admin = pai.admin
         assert admin.put(f"{pai.url}/api/v1/virtual-clusters/research",
                          json={"gpuQuota": 4}, timeout=30).status_code in (200, 201)
