@@ -6,10 +6,12 @@ What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
   what its VC's guarantee has left (counting only running work of its class
   or higher) is *guaranteed*; any other job, and every `oppo` job, may only
   *borrow* GPUs no guaranteed work wants, unless its VC forbids borrowing.
-- **Order.** The VCs take turns, one job a turn, the VC using the least of
-  its guarantee first (so guaranteed work nearly always comes before work
-  that borrows); within a VC, class then submit order
-  (`shared.priority.queue_order`).
+- **Order.** Guaranteed work is placed first, then work that borrows, so a
+  job preempted to make room is never placed again ahead of the job it made
+  room for. In each phase the VCs take turns, one job a turn, the VC using
+  the least of its guarantee first; within a VC, class then submit order
+  (`shared.priority.queue_order`), and once a VC's job waits to borrow, its
+  later jobs wait behind it rather than take the guarantee ahead of it.
 - **Preemption.** A guaranteed job that does not fit may take the place of
   borrowed work, or of its own VC's lower-class work: the fewest victims,
   borrowed first, lowest class, youngest. Victims get a grace period; the
@@ -29,7 +31,7 @@ trace with simulated time. Both run exactly this code.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from services.scheduler.core import (
@@ -211,6 +213,7 @@ class _Pass:
         self.never: dict[tuple[object, ...], Waiting | None] = {}
         self.failed: dict[tuple[object, ...], Waiting] = {}  # fit key -> why
         self.no_victims: set[tuple[object, ...]] = set()
+        self.deferring: set[str] = set()  # VCs with a non-oppo job left to borrow
         # fit key -> (the situation it was worked out in, the answer): see _wait
         self.explained: dict[tuple[object, ...], tuple[tuple[bool, int, int], Waiting]] = {}
         # every node that may take work, empty, for "could it ever fit"
@@ -278,39 +281,67 @@ class _Pass:
         by_vc: dict[str, list[JobRequest]] = {}
         for request in sorted(self.queue, key=order_key):
             by_vc.setdefault(request.vc, []).append(request)
+        # Guaranteed work first, then what borrows: a job preempted to make
+        # room is never placed again ahead of the job it made room for.
+        borrowing: dict[str, list[JobRequest]] = {}
+        self._turns(by_vc, lambda request, first: self._guaranteed(request, first, borrowing))
+        self._turns(borrowing, self._borrowing)
+        self._positions(by_vc)
+        return self.out
+
+    def _turns(self, by_vc: Mapping[str, list[JobRequest]],
+               consider: Callable[[JobRequest, bool], bool]) -> None:
+        """The VCs' queues in turns, one job a turn, the VC using the least of
+        its guarantee first. `consider` places a job or not (False: the VC's
+        later jobs are no longer its first)."""
         heap = [(self.standing.share(vc), vc, 0) for vc in by_vc]
         heapq.heapify(heap)
-        blocked: set[str] = set()  # VCs whose head job waits (it holds a reservation)
-        for _ in range(len(self.queue)):
+        held: set[str] = set()  # VCs whose first job in this phase did not start
+        for _ in range(sum(len(q) for q in by_vc.values())):
             if not heap:
                 break
             _, vc, at = heapq.heappop(heap)
             queue = by_vc[vc]
-            if not self._consider(queue[at], head=vc not in blocked):
-                blocked.add(vc)
+            if not consider(queue[at], vc not in held):
+                held.add(vc)
             if at + 1 < len(queue):  # only this VC's share moved
                 heapq.heappush(heap, (self.standing.share(vc), vc, at + 1))
-        self._positions(by_vc)
-        return self.out
 
-    def _consider(self, request: JobRequest, head: bool) -> bool:
-        """Place one job, guaranteed if its VC's guarantee holds it, else on
-        borrowed GPUs if its VC borrows; else explain why it waits. A VC's
-        first waiting job keeps the share of the guarantee it needs (so the
-        VC's later jobs borrow instead of using it up) and reserves its nodes."""
+    def _guaranteed(self, request: JobRequest, first: bool,
+                    borrowing: dict[str, list[JobRequest]]) -> bool:
+        """Place the job on its VC's guarantee if that holds it (preempting
+        for it if need be); else leave it for the borrowing turns. A VC's
+        first job that does not start keeps the share of the guarantee it
+        needs, so the VC's later jobs borrow instead of using it up."""
         vc = self.standing.policy(request.vc)
-        guaranteed = self.standing.fits_guarantee(request, vc)
-        if guaranteed or vc.borrowing:
-            why = self._try_place(request, GUARANTEED if guaranteed else BORROWED)
+        if request.vc not in self.deferring and self.standing.fits_guarantee(request, vc):
+            why = self._try_place(request, GUARANTEED)
             if why is None:
                 return True
-            why = self._wait(request, why, guaranteed, head)
+            why = self._wait(request, why, True, first)
+            self.out.waiting[request.job_id] = why
         else:
-            why = self._quota_wait(request)
-        self.out.waiting[request.job_id] = why
-        if head and request.priority != PriorityClass.OPPO \
-                and request.gpus <= vc.guarantee and why.reason not in NEVER:
+            # It waits to borrow; its VC's later jobs (no higher class) wait
+            # behind it, not on the guarantee ahead of it.
+            borrowing.setdefault(request.vc, []).append(request)
+            if request.priority != PriorityClass.OPPO:
+                self.deferring.add(request.vc)
+            why = None
+        if first and request.priority != PriorityClass.OPPO \
+                and request.gpus <= vc.guarantee and (why is None or why.reason not in NEVER):
             self.standing.count(request.vc, request.priority, request.gpus)
+        return False
+
+    def _borrowing(self, request: JobRequest, first: bool) -> bool:
+        """Place the job on GPUs no guaranteed work took this pass, if its VC
+        borrows; the VC's first that does not fit reserves its nodes."""
+        if not self.standing.policy(request.vc).borrowing:
+            self.out.waiting[request.job_id] = self._quota_wait(request)
+            return False
+        why = self._try_place(request, BORROWED)
+        if why is None:
+            return True
+        self.out.waiting[request.job_id] = self._wait(request, why, False, first)
         return False
 
     # ------------------------------------------------------------ placing

@@ -7,7 +7,9 @@ Its own platform (8 virtual GPUs): the `research` VC is guaranteed 4, so
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -18,12 +20,20 @@ from tests.e2e.conftest import one_node_platform
 
 pytestmark = pytest.mark.docker
 
-# First run: mark the output folder, wait to be preempted, keep the notice.
-# A later run finds the mark and succeeds: a job that checkpoints.
-RESUMABLE = ('if [ -f "$PAI_OUTPUT_DIR/ran" ]; then echo resumed; exit 0; fi; '
-             'touch "$PAI_OUTPUT_DIR/ran"; '
-             'trap \'cp "$PAI_PREEMPTION_FILE" "$PAI_OUTPUT_DIR/notice"; exit 143\' TERM; '
-             'while true; do sleep 0.2; done')
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def preemptible(name: str, gpus: int) -> dict[str, Any]:
+    """examples/preemptible.json: an `oppo` job that saves its step in its
+    output folder, keeps the preemption notice, and resumes where it was."""
+    config: dict[str, Any] = json.loads((EXAMPLES / "preemptible.json").read_text())
+    config["jobName"] = name
+    config["taskRoles"][0]["gpuNumber"] = gpus
+    return config
+
+
+def saved_a_step(cluster: Platform, name: str) -> bool:
+    return (cluster.storage / "alice" / name / "output" / "step").exists()
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +58,10 @@ def job(pai: Platform, name: str, command: str, gpus: int, **extra: Any) -> dict
 def test_a_borrowing_job_is_preempted_for_the_owner_and_runs_again_uncharged(
         cluster: Platform, unique: Callable[[str], str]) -> None:
     lender, owner = unique("lender"), unique("owner")
-    cluster.submit_accepted(job(cluster, lender, RESUMABLE, 8, preemptionGracePeriodSec=20))
+    cluster.submit_accepted(preemptible(lender, 8))
     running = cluster.wait_state(lender, "RUNNING")
-    assert running["jobStatus"]["mode"] == "borrowed"  # 8 GPUs: beyond default's 4
-    wait_for(lambda: (cluster.storage / "alice" / lender / "output" / "ran").exists(),
-             what="the first run to mark its output")
+    assert running["jobStatus"]["mode"] == "borrowed"  # oppo, and beyond default's 4
+    wait_for(lambda: saved_a_step(cluster, lender), what="the first run to save a step")
 
     cluster.submit_accepted(job(cluster, owner, "sleep 1", 4, virtualCluster="research"))
 
@@ -68,7 +77,8 @@ def test_a_borrowing_job_is_preempted_for_the_owner_and_runs_again_uncharged(
     first = finished["attempts"][0]
     assert (first["reason"], first["preemptedBy"]) == (f"Preempted by alice~{owner}",
                                                        f"alice~{owner}")
-    assert "resumed" in cluster.log(lender, "main")
+    log = cluster.log(lender, "main")
+    assert "resuming at step" in log and "finished at step 10" in log
     # the owner started only once the victim had stopped: no GPU held twice
     owner_task = done["taskRoles"]["main"]["taskStatuses"][0]
     assert owner_task["startedTime"] >= first["completedTime"]
@@ -104,10 +114,9 @@ def test_a_drained_node_gets_nothing_new_and_its_jobs_come_back_uncharged(
         cluster: Platform, unique: Callable[[str], str]) -> None:
     node_url = f"{cluster.url}/api/v1/nodes/{cluster.node}"
     running, later = unique("drained"), unique("after-drain")
-    cluster.submit_accepted(job(cluster, running, RESUMABLE, 1, preemptionGracePeriodSec=20))
+    cluster.submit_accepted(preemptible(running, 1))
     cluster.wait_state(running, "RUNNING")
-    wait_for(lambda: (cluster.storage / "alice" / running / "output" / "ran").exists(),
-             what="the first run to mark its output")
+    wait_for(lambda: saved_a_step(cluster, running), what="the first run to save a step")
     try:
         assert cluster.admin.put(node_url, json={"drain": True, "reason": "maintenance"},
                                  timeout=30).status_code == 200

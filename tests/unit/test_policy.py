@@ -267,6 +267,18 @@ def test_preemption(queue: list[JobRequest], runs: list[Run], vcs: dict[str, VcP
         assert why.estimated_start_ms == NOW + 30_000  # the victims' grace period
 
 
+@pytest.mark.parametrize("lender_vc", ["default", "aardvark"])
+def test_a_requeued_victim_is_not_placed_again_ahead_of_its_preemptor(lender_vc: str) -> None:
+    """No preemption loop: the victim's VC comes first by name and by share,
+    but guaranteed work is placed before any that borrows."""
+    queue = [req("lender", 8, vc=lender_vc, cls=OPPO, seq=1),
+             req("owner", 4, vc="research", seq=2)]
+    result = run_plan({"a": 8}, queue, [],
+                      {"research": VcPolicy(4), lender_vc: VcPolicy(4)})
+    assert placed(result) == {"owner": GUARANTEED}
+    assert "lender" in result.waiting
+
+
 def test_a_preempting_job_waits_on_its_victims_and_nobody_takes_their_nodes() -> None:
     queue = [req("owner", 8, vc="research", seq=1), req("small", 1, vc="default", seq=2)]
     runs = [Run("lender", "default", {"a": 8}, mode=BORROWED, preempted_by="owner")]
@@ -290,6 +302,17 @@ def test_the_head_reserves_its_nodes_and_small_jobs_backfill_elsewhere() -> None
     assert set(placed(result)) == {"small0", "small1"}
     assert all(p.placements[0].node == "b" for p in result.placed)
     assert result.waiting["small2"].reason == RESERVED  # "a" has room, kept for "big"
+
+
+def test_a_job_beyond_the_guarantee_is_not_overtaken_by_its_vcs_later_jobs() -> None:
+    # default is guaranteed 4 and uses 3; "big" can only borrow; the small
+    # jobs after it would fit the guarantee, but wait behind it (and off its node)
+    queue = [req("big", 8, seq=1), req("small", 1, seq=2)]
+    result = run_plan({"a": 8}, queue, [Run("r", "default", {"a": 3})],
+                      {"default": VcPolicy(4), "research": VcPolicy(4)})
+    assert not result.placed
+    assert result.reservations == {"big": ("a",)}
+    assert result.waiting["small"].reason == RESERVED
 
 
 def test_a_job_that_fits_only_in_a_reservation_is_told_so() -> None:
