@@ -140,7 +140,7 @@ def record_task_exit(
                 if all(t.state.is_final for t in tasks.values()):
                     ended = retried = True
                     closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
-                                             f"Preempted by {job.preempted_by}", True)
+                                             f"Preempted by {job.preempted_by}", False)
                     closed.preempted_by = job.preempted_by
                     store.bump(job, JobState.WAITING)
                     job.attempt += 1

@@ -146,6 +146,8 @@ def attempts_table(attempts: Sequence[Mapping[str, Any]]) -> Table:
         reason = attempt.get("reason") or ""
         if attempt.get("platformFailure"):
             reason = f"{reason} (platform failure, not counted)".strip()
+        elif attempt.get("preemptedBy"):
+            reason = f"{reason} (not counted)"
         table.add_row(_cell(attempt.get("attemptIndex")), _state(attempt.get("state")),
                       _cell(format_time(attempt.get("startedTime"))),
                       _cell(format_time(attempt.get("completedTime"))),
