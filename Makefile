@@ -17,7 +17,7 @@ TEST_IMAGE := scripts/build-test-image.sh
 WITH_ENV := set -a; [ ! -f .run/env ] || . .run/env; set +a;
 PYTEST_ARGS ?=
 
-.PHONY: help install test lint up down demo bench clean runtime-test runtime-up \
+.PHONY: help install test lint up down demo bench bench-sim clean runtime-test runtime-up \
 	image offline-images compose-test
 
 help: ## list the targets
@@ -71,6 +71,9 @@ demo: up ## run examples/hello-world.json to SUCCEEDED and print its log
 bench: runtime-test ## the benchmarks in bench/
 	@if [ -f bench/__main__.py ]; then $(WITH_ENV) unset PAI_REDIS_URL; $(VENV)/bin/python -m bench; \
 	else echo "the benchmarks arrive with bench/__main__.py"; fi
+
+bench-sim: ## replay a synthetic trace through the scheduling policy: one JSON line per policy
+	$(VENV)/bin/python -m bench.sim
 
 clean: down ## stop everything and remove .run/
 	rm -rf .run
