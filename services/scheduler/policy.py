@@ -216,9 +216,9 @@ class _Pass:
         self.deferring: set[str] = set()  # VCs with a non-oppo job left to borrow
         # fit key -> (the situation it was worked out in, the answer): see _wait
         self.explained: dict[tuple[object, ...], tuple[tuple[bool, int, int], Waiting]] = {}
-        # every node that may take work, empty, for "could it ever fit"
         self.nodes = list(cluster.nodes.values())  # every node that may take work
-        self.empty: Cluster | None = None  # them all, emptied, made when first needed
+        # them all emptied, for "could it ever fit": made when first needed
+        self.empty: Cluster | None = None
         self.held_by: dict[tuple[object, ...], list[str]] = {}
         self.victim_pool = [r for r in running if not r.preempted_by]
         self.preempting_for: dict[str, list[RunningJob]] = {}
