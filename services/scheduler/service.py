@@ -227,9 +227,9 @@ class Scheduler:
                 self.store.r.set(DIRTY, "1")  # the job changed under us: look again
         for preemption in plan.preempt:
             self._preempt(preemption, now)
+        attempts = {r.job_id: r.attempt for r in running}
         for job_id, mode in plan.modes.items():
-            attempt = next(r.attempt for r in running if r.job_id == job_id)
-            set_mode(self.store, job_id, attempt=attempt, mode=mode)
+            set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
         self._stop_overdue(running, now)
         for job_id, why in plan.waiting.items():
             job = records.get(job_id)
