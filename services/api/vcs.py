@@ -42,20 +42,22 @@ def _usage() -> tuple[dict[str, Held], dict[str, int]]:
     return held_by_vc(allocations), borrowed
 
 
-def _guarantees() -> dict[str, VcPolicy]:
+def _guarantees(vcs: list[VirtualCluster]) -> dict[str, VcPolicy]:
     """Every VC's guarantee in force (`default`'s depends on the live GPUs)."""
     settings, store = platform().settings, platform().store
     now, flags = now_ms(), store.node_flags()
     gpus = sum(len(n.gpus) for n in store.get_nodes()
                if takes_work(n, flags.get(n.name), now, settings.node_lost_seconds))
-    vcs = accounts().list_vcs()
     return vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                        {vc.name: vc.borrowing for vc in vcs}, gpus)
 
 
-def _views(vcs: list[VirtualCluster]) -> dict[str, dict[str, Any]]:
+def _views(vcs: list[VirtualCluster],
+           every: list[VirtualCluster] | None = None) -> dict[str, dict[str, Any]]:
+    """The views of `vcs`; `every` VC (read here unless given) sets the
+    guarantee `default` gets."""
     usage, borrowed = _usage()
-    guarantees = _guarantees()
+    guarantees = _guarantees(accounts().list_vcs() if every is None else every)
     r = platform().store.r
     pipe = r.pipeline(transaction=False)
     for vc in vcs:
@@ -104,7 +106,8 @@ def list_vcs() -> dict[str, dict[str, Any]]:
                 type: object
                 additionalProperties: {$ref: '#/components/schemas/VirtualCluster'}
     """
-    return _views(accounts().list_vcs())
+    vcs = accounts().list_vcs()
+    return _views(vcs, vcs)
 
 
 @bp.get("/virtual-clusters/<name>")

@@ -121,10 +121,7 @@ class Launcher:
         if self.runtime.stop(ref, timeout=STOP_TIMEOUT_SECONDS):
             log.info("stopped %s attempt %d %s[%d]", job_id, attempt, role, index)
             return  # the monitor records the exit it sees
-        task = self.store.get_task(job_id, attempt, role, index)
-        if task is not None and task_is_live(task) and task.node == self.node.name:
-            self._settle(ref, EXIT_SETUP_FAILED, "stopped before its container started",
-                         platform_failure=True)
+        self._settle_unstarted(ref, "stopped before its container started")
 
     def preempt_task(self, job_id: str, attempt: int, role: str, index: int) -> None:
         """Warn a preempted task: the notice file, then SIGTERM. The scheduler
@@ -139,10 +136,15 @@ class Launcher:
             log.info("preempting %s attempt %d %s[%d] for %s", job_id, attempt, role, index,
                      job.preempted_by)
             return
-        task = self.store.get_task(job_id, attempt, role, index)
+        self._settle_unstarted(ref, f"preempted by {job.preempted_by} before its container "
+                                    "started")
+
+    def _settle_unstarted(self, ref: TaskRef, diagnostics: str) -> None:
+        """A task of this node stopped before its container ever ran: settle
+        it as the platform's doing (nothing of the job's ran)."""
+        task = self.store.get_task(ref.job_id, ref.attempt, ref.role, ref.index)
         if task is not None and task_is_live(task) and task.node == self.node.name:
-            self._settle(ref, EXIT_SETUP_FAILED, f"preempted by {job.preempted_by} "
-                         "before its container started", platform_failure=True)
+            self._settle(ref, EXIT_SETUP_FAILED, diagnostics, platform_failure=True)
 
     def _settle(self, ref: TaskRef, exit_code: int, diagnostics: str, *,
                 platform_failure: bool = False) -> None:

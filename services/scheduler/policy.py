@@ -72,7 +72,6 @@ class RunningJob:
     mode: str  # GUARANTEED or BORROWED
     started_ms: int  # youngest is preempted first
     allocations: tuple[Allocation, ...]
-    version: int = 0
     attempt: int = 0
     grace_ms: int = 30_000
     # Being preempted already: for whom, and when its grace period ends

@@ -55,7 +55,7 @@ LOCK_SECONDS = 60
 STOP_RESEND_MS = 15_000
 # What the policy needs of a placed job's record (see _running)
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
-                  "started_ms", "created_ms", "version", "preempted_by", "preempt_deadline_ms")
+                  "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
 MAX_CACHED_SPECS = 100_000
 
 
@@ -179,8 +179,8 @@ class Scheduler:
         self._load_specs([(job_id, int(values[2] or 0)) for job_id, values in live])
         running = []
         for job_id, values in live:
-            (_, attempt, queue_seq, vc, priority, mode, started, created, version,
-             preempted_by, deadline) = values
+            (_, attempt, queue_seq, vc, priority, mode, started, created, preempted_by,
+             deadline) = values
             mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
             if not mine:
                 continue  # an old attempt's: the sweep releases it
@@ -188,7 +188,7 @@ class Scheduler:
             running.append(RunningJob(
                 job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
                 mode=mode or BORROWED, started_ms=int(started or created or 0),
-                allocations=mine, version=int(version or 0), attempt=int(attempt or 0),
+                allocations=mine, attempt=int(attempt or 0),
                 grace_ms=self.settings.preemption_grace_ms(
                     spec.preemption_grace_seconds if spec else None),
                 preempted_by=preempted_by or "",

@@ -41,7 +41,7 @@ def running_platform(env: dict[str, str], run_dir: Path, docker_client: docker.D
 
 @contextlib.contextmanager
 def one_node_platform(redis_server: str, docker_client: docker.DockerClient, image: str,
-                  run_dir: Path, *, db: int, name: str, port_range: str) -> Iterator[Platform]:
+                      run_dir: Path, *, db: int, name: str, port_range: str) -> Iterator[Platform]:
     """A platform of one node with 8 virtual GPUs on Redis database `db`, with
     quick heartbeats and launch retries, admin `root` and user alice."""
     env = platform_env(
@@ -56,8 +56,8 @@ def one_node_platform(redis_server: str, docker_client: docker.DockerClient, ima
 def platform(redis_server: str, docker_client: docker.DockerClient, test_image: str,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     with one_node_platform(redis_server, docker_client, test_image,
-                       tmp_path_factory.mktemp("platform"), db=1, name="e2e",
-                       port_range="21000-21999") as pai:
+                           tmp_path_factory.mktemp("platform"), db=1, name="e2e",
+                           port_range="21000-21999") as pai:
         yield pai
 
 

@@ -40,8 +40,8 @@ def saved_a_step(cluster: Platform, name: str) -> bool:
 def cluster(redis_server: str, docker_client: docker.DockerClient, test_image: str,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     with one_node_platform(redis_server, docker_client, test_image,
-                       tmp_path_factory.mktemp("scheduling"), db=2, name="sched",
-                       port_range="23000-23999") as pai:
+                           tmp_path_factory.mktemp("scheduling"), db=2, name="sched",
+                           port_range="23000-23999") as pai:
         admin = pai.admin
         assert admin.put(f"{pai.url}/api/v1/virtual-clusters/research",
                          json={"gpuQuota": 4}, timeout=30).status_code in (200, 201)
