@@ -18,7 +18,7 @@ WITH_ENV := set -a; [ ! -f .run/env ] || . .run/env; set +a;
 PYTEST_ARGS ?=
 
 .PHONY: help install test lint up down demo bench bench-sim clean runtime-test runtime-up \
-	image offline-images compose-test
+	image offline-images compose-test test-chaos
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -51,6 +51,12 @@ runtime-up: install
 # Tests start their own Redis: never point them at the one `make up` runs.
 test: runtime-test ## the whole suite on a real Redis and Docker engine
 	$(WITH_ENV) unset PAI_REDIS_URL; $(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Three seeds, longer runs and more jobs than the bounded run inside `make test`.
+CHAOS_SEEDS ?= 101 202 303
+test-chaos: runtime-test ## kill -9 every service, lose a node: nothing lost, doubled or leaked
+	$(WITH_ENV) unset PAI_REDIS_URL; CHAOS_SEEDS="$(CHAOS_SEEDS)" CHAOS_JOBS=$${CHAOS_JOBS:-200} \
+	    CHAOS_SECONDS=$${CHAOS_SECONDS:-120} $(VENV)/bin/pytest -s tests/chaos $(PYTEST_ARGS)
 
 lint: install ## ruff and mypy
 	$(VENV)/bin/ruff check .

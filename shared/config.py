@@ -171,7 +171,7 @@ class Settings:
     monitor_host: str = "127.0.0.1"
     monitor_sample_seconds: float = 10.0
     heartbeat_seconds: float = 5.0
-    node_lost_seconds: float = 30.0
+    node_lost_seconds: float = 60.0
     launch_timeout_seconds: float = 120.0
     # A preempted job's grace between SIGTERM and SIGKILL, unless it asks for
     # another (`preemptionGracePeriodSec`), which is held to the maximum.

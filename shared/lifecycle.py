@@ -327,8 +327,13 @@ def commit_placement(
         store.write_tasks(pipe, job_id, attempt, changed)
         store.dequeue(pipe, job_id, job.virtual_cluster)
         store.write_job(pipe, job, JobState.WAITING)
+        # Where each task went: the job's history, and what an audit of
+        # GPUs and ports held at once reads (tests/chaos).
         store.add_event(pipe, job_id, "placed", attempt=attempt,
-                        nodes=sorted({p.node for p in placements}), mode=mode)
+                        nodes=sorted({p.node for p in placements}), mode=mode,
+                        tasks=[{"role": p.role, "index": p.index, "node": p.node,
+                                "gpus": list(p.gpus), "ports": list(p.all_ports)}
+                               for p in placements])
         return True
 
     return store.transact(decide, job_key, keys.NODE_FLAGS, *node_keys)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 from flask import Flask
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.api import auth, cluster, jobs, metrics, openapi, storage, users, vcs
 from services.api.errors import register_error_handlers
@@ -15,6 +19,7 @@ from shared.messaging import Messenger, make_celery
 from shared.store import Store
 
 MAX_BODY_BYTES = 1024 * 1024
+log = logging.getLogger("pai.api")
 BLUEPRINTS = (auth.bp, users.bp, jobs.bp, vcs.bp, cluster.bp, openapi.bp, storage.bp)
 
 
@@ -35,9 +40,30 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.before_request(auth.authenticate)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
-    Accounts(app.extensions["pai"].store).bootstrap(settings.admin_user,
-                                                   settings.admin_password)
+    _bootstrap_when_reachable(app, settings)
     return app
+
+
+def _bootstrap_when_reachable(app: Flask, settings: Settings) -> None:
+    """The `default` VC and the first admin, before any request is served.
+
+    An API process that starts while Redis is down (restarting, failing
+    over) must still start: it answers 503 until Redis is back, then makes
+    them on its first request (bootstrap is idempotent)."""
+    accounts = Accounts(app.extensions["pai"].store)
+    done = threading.Event()
+
+    def bootstrap() -> None:
+        if not done.is_set():
+            accounts.bootstrap(settings.admin_user, settings.admin_password)
+            done.set()
+
+    try:
+        bootstrap()
+    except (RedisConnectionError, RedisTimeoutError) as error:
+        log.warning("Redis is unreachable at start-up (%s): the first request after it "
+                    "is back bootstraps the platform", error)
+    app.before_request(bootstrap)
 
 
 def _fold_account_names(endpoint: str | None, values: dict[str, Any] | None) -> None:

@@ -10,11 +10,18 @@ import logging
 from typing import Any
 
 from flask import Flask, Response, jsonify
+from redis.exceptions import BusyLoadingError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from werkzeug.exceptions import HTTPException
 
 from shared.accounts import NoSuchAccount
 
 log = logging.getLogger("pai.api")
+
+# What a client is told to wait when Redis cannot be reached (a restart
+# replays its append-only file in about a second per 100 MB).
+STORE_RETRY_AFTER_SECONDS = 2
 
 
 class ApiError(Exception):
@@ -35,7 +42,7 @@ _HTTP_CODES = {
     400: "BadRequestError", 401: "UnauthorizedUserError", 403: "ForbiddenUserError",
     404: "NotFoundError", 405: "MethodNotAllowedError", 409: "ConflictError",
     413: "RequestEntityTooLargeError", 415: "UnsupportedMediaTypeError",
-    429: "TooManyRequestsError",
+    429: "TooManyRequestsError", 503: "ServiceUnavailableError",
 }
 
 
@@ -61,6 +68,17 @@ def register_error_handlers(app: Flask) -> None:
             if name.lower() != "content-type":
                 response.headers[name] = value
         return response, status
+
+    @app.errorhandler(RedisConnectionError)
+    @app.errorhandler(RedisTimeoutError)
+    @app.errorhandler(BusyLoadingError)
+    def _store_unreachable(error: RedisError) -> tuple[Response, int]:
+        # Redis restarting, loading its append-only file, or failing over:
+        # nothing was decided, and the client may simply try again.
+        log.warning("Redis is unreachable: %s", error)
+        return ApiError("ServiceUnavailableError",
+                        "the platform's store is unreachable; try again shortly", 503,
+                        headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)}).response()
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> tuple[Response, int]:

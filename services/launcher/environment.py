@@ -92,7 +92,7 @@ def gpu_environment(gpus: Sequence[int], *, renumbered_gpus: bool = False) -> di
 
 def task_environment(
     spec: JobSpec, username: str, tasks: Sequence[Task], role: str, index: int, *,
-    default_fs_uri: str, renumbered_gpus: bool = False,
+    default_fs_uri: str, renumbered_gpus: bool = False, attempt: int = 0,
 ) -> dict[str, str]:
     """Every variable of DESIGN.md section 5 for task `role`[`index`].
 
@@ -126,6 +126,9 @@ def task_environment(
 
     # The job and this task (the seed's table, then OpenPAI's later names).
     put("PAI_JOB_NAME", spec.name)
+    # Which attempt of the job this is (0 first): a job that resumes from a
+    # checkpoint, or marks its own runs, tells a retry from the first run.
+    put("PAI_JOB_ATTEMPT_ID", attempt)
     put("PAI_USER_NAME", username)
     put("PAI_USERNAME", username)
     put("PAI_DEFAULT_FS_URI", default_fs_uri)

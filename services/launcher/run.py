@@ -9,6 +9,7 @@ from services.launcher.worker import create_launcher_app
 from shared.config import load_settings
 from shared.logs import setup_logging
 from shared.messaging import launcher_queue
+from shared.supervise import serve
 
 # Container creation blocks on Docker (and image pulls); threads let one slow
 # pull not hold up the node's other launches.
@@ -23,7 +24,7 @@ def worker_argv(node: str, log_level: str = "INFO") -> list[str]:
     ]
 
 
-def main() -> None:
+def worker() -> None:
     settings = load_settings()
     setup_logging("launcher", settings.log_level, settings.log_format)
     app, launcher = create_launcher_app(settings)
@@ -34,6 +35,12 @@ def main() -> None:
         app.worker_main(worker_argv(settings.node_name, settings.log_level))
     finally:
         stop.set()
+
+
+def main() -> None:
+    """`pai-launcher`: the worker under a supervisor that starts it again if it
+    crashes (shared/supervise.py)."""
+    serve("launcher", "services.launcher.run", worker)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ class Launcher:
         try:
             env = task_environment(spec, job.username, tasks, role, index,
                                    default_fs_uri=self.settings.default_fs_uri,
-                                   renumbered_gpus=self.node.nvidia_runtime)
+                                   renumbered_gpus=self.node.nvidia_runtime, attempt=attempt)
             container_id = self.runtime.start(ref, spec, job.username, job.virtual_cluster,
                                               task, env, self.node)
         except IncompletePlacement as error:

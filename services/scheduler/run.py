@@ -10,6 +10,7 @@ from services.scheduler.worker import create_scheduler_app
 from shared import telemetry
 from shared.config import load_settings
 from shared.logs import setup_logging
+from shared.supervise import serve
 
 log = logging.getLogger("pai.scheduler")
 
@@ -32,7 +33,7 @@ def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event,
             log.exception("reconcile failed; trying again in %.0f s", RECONCILE_SECONDS)
 
 
-def main() -> None:
+def worker() -> None:
     settings = load_settings()
     setup_logging("scheduler", settings.log_level, settings.log_format)
     app, scheduler = create_scheduler_app(settings)
@@ -49,6 +50,12 @@ def main() -> None:
         ])
     finally:
         stop.set()
+
+
+def main() -> None:
+    """`pai-scheduler`: the worker under a supervisor that starts it again if it
+    crashes (shared/supervise.py)."""
+    serve("scheduler", "services.scheduler.run", worker)
 
 
 if __name__ == "__main__":

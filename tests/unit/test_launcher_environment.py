@@ -59,6 +59,7 @@ def test_seed_example_worker_gets_every_variable() -> None:
         "NVIDIA_VISIBLE_DEVICES": "0,1,2,3",
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
         "PAI_JOB_NAME": "tensorflow-distributed-example",
+        "PAI_JOB_ATTEMPT_ID": "0",
         "PAI_USER_NAME": "alice",
         "PAI_USERNAME": "alice",
         "PAI_DEFAULT_FS_URI": "/nfs",
@@ -260,3 +261,8 @@ def test_dirs_and_default_fs_uri() -> None:
     assert (env["PAI_DATA_DIR"], env["PAI_OUTPUT_DIR"], env["PAI_CODE_DIR"],
             env["PAI_DEFAULT_FS_URI"]) == ("/nfs/bob/data", "/nfs/bob/j/output",
                                            "/nfs/bob/code", "/nfs")
+
+
+def test_the_attempt_is_visible_so_a_retry_can_tell_itself_from_the_first_run() -> None:
+    assert seed_env("worker", 0)["PAI_JOB_ATTEMPT_ID"] == "0"
+    assert seed_env("worker", 0, attempt=3)["PAI_JOB_ATTEMPT_ID"] == "3"

@@ -1,0 +1,75 @@
+"""The supervisor of the Celery services: a worker that crashes starts
+again, a stop reaches the worker, a crash loop is given up on."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from shared.supervise import Supervisor
+
+
+def script(body: str) -> list[str]:
+    return [sys.executable, "-c", body]
+
+
+def test_a_worker_that_crashes_is_started_again_until_it_exits_when_asked(
+        tmp_path: Path) -> None:
+    """Two crashes, then a worker that runs until the service is stopped:
+    three starts, and the stop's SIGTERM reaches the third (its exit code is
+    the service's)."""
+    runs = tmp_path / "runs"
+    body = (f"import pathlib, signal, sys, time\n"
+            f"p = pathlib.Path({str(runs)!r})\n"
+            f"p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
+            f"if len(p.read_text()) < 3: sys.exit(3)\n"
+            f"signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+            f"for _ in range(600): time.sleep(0.1)\n"
+            f"sys.exit(9)\n")
+    supervisor = Supervisor("test", script(body), backoff_s=(0.0,))
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(supervisor.run()))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (runs.exists() and len(runs.read_text()) == 3):
+        time.sleep(0.05)
+    supervisor.request_stop(signal.SIGTERM)
+    thread.join(60)
+    assert runs.read_text() == "xxx"
+    assert result == [0]
+    assert len(supervisor.restarts) == 2
+
+
+def test_a_worker_that_keeps_crashing_is_given_up_on() -> None:
+    supervisor = Supervisor("test", script("import sys; sys.exit(1)"), max_restarts=3,
+                            backoff_s=(0.0,))
+    assert supervisor.run() == 1
+    assert len(supervisor.restarts) == 4
+
+
+def test_a_stop_before_the_first_start_starts_nothing() -> None:
+    supervisor = Supervisor("test", script("raise SystemExit(5)"))
+    supervisor.request_stop()
+    assert supervisor.run() == 0
+    assert supervisor.child is None
+
+
+def test_a_worker_that_ignores_the_stop_is_killed_after_the_grace(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    body = ("import pathlib, signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"pathlib.Path({str(ready)!r}).touch()\n"
+            "for _ in range(600): time.sleep(0.1)\n")
+    supervisor = Supervisor("test", script(body), stop_grace_s=0.5)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(supervisor.run()))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not ready.exists():
+        time.sleep(0.05)
+    supervisor.request_stop()
+    thread.join(60)
+    assert result == [-signal.SIGKILL]
