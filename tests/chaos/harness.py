@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -164,6 +165,10 @@ class ChaosCluster:
                                     "PAI_LOG_LEVEL": "INFO"})
         self.url = f"http://127.0.0.1:{self.env['PAI_API_PORT']}"
         self.storage = Path(self.env["PAI_STORAGE_ROOTS"])
+        # Node names are unique to the run: monitors stop any container of
+        # their node's name that their Redis does not know, so two runs on one
+        # Docker engine with the same node names would stop each other's.
+        self.prefix = f"c{uuid.uuid4().hex[:6]}"
         self.nodes: dict[str, dict[str, str]] = {}  # name -> its services' environment
         self.lost: set[str] = set()
         self.down: set[str] = set()  # services killed and not yet restarted
@@ -171,13 +176,16 @@ class ChaosCluster:
 
     # ----------------------------------------------------------- services
 
-    def add_node(self, name: str, port_base: int) -> None:
+    def add_node(self, short: str, port_base: int) -> str:
+        """Start a node's services; its full name."""
+        name = f"{self.prefix}-{short}"
         self.nodes[name] = {**self.env, "PAI_NODE_NAME": name,
                             "PAI_NODE_VIRTUAL_GPUS": str(self.gpus_per_node),
                             "PAI_PORT_RANGE": f"{port_base}-{port_base + 499}",
                             "PAI_MONITOR_PORT": str(free_port())}
         for service in NODE_SERVICES:
             self.start(f"{service}@{name}")
+        return name
 
     def services(self) -> list[str]:
         """Every service that can be killed now (a lost node's are gone for good)."""

@@ -52,6 +52,7 @@ class Summary:
     # What the checks covered: task runs counted, GPU/port spans audited,
     # attempts that failed by the platform's fault (retried uncharged)
     runs: int = 0
+    lost_tasks: int = 0  # containers that died with the lost node
     spans: int = 0
     platform_retries: int = 0
 
@@ -70,7 +71,7 @@ class Summary:
             ("5xx", len(self.server_errors)), ("503", self.statuses.get(503, 0)),
             ("refused", self.refused), ("wrong-retries", len(self.charged)),
             ("unreadable-logs", len(self.unreadable)), ("died", len(self.died)),
-            ("runs", self.runs), ("spans", self.spans),
+            ("runs", self.runs), ("spans", self.spans), ("died-with-node", self.lost_tasks),
             ("platform-retries", self.platform_retries),
             ("seconds", round(self.seconds)))))
 
@@ -115,7 +116,7 @@ class Run:
             if node is None:
                 return
             name = node.partition("@")[2]
-            cluster.lose_node(name)
+            self.summary.lost_tasks += cluster.lose_node(name)
             self.summary.faults["node-lost"] += 1
             # A new machine takes its place, so gangs across two nodes still fit.
             cluster.add_node(f"n{self.next_node}", self.spare_ports.pop(0))
