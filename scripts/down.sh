@@ -10,8 +10,10 @@ for name in api scheduler launcher monitor; do
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
     if kill -0 "$pid" 2>/dev/null; then
+        # SIGTERM: gunicorn and Celery finish the work in hand (a launch, a
+        # request), the monitor its log batch; 45 s, as Compose gives them.
         kill -TERM "$pid" 2>/dev/null
-        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+        for _ in $(seq 1 225); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
         kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
         echo "down: $name stopped (pid $pid)"
     fi
