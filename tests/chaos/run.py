@@ -111,11 +111,12 @@ class Run:
 
     def inject(self, fault: Fault, now: float) -> None:
         cluster = self.cluster
-        if fault.target.startswith("lose#"):
-            node = self.resolve(fault.target)
-            if node is None:
-                return
-            name = node.partition("@")[2]
+        if fault.target == "lose":
+            # The busiest node: best fit packs work onto few nodes, and a loss
+            # of an idle one would prove nothing.
+            nodes = self.live_nodes()
+            name = max(nodes, key=lambda n: (sum(
+                c.status == "running" for c in cluster.containers(n)), nodes.index(n)))
             self.summary.lost_tasks += cluster.lose_node(name)
             self.summary.faults["node-lost"] += 1
             # A new machine takes its place, so gangs across two nodes still fit.

@@ -108,8 +108,8 @@ class Fault:
     """At `at_s` into the run, kill -9 `target` and start it `down_s` later.
 
     Targets are "redis", "api", "scheduler", or "launcher#i" / "monitor#i":
-    a service of the i-th live node at that moment. "lose#i" kills the i-th
-    live node's machine for good."""
+    a service of the i-th live node at that moment. "lose" kills the machine
+    of the live node running the most tasks then, for good."""
 
     at_s: float
     target: str
@@ -129,5 +129,5 @@ def fault_plan(seed: int, seconds: float, *, first_s: float = 4.0) -> list[Fault
         plan.append(Fault(round(at, 2), rng.choice(SERVICE_TARGETS),
                           round(rng.uniform(0.3, 3.0), 2)))
         at += rng.uniform(2.0, 6.0)
-    plan.append(Fault(round(seconds * rng.uniform(0.35, 0.55), 2), "lose#1", 0.0))
+    plan.append(Fault(round(seconds * rng.uniform(0.35, 0.55), 2), "lose", 0.0))
     return sorted(plan, key=lambda f: f.at_s)
