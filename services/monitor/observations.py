@@ -81,7 +81,10 @@ class Phase(StrEnum):
     RUNNING = "running"
     # ended: settle its task, then remove it
     EXITED = "exited"
-    # created but not started, or being removed: the launcher's business
+    # created, never started: the launcher's while its task launches;
+    # removed once nothing will ever start it
+    CREATED = "created"
+    # being removed, or a state Docker adds later: left alone
     LEAVE = "leave"
 
 
@@ -91,6 +94,7 @@ _PHASES = {
     "restarting": Phase.RUNNING,
     "exited": Phase.EXITED,
     "dead": Phase.EXITED,
+    "created": Phase.CREATED,
 }
 
 

@@ -51,7 +51,12 @@ from shared.containers import (
     TaskRef,
     task_ref_from_labels,
 )
-from shared.lifecycle import ExitReport, mark_task_running, record_task_exit
+from shared.lifecycle import (
+    LIVE_JOB_STATES,
+    ExitReport,
+    mark_task_running,
+    record_task_exit,
+)
 from shared.messaging import Messenger
 from shared.models import Task, task_key
 from shared.states import TaskState
@@ -188,6 +193,31 @@ class Monitor:
             self.messenger.attempt_ended(ref.job_id, ref.attempt)
         return report
 
+    def handle_created(self, container: Container) -> bool:
+        """A container created and never started: True when it was removed.
+
+        While its task launches it is the launcher's (the launch lease sends
+        the launch again, and the launcher starts the container it finds by
+        name). Once the task is settled or its attempt is over, nothing will
+        ever start it: a launcher killed between create and start whose task
+        then failed elsewhere (its node declared lost while it restarted, a
+        stop) leaves one behind, and it goes here. Settled and over are
+        final, so the answer cannot turn stale before the removal."""
+        ref = task_ref_from_labels(container.labels)
+        if ref is None or self._launch_is_live(ref):
+            return False
+        log.info("removing container %s, created and never started: %s is settled or its "
+                 "attempt is over", container.name, describe(ref))
+        self._remove(container)
+        return True
+
+    def _launch_is_live(self, ref: TaskRef) -> bool:
+        job = self.store.get_job(ref.job_id)
+        if job is None or job.attempt != ref.attempt or job.state not in LIVE_JOB_STATES:
+            return False
+        task = self.store.get_task(ref.job_id, ref.attempt, ref.role, ref.index)
+        return task is not None and not task.state.is_final
+
     def _remove(self, container: Container) -> None:
         _gone_is_done("remove", container, lambda: container.remove(force=True))
 
@@ -216,7 +246,9 @@ class Monitor:
                 exited += 1
                 futures.append(self._dispatch.submit(
                     str(container.id), partial(self.handle_exit, container)))
-            # created and never started: the launcher's (its launch lease covers it)
+            elif phase == Phase.CREATED:
+                futures.append(self._dispatch.submit(
+                    str(container.id), partial(self.handle_created, container)))
         for future in futures:
             _outcome(future)  # wait; a failure was logged, and the next pass retries
         vanished = self._settle_vanished(present)

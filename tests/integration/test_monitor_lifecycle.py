@@ -29,7 +29,7 @@ from shared.config import Settings
 from shared.containers import TaskRef, container_name, task_labels
 from shared.lifecycle import commit_placement, record_task_exit, submit_job
 from shared.messaging import ATTEMPT_ENDED, TASK_ENDED, Messenger, make_celery
-from shared.models import Job, Node, Task, TaskPlacement, now_ms
+from shared.models import Job, Node, Task, TaskPlacement, attempt_task_key, now_ms
 from shared.states import JobState, TaskState
 from shared.store import Store
 
@@ -116,6 +116,18 @@ class Rig:
         container: Container = self.docker.containers.run(
             self.image, ["/bin/sh", "-c", script], name=container_name(*_parts(ref)),
             labels=labels, network_mode="host", detach=True, **options)
+        self._containers.append(container)
+        return container
+
+    def create(self, job_id: str, *, index: int = 0, attempt: int = 0) -> Container:
+        """Create the task's container and leave it unstarted (a launcher
+        killed between the two)."""
+        ref = TaskRef(job_id, attempt, "main", index)
+        labels = {**task_labels(ref, node=self.node, username=USER, vc="default"),
+                  **self.test_labels}
+        container: Container = self.docker.containers.create(
+            self.image, ["/bin/sh", "-c", "true"], name=container_name(*_parts(ref)),
+            labels=labels, network_mode="host")
         self._containers.append(container)
         return container
 
@@ -340,6 +352,26 @@ def test_an_orphan_container_is_stopped(rig: Rig) -> None:
     monitor.reconcile()  # its exit: nothing to settle, the container goes
     assert rig.gone(container)
     assert rig.job(job_id).state == JobState.SUCCEEDED
+
+
+def test_a_container_created_for_a_settled_task_and_never_started_is_removed(
+        rig: Rig) -> None:
+    """A launcher killed between create and start, whose task then failed
+    elsewhere (its node declared lost while it restarted): nothing will start
+    the container, and it must not stay behind."""
+    job_id = rig.place()
+    settled = rig.create(job_id)
+    assert record_task_exit(rig.store, job_id, 0, "main", 0, exit_code=-1,
+                            platform_failure=True) is not None
+    rig.store.release_allocation(rig.node, attempt_task_key(job_id, 0, "main", 0))
+    launching_id = rig.place()
+    launching = rig.create(launching_id)  # its launch is still under way
+
+    rig.monitor().reconcile()
+
+    assert rig.gone(settled)
+    assert not rig.gone(launching)
+    assert rig.task(launching_id).state == TaskState.LAUNCHING
 
 
 def test_an_orphan_is_stopped_and_removed_through_events(rig: Rig) -> None:

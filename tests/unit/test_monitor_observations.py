@@ -65,7 +65,7 @@ def test_exit_from_event_code(raw: str | None, code: int) -> None:
     [
         ("running", Phase.RUNNING), ("paused", Phase.RUNNING), ("restarting", Phase.RUNNING),
         ("exited", Phase.EXITED), ("dead", Phase.EXITED),
-        ("created", Phase.LEAVE), ("removing", Phase.LEAVE), (None, Phase.LEAVE),
+        ("created", Phase.CREATED), ("removing", Phase.LEAVE), (None, Phase.LEAVE),
     ],
 )
 def test_phase_of(status: str | None, phase: Phase) -> None:
