@@ -7,9 +7,13 @@ node's launcher on `launcher.<node>`.
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import quote
+
 from celery import Celery
 
-from shared.config import Settings
+from shared.config import SentinelTarget, Settings, parse_sentinel_url
+from shared.failover import FAILOVER_WAIT_SECONDS, SENTINEL_TIMEOUT_SECONDS
 
 SCHEDULER_QUEUE = "scheduler"
 
@@ -27,8 +31,58 @@ def launcher_queue(node: str) -> str:
     return f"launcher.{node}"
 
 
+# An unacknowledged message (its worker was killed) comes back after this
+# long; the periodic reconcile repairs sooner than that.
+VISIBILITY_TIMEOUT_SECONDS = 300
+
+
+def broker_settings(redis_url: str) -> tuple[str, dict[str, Any]]:
+    """The broker URL and transport options for the platform's Redis setting.
+
+    A single Redis is its own broker URL. A `redis+sentinel://` setting
+    becomes kombu's form: one `sentinel://` URL per sentinel joined by `;`,
+    each with the login (kombu takes it for the primary from the first) and
+    the database, and the primary's name and the sentinels' login as
+    transport options, so the workers follow the same primary as the store.
+    """
+    options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS}
+    target = parse_sentinel_url(redis_url)
+    if target is None:
+        return redis_url, options
+    options["master_name"] = target.master
+    options["sentinel_kwargs"] = {
+        "username": target.username, "password": target.password,
+        "socket_timeout": SENTINEL_TIMEOUT_SECONDS,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_SECONDS,
+    }
+    return ";".join(_kombu_sentinel_url(target, host, port)
+                    for host, port in target.sentinels), options
+
+
+def _kombu_sentinel_url(target: SentinelTarget, host: str, port: int) -> str:
+    login = ""
+    if target.password is not None:
+        login = f"{quote(target.username or '', safe='')}:{quote(target.password, safe='')}@"
+    elif target.username is not None:
+        login = f"{quote(target.username, safe='')}@"
+    address = f"[{host}]" if ":" in host else host
+    return f"sentinel://{login}{address}:{port}/{target.db}"
+
+
+def publish_retry_policy(redis_url: str) -> dict[str, float]:
+    """How long a send keeps trying: Celery's default (about a second) on a
+    single Redis; through a primary switch behind Sentinel. A send repeated
+    after a lost reply may arrive twice, which every handler allows."""
+    if parse_sentinel_url(redis_url) is None:
+        return {"max_retries": 3, "interval_start": 0, "interval_step": 0.2,
+                "interval_max": 1.0}
+    return {"max_retries": int(FAILOVER_WAIT_SECONDS), "interval_start": 0,
+            "interval_step": 0.5, "interval_max": 1.0}
+
+
 def make_celery(settings: Settings, name: str = "pai") -> Celery:
-    app = Celery(name, broker=settings.redis_url, set_as_current=False)
+    broker_url, transport_options = broker_settings(settings.redis_url)
+    app = Celery(name, broker=broker_url, set_as_current=False)
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -39,9 +93,8 @@ def make_celery(settings: Settings, name: str = "pai") -> Celery:
         task_serializer="json",
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
-        # An unacknowledged message (its worker was killed) comes back after
-        # this long; the periodic reconcile repairs sooner than that.
-        broker_transport_options={"visibility_timeout": 300},
+        broker_transport_options=transport_options,
+        task_publish_retry_policy=publish_retry_policy(settings.redis_url),
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         task_send_sent_event=False,

@@ -10,7 +10,8 @@ import logging
 from typing import Any
 
 from flask import Flask, Response, jsonify
-from redis.exceptions import BusyLoadingError, RedisError
+from kombu.exceptions import OperationalError
+from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from werkzeug.exceptions import HTTPException
@@ -72,7 +73,8 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(RedisConnectionError)
     @app.errorhandler(RedisTimeoutError)
     @app.errorhandler(BusyLoadingError)
-    def _store_unreachable(error: RedisError) -> tuple[Response, int]:
+    @app.errorhandler(OperationalError)  # a Celery send that outlasted its retries
+    def _store_unreachable(error: Exception) -> tuple[Response, int]:
         # Redis restarting, loading its append-only file, or failing over:
         # nothing was decided, and the client may simply try again.
         log.warning("Redis is unreachable: %s", error)
