@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+import redis
 from celery import Celery
+from kombu.transport import redis as kombu_redis
 
 from shared.config import SentinelTarget, Settings, parse_sentinel_url
 from shared.failover import FAILOVER_WAIT_SECONDS, SENTINEL_TIMEOUT_SECONDS
@@ -69,6 +71,34 @@ def _kombu_sentinel_url(target: SentinelTarget, host: str, port: int) -> str:
     return f"sentinel://{login}{address}:{port}/{target.db}"
 
 
+class SentinelChannel(kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel, but a channel whose connection is already
+    closed raises a connection error when asked for a new pool.
+
+    When the primary dies, Celery closes the broken connection and then the
+    channel, which tries to put the worker's unacknowledged messages back
+    through a pool made from that closed connection; kombu 5.7 fails there
+    with an AttributeError, which Celery takes as unrecoverable and the
+    worker exits. As a connection error it is ignored like the rest of the
+    broken connection, the worker reconnects through the sentinels, and the
+    messages come back after the visibility timeout (the scheduler's
+    periodic pass resends an overdue launch sooner).
+    """
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection is closed")
+        params: dict[str, Any] = super()._connparams(asynchronous)
+        return params
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
+
+
 def publish_retry_policy(redis_url: str) -> dict[str, float]:
     """How long a send keeps trying: Celery's default (about a second) on a
     single Redis; through a primary switch behind Sentinel. A send repeated
@@ -83,6 +113,8 @@ def publish_retry_policy(redis_url: str) -> dict[str, float]:
 def make_celery(settings: Settings, name: str = "pai") -> Celery:
     broker_url, transport_options = broker_settings(settings.redis_url)
     app = Celery(name, broker=broker_url, set_as_current=False)
+    if parse_sentinel_url(settings.redis_url) is not None:
+        app.conf.broker_transport = SENTINEL_TRANSPORT
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
