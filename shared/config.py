@@ -168,7 +168,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget | None:
     if not path or not path[0]:
         raise ConfigError(f"PAI_REDIS_URL: name the primary the sentinels watch, as in "
                           f"{SENTINEL_SCHEME}://h1:26379,h2:26379/mymaster/0")
-    if len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+    if len(path) > 2 or (len(path) == 2 and path[1] and not path[1].isdigit()):
         raise ConfigError(f"PAI_REDIS_URL: after the primary's name comes only the database "
                           f"number (/{path[0]}/0), not {'/'.join(path[1:])!r}")
     if parts.query or parts.fragment:

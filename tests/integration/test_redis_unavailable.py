@@ -1,0 +1,69 @@
+"""Redis out of reach or a reply lost in a primary switch, on real Redis
+servers (docs/high-availability.md): the API says 503, a submit replayed
+after its lost reply is not refused as a duplicate of itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import redis
+from flask.testing import FlaskClient
+
+from bench import free_port
+from services.api.platform import Platform
+from shared.lifecycle import initial_tasks
+from shared.models import Attempt, Job, JobSpec, job_id_of, now_ms
+from shared.store import JobConflict, Store
+from tests.integration.api_client import AuthedClient, config, error_of
+
+pytestmark = pytest.mark.redis
+
+
+def test_an_unreachable_redis_is_a_503_with_retry_after(
+        flask_client: FlaskClient, alice: AuthedClient) -> None:
+    """Threat: the primary dies; a request that cannot reach Redis must tell
+    the client to come back (503, Retry-After), not report a server bug (500)."""
+    platform: Platform = flask_client.application.extensions["pai"]
+    platform.store.r = redis.Redis(host="127.0.0.1", port=free_port(),  # nobody listens
+                                   socket_connect_timeout=0.5)
+    resp = alice.get("/api/v1/jobs")
+    assert error_of(resp, 503) == "ServiceUnavailableError"
+    assert int(resp.headers["Retry-After"]) > 0
+
+
+def _job_for(username: str, cfg: dict[str, object]) -> tuple[Job, Attempt]:
+    spec = JobSpec.from_config(cfg)
+    created = now_ms()
+    job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
+              virtual_cluster=spec.virtual_cluster, created_ms=created, version=1)
+    return job, Attempt(index=0, created_ms=created)
+
+
+def test_a_submit_replayed_after_its_lost_reply_gets_its_own_job(
+        redis_client: redis.Redis) -> None:
+    """Threat: EXEC committed on the primary but its reply was lost in the
+    switch, so the transaction runs again; it must find its own job, not
+    answer 409 to the caller who just created it."""
+    store = Store(redis_client)
+    cfg = config("replayed")
+    job, attempt = _job_for("alice", cfg)
+    spec = JobSpec.from_config(cfg)
+    first = store.create_job(dataclasses.replace(job), cfg, initial_tasks(spec), attempt)
+    again = store.create_job(dataclasses.replace(job), cfg, initial_tasks(spec), attempt)
+    assert again.id == first.id and again.queue_seq == first.queue_seq
+
+
+@pytest.mark.parametrize("change", ["another config", "another submit time"])
+def test_another_submit_of_the_same_name_is_still_a_conflict(
+        redis_client: redis.Redis, change: str) -> None:
+    store = Store(redis_client)
+    cfg = config("taken")
+    job, attempt = _job_for("alice", cfg)
+    spec = JobSpec.from_config(cfg)
+    store.create_job(dataclasses.replace(job), cfg, initial_tasks(spec), attempt)
+    other_cfg = config("taken", jobEnvs={"X": "1"}) if change == "another config" else cfg
+    other = dataclasses.replace(job, created_ms=job.created_ms +
+                                (1 if change == "another submit time" else 0))
+    with pytest.raises(JobConflict):
+        store.create_job(other, other_cfg, initial_tasks(spec), attempt)
