@@ -20,6 +20,7 @@ where `ps` would show them. Stdlib only, like shared/redisacl.py, so the
 Compose and Kubernetes init steps can run it:
 
     python3 -m shared.sentinelconf DIR --primary HOST[:PORT] [--name pai]
+                                   [--min-replicas-to-write N]
         # writes DIR/replication.conf and DIR/sentinel.conf beside
         # DIR/users.acl (made by `python3 -m shared.redisacl DIR` first)
 """
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", type=Path, help=f"holds {ACL_FILE} and its passwords")
     parser.add_argument("--primary", required=True, help="the first primary, HOST[:PORT]")
     parser.add_argument("--name", default=MASTER_NAME, help="the name sentinels know it by")
+    parser.add_argument("--min-replicas-to-write", type=int, default=MIN_REPLICAS_TO_WRITE,
+                        help="0 for a single Redis, which has no replica to wait for")
     parser.add_argument("--shared-volume", action="store_true",
                         help="files readable by all (a volume only the platform mounts)")
     args = parser.parse_args(argv)
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = 0o644 if args.shared_volume else 0o600
     credentials = ensure_credentials(args.directory, mode=mode)
     write_private(args.directory / REPLICATION_FILE,
-                  replication_text(credentials.operator_password), mode)
+                  replication_text(credentials.operator_password,
+                                   min_replicas_to_write=args.min_replicas_to_write), mode)
     write_private(args.directory / SENTINEL_FILE,
                   sentinel_text(credentials.password, credentials.operator_password, host,
                                 int(port or 6379), name=args.name, hostnames=True), mode)
