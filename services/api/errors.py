@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify
 from kombu.exceptions import OperationalError
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from werkzeug.exceptions import HTTPException
@@ -81,6 +81,15 @@ def register_error_handlers(app: Flask) -> None:
         return ApiError("ServiceUnavailableError",
                         "the platform's store is unreachable; try again shortly", 503,
                         headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)}).response()
+
+    @app.errorhandler(ResponseError)
+    def _refused(error: ResponseError) -> tuple[Response, int]:
+        # A primary with too few replicas in step refuses writes
+        # (min-replicas-to-write, docs/high-availability.md): nothing was
+        # written, and it passes once a replica catches up.
+        if str(error).startswith("NOREPLICAS"):
+            return _store_unreachable(error)
+        return _unexpected(error)
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> tuple[Response, int]:

@@ -15,6 +15,7 @@ from services.api.platform import Platform
 from shared.lifecycle import initial_tasks
 from shared.models import Attempt, Job, JobSpec, job_id_of, now_ms
 from shared.store import JobConflict, Store
+from tests.conftest import operator_url
 from tests.integration.api_client import AuthedClient, config, error_of
 
 pytestmark = pytest.mark.redis
@@ -30,6 +31,20 @@ def test_an_unreachable_redis_is_a_503_with_retry_after(
     resp = alice.get("/api/v1/jobs")
     assert error_of(resp, 503) == "ServiceUnavailableError"
     assert int(resp.headers["Retry-After"]) > 0
+
+
+def test_a_primary_without_replicas_in_step_is_a_503(
+        flask_client: FlaskClient, alice: AuthedClient, redis_server: str) -> None:
+    """Threat: the primary refuses writes no replica would hold
+    (min-replicas-to-write); the refusal means "come back", not a server bug."""
+    with redis.Redis.from_url(operator_url(redis_server)) as operator:
+        operator.config_set("min-replicas-to-write", 1)
+        try:
+            resp = alice.post("/api/v1/user/alice/jobs", json=config("refused"))
+        finally:
+            operator.config_set("min-replicas-to-write", 0)
+    assert error_of(resp, 503) == "ServiceUnavailableError"
+    assert alice.post("/api/v1/user/alice/jobs", json=config("refused")).status_code == 202
 
 
 def _job_for(username: str, cfg: dict[str, object]) -> tuple[Job, Attempt]:
