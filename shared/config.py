@@ -10,13 +10,15 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from shared.storage import default_log_dir
 
 DEFAULT_SECRET = "pai-dev-secret-change-me-before-production"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_ADMIN_PASSWORD = "admin-password"
+SENTINEL_SCHEME = "redis+sentinel"
+DEFAULT_SENTINEL_PORT = 26379
 
 
 class ConfigError(ValueError):
@@ -129,11 +131,63 @@ def _redis_url(env: Mapping[str, str], default: str) -> str:
 
 
 def _with_password(url: str, password: str) -> str:
+    """The URL with `password` (and user `pai` unless it names one) in it. The
+    host part is kept as written: a Sentinel URL lists several hosts."""
     parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    netloc = (f"{quote(parts.username or 'pai', safe='')}:{quote(password, safe='')}"
-              f"@{host}{f':{parts.port}' if parts.port else ''}")
+    hosts = parts.netloc.rpartition("@")[2] or "127.0.0.1"
+    netloc = f"{quote(parts.username or 'pai', safe='')}:{quote(password, safe='')}@{hosts}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """Where a Sentinel-watched Redis is: the sentinels to ask, the name they
+    know the primary by, the database, and the login that both the sentinels
+    and the Redis servers take (the platform's ACL user on each)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget | None:
+    """PAI_REDIS_URL as `redis+sentinel://[user:password@]host[:port],host[:port]
+    /<master>[/<db>]` (sentinel port 26379 unless given); None for any other
+    URL, which redis-py reads as a single server. ConfigError names what is
+    wrong, so a typo stops start-up instead of sending every service to the
+    wrong server."""
+    parts = urlsplit(url)
+    if parts.scheme != SENTINEL_SCHEME:
+        return None
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    sentinels = tuple(_sentinel_address(entry) for entry in hosts.split(","))
+    path = [unquote(p) for p in parts.path.split("/")[1:]]
+    if not path or not path[0]:
+        raise ConfigError(f"PAI_REDIS_URL: name the primary the sentinels watch, as in "
+                          f"{SENTINEL_SCHEME}://h1:26379,h2:26379/mymaster/0")
+    if len(path) > 2 or (len(path) == 2 and path[1] and not path[1].isdigit()):
+        raise ConfigError(f"PAI_REDIS_URL: after the primary's name comes only the database "
+                          f"number (/{path[0]}/0), not {'/'.join(path[1:])!r}")
+    if parts.query or parts.fragment:
+        raise ConfigError("PAI_REDIS_URL: a Sentinel URL takes no ?options or #fragment")
+    return SentinelTarget(sentinels=sentinels, master=path[0],
+                          db=int(path[1]) if len(path) == 2 and path[1] else 0,
+                          username=unquote(username) or None,
+                          password=unquote(password) or None)
+
+
+def _sentinel_address(entry: str) -> tuple[str, int]:
+    host, colon, port_text = entry.strip().rpartition(":")
+    if not colon:
+        host, port_text = port_text, str(DEFAULT_SENTINEL_PORT)
+    host = host.strip("[]")
+    if not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ConfigError(f"PAI_REDIS_URL: {entry.strip()!r} is not a sentinel address "
+                          f"(host or host:port, comma-separated)")
+    return host, int(port_text)
 
 
 def _log_dir(env: Mapping[str, str]) -> str:
@@ -293,6 +347,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                                     defaults.api_worker_connections)
         or defaults.api_worker_connections,
     )
+    parse_sentinel_url(settings.redis_url)  # a malformed Sentinel URL stops start-up here
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"PAI_LOG_FORMAT is text or json, not {settings.log_format!r}")
     if settings.log_level not in ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL"):

@@ -7,9 +7,15 @@ node's launcher on `launcher.<node>`.
 
 from __future__ import annotations
 
-from celery import Celery
+from typing import Any
+from urllib.parse import quote
 
-from shared.config import Settings
+import redis
+from celery import Celery
+from kombu.transport import redis as kombu_redis
+
+from shared.config import SentinelTarget, Settings, parse_sentinel_url
+from shared.failover import FAILOVER_WAIT_SECONDS, SENTINEL_TIMEOUT_SECONDS
 
 SCHEDULER_QUEUE = "scheduler"
 
@@ -27,8 +33,88 @@ def launcher_queue(node: str) -> str:
     return f"launcher.{node}"
 
 
+# An unacknowledged message (its worker was killed) comes back after this
+# long; the periodic reconcile repairs sooner than that.
+VISIBILITY_TIMEOUT_SECONDS = 300
+
+
+def broker_settings(redis_url: str) -> tuple[str, dict[str, Any]]:
+    """The broker URL and transport options for the platform's Redis setting.
+
+    A single Redis is its own broker URL. A `redis+sentinel://` setting
+    becomes kombu's form: one `sentinel://` URL per sentinel joined by `;`,
+    each with the login (kombu takes it for the primary from the first) and
+    the database, and the primary's name and the sentinels' login as
+    transport options, so the workers follow the same primary as the store.
+    """
+    options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS}
+    target = parse_sentinel_url(redis_url)
+    if target is None:
+        return redis_url, options
+    options["master_name"] = target.master
+    options["sentinel_kwargs"] = {
+        "username": target.username, "password": target.password,
+        "socket_timeout": SENTINEL_TIMEOUT_SECONDS,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_SECONDS,
+    }
+    return ";".join(_kombu_sentinel_url(target, host, port)
+                    for host, port in target.sentinels), options
+
+
+def _kombu_sentinel_url(target: SentinelTarget, host: str, port: int) -> str:
+    login = ""
+    if target.password is not None:
+        login = f"{quote(target.username or '', safe='')}:{quote(target.password, safe='')}@"
+    elif target.username is not None:
+        login = f"{quote(target.username, safe='')}@"
+    address = f"[{host}]" if ":" in host else host
+    return f"sentinel://{login}{address}:{port}/{target.db}"
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel, but a channel whose connection is already
+    closed raises a connection error when asked for a new pool.
+
+    When the primary dies, Celery closes the broken connection and then the
+    channel, which tries to put the worker's unacknowledged messages back
+    through a pool made from that closed connection; kombu 5.7 fails there
+    with an AttributeError, which Celery takes as unrecoverable and the
+    worker exits. As a connection error it is ignored like the rest of the
+    broken connection, the worker reconnects through the sentinels, and the
+    messages come back after the visibility timeout (the scheduler's
+    periodic pass resends an overdue launch sooner).
+    """
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection is closed")
+        params: dict[str, Any] = super()._connparams(asynchronous)
+        return params
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
+
+
+def publish_retry_policy(redis_url: str) -> dict[str, float]:
+    """How long a send keeps trying: Celery's default (about a second) on a
+    single Redis; through a primary switch behind Sentinel. A send repeated
+    after a lost reply may arrive twice, which every handler allows."""
+    if parse_sentinel_url(redis_url) is None:
+        return {"max_retries": 3, "interval_start": 0, "interval_step": 0.2,
+                "interval_max": 1.0}
+    return {"max_retries": int(FAILOVER_WAIT_SECONDS), "interval_start": 0,
+            "interval_step": 0.5, "interval_max": 1.0}
+
+
 def make_celery(settings: Settings, name: str = "pai") -> Celery:
-    app = Celery(name, broker=settings.redis_url, set_as_current=False)
+    broker_url, transport_options = broker_settings(settings.redis_url)
+    app = Celery(name, broker=broker_url, set_as_current=False)
+    if parse_sentinel_url(settings.redis_url) is not None:
+        app.conf.broker_transport = SENTINEL_TRANSPORT
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -39,9 +125,8 @@ def make_celery(settings: Settings, name: str = "pai") -> Celery:
         task_serializer="json",
         accept_content=["json"],
         broker_connection_retry_on_startup=True,
-        # An unacknowledged message (its worker was killed) comes back after
-        # this long; the periodic reconcile repairs sooner than that.
-        broker_transport_options={"visibility_timeout": 300},
+        broker_transport_options=transport_options,
+        task_publish_retry_policy=publish_retry_policy(settings.redis_url),
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         task_send_sent_event=False,

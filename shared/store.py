@@ -17,6 +17,8 @@ import redis
 
 from shared import keys
 from shared.cluster import NodeFlags, change_flags
+from shared.config import parse_sentinel_url
+from shared.failover import SWITCH_ERRORS, FailoverWait, failover_seconds, sentinel_client
 from shared.models import (
     Allocation,
     Attempt,
@@ -66,7 +68,12 @@ def connect(url: str, pool_size: int = POOL_SIZE) -> redis.Redis:
     Under the API's gevent workers hundreds of requests may want Redis at
     once; past `pool_size` connections they queue (up to POOL_WAIT_SECONDS)
     instead of getting redis-py's "Too many connections", which was a 500.
+    A `redis+sentinel://` URL gives a client that follows the primary the
+    sentinels name and waits out a switch (shared/failover.py).
     """
+    target = parse_sentinel_url(url)
+    if target is not None:
+        return sentinel_client(target, pool_size=pool_size, pool_wait_seconds=POOL_WAIT_SECONDS)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=pool_size, timeout=POOL_WAIT_SECONDS,
         decode_responses=True, health_check_interval=30)
@@ -96,15 +103,23 @@ class Store:
 
         `fn` reads through the pipeline, calls `pipe.multi()`, queues its
         writes and returns; the writes commit only if nothing watched changed
-        since it was read, else `fn` runs again on fresh data.
+        since it was read, else `fn` runs again on fresh data. On a Sentinel
+        client a connection lost during a primary switch is waited out and
+        `fn` runs again too: before EXEC nothing was written, and a lost EXEC
+        under WATCH comes back from redis-py as a WatchError, so the re-run
+        decides on what the new primary holds. Only an EXEC with nothing
+        watched has an unknown outcome: that error is raised.
         """
+        switch = FailoverWait(failover_seconds(self.r))
         with self.r.pipeline() as pipe:
             for _ in range(MAX_TRANSACTION_RETRIES):
+                executing = False
                 try:
                     if watch:
                         pipe.watch(*watch)
                     result = fn(pipe)
                     if pipe.explicit_transaction:
+                        executing = not pipe.watching
                         pipe.execute()
                     else:
                         pipe.unwatch()
@@ -112,6 +127,10 @@ class Store:
                 except redis.WatchError:
                     pipe.reset()
                     continue
+                except SWITCH_ERRORS:
+                    pipe.reset()
+                    if executing or not switch.pause():
+                        raise
         raise Contention(f"gave up after {MAX_TRANSACTION_RETRIES} conflicting writes on {watch}")
 
     # ------------------------------------------------------------------ jobs
@@ -122,12 +141,17 @@ class Store:
         """Store a new WAITING job, queue it; JobConflict if user~name exists."""
         job_key = keys.job(job.id)
 
+        stored_config = json.dumps(config, separators=(",", ":"))
+
         def write(pipe: Pipe) -> Job:
             if pipe.exists(job_key):
+                replayed = _own_lost_write(pipe, job, stored_config)
+                if replayed is not None:
+                    return replayed
                 raise JobConflict(f"job {job.name} already exists for user {job.username}")
             job.queue_seq = int(pipe.incr(keys.QUEUE_SEQ))
             pipe.multi()
-            pipe.set(keys.job_config(job.id), json.dumps(config, separators=(",", ":")))
+            pipe.set(keys.job_config(job.id), stored_config)
             self.write_tasks(pipe, job.id, attempt.index, tasks)
             self.write_attempt(pipe, job.id, attempt)
             self.write_job(pipe, job, previous_state=None)
@@ -484,6 +508,19 @@ class Store:
         """The task reached a final state, or does not exist at all."""
         task = self.get_task(job_id, attempt, role, index)
         return task is None or task.state.is_final
+
+
+def _own_lost_write(pipe: Pipe, job: Job, stored_config: str) -> Job | None:
+    """The job as stored when the record under `job`'s id is this very
+    submission's (same creation time and config, byte for byte): its EXEC
+    committed but the reply was lost in a primary switch, and the re-run must
+    not answer 409 for the caller's own job. None for anyone else's job."""
+    if pipe.hget(keys.job(job.id), "created_ms") != str(job.created_ms):
+        return None
+    if pipe.get(keys.job_config(job.id)) != stored_config:
+        return None
+    fields = pipe.hgetall(keys.job(job.id))
+    return Job.from_fields(fields) if fields else None
 
 
 def task_is_live(task: Task) -> bool:

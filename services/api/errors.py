@@ -10,7 +10,8 @@ import logging
 from typing import Any
 
 from flask import Flask, Response, jsonify
-from redis.exceptions import BusyLoadingError, RedisError
+from kombu.exceptions import OperationalError
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from werkzeug.exceptions import HTTPException
@@ -72,13 +73,23 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(RedisConnectionError)
     @app.errorhandler(RedisTimeoutError)
     @app.errorhandler(BusyLoadingError)
-    def _store_unreachable(error: RedisError) -> tuple[Response, int]:
+    @app.errorhandler(OperationalError)  # a Celery send that outlasted its retries
+    def _store_unreachable(error: Exception) -> tuple[Response, int]:
         # Redis restarting, loading its append-only file, or failing over:
         # nothing was decided, and the client may simply try again.
         log.warning("Redis is unreachable: %s", error)
         return ApiError("ServiceUnavailableError",
                         "the platform's store is unreachable; try again shortly", 503,
                         headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)}).response()
+
+    @app.errorhandler(ResponseError)
+    def _refused(error: ResponseError) -> tuple[Response, int]:
+        # A primary with too few replicas in step refuses writes
+        # (min-replicas-to-write, docs/high-availability.md): nothing was
+        # written, and it passes once a replica catches up.
+        if str(error).startswith("NOREPLICAS"):
+            return _store_unreachable(error)
+        return _unexpected(error)
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception) -> tuple[Response, int]:

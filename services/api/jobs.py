@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -9,6 +10,8 @@ from typing import Any
 
 import yaml
 from flask import Blueprint, Response, current_app, request, stream_with_context
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from services.api import sse
 from services.api.auth import current_user, require_self_or_admin
@@ -174,8 +177,15 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
         job = submit_job(pai.store, username, validated.config, user_id=owner.uid)
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None
-    if claim_pass_request(pai.store):
-        pai.messenger.schedule()
+    try:
+        if claim_pass_request(pai.store):
+            pai.messenger.schedule()
+    except (RedisError, OperationalError) as error:
+        # The job is stored and queued: the scheduler's periodic pass places
+        # it. A 503 now would send the client back to submit it again, and
+        # get a 409 for its own job (a primary switch, docs/high-availability.md).
+        logging.getLogger("pai.api").warning(
+            "job %s stored; the scheduler was not told now (%s)", job.id, error)
     return {
         "name": job.name,
         "username": username,

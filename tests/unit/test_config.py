@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from shared.config import (
     DEFAULT_REDIS_URL,
     DEFAULT_SECRET,
     ConfigError,
+    SentinelTarget,
     Settings,
     load_settings,
+    parse_sentinel_url,
 )
 
 
@@ -292,3 +296,54 @@ def test_default_admin_password_refused_outside_dev_mode() -> None:
     with pytest.raises(ConfigError, match="PAI_ADMIN_PASSWORD"):
         load_settings({"PAI_DEV_MODE": "0",
                        "PAI_SECRET_KEY": "a-real-secret-of-at-least-32-characters"})
+
+
+# ------------------------------------------------------------ Redis Sentinel
+
+
+@pytest.mark.parametrize(("url", "target"), [
+    pytest.param("redis+sentinel://s1:26380,s2,[::1]:26381/pai",
+                 SentinelTarget((("s1", 26380), ("s2", 26379), ("::1", 26381)), "pai", 0),
+                 id="three sentinels, default port, IPv6, database 0"),
+    pytest.param("redis+sentinel://pai:p%40ss@s1:1/pai/3",
+                 SentinelTarget((("s1", 1),), "pai", 3, "pai", "p@ss"),
+                 id="login and database"),
+    pytest.param("redis+sentinel://s1/pai/", SentinelTarget((("s1", 26379),), "pai", 0),
+                 id="a trailing slash is database 0"),
+])
+def test_a_sentinel_url_names_sentinels_primary_and_database(
+        url: str, target: SentinelTarget) -> None:
+    assert parse_sentinel_url(url) == target
+
+
+@pytest.mark.parametrize("url", ["redis://r:6379/0", "rediss://r/0", "unix:///run/redis.sock"],
+                         ids=["redis", "rediss", "unix socket"])
+def test_any_other_url_is_a_single_redis(url: str) -> None:
+    assert parse_sentinel_url(url) is None
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    pytest.param("redis+sentinel://s1:26379", "name the primary", id="no primary name"),
+    pytest.param("redis+sentinel://s1:26379/", "name the primary", id="empty primary name"),
+    pytest.param("redis+sentinel://s1:26379/pai/zero", "database number",
+                 id="database not a number"),
+    pytest.param("redis+sentinel://s1/pai/0/x", "database number", id="too many parts"),
+    pytest.param("redis+sentinel://s1:port/pai", "not a sentinel address", id="port not a number"),
+    pytest.param("redis+sentinel://s1:99999/pai", "not a sentinel address", id="port out of range"),
+    pytest.param("redis+sentinel://s1,,s2/pai", "not a sentinel address", id="empty address"),
+    pytest.param("redis+sentinel:///pai", "not a sentinel address", id="no sentinel"),
+    pytest.param("redis+sentinel://s1/pai?ssl=1", "no ?options", id="query"),
+])
+def test_a_malformed_sentinel_url_stops_start_up_with_its_reason(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings({"PAI_REDIS_URL": url})
+
+
+def test_the_password_setting_goes_into_a_sentinel_url_with_every_host_kept() -> None:
+    settings = load_settings({"PAI_REDIS_URL": "redis+sentinel://s1:26379,s2:26380/pai/0",
+                              "PAI_REDIS_PASSWORD": "se cret"})
+    assert settings.redis_url == "redis+sentinel://pai:se%20cret@s1:26379,s2:26380/pai/0"
+    target = parse_sentinel_url(settings.redis_url)
+    assert target is not None
+    assert (target.username, target.password) == ("pai", "se cret")
+    assert "se cret" not in repr(target)

@@ -23,6 +23,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from shared.config import parse_sentinel_url
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 KUSTOMIZATION = K8S / "kustomization.yaml"
@@ -293,3 +295,83 @@ def test_node_agent_runs_on_labelled_nodes_with_the_docker_socket_and_node_ident
     config = next(r for r in of_kind("ConfigMap") if r["metadata"]["name"] == "pai-config")
     root = config["data"]["PAI_STORAGE_ROOTS"].split(",")[0]
     assert volumes["storage"]["hostPath"]["path"] == mounts["storage"] == root
+
+
+# ------------------------------------------------ Redis high availability
+
+HA = K8S / "ha"
+
+
+def build_with_ha(tmp_path: Path) -> list[dict[str, Any]]:
+    """The base with the `ha` component enabled, as docs/high-availability.md
+    says to, built by kustomize."""
+    tree = tmp_path / "k8s"
+    shutil.copytree(K8S, tree)
+    (tree / "secrets.env").write_text(
+        "".join(f"{key}=test-value-{n}-0123456789abcdef\n"
+                for n, key in enumerate(sorted(secrets_example()))))
+    (tree / "ha" / "operator.env").write_text("REDIS_OPERATOR_PASSWORD=operator-0123456789\n")
+    with (tree / "kustomization.yaml").open("a") as out:
+        out.write("components:\n  - ha\n")
+    result = subprocess.run([*kustomize_command(), str(tree)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def test_the_ha_component_is_offered_but_off_by_default() -> None:
+    assert "components" not in kustomization(), "a single Redis stays the default"
+    assert "#   - ha" in KUSTOMIZATION.read_text()
+    component = yaml.safe_load((HA / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    listed = set(component["resources"]) | {p["path"] for p in component["patches"]}
+    assert listed == {p.name for p in HA.glob("*.yaml") if p.name != "kustomization.yaml"}
+
+
+def test_the_operator_password_file_is_documented_and_never_committed() -> None:
+    lines = [line for line in (HA / "operator.env.example").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines == ["REDIS_OPERATOR_PASSWORD="]
+    assert "/k8s/ha/operator.env" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_ha_builds_three_redis_three_sentinels_and_points_the_services_at_them(
+        tmp_path: Path) -> None:
+    built = build_with_ha(tmp_path)
+    by_id = {resource_id(r): r for r in built}
+    redis_set = by_id["StatefulSet/pai-redis"]
+    sentinels = by_id["StatefulSet/pai-redis-sentinel"]
+    assert redis_set["spec"]["replicas"] == 3 and sentinels["spec"]["replicas"] == 3
+    assert "Service/pai-redis-sentinel" in by_id
+    assert "NetworkPolicy/pai-redis-sentinel" in by_id
+
+    url = by_id["ConfigMap/pai-config"]["data"]["PAI_REDIS_URL"]
+    target = parse_sentinel_url(url)
+    assert target is not None and target.master == "pai"
+    service = sentinels["spec"]["serviceName"]
+    assert list(target.sentinels) == [(f"pai-redis-sentinel-{n}.{service}", 26379)
+                                      for n in range(3)]
+
+    redis_args = redis_set["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert redis_args[redis_args.index("--appendonly") + 1] == "yes"
+    assert "/acl/replication.conf" in redis_args and "/acl/role.conf" in redis_args
+    init = [c["name"] for c in redis_set["spec"]["template"]["spec"]["initContainers"]]
+    assert init == ["acl", "role"], "the ACL and replication settings exist before the role"
+
+    secrets = {r["metadata"]["name"]: r for r in built if r["kind"] == "Secret"}
+    for workload in (r for r in built if r["kind"] in WORKLOADS):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod.get("automountServiceAccountToken") is False, resource_id(workload)
+        for container in containers(workload):
+            where = f"{resource_id(workload)} container {container['name']}"
+            init_step = container in pod.get("initContainers", [])
+            assert init_step or {"livenessProbe", "readinessProbe"} <= set(container), where
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], where
+            for variable in container.get("env", []):
+                ref = variable.get("valueFrom", {}).get("secretKeyRef")
+                if ref is not None:
+                    assert ref["key"] in secrets[ref["name"]]["data"], where
+    for doc in built:
+        if doc["kind"] != "Secret":
+            kubernetes_validate.validate(doc, KUBERNETES_VERSIONS[-1], strict=True)
