@@ -93,6 +93,7 @@ class Run:
         self.by_name = {j.name: j for j in jobs}
         self.accepted: dict[str, float] = {}
         self.stop_sent: set[str] = set()
+        self.running_since: dict[str, float] = {}
         self.states: dict[str, str] = {}
         self.restarts: list[tuple[float, str]] = []
         self.spare_ports = list(PORT_BASES[2:])
@@ -160,7 +161,11 @@ class Run:
             job = self.by_name[name]
             if job.kind != "stop" or name in self.stop_sent:
                 continue
-            if self.states.get(name) == "RUNNING" or now - accepted_at > 20:
+            if self.states.get(name) == "RUNNING":
+                self.running_since.setdefault(name, now)
+            # Stopped after 10 s of running (so a node lost meanwhile has work
+            # on it), or after 40 s whatever its state.
+            if now - self.running_since.get(name, now) >= 10 or now - accepted_at > 40:
                 resp = api.call("PUT", f"/api/v1/user/{USER[0]}/jobs/{name}/executionType",
                                 json={"value": "STOP"})
                 if resp is not None and resp.status_code in (200, 202):
