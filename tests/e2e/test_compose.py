@@ -154,6 +154,10 @@ def resolve_files(command: list[str], env: dict[str, str], out: Path) -> None:
                             capture_output=True, text=True, timeout=COMMAND_SECONDS, check=False)
     assert result.returncode == 0, f"compose {' '.join(files)} config failed:\n{result.stderr}"
     config = yaml.safe_load(result.stdout)
+    # The `ha` profile (replicas and sentinels, docs/high-availability.md)
+    # is not started here and has no host-network variant: left out.
+    config["services"] = {name: service for name, service in config["services"].items()
+                          if "ha" not in service.get("profiles", ())}
     for service in config["services"].values():
         assert service.get("network_mode") == "host", service
         service.pop("ports", None)
