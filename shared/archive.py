@@ -29,9 +29,13 @@ from shared.models import Attempt, Task
 # Job fields only a queued, placed or running job uses: a finished one drops them.
 RUNNING_ONLY_FIELDS = ("waiting_reason", "waiting", "mode", "preempted_by",
                        "preempt_deadline_ms", "queue_seq")
-# Events worth keeping once the job is over, and how many of them at most.
-SUMMARY_KINDS = frozenset({"submitted", "stop-requested", "preempted", "attempt-end"})
+# Events an archive keeps (at most SUMMARY_EVENTS, the last ones): those the
+# attempts do not tell already (a submit and each attempt's end they do).
+KEPT_KINDS = frozenset({"stop-requested", "preempted"})
 SUMMARY_EVENTS = 8
+# Docker's short container id: what `docker ps -a` shows and accepts; the
+# container of a finished task is gone, so the full id acts on nothing.
+SHORT_ID = 12
 
 _VERSION = b"\x01"
 # Words the archives of version 1 are made of, so a job of a few hundred
@@ -138,11 +142,33 @@ class Archive:
         """The tasks of `attempt` as kept: only the last attempt's are."""
         return list(self.tasks) if attempt == self.last_attempt else []
 
+    def milestones(self) -> list[dict[str, Any]]:
+        """The job's story in a few events: its submit and each attempt's end
+        (told by the attempts), and the stops and preemptions kept, in order."""
+        told: list[dict[str, Any]] = []
+        for attempt in self.attempts:
+            if attempt.index == 0:
+                told.append({"kind": "submitted", "time": attempt.created_ms, "attempt": 0})
+            if attempt.completed_ms is not None:
+                retried = attempt.index < self.last_attempt
+                told.append({"kind": "attempt-end", "time": attempt.completed_ms,
+                             "attempt": attempt.index,
+                             "state": "WAITING" if retried else attempt.state,
+                             "retried": retried})
+        return sorted([*told, *self.events], key=lambda e: int(e.get("time") or 0))
+
 
 def summarize_events(events: Sequence[Mapping[str, Any]],
                      limit: int = SUMMARY_EVENTS) -> tuple[dict[str, Any], ...]:
-    """The job's story in a few lines: its milestones (submit, stop, preemption,
-    each attempt's end), the last `limit` of them. The task-by-task events are
-    in the attempts and the tasks already."""
-    milestones = [dict(e) for e in events if e.get("kind") in SUMMARY_KINDS]
-    return tuple(milestones[-limit:]) if limit > 0 else ()
+    """The events an archive keeps: the last `limit` stops and preemptions.
+    The task-by-task ones are told by the tasks and attempts already, and
+    the rest of the story by the attempts (`Archive.milestones`)."""
+    kept = [dict(e) for e in events if e.get("kind") in KEPT_KINDS]
+    return tuple(kept[-limit:]) if limit > 0 else ()
+
+
+def finished_task(task: Task) -> Task:
+    """A finished task as an archive keeps it: its container by short id."""
+    if task.container_id:
+        task.container_id = task.container_id[:SHORT_ID]
+    return task

@@ -33,7 +33,13 @@ from dataclasses import dataclass
 import redis
 
 from shared import keys, logfiles
-from shared.archive import RUNNING_ONLY_FIELDS, Archive, summarize_events, task_ref
+from shared.archive import (
+    RUNNING_ONLY_FIELDS,
+    Archive,
+    finished_task,
+    summarize_events,
+    task_ref,
+)
 from shared.config import Settings
 from shared.models import Attempt, Job, now_ms
 from shared.states import JobState
@@ -47,7 +53,8 @@ DAY_MS = 24 * 3600 * 1000
 # jobs of each final state (jobs created long ago but finished lately wait there).
 EXPIRY_LOOKAHEAD = 4
 _DEFAULT_FIELDS = Job(id="", username="", name="", virtual_cluster="default").to_fields()
-_REQUIRED_FIELDS = frozenset({"id", "username", "name", "state"})
+# The id, user and name are in the record's key (Store.read_job puts them back).
+_REQUIRED_FIELDS = frozenset({"state"})
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,8 @@ def compacted_fields(job: Job) -> list[str]:
     job uses, and those at their default (`Job.from_fields` restores them)."""
     fields = job.to_fields()
     return [name for name, value in fields.items() if name not in _REQUIRED_FIELDS
-            and (name in RUNNING_ONLY_FIELDS or value == _DEFAULT_FIELDS.get(name))]
+            and (name in RUNNING_ONLY_FIELDS or name in ("id", "username", "name")
+                 or value == _DEFAULT_FIELDS.get(name))]
 
 
 def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
@@ -141,7 +149,8 @@ def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
         archive = Archive(
             config=json.loads(raw_config) if raw_config else {"taskRoles": []},
             attempts=tuple(sorted(_attempts(pipe, job_id), key=lambda a: a.index)),
-            tasks=tuple(sorted(store.read_tasks(pipe, job_id, job.attempt).values(),
+            tasks=tuple(sorted((finished_task(t) for t in
+                                store.read_tasks(pipe, job_id, job.attempt).values()),
                                key=lambda t: (t.role, t.index))),
             events=summarize_events(store.read_events(pipe, job_id)),
             streams=tuple(kept), logs_filed=bool(log_dir), last_attempt=job.attempt)

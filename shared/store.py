@@ -169,7 +169,8 @@ class Store:
 
     def read_job(self, reader: Reader, job_id: str) -> Job | None:
         fields = reader.hgetall(keys.job(job_id))
-        return Job.from_fields(fields) if fields else None
+        # a compacted record leaves out its id, which its key says (shared/retention.py)
+        return Job.from_fields({"id": job_id, **fields}) if fields else None
 
     def get_job(self, job_id: str) -> Job | None:
         return self.read_job(self.r, job_id)
@@ -252,7 +253,7 @@ class Store:
         events = self.read_events(self.r, job_id)
         if not events:
             archive = self.read_archive(self.r, job_id)
-            return list(archive.events) if archive is not None else []
+            return archive.milestones() if archive is not None else []
         return events
 
     def read_events(self, reader: Reader, job_id: str) -> list[dict[str, Any]]:
@@ -328,7 +329,8 @@ class Store:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id))
-        return [Job.from_fields(f) for f in pipe.execute() if f] if ids else []
+        return [Job.from_fields({"id": i, **f}) for i, f in zip(ids, pipe.execute(), strict=True)
+                if f] if ids else []
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
