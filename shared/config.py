@@ -229,7 +229,7 @@ class Settings:
     log_max_bytes_per_task: int = 1024**3
     # Redis's maxmemory as the operator set it (redis-server gets the same
     # value): the API exports it beside the memory used, for the alert.
-    redis_maxmemory_bytes: int = 4 * 1024**3
+    redis_maxmemory_bytes: int = 2 * 1024**3
     # The API's capacity (docs/performance.md): log follows one user may hold
     # at once across every API process, the seconds a client has to send its
     # request headers (and then its body), and connections per API process.

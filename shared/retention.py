@@ -24,7 +24,6 @@ WATCH and gives up unless it is final.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -233,9 +232,7 @@ def expire_job(store: Store, job_id: str, log_dir: str | None, cutoff_ms: int) -
     job = store.get_job(job_id)
     if job is None or not _expired(job, cutoff_ms):
         return False
-    if log_dir:
-        with contextlib.suppress(FileNotFoundError):
-            logfiles.remove_job_logs(log_dir, job_id)
+    remove_logs(log_dir, job_id)
 
     def decide(pipe: Pipe) -> bool:
         current = store.read_job(pipe, job_id)
@@ -247,6 +244,21 @@ def expire_job(store: Store, job_id: str, log_dir: str | None, cutoff_ms: int) -
         return True
 
     return store.transact(decide, keys.job(job_id))
+
+
+def remove_logs(log_dir: str | None, job_id: str) -> None:
+    """Remove a job's log files before its record goes (expiry, or a user's
+    delete): its name may be used again, and the new job's logs must start
+    afresh. A tree this process may not write is logged, not fatal: the
+    record still goes, Redis's memory matters more than the files."""
+    if not log_dir:
+        return
+    try:
+        logfiles.remove_job_logs(log_dir, job_id)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        log.warning("cannot remove the log files of %s: %s", job_id, error)
 
 
 def _expired(job: Job, cutoff_ms: int) -> bool:
