@@ -30,6 +30,7 @@ from shared.models import Gpu, Node, TaskPlacement, now_ms
 from shared.storage import task_log_parts
 from shared.store import Store
 from tests.conftest import REPO_ROOT
+from tests.integration.api_client import login
 
 pytestmark = pytest.mark.redis
 
@@ -53,9 +54,7 @@ def store(redis_client: redis.Redis) -> Store:
 @pytest.fixture
 def client(settings: Settings) -> FlaskClient:
     client = create_app(settings).test_client()
-    token = client.post("/api/v1/token", json={"username": "root",
-                                               "password": "root-password"}).json["token"]
-    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {login(client, 'root', 'root-password')}"
     return client
 
 
