@@ -136,23 +136,24 @@ def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
             return False
         task_keys = [keys.job_tasks(job_id, a) for a in range(job.attempt + 1)]
         pipe.watch(*task_keys)
-        refs = [(a, t.role, t.index) for a in range(job.attempt + 1)
-                for t in store.read_tasks(pipe, job_id, a).values()]
-        streams = [keys.task_log(job_id, *ref) for ref in refs]
-        if streams:
-            pipe.watch(*streams)  # a late line makes this run again, file and all
-        filed = [ref for ref in refs if log_dir and _file_log(pipe, log_dir, job_id, *ref)]
-        kept = [task_ref(*ref) for ref in refs if ref not in filed
-                and pipe.exists(keys.task_log(job_id, *ref))]
+        tasks = {a: store.read_tasks(pipe, job_id, a) for a in range(job.attempt + 1)}
+        refs = [(a, t.role, t.index) for a, of_attempt in tasks.items()
+                for t in of_attempt.values()]
+        filed: list[tuple[int, str, int]] = []
+        kept: list[tuple[int, str, int]] = []
+        if log_dir and refs:
+            pipe.watch(*(keys.task_log(job_id, *ref) for ref in refs))  # a late line: again
+            for ref in refs:
+                (filed if _file_log(pipe, log_dir, job_id, *ref) else kept).append(ref)
         raw_config = pipe.get(keys.job_config(job_id))
         archive = Archive(
             config=json.loads(raw_config) if raw_config else {"taskRoles": []},
             attempts=tuple(sorted(_attempts(pipe, job_id), key=lambda a: a.index)),
-            tasks=tuple(sorted((finished_task(t) for t in
-                                store.read_tasks(pipe, job_id, job.attempt).values()),
+            tasks=tuple(sorted((finished_task(t) for t in tasks[job.attempt].values()),
                                key=lambda t: (t.role, t.index))),
             events=summarize_events(store.read_events(pipe, job_id)),
-            streams=tuple(kept), logs_filed=bool(log_dir), last_attempt=job.attempt)
+            streams=tuple(task_ref(*ref) for ref in kept), logs_filed=bool(log_dir),
+            last_attempt=job.attempt)
         pipe.multi()
         pipe.set(keys.job_archive(job_id), archive.encode())
         drop = compacted_fields(job)
