@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ DAY_MS = 24 * 3600 * 1000
 # The expiry walk looks at up to this many times its batch of the oldest
 # jobs of each final state (jobs created long ago but finished lately wait there).
 EXPIRY_LOOKAHEAD = 4
+SWEEP_SECONDS = 2.0
 _DEFAULT_FIELDS = Job(id="", username="", name="", virtual_cluster="default").to_fields()
 # The id, user and name are in the record's key (Store.read_job puts them back).
 _REQUIRED_FIELDS = frozenset({"state"})
@@ -64,14 +66,21 @@ class SweepReport:
 
 
 def sweep(store: Store, settings: Settings, now: int | None = None) -> SweepReport:
-    """One bounded round of retention work (at most `retention_batch` jobs a step)."""
+    """One bounded round of retention work: at most `retention_batch` jobs a
+    step, and no new compaction once SWEEP_SECONDS have gone (filing big
+    logs takes time, and the scheduler's repair pass that runs this also
+    notices lost nodes)."""
     now = now_ms() if now is None else now
     batch = settings.retention_batch
     enrolled = enroll_finished(store, batch)
     due = store.r.zrangebyscore(keys.RETENTION_PENDING, "-inf",
                                 now - int(settings.retention_compact_after_seconds * 1000),
                                 start=0, num=batch)
-    compacted = sum(compact_job(store, job_id, settings.task_log_dir) for job_id in due)
+    compacted, stop_at = 0, time.monotonic() + SWEEP_SECONDS
+    for job_id in due:
+        if time.monotonic() > stop_at:
+            break
+        compacted += compact_job(store, job_id, settings.task_log_dir)
     expired = 0
     if settings.retention_days > 0:
         expired = expire_due(store, now - settings.retention_days * DAY_MS, batch,

@@ -342,3 +342,14 @@ def test_the_api_exports_redis_memory_used_and_its_maximum(client: FlaskClient,
 
     assert values["pai_redis_memory_used_bytes"] > 0
     assert values["pai_redis_memory_max_bytes"] == settings.redis_maxmemory_bytes
+
+
+def test_a_job_that_finished_before_the_sweep_existed_is_found_and_compacted(
+        client: FlaskClient, store: Store, settings: Settings) -> None:
+    job_id = finished(client, store, settings, "older")
+    store.r.zrem(keys.RETENTION_PENDING, job_id)  # as an earlier version left it
+
+    report = compact_all(store, settings)
+
+    assert (report.enrolled, report.compacted) == (1, 1)
+    assert job_key_names(store.r, job_id) == [keys.job(job_id), keys.job_archive(job_id)]
