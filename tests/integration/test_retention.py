@@ -353,3 +353,22 @@ def test_a_job_that_finished_before_the_sweep_existed_is_found_and_compacted(
 
     assert (report.enrolled, report.compacted) == (1, 1)
     assert job_key_names(store.r, job_id) == [keys.job(job_id), keys.job_archive(job_id)]
+
+
+def test_a_link_planted_where_a_filed_log_lies_is_never_followed(
+        client: FlaskClient, store: Store, settings: Settings, tmp_path: Path) -> None:
+    """Threat: a link in the log tree (planted by whoever can write the shared
+    storage) makes the API, which serves finished jobs' logs from files, send
+    a host file to a user. The walk follows no link: the read fails, clearly."""
+    job_id = finished(client, store, settings, "planted", lines=5)
+    compact_all(store, settings)
+    secret = tmp_path / "host-secret"
+    secret.write_text("the host's secret\n")
+    path = Path(settings.task_log_dir or "", *task_log_parts(job_id, 0, "main", 0))
+    path.unlink()
+    path.symlink_to(secret)
+
+    for query in ({}, {"follow": "1"}):
+        resp = client.get(log_url(job_id), query_string=query)
+        assert resp.status_code == 503
+        assert "secret" not in resp.get_data(as_text=True)
