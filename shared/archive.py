@@ -167,6 +167,21 @@ def summarize_events(events: Sequence[Mapping[str, Any]],
     return tuple(kept[-limit:]) if limit > 0 else ()
 
 
+def told_by_attempts(state: str, diagnostics: str, attempts: Sequence[Attempt]) -> bool:
+    """Whether a finished job's diagnostics are its last attempt's reason (a
+    job that succeeded or failed ends with its attempt's outcome): then the
+    compacted record leaves them out and `diagnostics_of` tells them again."""
+    return state in ("SUCCEEDED", "FAILED") and bool(attempts) \
+        and max(attempts, key=lambda a: a.index).reason == diagnostics
+
+
+def diagnostics_of(state: str, diagnostics: str, attempts: Sequence[Attempt]) -> str:
+    """A job's exit diagnostics, its record's or (compacted) its last attempt's."""
+    if diagnostics or state not in ("SUCCEEDED", "FAILED") or not attempts:
+        return diagnostics
+    return max(attempts, key=lambda a: a.index).reason
+
+
 def finished_task(task: Task) -> Task:
     """A finished task as an archive keeps it: its container by short id."""
     if task.container_id:

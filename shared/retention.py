@@ -39,6 +39,7 @@ from shared.archive import (
     finished_task,
     summarize_events,
     task_ref,
+    told_by_attempts,
 )
 from shared.config import Settings
 from shared.models import Attempt, Job, now_ms
@@ -122,13 +123,21 @@ def enroll_finished(store: Store, batch: int) -> int:
 # ------------------------------------------------------------------ compact
 
 
-def compacted_fields(job: Job) -> list[str]:
-    """The record's fields a finished job can do without: those only a live
-    job uses, and those at their default (`Job.from_fields` restores them)."""
-    fields = job.to_fields()
-    return [name for name, value in fields.items() if name not in _REQUIRED_FIELDS
-            and (name in RUNNING_ONLY_FIELDS or name in ("id", "username", "name")
-                 or value == _DEFAULT_FIELDS.get(name))]
+def compacted_record(job: Job, attempts: Sequence[Attempt]) -> dict[str, str]:
+    """The record a finished job keeps: without the fields only a live job
+    uses, those at their default (`Job.from_fields` restores them), and its
+    diagnostics when its last attempt tells them (`archive.diagnostics_of`).
+
+    Short values only, so Redis keeps the hash in its compact encoding (a
+    value past `hash-max-listpack-value`, 64 bytes, such as a waiting
+    explanation, turns a hash into a table for good, at twice the memory):
+    the record is written anew, not trimmed."""
+    drop = set(RUNNING_ONLY_FIELDS) | {"id", "username", "name"}
+    if told_by_attempts(job.state.value, job.exit_diagnostics, attempts):
+        drop.add("exit_diagnostics")
+    return {name: value for name, value in job.to_fields().items()
+            if name in _REQUIRED_FIELDS
+            or (name not in drop and value != _DEFAULT_FIELDS.get(name))}
 
 
 def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
@@ -155,9 +164,10 @@ def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
             for ref in refs:
                 (filed if _file_log(pipe, log_dir, job_id, *ref) else kept).append(ref)
         raw_config = pipe.get(keys.job_config(job_id))
+        attempts = tuple(sorted(_attempts(pipe, job_id), key=lambda a: a.index))
         archive = Archive(
             config=json.loads(raw_config) if raw_config else {"taskRoles": []},
-            attempts=tuple(sorted(_attempts(pipe, job_id), key=lambda a: a.index)),
+            attempts=attempts,
             tasks=tuple(sorted((finished_task(t) for t in tasks[job.attempt].values()),
                                key=lambda t: (t.role, t.index))),
             events=summarize_events(store.read_events(pipe, job_id)),
@@ -165,11 +175,10 @@ def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
             last_attempt=job.attempt)
         pipe.multi()
         pipe.set(keys.job_archive(job_id), archive.encode())
-        drop = compacted_fields(job)
-        if drop:
-            pipe.hdel(job_key, *drop)
-        pipe.delete(keys.job_config(job_id), keys.job_attempts(job_id), keys.job_events(job_id),
-                    *task_keys, *(keys.task_log(job_id, *ref) for ref in filed))
+        pipe.delete(job_key, keys.job_config(job_id), keys.job_attempts(job_id),
+                    keys.job_events(job_id), *task_keys,
+                    *(keys.task_log(job_id, *ref) for ref in filed))
+        pipe.hset(job_key, mapping=compacted_record(job, attempts))
         pipe.zrem(keys.RETENTION_PENDING, job_id)
         return True
 

@@ -23,6 +23,7 @@ from services.api.schemas import MAX_TAIL, StopRequestSchema
 from services.api.storage import check_job_storage
 from shared import keys, logfiles
 from shared.accounts import DEFAULT_VC, Accounts, User
+from shared.archive import diagnostics_of
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, validate_job_config
@@ -269,9 +270,11 @@ def detail(username: str, name: str) -> dict[str, Any]:
     config = store.get_config(job.id) or {"taskRoles": []}
     roles = [r["name"] for r in config["taskRoles"]]
     rank = store.r.zrank(keys.vc_queue(job.virtual_cluster), job.id)
-    return job_detail(job, roles, store.get_tasks(job.id, job.attempt),
-                      store.get_attempts(job.id), f"/api/v1/user/{username}/jobs/{name}",
-                      None if rank is None else rank + 1)
+    attempts = store.get_attempts(job.id)
+    # a compacted record leaves out what its last attempt tells (shared/archive.py)
+    job.exit_diagnostics = diagnostics_of(job.state.value, job.exit_diagnostics, attempts)
+    return job_detail(job, roles, store.get_tasks(job.id, job.attempt), attempts,
+                      f"/api/v1/user/{username}/jobs/{name}", None if rank is None else rank + 1)
 
 
 @bp.get("/user/<username>/jobs/<name>/config")

@@ -25,7 +25,13 @@ from services.monitor.logs import append_log_entries
 from shared import keys, logfiles, retention
 from shared.config import Settings
 from shared.containers import TaskRef
-from shared.lifecycle import commit_placement, mark_task_running, request_stop
+from shared.lifecycle import (
+    commit_placement,
+    mark_task_running,
+    record_task_exit,
+    request_stop,
+    set_waiting,
+)
 from shared.models import Gpu, Node, TaskPlacement, now_ms
 from shared.storage import task_log_parts
 from shared.store import Store
@@ -167,9 +173,8 @@ def test_a_log_whose_file_missed_a_batch_is_made_whole_before_its_stream_goes(
     assert text(client, job_id, tail="100000").splitlines() == expected
 
 
-def test_a_running_job_is_never_touched(client: FlaskClient, store: Store,
-                                        settings: Settings) -> None:
-    job_id = submit(client, "live")
+def run(store: Store, job_id: str) -> None:
+    """Place main[0] and start it, as the scheduler and the monitor would."""
     store.register_node(Node(name="n1", ip="127.0.0.1", cpus=8, memory_mb=8192,
                              gpus=[Gpu(index=0)]))
     job = store.get_job(job_id)
@@ -178,6 +183,12 @@ def test_a_running_job_is_never_touched(client: FlaskClient, store: Store,
                             placements=[TaskPlacement("main", 0, "n1", "127.0.0.1", (), 1, 128,
                                                       {"default": [15000]})])
     assert mark_task_running(store, job_id, 0, "main", 0, "c" * 64)
+
+
+def test_a_running_job_is_never_touched(client: FlaskClient, store: Store,
+                                        settings: Settings) -> None:
+    job_id = submit(client, "live")
+    run(store, job_id)
     ship(store, settings, job_id, 1, 100)
     store.r.zadd(keys.RETENTION_PENDING, {job_id: 1})  # as if it had finished long ago
     kept = {k: store.r.dump(k) for k in job_key_names(store.r, job_id)}
@@ -204,6 +215,28 @@ def test_a_compacted_job_reads_the_same_through_the_api(client: FlaskClient, sto
     assert client.get("/api/v1/user/root/jobs/same").json == detail
     assert sorted(job_key_names(store.r, job_id)) == [keys.job(job_id),
                                                       keys.job_archive(job_id)]
+
+
+def test_a_failed_job_that_waited_keeps_a_compact_record_and_reads_the_same(
+        client: FlaskClient, store: Store, settings: Settings) -> None:
+    """A waiting explanation (past Redis's 64-byte compact value) turned the
+    record into a hash table: compaction writes it anew, compact again."""
+    job_id = submit(client, "waited")
+    assert set_waiting(store, job_id, "no node has a free GPU", "{\"reason\": \"" + "x" * 200 +
+                       "\"}")
+    run(store, job_id)
+    record_task_exit(store, job_id, 0, "main", 0, exit_code=3,
+                     diagnostics="the program exited with code 3 after a long explanation")
+    detail = client.get("/api/v1/user/root/jobs/waited").json
+    assert detail["jobStatus"]["state"] == "FAILED" and detail["jobStatus"]["appExitDiagnostics"]
+    assert store.r.object("encoding", keys.job(job_id)) == "hashtable"
+
+    compact_all(store, settings)
+
+    assert store.r.object("encoding", keys.job(job_id)) == "listpack"
+    status = detail["taskRoles"]["main"]["taskStatuses"][0]
+    status["containerId"] = status["containerId"][:12]  # Docker's short id, once compacted
+    assert client.get("/api/v1/user/root/jobs/waited").json == detail
 
 
 # ---------------------------------------------------------------- expiry and delete

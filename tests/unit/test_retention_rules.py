@@ -8,11 +8,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.monitor.logfile import within_cap
-from shared.archive import Archive, finished_task, summarize_events, task_ref
+from shared.archive import (
+    Archive,
+    diagnostics_of,
+    finished_task,
+    summarize_events,
+    task_ref,
+    told_by_attempts,
+)
 from shared.config import ConfigError, load_settings, parse_size
 from shared.logfiles import KEEP, Repair, cut_marker, plan_repair
 from shared.models import Attempt, Job, Task
-from shared.retention import compacted_fields
+from shared.retention import compacted_record
 from shared.states import JobState, TaskState
 
 CONFIG = {"jobName": "mnist", "image": "busybox", "taskRoles": [
@@ -167,17 +174,39 @@ def test_the_log_file_cap(lines: list[str], size: int, cap: int, written: bytes,
 def test_a_compacted_record_drops_what_only_a_live_job_uses_and_its_defaults() -> None:
     job = Job(id="alice~mnist", username="alice", name="mnist", virtual_cluster="default",
               state=JobState.SUCCEEDED, version=9, created_ms=1, completed_ms=5, exit_code=0,
-              waiting_reason="old reason", queue_seq=7, gpus=2, user_id="u1")
+              waiting_reason="old reason", waiting='{"reason": "' + "x" * 80 + '"}',
+              queue_seq=7, gpus=2, user_id="u1", exit_diagnostics="all tasks completed")
+    attempts = [Attempt(index=0, reason="all tasks completed")]
 
-    dropped = set(compacted_fields(job))
+    record = compacted_record(job, attempts)
 
-    assert {"waiting_reason", "queue_seq", "mode", "waiting", "id", "username", "name",
-            "retries", "virtual_cluster"} <= dropped
-    assert not {"state", "version", "created_ms", "completed_ms", "exit_code", "gpus",
-                "user_id"} & dropped
-    kept = {k: v for k, v in job.to_fields().items() if k not in dropped}
-    assert Job.from_fields({"id": job.id, **kept}) == Job(
-        **{**job.__dict__, "waiting_reason": "", "queue_seq": 0})
+    assert set(record) == {"state", "version", "created_ms", "completed_ms", "exit_code",
+                           "gpus", "user_id"}
+    assert all(len(value) <= 64 for value in record.values())  # Redis's compact hash
+    restored = Job.from_fields({"id": job.id, **record})
+    restored.exit_diagnostics = diagnostics_of(restored.state.value,
+                                               restored.exit_diagnostics, attempts)
+    assert restored == Job(**{**job.__dict__, "waiting_reason": "", "waiting": "",
+                              "queue_seq": 0})
+
+
+@pytest.mark.parametrize(("state", "diagnostics", "reason", "told"), [
+    pytest.param("FAILED", "worker[0] failed", "worker[0] failed", True,
+                 id="a failure its last attempt tells"),
+    pytest.param("SUCCEEDED", "all tasks completed", "all tasks completed", True,
+                 id="a success its last attempt tells"),
+    pytest.param("STOPPED", "", "stopped by user", False,
+                 id="a stop keeps its empty diagnostics"),
+    pytest.param("FAILED", "node lost", "something else", False,
+                 id="diagnostics the attempt does not tell stay"),
+])
+def test_which_diagnostics_the_last_attempt_tells(state: str, diagnostics: str, reason: str,
+                                                  told: bool) -> None:
+    attempts = [Attempt(index=0, reason="first"), Attempt(index=1, reason=reason)]
+
+    assert told_by_attempts(state, diagnostics, attempts) is told
+    kept = "" if told else diagnostics
+    assert diagnostics_of(state, kept, attempts) == diagnostics
 
 
 # ------------------------------------------------------------------ settings
