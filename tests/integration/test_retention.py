@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -227,7 +228,7 @@ def test_a_failed_job_that_waited_keeps_a_compact_record_and_reads_the_same(
     run(store, job_id)
     record_task_exit(store, job_id, 0, "main", 0, exit_code=3,
                      diagnostics="the program exited with code 3 after a long explanation")
-    detail = client.get("/api/v1/user/root/jobs/waited").json
+    detail: dict[str, Any] = client.get("/api/v1/user/root/jobs/waited").json or {}
     assert detail["jobStatus"]["state"] == "FAILED" and detail["jobStatus"]["appExitDiagnostics"]
     assert store.r.object("encoding", keys.job(job_id)) == "hashtable"
 
