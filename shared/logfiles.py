@@ -179,6 +179,9 @@ def make_whole(log_dir: str, job_id: str, attempt: int, role: str, index: int,
     `stream_lines` are the lines the stream keeps, of `added` ever shipped.
     Idempotent: a file made whole is kept as it is the next time."""
     parts = task_log_parts(job_id, attempt, role, index)
+    last = tail(log_dir, parts, 1)
+    if last and last[0].startswith(CUT_PREFIX):
+        return KEEP  # cut at its cap: as whole as it gets, and no need to read it all
     file_lines, cut = count_lines(log_dir, parts)
     kept = len(stream_lines)
     matches = bool(kept) and file_lines >= kept and tail(log_dir, parts, kept) == list(stream_lines)
