@@ -3,6 +3,8 @@ the log file cap, what a compacted record drops, and the size settings."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from shared.archive import (
     told_by_attempts,
 )
 from shared.config import ConfigError, load_settings, parse_size
-from shared.logfiles import KEEP, Repair, cut_marker, plan_repair
+from shared.logfiles import KEEP, Repair, cut_marker, make_whole, numbered_tail, plan_repair
 from shared.models import Attempt, Job, Task
 from shared.retention import compacted_record
 from shared.states import JobState, TaskState
@@ -239,3 +241,31 @@ def test_retention_settings_and_their_defaults() -> None:
     assert (chosen.retention_days, chosen.log_max_bytes_per_task,
             chosen.redis_maxmemory_bytes, chosen.retention_compact_after_seconds) == \
         (0, 10 * 1024**2, 1024**3, 60.0)
+
+
+# ------------------------------------------------------------------ files
+
+
+def test_a_file_cut_at_its_cap_is_kept_as_it_is(tmp_path: Path) -> None:
+    log_file = tmp_path / "root~big" / "0" / "main-0.log"
+    log_file.parent.mkdir(parents=True)
+    log_file.write_text("a\nb\n" + cut_marker(4) + "\n")
+
+    repair = make_whole(str(tmp_path), "root~big", 0, "main", 0, ["y", "z"], added=100)
+
+    assert repair == KEEP
+    assert log_file.read_text() == "a\nb\n" + cut_marker(4) + "\n"
+
+
+def test_a_file_missing_a_batch_in_the_window_is_rewritten_whole(tmp_path: Path) -> None:
+    log_file = tmp_path / "root~gap" / "0" / "main-0.log"
+    log_file.parent.mkdir(parents=True)
+    log_file.write_text("".join(f"{n}\n" for n in [*range(1, 6), *range(8, 10)]))
+
+    make_whole(str(tmp_path), "root~gap", 0, "main", 0, [str(n) for n in range(4, 10)], added=9)
+
+    assert log_file.read_text() == "".join(f"{n}\n" for n in range(1, 10))
+    assert list(numbered_tail(str(tmp_path), ("root~gap", "0", "main-0.log"), 2)) == \
+        [(8, "8"), (9, "9")]
+    assert list(numbered_tail(str(tmp_path), ("root~gap", "0", "main-0.log"), 0, after=7)) == \
+        [(8, "8"), (9, "9")]
