@@ -197,6 +197,7 @@ start_redis() {
     redis-server --bind 127.0.0.1 --port "$port" --dir "$REDIS_DIR" \
         --protected-mode yes --aclfile "$REDIS_DIR/acl/users.acl" \
         --appendonly yes --daemonize yes --pidfile "$pidfile" \
+        --maxmemory "${PAI_REDIS_MAXMEMORY:-2gb}" --maxmemory-policy noeviction \
         --logfile "$REDIS_DIR/redis.log" 9>&-
     echo "$port" >"$REDIS_DIR/port"
     local tries=0

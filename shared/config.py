@@ -51,6 +51,21 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
+              "g": 1000**3, "gb": 1024**3}
+
+
+def parse_size(name: str, raw: str) -> int:
+    """A byte count as Redis's own config spells it (`4gb`, `512mb`, `100000`),
+    so PAI_REDIS_MAXMEMORY can be handed to redis-server unchanged."""
+    text = raw.strip().lower()
+    number = text.rstrip("bkmg")
+    unit = text[len(number):]
+    if not number.isdigit() or unit not in SIZE_UNITS:
+        raise ConfigError(f"{name} must be a size like 4gb, 512mb or 1048576, got {raw!r}")
+    return int(number) * SIZE_UNITS[unit]
+
+
 def _port_range(raw: str) -> tuple[int, int]:
     try:
         low_text, high_text = raw.split("-", 1)
@@ -257,6 +272,18 @@ class Settings:
     def platform_dirs(self) -> tuple[str, ...]:
         """Folders of the platform that no job may mount, admins' jobs included."""
         return (self.task_log_dir,) if self.task_log_dir else ()
+    # Retention (docs/operations.md, "Retention"): finished jobs older than
+    # this many days go with every key they had (0: kept for ever); this long
+    # after a job finished, its log streams leave Redis for the files of the
+    # log tree and its record is compacted; at most this many jobs per sweep.
+    retention_days: int = 90
+    retention_compact_after_seconds: float = 600.0
+    retention_batch: int = 200
+    # A task attempt's log file stops growing here, with one line saying so (0: no cap).
+    log_max_bytes_per_task: int = 1024**3
+    # Redis's maxmemory as the operator set it (redis-server gets the same
+    # value): the API exports it beside the memory used, for the alert.
+    redis_maxmemory_bytes: int = 2 * 1024**3
     # The API's capacity (docs/performance.md): log follows one user may hold
     # at once across every API process, the seconds a client has to send its
     # request headers (and then its body), and connections per API process.
@@ -343,6 +370,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         login_window_seconds=_seconds(env, "PAI_LOGIN_WINDOW_SECONDS",
                                       defaults.login_window_seconds),
         api_trust_forwarded_for=_bool(env, "PAI_API_TRUST_FORWARDED_FOR"),
+        retention_days=_int(env, "PAI_RETENTION_DAYS", defaults.retention_days) or 0,
+        retention_compact_after_seconds=_seconds(env, "PAI_RETENTION_COMPACT_AFTER_SECONDS",
+                                                 defaults.retention_compact_after_seconds),
+        retention_batch=_int(env, "PAI_RETENTION_BATCH", defaults.retention_batch)
+        or defaults.retention_batch,
+        log_max_bytes_per_task=parse_size("PAI_LOG_MAX_BYTES_PER_TASK",
+                                          env["PAI_LOG_MAX_BYTES_PER_TASK"])
+        if env.get("PAI_LOG_MAX_BYTES_PER_TASK", "").strip()
+        else defaults.log_max_bytes_per_task,
+        redis_maxmemory_bytes=parse_size("PAI_REDIS_MAXMEMORY", env["PAI_REDIS_MAXMEMORY"])
+        if env.get("PAI_REDIS_MAXMEMORY", "").strip() else defaults.redis_maxmemory_bytes,
         api_worker_connections=_int(env, "PAI_API_WORKER_CONNECTIONS",
                                     defaults.api_worker_connections)
         or defaults.api_worker_connections,

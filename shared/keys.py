@@ -17,6 +17,10 @@ SCHEDULER_LOCK = PREFIX + "lock:scheduler"
 SCHEDULERS = PREFIX + "schedulers"  # zset scheduler replica -> last heartbeat ms
 # set while a "schedule" message is on its way: later submits need not send one
 PASS_REQUESTED = PREFIX + "scheduler:pass-requested"
+# zset job id -> completed ms: finished jobs whose record is not compacted yet
+RETENTION_PENDING = PREFIX + "retention:pending"
+# hash final state -> rank: where the retention sweep's repair walk resumes
+RETENTION_CURSOR = PREFIX + "retention:cursor"
 
 
 def job(job_id: str) -> str:
@@ -42,6 +46,12 @@ def job_attempts(job_id: str) -> str:
 def job_events(job_id: str) -> str:
     """Stream: what happened to the job, in order."""
     return f"{PREFIX}job:{job_id}:events"
+
+
+def job_archive(job_id: str) -> str:
+    """String (binary): a finished job's compacted config, attempts, last
+    tasks and event summary (shared/archive.py)."""
+    return f"{PREFIX}job:{job_id}:archive"
 
 
 def task_log(job_id: str, attempt: int, role: str, index: int) -> str:

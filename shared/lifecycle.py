@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys, telemetry
+from shared import keys, retention, telemetry
 from shared.cluster import placement_fits
 from shared.completion import decide_retry, evaluate_completion
 from shared.models import (
@@ -494,18 +494,9 @@ def delete_job(store: Store, job_id: str) -> bool:
         job = store.read_job(pipe, job_id)
         if job is None or not job.state.is_final:
             return False
-        doomed = [job_key, keys.job_config(job_id), keys.job_attempts(job_id),
-                  keys.job_events(job_id)]
-        for attempt in range(job.attempt + 1):
-            doomed.append(keys.job_tasks(job_id, attempt))
-            for task in store.read_tasks(pipe, job_id, attempt).values():
-                doomed.append(keys.task_log(job_id, attempt, task.role, task.index))
+        doomed = retention.job_keys(store, pipe, job)  # its archive's keys too, once compacted
         pipe.multi()
-        pipe.delete(*doomed)
-        for index in (keys.JOBS, keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster),
-                      keys.state_jobs(job.state)):
-            pipe.zrem(index, job_id)
-        store.dequeue(pipe, job_id, job.virtual_cluster)
+        retention.forget_job(store, pipe, job, doomed)
         return True
 
     return store.transact(decide, job_key)

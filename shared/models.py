@@ -197,8 +197,8 @@ class Job:
 
         return cls(
             id=fields["id"],
-            username=fields["username"],
-            name=fields["name"],
+            username=fields.get("username") or split_job_id(fields["id"])[0],
+            name=fields.get("name") or split_job_id(fields["id"])[1],
             virtual_cluster=fields.get("virtual_cluster", "default"),
             state=JobState(fields["state"]),
             version=int(fields.get("version", 0)),

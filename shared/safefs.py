@@ -13,10 +13,12 @@ The file at the end is opened the same way and must be a regular file.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -112,3 +114,66 @@ def real_dir(start: str, parts: Sequence[str], *, create: bool = False,
     `start` was a link when it was checked."""
     with open_dir(start, parts, create=create, mode=mode):
         return os.path.join(os.path.realpath(start), *parts)
+
+
+@contextmanager
+def open_file(start: str, parts: Sequence[str]) -> Iterator[int]:
+    """A read-only descriptor of the plain file `start/parts...`, reached
+    without following a link below `start` (FileNotFoundError when absent):
+    the API reads task logs this way, so nothing planted there redirects it."""
+    *folders, name = parts
+    _check_name(name)
+    with open_dir(start, folders) as parent:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=parent)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise UnsafePath(error.errno, f"{name} is a symbolic link") from None
+            raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePath(errno.EPERM, f"{name} is not a plain file")
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def replace(start: str, parts: Sequence[str], chunks: Iterable[bytes], *,
+            dir_mode: int = 0o750, file_mode: int = 0o640) -> None:
+    """Write `start/parts...` anew from `chunks`: into a fresh file beside it,
+    renamed over it at the end, so a reader (or a crash) sees the old file or
+    the new one, never half of one. No link below `start` is followed."""
+    *folders, name = parts
+    _check_name(name)
+    temp = f".{name}.{os.getpid()}.tmp"
+    with open_dir(start, folders, create=True, mode=dir_mode) as parent:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=parent)  # left by a writer that died
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     file_mode, dir_fd=parent)
+        try:
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(temp, dir_fd=parent)
+            raise
+        os.close(fd)
+        os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+
+
+def remove_tree(start: str, parts: Sequence[str]) -> bool:
+    """Remove the folder `start/parts...` and all it holds, following no link
+    (shutil.rmtree's descriptor-based walk); False when it was not there."""
+    *folders, name = parts
+    _check_name(name)
+    try:
+        with open_dir(start, folders) as parent:
+            shutil.rmtree(name, dir_fd=parent)
+    except FileNotFoundError:
+        return False
+    return True

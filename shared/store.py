@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import redis
+from redis.client import NEVER_DECODE
 
 from shared import keys
+from shared.archive import Archive
 from shared.cluster import NodeFlags, change_flags
 from shared.config import parse_sentinel_url
 from shared.failover import SWITCH_ERRORS, FailoverWait, failover_seconds, sentinel_client
@@ -185,11 +187,14 @@ class Store:
             pipe.zrem(keys.state_jobs(previous_state), job.id)
         if previous_state != job.state:
             pipe.zadd(keys.state_jobs(job.state), {job.id: job.created_ms})
+            if job.state.is_final:  # for the retention sweep (shared/retention.py)
+                pipe.zadd(keys.RETENTION_PENDING, {job.id: job.completed_ms or now_ms()})
         pipe.hset(keys.job(job.id), mapping=job.to_fields())
 
     def read_job(self, reader: Reader, job_id: str) -> Job | None:
         fields = reader.hgetall(keys.job(job_id))
-        return Job.from_fields(fields) if fields else None
+        # a compacted record leaves out its id, which its key says (shared/retention.py)
+        return Job.from_fields({"id": job_id, **fields}) if fields else None
 
     def get_job(self, job_id: str) -> Job | None:
         return self.read_job(self.r, job_id)
@@ -202,7 +207,16 @@ class Store:
 
     def get_config(self, job_id: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.job_config(job_id))
-        return json.loads(raw) if raw else None
+        if raw:
+            return json.loads(raw)
+        archive = self.read_archive(self.r, job_id)
+        return archive.config if archive is not None else None
+
+    def read_archive(self, reader: Reader, job_id: str) -> Archive | None:
+        """A compacted job's archive (shared/archive.py), or None: the readers
+        below fall back to it, so a job reads the same before and after."""
+        blob = reader.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
+        return Archive.decode(blob) if blob else None
 
     def bump(self, job: Job, target: JobState | None = None) -> JobState:
         """Move the job (checked against the table) and bump its version.
@@ -228,7 +242,10 @@ class Store:
         return {k: Task.from_dict(json.loads(v)) for k, v in raw.items()}
 
     def get_tasks(self, job_id: str, attempt: int) -> list[Task]:
-        tasks = self.read_tasks(self.r, job_id, attempt).values()
+        tasks: Iterable[Task] = self.read_tasks(self.r, job_id, attempt).values()
+        if not tasks:
+            archive = self.read_archive(self.r, job_id)
+            tasks = archive.tasks_of(attempt) if archive is not None else []
         return sorted(tasks, key=lambda t: (t.role, t.index))
 
     def write_attempt(self, pipe: Pipe, job_id: str, attempt: Attempt) -> None:
@@ -241,6 +258,9 @@ class Store:
 
     def get_attempts(self, job_id: str) -> list[Attempt]:
         raw: dict[str, str] = self.r.hgetall(keys.job_attempts(job_id))
+        if not raw:
+            archive = self.read_archive(self.r, job_id)
+            return list(archive.attempts) if archive is not None else []
         return sorted((Attempt.from_dict(json.loads(v)) for v in raw.values()),
                       key=lambda a: a.index)
 
@@ -254,7 +274,14 @@ class Store:
                   maxlen=EVENTS_MAX_LEN, approximate=True)
 
     def get_events(self, job_id: str) -> list[dict[str, Any]]:
-        entries = self.r.xrange(keys.job_events(job_id))
+        events = self.read_events(self.r, job_id)
+        if not events:
+            archive = self.read_archive(self.r, job_id)
+            return archive.milestones() if archive is not None else []
+        return events
+
+    def read_events(self, reader: Reader, job_id: str) -> list[dict[str, Any]]:
+        entries = reader.xrange(keys.job_events(job_id))
         events = []
         for _entry_id, fields in entries:
             event: dict[str, Any] = {"kind": fields["kind"], "time": int(fields["time"])}
@@ -326,7 +353,8 @@ class Store:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id))
-        return [Job.from_fields(f) for f in pipe.execute() if f] if ids else []
+        return [Job.from_fields({"id": i, **f}) for i, f in zip(ids, pipe.execute(), strict=True)
+                if f] if ids else []
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
@@ -497,7 +525,10 @@ class Store:
         return str(entries[0][0]) if entries else "0-0"
 
     def task_exists(self, job_id: str, attempt: int, role: str, index: int) -> bool:
-        return bool(self.r.hexists(keys.job_tasks(job_id, attempt), task_key(role, index)))
+        if self.r.hexists(keys.job_tasks(job_id, attempt), task_key(role, index)):
+            return True
+        archive = self.read_archive(self.r, job_id)
+        return archive is not None and archive.has_task(attempt, role, index)
 
     def get_task(self, job_id: str, attempt: int, role: str, index: int) -> Task | None:
         """One task of one attempt, without reading its siblings."""

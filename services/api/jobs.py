@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -23,15 +24,18 @@ from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from services.api.schemas import MAX_TAIL, StopRequestSchema
 from services.api.storage import check_job_storage
-from shared import keys
+from shared import keys, logfiles
 from shared.accounts import DEFAULT_VC, Accounts, User
+from shared.archive import diagnostics_of
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, validate_job_config
 from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
 from shared.models import Job, JobSpec, Node, job_id_of
 from shared.priority import PriorityClass
+from shared.retention import remove_logs
 from shared.states import JobState
+from shared.storage import task_log_parts
 from shared.store import JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
@@ -258,6 +262,7 @@ def remove(username: str, name: str) -> dict[str, Any]:
     if not job.state.is_final:
         raise ApiError("ConflictJobError",
                        f"job {name} is {job.state.value}; stop it before deleting it", 409)
+    remove_logs(platform().settings.task_log_dir, job.id)
     delete_job(platform().store, job.id)
     return {"message": f"job {name} deleted; its name may be used again"}
 
@@ -275,9 +280,11 @@ def detail(username: str, name: str) -> dict[str, Any]:
     config = store.get_config(job.id) or {"taskRoles": []}
     roles = [r["name"] for r in config["taskRoles"]]
     rank = store.r.zrank(keys.vc_queue(job.virtual_cluster), job.id)
-    return job_detail(job, roles, store.get_tasks(job.id, job.attempt),
-                      store.get_attempts(job.id), f"/api/v1/user/{username}/jobs/{name}",
-                      None if rank is None else rank + 1)
+    attempts = store.get_attempts(job.id)
+    # a compacted record leaves out what its last attempt tells (shared/archive.py)
+    job.exit_diagnostics = diagnostics_of(job.state.value, job.exit_diagnostics, attempts)
+    return job_detail(job, roles, store.get_tasks(job.id, job.attempt), attempts,
+                      f"/api/v1/user/{username}/jobs/{name}", None if rank is None else rank + 1)
 
 
 @bp.get("/user/<username>/jobs/<name>/config")
@@ -345,6 +352,9 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
         raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
     if not platform().store.task_exists(job.id, attempt, role, index):
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
+    log_dir = _filed_in(job, attempt, role, index)
+    if log_dir is not None:
+        return _filed_log(log_dir, job.id, attempt, role, index, tail)
     if request.args.get("follow", "").lower() in ("1", "true"):
         resume = request.headers.get("Last-Event-ID") or None
         if resume is not None and sse.parse_stream_id(resume) is None:
@@ -355,6 +365,47 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
     text = "".join(line + "\n" for line in ([marker] if marker else [])
                    + [line for _, line in lines])
     return Response(text, mimetype="text/plain")
+
+
+def _filed_in(job: Job, attempt: int, role: str, index: int) -> str | None:
+    """The log tree, when this task's log has left Redis for its file there
+    (its job finished and was compacted: shared/retention.py)."""
+    store, log_dir = platform().store, platform().settings.task_log_dir
+    if not log_dir or not job.state.is_final:
+        return None
+    archive = store.read_archive(store.r, job.id)
+    return log_dir if archive is not None and archive.log_is_filed(attempt, role, index) \
+        else None
+
+
+def _filed_log(log_dir: str, job_id: str, attempt: int, role: str, index: int,
+               tail: int) -> Response:
+    """A finished task's log from its file, in the shapes the stream gives:
+    the last `tail` lines as text, or followed (the tail, then the end: the
+    task has ended). A follow's event ids are line numbers (`0-<n>`), so a
+    client resuming with Last-Event-ID gets the lines after the one it saw.
+    The file says itself where lines were dropped or cut."""
+    parts = task_log_parts(job_id, attempt, role, index)
+    try:
+        if request.args.get("follow", "").lower() not in ("1", "true"):
+            text = "".join(line + "\n" for line in logfiles.tail(log_dir, parts, tail))
+            return Response(text, mimetype="text/plain")
+        resume = request.headers.get("Last-Event-ID") or None
+        if resume is not None and sse.parse_stream_id(resume) is None:
+            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
+        ms, _, number = (resume or "").partition("-")
+        after = int(number) if resume is not None and int(ms) == 0 else None
+        lines = list(itertools.islice(logfiles.numbered_tail(log_dir, parts, tail, after),
+                                      MAX_TAIL))
+    except OSError as error:
+        raise ApiError("LogUnavailableError",
+                       f"the log file of {role}[{index}] cannot be read: {error.strerror}",
+                       503) from None
+    frames = [sse.frame(line, event_id=f"0-{n}") for n, line in lines]
+    if not frames:
+        frames = [sse.comment("following")]
+    return Response([*frames, sse.frame("", event="end")], mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def _dropped_marker(job_id: str, attempt: int, role: str, index: int, tail: int) -> str | None:

@@ -168,6 +168,11 @@ class ClusterCollector(Collector):
     def _families() -> dict[str, GaugeMetricFamily]:
         families = [
             _gauge("pai_redis_up", "1 when the API reached Redis for this scrape."),
+            _gauge("pai_redis_memory_used_bytes",
+                   "Memory Redis holds (INFO's used_memory, read with MEMORY STATS)."),
+            _gauge("pai_redis_memory_max_bytes",
+                   "Redis's maxmemory as configured (PAI_REDIS_MAXMEMORY); past it Redis "
+                   "refuses writes (noeviction), so the platform stops taking work."),
             _gauge("pai_jobs", "Jobs by state and virtual cluster.", ("state", "vc")),
             _gauge("pai_queue_length", "Jobs queued for placement, by virtual cluster.",
                    ("vc",)),
@@ -224,6 +229,11 @@ class ClusterCollector(Collector):
         for name, beat in telemetry.scheduler_heartbeats(r).items():
             families["pai_scheduler_last_heartbeat_timestamp_seconds"].add_metric(
                 [name], beat / 1000)
+        families["pai_redis_memory_used_bytes"].add_metric(
+            [], int(r.memory_stats()["total.allocated"]))
+        if self.settings.redis_maxmemory_bytes:
+            families["pai_redis_memory_max_bytes"].add_metric(
+                [], self.settings.redis_maxmemory_bytes)
         families["pai_redis_up"].add_metric([], 1)
 
     def _fill_nodes(self, families: dict[str, GaugeMetricFamily], now: int) -> None:

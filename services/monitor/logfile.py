@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from shared import safefs
 from shared.containers import TaskRef
+from shared.logfiles import cut_marker
 from shared.storage import task_log_parts
 
 log = logging.getLogger(__name__)
@@ -36,27 +37,58 @@ def log_file_parts(ref: TaskRef) -> tuple[str, ...]:
     return task_log_parts(ref.job_id, ref.attempt, ref.role, ref.index)
 
 
+def within_cap(lines: Sequence[str], size: int, max_bytes: int) -> tuple[bytes, bool]:
+    """What to append to a file of `size` bytes capped at `max_bytes` (0: no
+    cap): the lines that fit, and whether the cap was reached (then the cut
+    marker follows them, once: one task cannot fill the log tree)."""
+    data = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
+    if not max_bytes or size + len(data) <= max_bytes:
+        return data, False
+    room = max(0, max_bytes - size)
+    kept = data[:room]
+    kept = kept[:kept.rfind(b"\n") + 1]  # whole lines only
+    return kept + (cut_marker(max_bytes) + "\n").encode(), True
+
+
 class TaskLogFile:
     """Appends shipped lines to one task's log file; gives up (once, loudly) on an
-    error, since the stream in Redis still has the lines."""
+    error, since the stream in Redis still has the lines. Past `max_bytes`
+    (PAI_LOG_MAX_BYTES_PER_TASK) it stops, after one line saying so."""
 
-    def __init__(self, log_dir: str, ref: TaskRef) -> None:
+    def __init__(self, log_dir: str, ref: TaskRef, max_bytes: int = 0) -> None:
         self.log_dir = log_dir
         self.parts = log_file_parts(ref)
         self.path = os.path.join(log_dir, *self.parts)
+        self.max_bytes = max_bytes
+        self.size: int | None = None  # the file's size, once looked at
         self.failed = False
+        self.cut = False
 
     def append(self, lines: Sequence[str]) -> None:
-        if self.failed or not lines:
+        if self.failed or self.cut or not lines:
             return
-        data = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
         try:
             _ensure_tree(self.log_dir)
+            if self.size is None:  # a restarted monitor goes on from what the file has
+                self.size = _size(self.log_dir, self.parts)
+                self.cut = bool(self.max_bytes) and self.size >= self.max_bytes
+                if self.cut:
+                    return
+            data, self.cut = within_cap(lines, self.size, self.max_bytes)
             safefs.append(self.log_dir, self.parts, data)
+            self.size += len(data)
         except OSError as error:
             self.failed = True
             log.warning("cannot write the task log file %s (%s): the log stays in Redis only",
                         self.path, error)
+
+
+def _size(log_dir: str, parts: Sequence[str]) -> int:
+    try:
+        with safefs.open_file(log_dir, parts) as fd:
+            return os.fstat(fd).st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _ensure_tree(log_dir: str) -> None:

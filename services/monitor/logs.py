@@ -91,9 +91,10 @@ class LogShipper:
     """Follows one container's log until it stops, or until told to stop."""
 
     def __init__(self, store: Store, container: Container, ref: TaskRef, max_lines: int,
-                 batch_lines: int = FLUSH_LINES, log_dir: str | None = None) -> None:
+                 batch_lines: int = FLUSH_LINES, log_dir: str | None = None,
+                 max_file_bytes: int = 0) -> None:
         self.store, self.container, self.ref = store, container, ref
-        self.log_dir = log_dir
+        self.log_dir, self.max_file_bytes = log_dir, max_file_bytes
         self.task_name = describe(ref)
         self.max_lines, self.batch_lines = max_lines, batch_lines
         self.cursor: LogCursor | None = None
@@ -175,7 +176,7 @@ class LogShipper:
 
     def _open_log_file(self) -> TaskLogFile | None:
         """The full log's file in the platform's log tree, if there is one."""
-        return TaskLogFile(self.log_dir, self.ref) if self.log_dir else None
+        return TaskLogFile(self.log_dir, self.ref, self.max_file_bytes) if self.log_dir else None
 
     def _load_cursor(self) -> bool:
         failures = 0
@@ -282,8 +283,10 @@ class LogShipping:
     """Every shipper of this node's containers, and the flusher that writes them."""
 
     def __init__(self, store: Store, max_lines: int, flush_seconds: float = FLUSH_SECONDS,
-                 batch_lines: int = FLUSH_LINES, log_dir: str | None = None) -> None:
+                 batch_lines: int = FLUSH_LINES, log_dir: str | None = None,
+                 max_file_bytes: int = 0) -> None:
         self.store, self.max_lines, self.log_dir = store, max_lines, log_dir
+        self.max_file_bytes = max_file_bytes
         self.flush_seconds, self.batch_lines = flush_seconds, batch_lines
         self._shippers: dict[str, LogShipper] = {}
         self._lock = threading.Lock()
@@ -300,7 +303,7 @@ class LogShipping:
             if shipper is not None:
                 shipper.abandon()  # what it could not write, the new one reads again
             shipper = LogShipper(self.store, container, ref, self.max_lines, self.batch_lines,
-                                 self.log_dir)
+                                 self.log_dir, self.max_file_bytes)
             self._shippers[key] = shipper
             shipper.start()
             if self._flusher is None and not self._stop.is_set():

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request
 from services.scheduler.policy import Preemption, RunningJob
-from shared import keys, telemetry
+from shared import keys, retention, telemetry
 from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
@@ -353,6 +353,7 @@ class Scheduler:
         self.retry_stale_launches()
         self.resend_stops()
         self.request_pass()
+        retention.sweep(self.store, self.settings)  # finished jobs: compact, file logs, expire
 
     def fail_lost_nodes(self) -> None:
         now = now_ms()
