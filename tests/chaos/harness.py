@@ -162,6 +162,10 @@ class ChaosCluster:
                                     "PAI_HEARTBEAT_SECONDS": "1",
                                     "PAI_NODE_LOST_SECONDS": str(lost_seconds),
                                     "PAI_LAUNCH_TIMEOUT_SECONDS": "20",
+                                    # No compaction within the run: it folds
+                                    # the placed events the audit reads into
+                                    # an attempt summary
+                                    "PAI_RETENTION_COMPACT_AFTER_SECONDS": "3600",
                                     "PAI_LOG_LEVEL": "INFO"})
         self.url = f"http://127.0.0.1:{self.env['PAI_API_PORT']}"
         self.storage = Path(self.env["PAI_STORAGE_ROOTS"])
@@ -215,6 +219,8 @@ class ChaosCluster:
             with contextlib.suppress(KeyError):
                 self.processes.stop(f"{service}@{name}", signal.SIGKILL)
         self.lost.add(name)
+        # Never started again, even if it was down (killed) when the machine died.
+        self.down -= {f"{service}@{name}" for service in NODE_SERVICES}
         return self.remove_containers(name)
 
     def remove_containers(self, node: str) -> int:
