@@ -215,8 +215,10 @@ class _TaskRoleSchema(_StrictSchema):
                             load_default=list)
     command = fields.String(required=True, validate=[
         validate.Length(min=1, max=MAX_COMMAND_CHARS), _not_blank])
+    # -1: task failures never fail the attempt (FrameworkController's "never")
     minFailedTaskCount = _Int(allow_none=True, load_default=None,
-                              validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
+                              validate=[validate.Range(min=-1, max=MAX_TASKS_PER_ROLE),
+                                        validate.NoneOf([0], error="Must be -1 or at least 1.")])
     minSucceededTaskCount = _Int(allow_none=True, load_default=None,
                                  validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
 
@@ -230,7 +232,7 @@ class _TaskRoleSchema(_StrictSchema):
             errors["shmMB"] = [f"Must not exceed memoryMB ({memory})."]
         for key in ("minFailedTaskCount", "minSucceededTaskCount"):
             count = data.get(key)
-            if count is not None and tasks is not None and count > tasks:
+            if count is not None and tasks is not None and count > tasks:  # -1 passes
                 errors[key] = [f"Must be between 1 and taskNumber ({tasks})."]
         seen: set[str] = set()
         for index, port in enumerate(data.get("portList") or []):
@@ -255,7 +257,8 @@ class _JobSchema(_StrictSchema):
     authFile = fields.String(validate=validate.Length(max=MAX_PATH_CHARS))
     virtualCluster = fields.String(load_default="default",
                                    validate=[validate.Length(max=64), _pattern(_VC_NAME)])
-    retryCount = _Int(load_default=0, validate=validate.Range(min=0, max=MAX_RETRIES))
+    # -1 and -2: retry without limit, with a back-off (OpenPAI's serving jobs)
+    retryCount = _Int(load_default=0, validate=validate.Range(min=-2, max=MAX_RETRIES))
     killAllOnCompletedTaskNumber = _Int(load_default=0,
                                         validate=validate.Range(min=0, max=MAX_TOTAL_TASKS))
     jobEnvs = _EnvVars(load_default=dict)

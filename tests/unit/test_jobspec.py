@@ -130,6 +130,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("virtualCluster-empty-means-default", config(virtualCluster="")),
     ("retryCount-0", config(retryCount=0)),
     ("retryCount-cap-100", config(retryCount=100)),
+    ("retryCount-unlimited-serving", config(retryCount=-2)),
+    ("minFailedTaskCount-never", config(taskRoles=[role(minFailedTaskCount=-1)])),
     ("retryCount-integral-float", config(retryCount=2.0)),
     ("killAll-0", config(killAllOnCompletedTaskNumber=0)),
     ("killAll-equals-total-tasks",
@@ -196,7 +198,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("codeDir-list", config(codeDir=["/data"]), "codeDir"),
     ("virtualCluster-bad-char", config(virtualCluster="bad vc!"), "virtualCluster"),
     ("virtualCluster-65-chars", config(virtualCluster="v" * 65), "virtualCluster"),
-    ("retryCount-negative", config(retryCount=-1), "retryCount"),
+    ("retryCount-below-minus-2", config(retryCount=-3), "retryCount"),
     ("retryCount-over-cap", config(retryCount=101), "retryCount"),
     ("retryCount-bool", config(retryCount=True), "retryCount"),
     ("retryCount-fraction", config(retryCount=1.5), "retryCount"),
@@ -305,7 +307,7 @@ def test_top_level_must_be_an_object(raw: Any) -> None:
 
 def test_every_mistake_is_named_at_once() -> None:
     raw = config(
-        jobName="bad name", retryCount=-1, colour="blue", dataDir="/etc",
+        jobName="bad name", retryCount=-3, colour="blue", dataDir="/etc",
         taskRoles=[role(memoryMB=50, gpuNumber=True), role(taskNumber=0, extra=1)],
     )
     with pytest.raises(InvalidJobConfig) as info:
@@ -325,7 +327,7 @@ def test_unknown_field_message_is_clear() -> None:
 
 def test_single_error_message_is_singular() -> None:
     with pytest.raises(InvalidJobConfig) as info:
-        validate(config(retryCount=-1))
+        validate(config(retryCount=-3))
     assert info.value.message == "job config has 1 invalid field"
 
 
@@ -448,7 +450,7 @@ def test_bad_dirs_are_rejected(field: str, value: str, roots: tuple[str, ...],
 
 
 def test_path_error_is_reported_with_schema_errors() -> None:
-    assert set(rejected(config(dataDir="/etc", retryCount=-1))) == {"dataDir", "retryCount"}
+    assert set(rejected(config(dataDir="/etc", retryCount=-3))) == {"dataDir", "retryCount"}
 
 
 def test_output_dir_default_uses_first_root() -> None:
