@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marshmallow import (
@@ -73,6 +73,7 @@ class ValidatedConfig:
 
     config: dict[str, Any]
     ignored: list[str]
+    notes: list[str] = field(default_factory=list)  # what pai does unlike OpenPAI
 
 
 # ---------------------------------------------------------------- fields
@@ -357,7 +358,12 @@ def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
         value = config.get(key)
         if not value:
             continue
-        resolved, error = _resolve_dir(_PAI_VAR.sub(substitute, value), roots)
+        value = _PAI_VAR.sub(substitute, value)
+        if storage.outside_every_root(value, roots):
+            config[key] = value
+            config.setdefault(storage.UNMOUNTED_KEY, []).append(key)
+            continue
+        resolved, error = _resolve_dir(value, roots)
         if error:
             errors.setdefault(key, []).append(error)
         else:
@@ -428,4 +434,11 @@ def validate_job_config(
         role.setdefault("shmMB", min(DEFAULT_SHM_MB, role["memoryMB"]))
     ignored = ["authFile"] if "authFile" in config else []
     ignored += [f"jobEnvs.{name}" for name in IGNORED_ENVS if name in config["jobEnvs"]]
-    return ValidatedConfig(config=config, ignored=ignored)
+    notes = [f"{key} {config[key]} is outside every storage root: passed to the job in "
+             f"{_DIR_VARIABLES[key]} unchanged, not mounted"
+             for key in config.get(storage.UNMOUNTED_KEY, [])]
+    return ValidatedConfig(config=config, ignored=ignored, notes=notes)
+
+
+_DIR_VARIABLES = {"dataDir": "PAI_DATA_DIR", "outputDir": "PAI_OUTPUT_DIR",
+                  "codeDir": "PAI_CODE_DIR"}

@@ -358,7 +358,7 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
         raise InvalidJobConfig(error.message, {_v2_path(k, roles): v
                                                for k, v in error.fields.items()}) from None
     return ConvertedConfig(config=validated.config, ignored=ignored + validated.ignored,
-                           notes=notes, shown=shown_submission(raw),
+                           notes=notes + validated.notes, shown=shown_submission(raw),
                            secrets=tuple(v for v in secrets.values() if v))
 
 

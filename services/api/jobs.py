@@ -206,11 +206,10 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     if reasons:
         raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,
                        fields=reasons)
-    notes: list[str] = []
+    notes = validated.notes
     stored, shown = validated.config, validated.config
     if isinstance(validated, ConvertedConfig):
         # What GET .../config shows back: the submission, its secrets out.
-        notes = validated.notes
         stored = {**validated.config, V2_SUBMISSION: validated.shown}
         shown = redact(validated.config, validated.secrets)
     extra = {"notes": notes} if notes else {}

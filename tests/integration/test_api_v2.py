@@ -151,3 +151,36 @@ def test_the_rest_server_prefix_still_needs_a_token(flask_client: object) -> Non
     assert isinstance(flask_client, FlaskClient)
     resp = flask_client.post("/rest-server/api/v2/jobs", data=V2, headers=YAML)
     assert resp.status_code == 401
+
+
+def test_openpai_dirs_outside_every_root_are_accepted_with_a_note(
+        alice: AuthedClient, tmp_path: Path) -> None:
+    """OpenPAI v0.14's example naming /tmp/data and /tmp/output: accepted,
+    unmounted, and said so; a folder in a root keeps today's checks (403)."""
+    resp = alice.post("/api/v1/user/alice/jobs", json={
+        "jobName": "tmpdirs", "image": "busybox", "dataDir": "/tmp/data",
+        "outputDir": "/tmp/output",
+        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
+                       "command": "true"}]})
+    assert resp.status_code == 202, resp.json
+    assert resp.json is not None and len(resp.json["notes"]) == 2
+    stored = alice.get("/api/v1/user/alice/jobs/tmpdirs/config").json
+    assert stored is not None
+    assert (stored["dataDir"], stored["outputDir"]) == ("/tmp/data", "/tmp/output")
+
+    bobs = alice.post("/api/v1/user/alice/jobs", json={
+        "jobName": "bobs", "image": "busybox", "dataDir": f"{tmp_path}/bob/in",
+        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
+                       "command": "true"}]})
+    assert bobs.status_code == 403
+
+
+def test_unmounted_dirs_cannot_be_claimed_by_the_submitter(alice: AuthedClient) -> None:
+    """Threat: a user writes the internal `unmountedDirs` list themselves to
+    have a folder inside a root (another user's) skip the mount checks."""
+    resp = alice.post("/api/v1/user/alice/jobs", json={
+        "jobName": "claim", "image": "busybox", "unmountedDirs": ["dataDir"],
+        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
+                       "command": "true"}]})
+    assert resp.status_code == 400 and resp.json is not None
+    assert "unmountedDirs" in resp.json["fields"]
