@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -165,6 +166,6 @@ def test_a_dir_the_api_left_unmounted_is_never_mounted(root: Path, field: str) -
     under a root of this node (configured differently); mounting it would
     skip the per-user checks the API never made."""
     (root / "bob").mkdir(exist_ok=True)
-    plan = plan_storage(spec(**{field: str(root / "bob"), "unmountedDirs": [field]}),
-                        [str(root)], "n1")
+    left = dataclasses.replace(spec(**{field: str(root / "bob")}), unmounted_dirs=(field,))
+    plan = plan_storage(left, [str(root)], "n1")
     assert plan.mounts == () and plan.working_dir is None
