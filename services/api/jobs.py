@@ -318,14 +318,15 @@ def detail(username: str, name: str) -> dict[str, Any]:
 
 @bp.get("/user/<username>/jobs/<name>/config")
 def config(username: str, name: str) -> Response | dict[str, Any]:
-    """The config a job runs from, normalized; YAML when Accept asks for it.
+    """The config a job runs from, normalized (a v2 job's: as submitted, its
+    secrets hidden); YAML when Accept asks for it.
     ---
     get:
       errors: [403, 404]
       responses:
         200:
           content:
-            application/json: {schema: JobConfig}
+            application/json: {schema: {oneOf: [JobConfig, JobConfigV2]}}
             application/yaml: {schema: {type: string}}
             text/yaml: {schema: {type: string}}
     """
