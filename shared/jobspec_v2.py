@@ -39,6 +39,7 @@ MAX_PARAMETERS = 1000
 MAX_COMMANDS = 1000
 MAX_PREREQUISITES = 100
 MAX_DEPLOYMENTS = 100
+MAX_SECRETS = 100
 REDACTED = "******"
 UNLIMITED_RETRIES = (-1, -2)  # OpenPAI: retry without limit (serving jobs)
 
@@ -49,6 +50,16 @@ _REFERENCE = re.compile(r"<%\s*\$(parameters|secrets)\.([A-Za-z0-9_.-]+)\s*%>")
 def is_v2(raw: Any) -> bool:
     """Whether a submitted document speaks protocol v2 (OpenPAI allows 2 or "2")."""
     return isinstance(raw, dict) and "protocolVersion" in raw
+
+
+def _check_secrets(value: Any) -> None:
+    """Secrets nest (OpenPAI allows it) down to scalar values, and are few:
+    every string shown back is searched for each of them."""
+    if not isinstance(value, dict):
+        raise ValidationError("Must be an object.")
+    leaves = _secret_leaves(value)
+    if len(leaves) > MAX_SECRETS:
+        raise ValidationError(f"At most {MAX_SECRETS} secrets are allowed.")
 
 
 def _scalar(value: Any) -> None:
@@ -152,7 +163,7 @@ class _V2JobSchema(_Open):
                                 validate=validate.Length(max=MAX_PREREQUISITES))
     parameters = fields.Dict(keys=fields.String(), values=fields.Raw(validate=_scalar),
                              validate=validate.Length(max=MAX_PARAMETERS))
-    secrets = fields.Raw()  # any shape; only referenced string leaves are used
+    secrets = fields.Raw(validate=_check_secrets)
     jobRetryCount = WholeNumber(validate=validate.Range(min=-2, max=MAX_RETRIES))
     taskRoles = fields.Dict(keys=fields.String(), values=fields.Nested(_V2TaskRoleSchema),
                             required=True, validate=validate.Length(min=1, max=MAX_TASK_ROLES))
@@ -191,15 +202,20 @@ def _secret_leaves(secrets: Any, prefix: str = "") -> dict[str, str]:
 
 def redact(value: Any, secrets: Sequence[str]) -> Any:
     """`value` with every secret's text replaced, in every string it holds."""
-    hidden = sorted((s for s in secrets if s), key=len, reverse=True)
-    if isinstance(value, str):
-        for secret in hidden:
-            value = value.replace(secret, REDACTED)
+    hidden = sorted({s for s in secrets if s}, key=len, reverse=True)
+    if not hidden:
         return value
+    pattern = re.compile("|".join(re.escape(s) for s in hidden))  # longest first
+    return _redacted(value, pattern)
+
+
+def _redacted(value: Any, pattern: re.Pattern[str]) -> Any:
+    if isinstance(value, str):
+        return pattern.sub(REDACTED, value)
     if isinstance(value, dict):
-        return {k: redact(v, hidden) for k, v in value.items()}
+        return {k: _redacted(v, pattern) for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v, hidden) for v in value]
+        return [_redacted(v, pattern) for v in value]
     return value
 
 

@@ -162,6 +162,8 @@ REFUSED = [
         taskRoles={"a": BASE["taskRoles"]["worker"],
                    "b": {**BASE["taskRoles"]["worker"], "dockerImage": "other"}}),
      "taskRoles"),
+    ("secrets-not-an-object", job(secrets=["a"]), "secrets"),
+    ("too-many-secrets", job(secrets={f"s{i}": "x" for i in range(101)}), "secrets"),
     ("bad-priority", job(extras={"hivedScheduler": {"jobPriorityClass": "vip"}}),
      "extras.hivedScheduler.jobPriorityClass"),
 ]
