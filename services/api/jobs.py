@@ -1,4 +1,4 @@
-"""Jobs: submit, read, stop, and logs (OpenPAI v1 paths)."""
+"""Jobs: submit (v1 JSON or YAML, and protocol v2 at /api/v2/jobs), read, stop, and logs."""
 
 from __future__ import annotations
 
