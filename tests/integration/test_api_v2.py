@@ -184,3 +184,25 @@ def test_unmounted_dirs_cannot_be_claimed_by_the_submitter(alice: AuthedClient) 
                        "command": "true"}]})
     assert resp.status_code == 400 and resp.json is not None
     assert "unmountedDirs" in resp.json["fields"]
+
+
+def test_openpai_sdk_requests_work_unchanged(flask_client: object, alice: AuthedClient) -> None:
+    """The requests OpenPAI v0.14's Python SDK (contrib/python-sdk) makes:
+    a token by JSON under /rest-server/, v2 jobs as JSON text under
+    `text/yaml` to /rest-server/api/v2/jobs, v1 jobs as JSON to the v1 path."""
+    from flask.testing import FlaskClient
+    assert isinstance(flask_client, FlaskClient)
+    token = flask_client.post("/rest-server/api/v1/token", json={
+        "username": "alice", "password": "secret-pw", "expiration": 3600})
+    assert token.status_code == 200 and token.json is not None, token.get_data(as_text=True)
+    auth = {"Authorization": f"Bearer {token.json['token']}"}
+    v2 = flask_client.post("/rest-server/api/v2/jobs", json=yaml.safe_load(V2),
+                           headers={**auth, "Content-Type": "text/yaml"})
+    v1 = flask_client.post("/rest-server/api/v1/user/alice/jobs", headers=auth, json={
+        "jobName": "sdk-v1", "image": "busybox",
+        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
+                       "command": "true"}]})
+    assert (v2.status_code, v1.status_code) == (202, 202), (v2.json, v1.json)
+    listed = flask_client.get("/rest-server/api/v1/user/alice/jobs", headers=auth)
+    assert listed.json is not None
+    assert sorted(j["name"] for j in listed.json) == ["sdk-v1", "v2job"]
