@@ -46,7 +46,8 @@ def evaluate_completion(spec: JobSpec, tasks: Iterable[Task]) -> AttemptOutcome 
 
     for role in spec.task_roles:
         failed = [t for t in by_role[role.name] if t.state == TaskState.FAILED]
-        if failed and len(failed) >= (role.min_failed_task_count or 1):
+        never = role.min_failed_task_count == -1
+        if failed and not never and len(failed) >= (role.min_failed_task_count or 1):
             first = failed[0]
             exit_code = first.exit_code if first.exit_code not in (None, 0) else 1
             cause = first.diagnostics or f"exit code {exit_code}"
@@ -63,7 +64,7 @@ def evaluate_completion(spec: JobSpec, tasks: Iterable[Task]) -> AttemptOutcome 
     for role in spec.task_roles:
         wanted = role.min_succeeded_task_count
         succeeded = sum(t.state == TaskState.SUCCEEDED for t in by_role[role.name])
-        if wanted and succeeded >= wanted:
+        if wanted and wanted > 0 and succeeded >= wanted:
             reason = (f"{succeeded} task(s) of role {role.name} succeeded "
                       f"(minSucceededTaskCount {wanted})")
             return AttemptOutcome(JobState.SUCCEEDED, 0, reason)
@@ -87,10 +88,27 @@ def evaluate_completion(spec: JobSpec, tasks: Iterable[Task]) -> AttemptOutcome 
 NON_RETRYABLE_PREFIX = "[non-retryable]"
 
 
+# retryCount -1 and -2 (OpenPAI's serving jobs): retry without limit, each
+# retry waiting twice as long as the last, from RETRY_BACKOFF_BASE_SECONDS up
+# to RETRY_BACKOFF_MAX_SECONDS, so a crash loop costs the cluster a launch
+# every few minutes, not a launch a second.
+UNLIMITED_RETRY_COUNTS = (-1, -2)
+RETRY_BACKOFF_BASE_SECONDS = 2
+RETRY_BACKOFF_MAX_SECONDS = 300
+
+
 @dataclass(frozen=True)
 class RetryDecision:
     retry: bool
     counts_against_retry_count: bool
+    delay_seconds: int = 0  # how long the job waits before it is queued again
+
+
+def retry_backoff_seconds(retries: int) -> int:
+    """The wait before retry number `retries + 1` of an unlimited job."""
+    if retries >= 16:  # 2 ** 16 is past any cap: no huge powers for old jobs
+        return RETRY_BACKOFF_MAX_SECONDS
+    return int(min(RETRY_BACKOFF_MAX_SECONDS, RETRY_BACKOFF_BASE_SECONDS * 2 ** retries))
 
 
 def decide_retry(
@@ -101,4 +119,6 @@ def decide_retry(
         return RetryDecision(False, False)
     if outcome.platform_failure:
         return RetryDecision(platform_retries < MAX_PLATFORM_RETRIES, False)
+    if retry_count in UNLIMITED_RETRY_COUNTS:
+        return RetryDecision(True, True, retry_backoff_seconds(retries))
     return RetryDecision(retries < retry_count, True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marshmallow import (
@@ -73,6 +73,7 @@ class ValidatedConfig:
 
     config: dict[str, Any]
     ignored: list[str]
+    notes: list[str] = field(default_factory=list)  # what pai does unlike OpenPAI
 
 
 # ---------------------------------------------------------------- fields
@@ -215,8 +216,10 @@ class _TaskRoleSchema(_StrictSchema):
                             load_default=list)
     command = fields.String(required=True, validate=[
         validate.Length(min=1, max=MAX_COMMAND_CHARS), _not_blank])
+    # -1: task failures never fail the attempt (FrameworkController's "never")
     minFailedTaskCount = _Int(allow_none=True, load_default=None,
-                              validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
+                              validate=[validate.Range(min=-1, max=MAX_TASKS_PER_ROLE),
+                                        validate.NoneOf([0], error="Must be -1 or at least 1.")])
     minSucceededTaskCount = _Int(allow_none=True, load_default=None,
                                  validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
 
@@ -230,7 +233,7 @@ class _TaskRoleSchema(_StrictSchema):
             errors["shmMB"] = [f"Must not exceed memoryMB ({memory})."]
         for key in ("minFailedTaskCount", "minSucceededTaskCount"):
             count = data.get(key)
-            if count is not None and tasks is not None and count > tasks:
+            if count is not None and tasks is not None and count > tasks:  # -1 passes
                 errors[key] = [f"Must be between 1 and taskNumber ({tasks})."]
         seen: set[str] = set()
         for index, port in enumerate(data.get("portList") or []):
@@ -255,7 +258,8 @@ class _JobSchema(_StrictSchema):
     authFile = fields.String(validate=validate.Length(max=MAX_PATH_CHARS))
     virtualCluster = fields.String(load_default="default",
                                    validate=[validate.Length(max=64), _pattern(_VC_NAME)])
-    retryCount = _Int(load_default=0, validate=validate.Range(min=0, max=MAX_RETRIES))
+    # -1 and -2: retry without limit, with a back-off (OpenPAI's serving jobs)
+    retryCount = _Int(load_default=0, validate=validate.Range(min=-2, max=MAX_RETRIES))
     killAllOnCompletedTaskNumber = _Int(load_default=0,
                                         validate=validate.Range(min=0, max=MAX_TOTAL_TASKS))
     jobEnvs = _EnvVars(load_default=dict)
@@ -354,7 +358,12 @@ def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
         value = config.get(key)
         if not value:
             continue
-        resolved, error = _resolve_dir(_PAI_VAR.sub(substitute, value), roots)
+        value = _PAI_VAR.sub(substitute, value)
+        if storage.outside_every_root(value, roots):
+            config[key] = value
+            config.setdefault(storage.UNMOUNTED_KEY, []).append(key)
+            continue
+        resolved, error = _resolve_dir(value, roots)
         if error:
             errors.setdefault(key, []).append(error)
         else:
@@ -425,4 +434,11 @@ def validate_job_config(
         role.setdefault("shmMB", min(DEFAULT_SHM_MB, role["memoryMB"]))
     ignored = ["authFile"] if "authFile" in config else []
     ignored += [f"jobEnvs.{name}" for name in IGNORED_ENVS if name in config["jobEnvs"]]
-    return ValidatedConfig(config=config, ignored=ignored)
+    notes = [f"{key} {config[key]} is outside every storage root: passed to the job in "
+             f"{_DIR_VARIABLES[key]} unchanged, not mounted"
+             for key in config.get(storage.UNMOUNTED_KEY, [])]
+    return ValidatedConfig(config=config, ignored=ignored, notes=notes)
+
+
+_DIR_VARIABLES = {"dataDir": "PAI_DATA_DIR", "outputDir": "PAI_OUTPUT_DIR",
+                  "codeDir": "PAI_CODE_DIR"}

@@ -163,6 +163,11 @@ def record_task_exit(
                     else:
                         job.platform_retries += 1
                     _clear_placement(job)
+                    job.retry_after_ms = None
+                    if decision.delay_seconds:
+                        job.retry_after_ms = now_ms() + decision.delay_seconds * 1000
+                        job.waiting_reason = (f"retry {job.retries} waits "
+                                              f"{decision.delay_seconds} s (back-off)")
                     new_tasks = [Task(role=t.role, index=t.index) for t in tasks.values()]
                 else:
                     store.bump(job, outcome.state)

@@ -87,6 +87,8 @@ class JobSpec:
     preemption_grace_seconds: int | None = None
     # Added to the container only if the VC's allow-list names them (shared/capabilities.py).
     capabilities: tuple[str, ...] = ()
+    # Dirs outside every storage root (shared/storage.py): in the env, never mounted
+    unmounted_dirs: tuple[str, ...] = ()
 
     @property
     def total_tasks(self) -> int:
@@ -132,6 +134,7 @@ class JobSpec:
             priority_class=_priority_class(config),
             preemption_grace_seconds=config.get("preemptionGracePeriodSec"),
             capabilities=tuple((config.get("extras") or {}).get("capabilities") or ()),
+            unmounted_dirs=tuple(config.get("unmountedDirs") or ()),
         )
 
 
@@ -182,6 +185,8 @@ class Job:
     preempted_by: str = ""
     preempt_deadline_ms: int | None = None
     preemptions: int = 0  # attempts ended by preemption (never charged)
+    # An unlimited-retry job's back-off (shared/completion.py): not placed before this
+    retry_after_ms: int | None = None
     # Why it waits, as data (JSON of scheduler.policy.Waiting); "" while placed
     waiting: str = ""
 
@@ -213,6 +218,7 @@ class Job:
             waiting_reason=fields.get("waiting_reason", ""),
             queue_seq=int(fields.get("queue_seq", 0)),
             gpus=int(fields.get("gpus") or 0),
+            retry_after_ms=opt_int("retry_after_ms"),
             started_ms=opt_int("started_ms"),
             user_id=fields.get("user_id", ""),
             priority=fields.get("priority") or "test",

@@ -31,6 +31,10 @@ from typing import Any
 HDFS_PREFIX = "hdfs://"
 FILE_PREFIX = "file://"
 STORAGE_FIELDS = ("dataDir", "outputDir", "codeDir")
+# The stored config's list of storage fields the API found outside every root
+# (set only by validation, never by a user): the launcher mounts none of them,
+# whatever its own roots say.
+UNMOUNTED_KEY = "unmountedDirs"
 READ_ONLY_FIELDS = ("dataDir", "codeDir")
 # The default platform log tree, in the first storage root: no user name may
 # start with a dot (shared/names.py), so it is never anyone's own folder.
@@ -98,6 +102,22 @@ def resolve(value: str, roots: Sequence[str]) -> StoragePath | None:
             return StoragePath(path, root)
     raise StoragePathError(
         f"{path!r} must be under one of the storage roots: {', '.join(roots)}")
+
+
+def outside_every_root(value: str, roots: Sequence[str]) -> bool:
+    """Whether a job's dir is a plain absolute path under none of the roots.
+
+    OpenPAI treated such paths (`/tmp/data`) as its distributed file system's
+    and handed them to the job untouched; pai does the same: accepted, put in
+    the job's environment, never mounted. A `file://` URI asks for a local
+    mount, and a path with `..` or NUL is malformed: both stay refused."""
+    if not value or value.startswith((HDFS_PREFIX, FILE_PREFIX)) or not roots:
+        return False
+    try:
+        path = normalize(value)
+    except StoragePathError:
+        return False
+    return not any(is_under(path, normalize_root(root)) for root in roots)
 
 
 def user_folder(root: str, username: str) -> str:
@@ -212,7 +232,10 @@ def refusals(config: Mapping[str, Any], roots: Sequence[str], caller: Caller,
     with the reason, as `{field: [message]}` for a 403."""
     reserved = tuple(reserved)
     found: dict[str, list[str]] = {}
+    unmounted = config.get(UNMOUNTED_KEY) or ()
     for key in STORAGE_FIELDS:
+        if key in unmounted:
+            continue  # outside every root: only a string in the job's environment
         try:
             where = resolve(config.get(key) or "", roots)
         except StoragePathError as error:

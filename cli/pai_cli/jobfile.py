@@ -90,10 +90,14 @@ def _as_object(name: str, value: Any) -> dict[str, Any]:
 
 def apply_overrides(config: dict[str, Any], *, name: str | None,
                     vc: str | None) -> dict[str, Any]:
-    """A copy of `config` with `--name` and `--vc` applied."""
+    """A copy of `config` with `--name` and `--vc` applied, in the protocol's
+    own fields (v2: `name` and `defaults.virtualCluster`)."""
     result = dict(config)
+    v2 = "protocolVersion" in result
     if name:
-        result["jobName"] = name
-    if vc:
+        result["name" if v2 else "jobName"] = name
+    if vc and v2:
+        result["defaults"] = {**(result.get("defaults") or {}), "virtualCluster": vc}
+    elif vc:
         result["virtualCluster"] = vc
     return result

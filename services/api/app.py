@@ -20,7 +20,7 @@ from shared.store import Store
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("pai.api")
-BLUEPRINTS = (auth.bp, users.bp, jobs.bp, vcs.bp, cluster.bp, openapi.bp, storage.bp)
+BLUEPRINTS = (auth.bp, users.bp, jobs.bp, jobs.bp_v2, vcs.bp, cluster.bp, openapi.bp, storage.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -41,7 +41,28 @@ def create_app(settings: Settings | None = None) -> Flask:
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     _bootstrap_when_reachable(app, settings)
+    app.wsgi_app = _OpenPaiPrefix(app.wsgi_app)  # type: ignore[method-assign]
     return app
+
+
+class _OpenPaiPrefix:
+    """Serves the API under `/rest-server/` as well as at `/`: OpenPAI put its
+    REST server behind that prefix, and its clients (SDK, VS Code extension,
+    users' scripts) address `<cluster>/rest-server/api/...` unchanged. The
+    prefix moves to SCRIPT_NAME, so every route, auth rule and metric is the
+    same request either way."""
+
+    PREFIX = "/rest-server"
+
+    def __init__(self, wsgi_app: Any) -> None:
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        path: str = environ.get("PATH_INFO", "")
+        if path == self.PREFIX or path.startswith(self.PREFIX + "/"):
+            environ["SCRIPT_NAME"] = environ.get("SCRIPT_NAME", "") + self.PREFIX
+            environ["PATH_INFO"] = path[len(self.PREFIX):] or "/"
+        return self.wsgi_app(environ, start_response)
 
 
 def _bootstrap_when_reachable(app: Flask, settings: Settings) -> None:

@@ -1,4 +1,4 @@
-"""Jobs: submit, read, stop, and logs (OpenPAI v1 paths)."""
+"""Jobs: submit (v1 JSON or YAML, and protocol v2 at /api/v2/jobs), read, stop, and logs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from services.api import sse
 from services.api.auth import current_user, require_self_or_admin
-from services.api.bodies import load_body, read_json, takes
+from services.api.bodies import load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
 from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
 from services.api.loghub import TaskLog, stream_position
@@ -29,7 +29,8 @@ from shared.accounts import DEFAULT_VC, Accounts, User
 from shared.archive import diagnostics_of
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
-from shared.jobspec import InvalidJobConfig, validate_job_config
+from shared.jobspec import InvalidJobConfig, ValidatedConfig, validate_job_config
+from shared.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
 from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
 from shared.models import Job, JobSpec, Node, job_id_of
 from shared.priority import PriorityClass
@@ -39,6 +40,7 @@ from shared.storage import task_log_parts
 from shared.store import JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
+bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_MAX_SECONDS = 24 * 3600
@@ -46,13 +48,15 @@ KEEPALIVE_SECONDS = 15
 # Feasibility at submit is judged against nodes read at most this long ago.
 NODES_FRESH_SECONDS = 1.0
 NODES_EXTENSION = "pai.known_nodes"
+# The stored config's key for a v2 job's submission as it may be shown back.
+V2_SUBMISSION = "protocolV2"
 
 
-def _json_body() -> Any:
-    """The job config as JSON (bodies.read_json's limits), its errors under
-    the code job configs answer with."""
+def _config_body(read: Callable[[], Any] = read_document) -> Any:
+    """The job config as JSON, or YAML under a YAML content type (the limits
+    of services/api/bodies.py), its errors under the code job configs answer with."""
     try:
-        return read_json()
+        return read()
     except ApiError as error:
         if error.status != 400:
             raise
@@ -86,14 +90,43 @@ def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
       - {in: query, schema: SubmitQuerySchema}
       requestBody:
         required: true
-        content: {application/json: {schema: JobConfig}}
+        content:
+          application/json: {schema: JobConfig}
+          text/yaml: {schema: {type: string, description: "a v1 or protocol v2 config"}}
       responses:
         202: Submitted
         200:
           description: dryRun; the config as it would be stored
           content: {application/json: {schema: DryRun}}
     """
-    return _submit(username or current_user().username, _json_body())
+    return _submit(username or current_user().username, _config_body())
+
+
+@bp_v2.post("/jobs", endpoint="submit")
+def submit_v2() -> tuple[dict[str, Any], int]:
+    """Submit an OpenPAI protocol v2 job (YAML; JSON is YAML) as the caller.
+    ---
+    post:
+      errors: [400, 403, 404, 409]
+      parameters:
+      - {in: query, schema: SubmitQuerySchema}
+      requestBody:
+        required: true
+        content:
+          text/yaml: {schema: JobConfigV2}
+          application/yaml: {schema: JobConfigV2}
+          application/json: {schema: JobConfigV2}
+      responses:
+        202: Submitted
+        200:
+          description: dryRun; the config as it would be stored
+          content: {application/json: {schema: DryRun}}
+    """
+    body = _config_body(read_yaml)
+    if not is_v2(body):
+        raise ApiError("InvalidJobConfigError", "this endpoint takes protocol v2 configs",
+                       400, fields={"protocolVersion": ["Must be 2."]})
+    return _submit(current_user().username, body)
 
 
 def _check_vc(username: str, vc_name: str, gpus: int, priority: str) -> User:
@@ -158,9 +191,14 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     username = username.lower()  # user names are case-insensitive
     caller = require_self_or_admin(username, "submit jobs")
     pai = platform()
+    validated: ValidatedConfig | ConvertedConfig
     try:
-        validated = validate_job_config(body, username=username,
-                                        storage_roots=pai.settings.storage_roots)
+        if is_v2(body):
+            validated = convert_v2(body, username=username,
+                                   storage_roots=pai.settings.storage_roots)
+        else:
+            validated = validate_job_config(body, username=username,
+                                            storage_roots=pai.settings.storage_roots)
     except InvalidJobConfig as error:
         raise ApiError("InvalidJobConfigError", error.message, 400, fields=error.fields) \
             from None
@@ -175,10 +213,17 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     if reasons:
         raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,
                        fields=reasons)
+    notes = validated.notes
+    stored, shown = validated.config, validated.config
+    if isinstance(validated, ConvertedConfig):
+        # What GET .../config shows back: the submission, its secrets out.
+        stored = {**validated.config, V2_SUBMISSION: validated.shown}
+        shown = redact(validated.config, validated.secrets)
+    extra = {"notes": notes} if notes else {}
     if request.args.get("dryRun", "").lower() in ("1", "true"):
-        return {"config": validated.config, "ignoredFields": validated.ignored}, 200
+        return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
     try:
-        job = submit_job(pai.store, username, validated.config, user_id=owner.uid)
+        job = submit_job(pai.store, username, stored, user_id=owner.uid)
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None
     try:
@@ -196,6 +241,7 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
         "state": job.state.value,
         "url": f"/api/v1/user/{username}/jobs/{job.name}",
         "ignoredFields": validated.ignored,
+        **extra,
     }, 202
 
 
@@ -289,14 +335,15 @@ def detail(username: str, name: str) -> dict[str, Any]:
 
 @bp.get("/user/<username>/jobs/<name>/config")
 def config(username: str, name: str) -> Response | dict[str, Any]:
-    """The config a job runs from, normalized; YAML when Accept asks for it.
+    """The config a job runs from, normalized (a v2 job's: as submitted, its
+    secrets hidden); YAML when Accept asks for it.
     ---
     get:
       errors: [403, 404]
       responses:
         200:
           content:
-            application/json: {schema: JobConfig}
+            application/json: {schema: {oneOf: [JobConfig, JobConfigV2]}}
             application/yaml: {schema: {type: string}}
             text/yaml: {schema: {type: string}}
     """
@@ -304,11 +351,13 @@ def config(username: str, name: str) -> Response | dict[str, Any]:
     found = platform().store.get_config(job.id)
     if found is None:
         raise ApiError("NoJobError", f"job {name} has no stored config", 404)
+    # A v2 job shows its submission (secrets out), not the v1 config it runs from.
+    shown = found.get(V2_SUBMISSION) or found
     best = request.accept_mimetypes.best_match(
         ["application/json", "application/yaml", "text/yaml"], default="application/json")
     if best in ("application/yaml", "text/yaml"):
-        return Response(yaml.safe_dump(found, sort_keys=False), mimetype=best)
-    return found
+        return Response(yaml.safe_dump(shown, sort_keys=False), mimetype=best)
+    return dict(shown)
 
 
 @bp.put("/user/<username>/jobs/<name>/executionType")

@@ -40,6 +40,7 @@ from services.api import schemas
 from services.api.auth import ADMIN_ONLY, PUBLIC_ENDPOINTS
 from services.api.bodies import BODY_SCHEMA
 from shared.jobspec import MAX_ENVS, BoundedList, EnvVars, JobConfigSchema
+from shared.jobspec_v2 import JobConfigV2Schema
 
 bp = Blueprint("openapi", __name__, url_prefix="/api/v1")
 
@@ -118,6 +119,8 @@ def _schema_name(schema: type[Schema] | Schema | str) -> str:
     cls = schema if isinstance(schema, type) else type(schema)
     if cls is JobConfigSchema:
         return "JobConfig"
+    if cls is JobConfigV2Schema:
+        return "JobConfigV2"
     return cls.__name__.lstrip("_").removesuffix("Schema")
 
 

@@ -15,6 +15,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 from shared.capabilities import GRANTABLE
 from shared.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.jobspec import JobConfigSchema, WholeNumber
+from shared.jobspec_v2 import JobConfigV2Schema
 from shared.names import INPUT_PATTERN
 from shared.priority import CLASS_NAMES
 from shared.states import JobState, TaskState
@@ -250,6 +251,8 @@ class SubmittedSchema(Schema):
     state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
     url = fields.String(required=True)
     ignoredFields = fields.List(fields.String(), required=True)
+    notes = fields.List(fields.String(), metadata={
+        "description": "what pai does differently from OpenPAI with this job"})
 
 
 class SubmitQuerySchema(Schema):
@@ -282,6 +285,7 @@ class DryRunSchema(Schema):
     config = fields.Nested(JobConfigSchema, required=True,
                            metadata={"description": "the config as it would be stored"})
     ignoredFields = fields.List(fields.String(), required=True)
+    notes = fields.List(fields.String())
 
 
 class StopRequestSchema(_Request):
@@ -409,6 +413,7 @@ COMPONENTS: dict[str, type[Schema]] = {
     "AdminFlag": AdminFlagSchema,
     "UserVirtualClusters": UserVirtualClustersSchema,
     "JobConfig": JobConfigSchema,
+    "JobConfigV2": JobConfigV2Schema,
     "JobSummary": JobSummarySchema,
     "JobPage": JobPageSchema,
     "JobDetail": JobDetailSchema,

@@ -41,8 +41,13 @@ class StoragePlan:
     working_dir: str | None
 
 
-def host_path(field: str, value: str, roots: Sequence[str]) -> StoragePath | None:
-    """Where a dir lies (normalised path and root); None if it is not mounted."""
+def host_path(field: str, value: str, roots: Sequence[str],
+              unmounted: Sequence[str] = ()) -> StoragePath | None:
+    """Where a dir lies (normalised path and root); None if it is not mounted:
+    an hdfs:// URI, or a dir the API found outside every root (`unmounted`:
+    even if this node's roots hold it, no one checked the user may mount it)."""
+    if field in unmounted:
+        return None
     try:
         return storage.resolve(value, roots)
     except StoragePathError as error:
@@ -93,17 +98,17 @@ def plan_storage(spec: JobSpec, roots: Sequence[str], node: str,
     mount overlaps `reserved` (the platform's log tree)."""
     wanted: list[BindMount] = []
     working_dir = None
-    data = host_path("dataDir", spec.data_dir, roots)
+    data = host_path("dataDir", spec.data_dir, roots, spec.unmounted_dirs)
     if data:
         source = _checked("dataDir", data, node, create=False, reserved=reserved)
         wanted.append(BindMount(source, data.path, True))
-    code = host_path("codeDir", spec.code_dir, roots)
+    code = host_path("codeDir", spec.code_dir, roots, spec.unmounted_dirs)
     if code:
         source = _checked("codeDir", code, node, create=False, reserved=reserved)
         wanted.append(BindMount(source, code.path, True))
         wanted.append(BindMount(source, CODE_MOUNT, True))
         working_dir = CODE_MOUNT
-    output = host_path("outputDir", spec.output_dir, roots)
+    output = host_path("outputDir", spec.output_dir, roots, spec.unmounted_dirs)
     if output:
         wanted.append(BindMount(_checked("outputDir", output, node, create=True,
                                          reserved=reserved),

@@ -135,9 +135,12 @@ class Scheduler:
         """
         ids = self.store.queued_job_ids()
         jobs, stale = [], []
+        now = now_ms()
         for job_id, job in zip(ids, self._records(ids), strict=True):
             if job is None or job.state != JobState.WAITING:
                 stale.append(job_id)
+            elif job.retry_after_ms is not None and job.retry_after_ms > now:
+                continue  # backing off before a retry; the repair loop's passes look again
             else:
                 jobs.append(job)
         self._load_specs([(job.id, job.queue_seq) for job in jobs])

@@ -58,7 +58,7 @@ def test_config_round_trips_normalized(client: AuthedClient, tmp_path: Path) -> 
 
 
 def test_invalid_config_names_every_field(client: AuthedClient) -> None:
-    bad = config(retryCount=-1, colour="blue")
+    bad = config(retryCount=-3, colour="blue")
     bad["taskRoles"][0]["memoryMB"] = 1
     resp = client.post("/api/v1/user/alice/jobs", json=bad)
     assert resp.status_code == 400

@@ -70,3 +70,19 @@ def test_overrides_leave_the_original_alone() -> None:
         "jobName": "b", "virtualCluster": "research"}
     assert apply_overrides(config, name=None, vc=None) == {"jobName": "a"}
     assert config == {"jobName": "a"}
+
+
+def test_overrides_of_a_v2_file_use_v2_fields() -> None:
+    config = {"protocolVersion": 2, "name": "a", "defaults": {"deployment": "d"}}
+    assert apply_overrides(config, name="b", vc="research") == {
+        "protocolVersion": 2, "name": "b",
+        "defaults": {"deployment": "d", "virtualCluster": "research"}}
+    assert config["defaults"] == {"deployment": "d"}
+
+
+def test_the_v2_examples_parse() -> None:
+    from pathlib import Path
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    for path in sorted(examples.glob("v2-*.yaml")):
+        config = parse_job_config(path.name, path.read_text())
+        assert config["protocolVersion"] == 2, path

@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 from shared.completion import (
     MAX_PLATFORM_RETRIES,
     NON_RETRYABLE_PREFIX,
+    RETRY_BACKOFF_BASE_SECONDS,
+    RETRY_BACKOFF_MAX_SECONDS,
     AttemptOutcome,
     RetryDecision,
     decide_retry,
     evaluate_completion,
+    retry_backoff_seconds,
 )
 from shared.models import JobSpec, Task
 from shared.states import JobState, TaskState
@@ -118,6 +121,12 @@ COMPLETION_CASES = [
                  id="minFailedTaskCount is per role"),
     pytest.param(ONE_ROLE_2, [T("main", 0, S)], None,
                  id="a missing task keeps the attempt going"),
+    pytest.param(spec(role("main", 2, minFailedTaskCount=-1)),
+                 [T("main", 0, F, 3), T("main", 1, R)], None,
+                 id="minFailedTaskCount -1: a failure never ends the attempt"),
+    pytest.param(spec(role("main", 2, minFailedTaskCount=-1)),
+                 [T("main", 0, F, 3), T("main", 1, F, 4)], (JobState.SUCCEEDED, 0),
+                 id="minFailedTaskCount -1: all ended -> SUCCEEDED as in FrameworkController"),
 ]
 
 
@@ -208,7 +217,38 @@ RETRY_CASES = [
                  id="non-retryable platform failure stops retries"),
     pytest.param(SUCCESS, 5, 0, 0, NO_RETRY,
                  id="success is never retried"),
+    pytest.param(USER_FAILURE, -1, 1000, 0, RetryDecision(True, True),
+                 id="retryCount -1 retries without limit"),
+    pytest.param(USER_FAILURE, -2, 1000, 0, RetryDecision(True, True),
+                 id="retryCount -2 retries without limit"),
+    pytest.param(NOT_RETRYABLE, -2, 0, 0, NO_RETRY,
+                 id="unlimited retry still stops on a non-retryable failure"),
+    pytest.param(SUCCESS, -1, 0, 0, NO_RETRY,
+                 id="unlimited retry: success is never retried"),
 ]
+
+
+@pytest.mark.parametrize(("retries", "seconds"), [
+    pytest.param(0, RETRY_BACKOFF_BASE_SECONDS, id="first retry waits the base"),
+    pytest.param(1, 2 * RETRY_BACKOFF_BASE_SECONDS, id="second waits twice as long"),
+    pytest.param(3, 8 * RETRY_BACKOFF_BASE_SECONDS, id="doubles each time"),
+    pytest.param(20, RETRY_BACKOFF_MAX_SECONDS, id="capped"),
+    pytest.param(10**9, RETRY_BACKOFF_MAX_SECONDS, id="a very old job is capped too"),
+])
+def test_unlimited_retry_backs_off_increasingly_up_to_a_cap(retries: int, seconds: int) -> None:
+    decision = decide_retry(USER_FAILURE, retry_count=-1, retries=retries, platform_retries=0)
+    assert decision.delay_seconds == seconds
+
+
+@given(st.integers(min_value=0, max_value=10**6))
+def test_backoff_never_shrinks_and_never_passes_the_cap(retries: int) -> None:
+    assert retry_backoff_seconds(retries) <= retry_backoff_seconds(retries + 1) \
+        <= RETRY_BACKOFF_MAX_SECONDS
+
+
+def test_limited_retry_does_not_wait() -> None:
+    assert decide_retry(USER_FAILURE, retry_count=3, retries=0,
+                        platform_retries=0).delay_seconds == 0
 
 
 @pytest.mark.parametrize(

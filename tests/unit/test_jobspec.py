@@ -130,6 +130,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("virtualCluster-empty-means-default", config(virtualCluster="")),
     ("retryCount-0", config(retryCount=0)),
     ("retryCount-cap-100", config(retryCount=100)),
+    ("retryCount-unlimited-serving", config(retryCount=-2)),
+    ("minFailedTaskCount-never", config(taskRoles=[role(minFailedTaskCount=-1)])),
     ("retryCount-integral-float", config(retryCount=2.0)),
     ("killAll-0", config(killAllOnCompletedTaskNumber=0)),
     ("killAll-equals-total-tasks",
@@ -196,7 +198,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("codeDir-list", config(codeDir=["/data"]), "codeDir"),
     ("virtualCluster-bad-char", config(virtualCluster="bad vc!"), "virtualCluster"),
     ("virtualCluster-65-chars", config(virtualCluster="v" * 65), "virtualCluster"),
-    ("retryCount-negative", config(retryCount=-1), "retryCount"),
+    ("retryCount-below-minus-2", config(retryCount=-3), "retryCount"),
     ("retryCount-over-cap", config(retryCount=101), "retryCount"),
     ("retryCount-bool", config(retryCount=True), "retryCount"),
     ("retryCount-fraction", config(retryCount=1.5), "retryCount"),
@@ -305,7 +307,7 @@ def test_top_level_must_be_an_object(raw: Any) -> None:
 
 def test_every_mistake_is_named_at_once() -> None:
     raw = config(
-        jobName="bad name", retryCount=-1, colour="blue", dataDir="/etc",
+        jobName="bad name", retryCount=-3, colour="blue", dataDir="/data/../etc",
         taskRoles=[role(memoryMB=50, gpuNumber=True), role(taskNumber=0, extra=1)],
     )
     with pytest.raises(InvalidJobConfig) as info:
@@ -325,7 +327,7 @@ def test_unknown_field_message_is_clear() -> None:
 
 def test_single_error_message_is_singular() -> None:
     with pytest.raises(InvalidJobConfig) as info:
-        validate(config(retryCount=-1))
+        validate(config(retryCount=-3))
     assert info.value.message == "job config has 1 invalid field"
 
 
@@ -422,15 +424,12 @@ def test_dirs_are_substituted_and_checked(field: str, value: str, roots: tuple[s
 
 
 PATHS_BAD: list[tuple[str, str, tuple[str, ...], str]] = [
-    ("outside-root", "/etc", ROOTS, "must be under one of the storage roots: /data"),
-    ("sibling-prefix", "/database", ROOTS, "must be under one of the storage roots"),
     ("traversal", "/data/../etc", ROOTS, "'..'"),
     ("traversal-at-end", "/data/x/..", ROOTS, "'..'"),
     ("traversal-via-var", "$PAI_DEFAULT_FS_URI/../etc", ROOTS, "'..'"),
     ("file-uri-outside", "file:///etc/shadow", ROOTS, "must be under one of the storage roots"),
     ("relative", "data/x", ROOTS, "absolute"),
     ("other-scheme", "s3://bucket/x", ROOTS, "absolute"),
-    ("double-slash-outside", "//etc", ROOTS, "must be under one of the storage roots"),
     ("nul-byte", "/data/x\x00y", ROOTS, "NUL"),
     ("no-roots", "/data/x", (), "no storage roots are configured (PAI_STORAGE_ROOTS)"),
     ("fs-uri-without-roots", "$PAI_DEFAULT_FS_URI/x", (), "no storage roots are configured"),
@@ -447,8 +446,35 @@ def test_bad_dirs_are_rejected(field: str, value: str, roots: tuple[str, ...],
     assert message in fields[field][0]
 
 
+OUTSIDE_EVERY_ROOT = [
+    ("openpai-tmp-data", "/tmp/data", "/tmp/data"),
+    ("sibling-prefix", "/database", "/database"),
+    ("double-slash-kept-as-written", "//etc", "//etc"),
+    ("var-substituted", "/tmp/$PAI_USERNAME", "/tmp/alice"),
+]
+
+
+@pytest.mark.parametrize("field", ["dataDir", "outputDir", "codeDir"])
+@pytest.mark.parametrize(("value", "expected"), [(v, e) for _, v, e in OUTSIDE_EVERY_ROOT],
+                         ids=[i for i, *_ in OUTSIDE_EVERY_ROOT])
+def test_dirs_outside_every_root_are_passed_on_unmounted(field: str, value: str,
+                                                         expected: str) -> None:
+    """As OpenPAI did: such a path is the job's business (its environment),
+    never a mount, and the submitter is told so."""
+    validated = validate(config(**{field: value}))
+    assert validated.config[field] == expected
+    assert validated.config["unmountedDirs"] == [field]
+    assert JobSpec.from_config(validated.config).unmounted_dirs == (field,)
+    assert any(field in note and "not mounted" in note for note in validated.notes)
+
+
+def test_dirs_inside_a_root_are_mounted_as_before() -> None:
+    validated = validate(config(dataDir="/data/alice/in"))
+    assert "unmountedDirs" not in validated.config and validated.notes == []
+
+
 def test_path_error_is_reported_with_schema_errors() -> None:
-    assert set(rejected(config(dataDir="/etc", retryCount=-1))) == {"dataDir", "retryCount"}
+    assert set(rejected(config(dataDir="etc", retryCount=-3))) == {"dataDir", "retryCount"}
 
 
 def test_output_dir_default_uses_first_root() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -157,3 +158,14 @@ def test_no_mount_overlaps_the_platform_log_tree(root: Path, field: str) -> None
     with pytest.raises(TaskSetupError, match="keeps for itself"):
         plan_storage(spec(**{field: str(root)}), [str(root)], "n1",
                      reserved=[f"{root}/.pai-logs"])
+
+
+@pytest.mark.parametrize("field", ["dataDir", "codeDir", "outputDir"])
+def test_a_dir_the_api_left_unmounted_is_never_mounted(root: Path, field: str) -> None:
+    """Threat: a path the API passed on unchecked as outside its roots lies
+    under a root of this node (configured differently); mounting it would
+    skip the per-user checks the API never made."""
+    (root / "bob").mkdir(exist_ok=True)
+    left = dataclasses.replace(spec(**{field: str(root / "bob")}), unmounted_dirs=(field,))
+    plan = plan_storage(left, [str(root)], "n1")
+    assert plan.mounts == () and plan.working_dir is None

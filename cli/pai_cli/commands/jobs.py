@@ -101,6 +101,8 @@ def submit(session: Session, job_file: str, new_name: str | None, vc: str | None
     ignored = answer.get("ignoredFields") or []
     if ignored and output == "table":
         click.echo(f"note: accepted but not acted on: {', '.join(ignored)}", err=True)
+    for note in answer.get("notes") or [] if output == "table" else []:
+        click.echo(f"note: {note}", err=True)
     if dry_run:
         if output == "json":
             print_json(answer)
