@@ -240,9 +240,12 @@ def test_bad_input_is_refused_with_reasons(platform: Platform,
     assert huge.status_code == 400
     assert "largest node has 8" in json.dumps(huge.json()["fields"])
 
-    outside = platform.submit(platform.config(unique("outside"), "true", dataDir="/etc"))
-    assert outside.status_code == 400
-    assert "dataDir" in outside.json()["fields"]
+    # A folder outside every storage root is passed on unmounted (as OpenPAI
+    # did); one that climbs out of its path is refused.
+    climbing = platform.submit(platform.config(unique("climbing"), "true",
+                                               dataDir="/srv/../etc"))
+    assert climbing.status_code == 400
+    assert "dataDir" in climbing.json()["fields"]
 
     not_json = platform.http.post(f"{platform.url}/api/v1/user/alice/jobs", data=b"{oops",
                                   headers={"Content-Type": "application/json"}, timeout=5)
