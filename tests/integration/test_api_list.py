@@ -319,6 +319,6 @@ def test_a_dry_run_still_refuses_what_a_submit_would(alice: AuthedClient,
     resp = alice.post("/api/v1/user/alice/jobs?dryRun=true",
                       json=config(virtualCluster="nope"))
     assert error_of(resp, 400) == "NoVirtualClusterError"
-    resp = alice.post("/api/v1/user/alice/jobs?dryRun=true", json=config(retryCount=-1))
+    resp = alice.post("/api/v1/user/alice/jobs?dryRun=true", json=config(retryCount=-3))
     assert error_of(resp, 400) == "InvalidJobConfigError"
     assert redis_client.zcard(keys.JOBS) == 0
