@@ -252,10 +252,27 @@ class ChaosCluster:
             self.remove_containers(node)
         self.redis.stop()
 
+    def start_all(self, port_bases: Mapping[str, int]) -> None:
+        """Redis, the API, the scheduler, and a node per `port_bases` entry."""
+        for service in ("redis", "api", "scheduler"):
+            self.start(service)
+        for short, port_base in port_bases.items():
+            self.add_node(short, port_base)
+
     # --------------------------------------------------------------- HTTP
 
     def api(self) -> Api:
         return Api(self.url, self.calls)
+
+    def sign_in(self, ready_s: float = 60) -> tuple[Api, Api]:
+        """The admin's and USER's clients, once every live node is READY."""
+        admin, api = self.api(), self.api()
+        admin.login(*ADMIN)
+        admin.until("POST", "/api/v1/user", (201, 409),
+                    json={"username": USER[0], "password": USER[1]})
+        api.login(*USER)
+        wait_for(lambda: self.live_nodes_ready(admin), ready_s, "the nodes to be READY")
+        return admin, api
 
     def live_nodes_ready(self, admin: Api) -> bool:
         resp = admin.call("GET", "/api/v1/nodes")

@@ -26,7 +26,7 @@ import docker
 from shared import keys
 from shared.store import Store
 from tests.chaos import audit
-from tests.chaos.harness import ADMIN, USER, Api, ChaosCluster, free_and_total
+from tests.chaos.harness import USER, Api, ChaosCluster, free_and_total
 from tests.chaos.workload import RUNS, ChaosJob, Fault, fault_plan, workload
 
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -190,17 +190,8 @@ def run_chaos(seed: int, *, jobs: int, seconds: float, docker_client: docker.Doc
     cluster = ChaosCluster(work_dir, gpus_per_node=gpus_per_node, lost_seconds=lost_seconds,
                            docker_client=docker_client)
     try:
-        cluster.start("redis")
-        cluster.start("api")
-        cluster.start("scheduler")
-        cluster.add_node("n0", PORT_BASES[0])
-        cluster.add_node("n1", PORT_BASES[1])
-        admin, api = cluster.api(), cluster.api()
-        admin.login(*ADMIN)
-        admin.until("POST", "/api/v1/user", (201, 409),
-                    json={"username": USER[0], "password": USER[1]})
-        api.login(*USER)
-        _wait(lambda: cluster.live_nodes_ready(admin), 60, "the nodes to be READY")
+        cluster.start_all({"n0": PORT_BASES[0], "n1": PORT_BASES[1]})
+        admin, api = cluster.sign_in()
         run = Run(cluster, chosen, fault_plan(seed, seconds), summary, seconds)
         begin = time.monotonic()
         last_poll = 0.0
@@ -230,15 +221,6 @@ def run_chaos(seed: int, *, jobs: int, seconds: float, docker_client: docker.Doc
         summary.seconds = time.monotonic() - started
         cluster.shutdown()
     return summary
-
-
-def _wait(check: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
 
 
 def _check(run: Run, cluster: ChaosCluster, admin: Api, api: Api, summary: Summary) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from bench.live_platform import wait_for
 from shared.containers import LABEL_ATTEMPT, LABEL_JOB
-from tests.chaos.harness import ADMIN, NODE_SERVICES, USER, Api, ChaosCluster
+from tests.chaos.harness import NODE_SERVICES, USER, Api, ChaosCluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis, pytest.mark.chaos]
 
@@ -25,10 +25,7 @@ def cluster(docker_client: docker.DockerClient, tmp_path: Path) -> Iterator[Chao
     cluster = ChaosCluster(tmp_path, gpus_per_node=2, lost_seconds=LOST_SECONDS,
                            docker_client=docker_client)
     try:
-        for service in ("redis", "api", "scheduler"):
-            cluster.start(service)
-        cluster.add_node("n0", 26000)
-        cluster.add_node("n1", 26500)
+        cluster.start_all({"n0": 26000, "n1": 26500})
         yield cluster
     finally:
         cluster.shutdown()
@@ -36,12 +33,7 @@ def cluster(docker_client: docker.DockerClient, tmp_path: Path) -> Iterator[Chao
 
 def test_a_lost_nodes_job_moves_on_and_its_old_container_goes_when_the_node_returns(
         cluster: ChaosCluster, test_image: str) -> None:
-    admin, api = cluster.api(), cluster.api()
-    admin.login(*ADMIN)
-    admin.until("POST", "/api/v1/user", (201, 409),
-                json={"username": USER[0], "password": USER[1]})
-    api.login(*USER)
-    wait_for(lambda: cluster.live_nodes_ready(admin), 60, "both nodes to be READY")
+    _admin, api = cluster.sign_in()
     job = f"/api/v1/user/{USER[0]}/jobs/long"
     api.until("POST", f"/api/v1/user/{USER[0]}/jobs", (202,), json={
         "jobName": "long", "image": test_image, "retryCount": 0,

@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from bench.live_platform import wait_for
-from tests.chaos.harness import ADMIN, NODE_SERVICES, USER, ChaosCluster
+from tests.chaos.harness import NODE_SERVICES, USER, ChaosCluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis, pytest.mark.chaos]
 
@@ -36,9 +36,7 @@ def cluster(docker_client: docker.DockerClient, tmp_path: Path) -> Iterator[Chao
     cluster = ChaosCluster(tmp_path, gpus_per_node=4, lost_seconds=30,
                            docker_client=docker_client)
     try:
-        for service in ("redis", "api", "scheduler"):
-            cluster.start(service)
-        cluster.add_node("n0", 27000)
+        cluster.start_all({"n0": 27000})
         yield cluster
     finally:
         cluster.shutdown()
@@ -46,12 +44,7 @@ def cluster(docker_client: docker.DockerClient, tmp_path: Path) -> Iterator[Chao
 
 def test_sigterm_stops_every_service_cleanly_and_a_restart_finishes_every_job(
         cluster: ChaosCluster, test_image: str) -> None:
-    admin, api = cluster.api(), cluster.api()
-    admin.login(*ADMIN)
-    admin.until("POST", "/api/v1/user", (201, 409),
-                json={"username": USER[0], "password": USER[1]})
-    api.login(*USER)
-    wait_for(lambda: cluster.live_nodes_ready(admin), 60, "the node to be READY")
+    _admin, api = cluster.sign_in()
     names = [f"job-{i}" for i in range(12)]
     for name in names:
         api.until("POST", f"/api/v1/user/{USER[0]}/jobs", (202,), json={
