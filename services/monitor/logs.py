@@ -2,9 +2,13 @@
 
 One `LogShipper` per container follows `docker logs --follow --timestamps`,
 cuts the stream into lines (loglines.py) and queues them; a shared flusher
-writes every shipper's queue to Redis every 200 ms, and a shipper writes at
-once when 500 lines are waiting. Writing is back-pressured: while Redis
-refuses, the shipper stops reading (Docker keeps the output meanwhile).
+writes them to Redis as soon as they are queued, and a shipper writes itself
+when 500 lines are waiting. A line reaches Redis one round trip after Docker
+handed it over: the flusher sleeps until a shipper queues a line into an empty
+queue, and whatever arrives while a write is in flight goes in the next one,
+so a busy log is written in batches without a timer holding lines back.
+Writing is back-pressured: while Redis refuses, the shipper stops reading
+(Docker keeps the output meanwhile), and the flusher retries every 200 ms.
 
 Each batch is also appended to the task's full log file in the platform's
 log tree (PAI_LOG_DIR), right after it reached Redis (logfile.py).
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from docker.errors import DockerException, NotFound
@@ -46,7 +50,7 @@ from shared.store import Store
 
 log = logging.getLogger(__name__)
 
-FLUSH_SECONDS = 0.2
+FLUSH_SECONDS = 0.2  # the flusher's retry period while Redis refuses
 FLUSH_LINES = 500
 # A log entry's fields: the line (as Store.append_log writes it) and the cursor.
 LINE_FIELD = "l"
@@ -92,8 +96,10 @@ class LogShipper:
 
     def __init__(self, store: Store, container: Container, ref: TaskRef, max_lines: int,
                  batch_lines: int = FLUSH_LINES, log_dir: str | None = None,
-                 max_file_bytes: int = 0) -> None:
+                 max_file_bytes: int = 0,
+                 on_pending: Callable[[LogShipper], None] | None = None) -> None:
         self.store, self.container, self.ref = store, container, ref
+        self._on_pending = on_pending
         self.log_dir, self.max_file_bytes = log_dir, max_file_bytes
         self.task_name = describe(ref)
         self.max_lines, self.batch_lines = max_lines, batch_lines
@@ -249,8 +255,11 @@ class LogShipper:
         if ts_ns is not None:
             self.cursor = advance(self.cursor, ts_ns)
         with self._lock:
+            first = not self._pending
             self._pending.append((render_line(message), self.cursor))
             full = len(self._pending) >= self.batch_lines
+        if first and not full and self._on_pending is not None:
+            self._on_pending(self)
         if full:
             failures = 0
             while not self.flush() and not self._closing.is_set():
@@ -292,6 +301,14 @@ class LogShipping:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._wake = threading.Condition(self._lock)
+        self._waiting: set[LogShipper] = set()  # shippers that queued a line since the last write
+
+    def _queued(self, shipper: LogShipper) -> None:
+        """A shipper queued a line into its empty queue: have the flusher write it now."""
+        with self._lock:
+            self._waiting.add(shipper)
+            self._wake.notify()
 
     def ensure(self, container: Container, ref: TaskRef) -> LogShipper:
         """The shipper following this container, started if there is none yet."""
@@ -303,7 +320,7 @@ class LogShipping:
             if shipper is not None:
                 shipper.abandon()  # what it could not write, the new one reads again
             shipper = LogShipper(self.store, container, ref, self.max_lines, self.batch_lines,
-                                 self.log_dir, self.max_file_bytes)
+                                 self.log_dir, self.max_file_bytes, on_pending=self._queued)
             self._shippers[key] = shipper
             shipper.start()
             if self._flusher is None and not self._stop.is_set():
@@ -345,6 +362,7 @@ class LogShipping:
         """Stop following everything, writing what was read (a restart resumes)."""
         self._stop.set()
         with self._lock:
+            self._wake.notify()
             shippers = list(self._shippers.values())
             self._shippers.clear()
             flusher, self._flusher = self._flusher, None
@@ -362,10 +380,24 @@ class LogShipping:
                 del self._shippers[key]
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self.flush_seconds):
+        """Write queued lines as soon as they are queued; every `flush_seconds`, also
+        retry what Redis refused and forget shippers finished long ago."""
+        last_sweep = time.monotonic()
+        while not self._stop.is_set():
             with self._lock:
-                shippers = list(self._shippers.items())
-            now = time.monotonic()
+                if not self._waiting:
+                    self._wake.wait(self.flush_seconds)
+                waiting, self._waiting = self._waiting, set()
+                now = time.monotonic()
+                sweep = now - last_sweep >= self.flush_seconds
+                shippers = list(self._shippers.items()) if sweep else []
+            if self._stop.is_set():
+                return
+            for shipper in waiting:
+                shipper.flush()
+            if not sweep:
+                continue
+            last_sweep = now
             for key, shipper in shippers:
                 done_at = shipper.done_at  # read first: a finished shipper gets no more lines
                 if shipper.flush() and done_at is not None \

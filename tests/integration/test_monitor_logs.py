@@ -141,3 +141,24 @@ def test_a_broken_log_stream_is_resumed_without_repeats(rig: Rig) -> None:
     monitor.handle_exit(rig.exited(container))
 
     assert rig.log(job_id) == _numbers(1, 10)
+
+
+def test_a_line_is_written_when_it_arrives_not_on_a_timer(rig: Rig) -> None:
+    """Followers see a line one Redis round trip after Docker hands it over: with
+    the flusher's timer set to an hour, the running task's lines still arrive."""
+    job_id = rig.place()
+    container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 7")
+    wait_for(lambda: container.reload() or container.status == "running", "the container to run")
+    ref = TaskRef(job_id, 0, "main", 0)
+    shipping = LogShipping(rig.store, max_lines=1000, flush_seconds=3600)
+    try:
+        shipping.ensure(container, ref)
+        wait_for(lambda: rig.log(job_id) == _numbers(1, 5), "the first lines, while it runs")
+        assert container.reload() or container.status == "running"
+        release(container)
+        wait_for(lambda: rig.log(job_id) == _numbers(1, 7), "the lines after the gate")
+        assert shipping.drain(container, ref, DRAIN_SECONDS)
+    finally:
+        shipping.close()
+
+    assert rig.log(job_id) == _numbers(1, 7)
