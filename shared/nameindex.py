@@ -41,9 +41,9 @@ class _Chunk:
     _text: str | None = None
     _starts: list[int] = field(default_factory=list)
 
-    def add(self, job_id: str) -> None:
-        self.ids.append(job_id)
-        self.names.append(job_name(job_id))
+    def extend(self, job_ids: list[str]) -> None:
+        self.ids.extend(job_ids)
+        self.names.extend([job_id.partition("~")[2].lower() for job_id in job_ids])
         self._text = None
 
     def matches(self, needle: str) -> list[int]:
@@ -73,7 +73,7 @@ class NameIndex:
         self._lock = threading.Lock()
         self._chunks: list[_Chunk] = []
         self._count = 0
-        self._scores: dict[str, float] = {}  # the ids held, with their score
+        self._members: set[str] = set()
         self._newest = float("-inf")  # the highest score seen
         self.reloads = 0  # full reloads done (tests and the benchmark read it)
 
@@ -96,24 +96,37 @@ class NameIndex:
         pipe.zcard(keys.JOBS)
         pipe.zrangebyscore(keys.JOBS, self._newest, "+inf", withscores=True)
         size, tail = pipe.execute()
-        new = [(job_id, score) for job_id, score in tail if job_id not in self._scores]
-        moved = any(self._scores.get(job_id, score) != score for job_id, score in tail)
+        new = [job_id for job_id, _score in tail if job_id not in self._members]
+        # An id held already and now scored after the newest seen was removed
+        # and added again (a name used anew after its job expired).
+        moved = any(s > self._newest and i in self._members for i, s in tail)
         if moved or self._count + len(new) != int(size):
             self._reload()
             return
-        self._append(new)
+        if tail:
+            self._append(new, tail[-1][1])
 
     def _reload(self) -> None:
         self.reloads += 1
-        self._chunks, self._count, self._scores = [], 0, {}
+        self._chunks, self._count, self._members = [], 0, set()
         self._newest = float("-inf")
-        self._append(self.r.zrange(keys.JOBS, 0, -1, withscores=True))
+        pipe = self.r.pipeline(transaction=True)  # the ids and the newest score, at one instant
+        pipe.zrange(keys.JOBS, 0, -1)
+        pipe.zrange(keys.JOBS, -1, -1, withscores=True)
+        ids, last = pipe.execute()
+        if last:
+            self._append(ids, last[0][1])
 
-    def _append(self, entries: list[tuple[str, float]]) -> None:
-        for job_id, score in entries:
+    def _append(self, job_ids: list[str], newest: float) -> None:
+        """Add ids that come after every id held; `newest` is the highest score among them."""
+        start = 0
+        while start < len(job_ids):
             if not self._chunks or len(self._chunks[-1].ids) >= CHUNK_NAMES:
                 self._chunks.append(_Chunk())
-            self._chunks[-1].add(job_id)
-            self._scores[job_id] = score
-            self._count += 1
-            self._newest = max(self._newest, score)
+            chunk = self._chunks[-1]
+            part = job_ids[start:start + CHUNK_NAMES - len(chunk.ids)]
+            chunk.extend(part)
+            start += len(part)
+        self._members.update(job_ids)
+        self._count += len(job_ids)
+        self._newest = max(self._newest, newest)

@@ -13,7 +13,7 @@ NAMES = st.text(alphabet="abAB-.1", min_size=1, max_size=8)
 def _chunk(names: list[str]) -> _Chunk:
     chunk = _Chunk()
     for number, name in enumerate(names):
-        chunk.add(f"user{number}~{name}")
+        chunk.extend([f"user{number}~{name}"])
     return chunk
 
 
