@@ -31,6 +31,7 @@ from shared.models import (
     parse_attempt_task_key,
     task_key,
 )
+from shared.nameindex import NameIndex, job_name
 from shared.priority import PriorityClass, queue_order
 from shared.states import JobState, TaskState, check_job_move
 
@@ -93,6 +94,14 @@ Reader = Any
 class Store:
     def __init__(self, client: redis.Redis) -> None:
         self.r: Any = client
+        self._names: NameIndex | None = None
+
+    @property
+    def names(self) -> NameIndex:
+        """This process's keyword index of job names (made on first use)."""
+        if self._names is None:
+            self._names = NameIndex(self.r)
+        return self._names
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -298,10 +307,12 @@ class Store:
     ) -> tuple[list[Job], int | None]:
         """Jobs newest first, filtered through the index sets; and the total.
 
-        One filter and no keyword is a plain range of its index. Otherwise the
-        smallest index drives: it is walked newest first in chunks, each
-        checked against the other indexes (ZMSCORE) and the keyword (in the
-        job id), until the page is full; cost follows the page's depth, not
+        One filter and no keyword is a plain range of its index. A keyword is
+        looked up in the process's name index (nameindex.py), which answers
+        without reading every job id. Otherwise the smallest candidate list
+        drives (the keyword's matches, or the smallest index): it is walked
+        newest first in chunks, each checked against the other indexes
+        (ZMSCORE), until the page is full; cost follows the page's depth, not
         the number of jobs stored.
         """
         index_keys = [keys.user_jobs(username)] if username else []
@@ -309,18 +320,41 @@ class Store:
             index_keys.append(keys.vc_jobs(vc))
         if state:
             index_keys.append(keys.state_jobs(state))
-        if not index_keys:
+        if not index_keys and not keyword:
             index_keys = [keys.JOBS]
         if len(index_keys) == 1 and not keyword:
             total = int(self.r.zcard(index_keys[0]))
             ids = self.r.zrevrange(index_keys[0], offset, offset + limit - 1)
             return self._jobs(ids), total
+        wanted = offset + limit if not count_total else None
         sizes = [int(n) for n in self._pipeline_zcard(index_keys)]
+        if keyword:
+            matches = self.names.search(keyword, limit=None if index_keys else wanted)
+            if not index_keys or len(matches) <= min(sizes):
+                matched = self._in_every(matches, index_keys, wanted)
+                return self._jobs(matched[offset:offset + limit]), \
+                    len(matched) if count_total else None
         driver = index_keys[sizes.index(min(sizes))]
         others = [k for k in index_keys if k != driver]
-        wanted = offset + limit if not count_total else None
         matched = self._matching_ids(driver, others, keyword, wanted)
         return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
+
+    def _in_every(self, ids: Sequence[str], index_keys: Sequence[str], wanted: int | None,
+                  chunk: int = 1000) -> list[str]:
+        """The ids (in their order) that every index holds; the first `wanted` of them."""
+        if not index_keys:
+            return list(ids) if wanted is None else list(ids[:wanted])
+        matched: list[str] = []
+        for start in range(0, len(ids), chunk):
+            if wanted is not None and len(matched) >= wanted:
+                break
+            part = ids[start:start + chunk]
+            pipe = self.r.pipeline(transaction=False)
+            for key in index_keys:
+                pipe.zmscore(key, part)
+            scores = pipe.execute()
+            matched.extend(i for n, i in enumerate(part) if all(s[n] is not None for s in scores))
+        return matched if wanted is None else matched[:wanted]
 
     def _pipeline_zcard(self, index_keys: Sequence[str]) -> list[int]:
         pipe = self.r.pipeline(transaction=False)
@@ -339,7 +373,7 @@ class Store:
                 break
             start += chunk
             if needle:
-                ids = [i for i in ids if needle in i.partition("~")[2].lower()]
+                ids = [i for i in ids if needle in job_name(i)]
             if others and ids:
                 pipe = self.r.pipeline(transaction=False)
                 for key in others:
