@@ -12,6 +12,8 @@ node's Docker engine itself.
 from __future__ import annotations
 
 import logging
+import threading
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, current_app
@@ -19,33 +21,53 @@ from flask import Blueprint, current_app
 from services.api.auth import current_user
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
-from services.api.follows import FollowLeases
+from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import platform
 from services.api.schemas import ExecRequestSchema
 from shared import execs, keys, telemetry
 from shared.execs import ExecRequest, Outcome
 from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.store import Store, connect
 
 bp = Blueprint("execs", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")
 
-EXTENSION = "pai.exec_leases"
+EXTENSION = "pai.execs"
 RETRY_AFTER_SECONDS = 5
 
 
-def _leases() -> FollowLeases:
-    """The per-user exec leases; a lease outlives the longest exec it may cover."""
-    found: FollowLeases | None = current_app.extensions.get(EXTENSION)
-    if found is None:
-        settings = platform().settings
-        found = FollowLeases(platform().store, settings.exec_per_user, key=keys.exec_leases,
-                             lease_seconds=execs.answer_seconds(
-                                 settings.exec_max_timeout_seconds,
-                                 settings.exec_answer_margin_seconds) + 1)
-        current_app.extensions[EXTENSION] = found
-    return found
+@dataclass
+class _Execs:
+    """The per-user exec leases, and this process's waits for answers: each
+    wait holds a Redis connection (BLPOP) for up to a command's timeout, so
+    waits have a pool of their own, one connection per slot, and never take
+    the connections requests need (as log follows, services/api/follows.py)."""
+
+    leases: FollowLeases
+    slots: _ProcessSlots
+    waits: Store
+
+
+_create_lock = threading.Lock()
+
+
+def _execs() -> _Execs:
+    with _create_lock:
+        found: _Execs | None = current_app.extensions.get(EXTENSION)
+        if found is None:
+            settings = platform().settings
+            # a lease outlives the longest exec it may cover
+            leases = FollowLeases(platform().store, settings.exec_per_user,
+                                  key=keys.exec_leases,
+                                  lease_seconds=execs.answer_seconds(
+                                      settings.exec_max_timeout_seconds,
+                                      settings.exec_answer_margin_seconds) + 1)
+            slots = max(1, settings.api_worker_connections // 4)
+            found = _Execs(leases, _ProcessSlots(slots),
+                           Store(connect(settings.redis_url, pool_size=slots)))
+            current_app.extensions[EXTENSION] = found
+        return found
 
 
 @bp.post("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/exec")
@@ -68,12 +90,21 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
         raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
                        f"(the task is {task.state.value}, the job {job.state.value})", 409)
     caller = current_user()
-    leases = _leases()
-    lease = leases.acquire(caller.username)
+    state = _execs()
+    if not state.slots.take():
+        raise ApiError("ServiceUnavailableError", "this API process waits for as many execs "
+                       "as it may; try again shortly", 503,
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    try:
+        lease = state.leases.acquire(caller.username)
+    except BaseException:
+        state.slots.give_back()
+        raise
     if lease is None:
+        state.slots.give_back()
         raise ApiError("TooManyRequestsError",
-                       f"{caller.username} already runs {leases.per_user} execs, the most one "
-                       "user may at once; try again when one ends", 429,
+                       f"{caller.username} already runs {state.leases.per_user} execs, the most "
+                       "one user may at once; try again when one ends", 429,
                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     try:
         request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
@@ -81,10 +112,11 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
                                   timeout_seconds=body["timeoutSec"], user=caller.username)
         _record(pai.store, request)
         pai.messenger.exec_command(task.node, request.id)
-        result = execs.wait_result(pai.store.r, request.id, execs.answer_seconds(
+        result = execs.wait_result(state.waits.r, request.id, execs.answer_seconds(
             request.timeout_seconds, pai.settings.exec_answer_margin_seconds))
     finally:
-        leases.release(caller.username, lease)
+        state.slots.give_back()
+        state.leases.release(caller.username, lease)
     if result is None:
         raise ApiError("GatewayTimeoutError", f"node {task.node} did not answer in time; the "
                        "command may still have run", 504)

@@ -23,6 +23,7 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from flask.testing import FlaskClient
 
+from services.api import execs as api_execs
 from services.api.app import create_app
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
@@ -261,6 +262,20 @@ def test_a_node_with_every_exec_slot_taken_is_503(worker: Launcher, running: str
     finally:
         for _ in range(settings.exec_slots_per_node):
             worker.exec_slots.release()
+    assert exec_(alice, ["true"]).status_code == 200
+
+
+def test_an_api_process_waiting_for_all_it_may_is_503(worker: Launcher, running: str,
+                                                      alice: AuthedClient,
+                                                      flask_client: FlaskClient) -> None:
+    assert exec_(alice, ["true"]).status_code == 200
+    state = flask_client.application.extensions[api_execs.EXTENSION]
+    while state.slots.take():  # bounded by the slots
+        pass
+    try:
+        assert error_of(exec_(alice, ["id"]), 503) == "ServiceUnavailableError"
+    finally:
+        state.slots.used = 0
     assert exec_(alice, ["true"]).status_code == 200
 
 
