@@ -21,6 +21,10 @@ SENTINEL_SCHEME = "redis+sentinel"
 DEFAULT_SENTINEL_PORT = 26379
 
 
+# shared/execs.py's ceiling of an exec's timeout (an import would be a cycle).
+MAX_EXEC_TIMEOUT_SECONDS = 3600
+
+
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message names it."""
 
@@ -297,6 +301,14 @@ class Settings:
     login_window_seconds: float = 900.0
     api_trust_forwarded_for: bool = False
     api_worker_connections: int = 1000
+    # Exec into a running task (docs/debugging.md): the longest timeout a
+    # command may ask for, execs one user may run at once, execs one node
+    # runs at once, and how long past a command's timeout the API waits for
+    # its node to answer before it says 504.
+    exec_max_timeout_seconds: int = 600
+    exec_per_user: int = 4
+    exec_slots_per_node: int = 8
+    exec_answer_margin_seconds: float = 10.0
 
     @property
     def default_fs_uri(self) -> str:
@@ -384,6 +396,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         api_worker_connections=_int(env, "PAI_API_WORKER_CONNECTIONS",
                                     defaults.api_worker_connections)
         or defaults.api_worker_connections,
+        exec_max_timeout_seconds=_int(env, "PAI_EXEC_MAX_TIMEOUT_SECONDS",
+                                      defaults.exec_max_timeout_seconds)
+        or defaults.exec_max_timeout_seconds,
+        exec_per_user=_int(env, "PAI_EXEC_PER_USER", defaults.exec_per_user)
+        or defaults.exec_per_user,
+        exec_slots_per_node=_int(env, "PAI_EXEC_SLOTS_PER_NODE", defaults.exec_slots_per_node)
+        or defaults.exec_slots_per_node,
+        exec_answer_margin_seconds=_seconds(env, "PAI_EXEC_ANSWER_MARGIN_SECONDS",
+                                            defaults.exec_answer_margin_seconds),
     )
     parse_sentinel_url(settings.redis_url)  # a malformed Sentinel URL stops start-up here
     if settings.log_format not in ("text", "json"):
@@ -391,6 +412,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if settings.log_level not in ("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL"):
         raise ConfigError(f"PAI_LOG_LEVEL is DEBUG, INFO, WARNING, ERROR or CRITICAL, "
                           f"not {settings.log_level!r}")
+    if settings.exec_max_timeout_seconds > MAX_EXEC_TIMEOUT_SECONDS:
+        raise ConfigError(f"PAI_EXEC_MAX_TIMEOUT_SECONDS is at most {MAX_EXEC_TIMEOUT_SECONDS}")
     if settings.container_pids_limit < 1:
         raise ConfigError("PAI_CONTAINER_PIDS_LIMIT must be at least 1 (a container needs "
                           "its own process)")

@@ -127,6 +127,21 @@ def follow_leases(username: str) -> str:
     return f"{PREFIX}follows:{username}"
 
 
+def exec_leases(username: str) -> str:
+    """Zset: lease id -> expiry ms, one per exec the user has running."""
+    return f"{PREFIX}execs:{username}"
+
+
+def exec_request(request_id: str) -> str:
+    """Hash with a TTL: one exec request for a node's launcher (shared/execs.py)."""
+    return f"{PREFIX}exec:{request_id}"
+
+
+def exec_result(request_id: str) -> str:
+    """List with a TTL: the launcher's answer to one exec request, for the API's BLPOP."""
+    return f"{PREFIX}exec:{request_id}:result"
+
+
 # -- storage ----------------------------------------------------------------
 STORAGE_SHARES = PREFIX + "storage:shares"  # hash share name -> share JSON (storage.Share)
 

@@ -27,6 +27,7 @@ RECONCILE = "pai.scheduler.reconcile"
 START_TASK = "pai.launcher.start_task"
 STOP_TASK = "pai.launcher.stop_task"
 PREEMPT_TASK = "pai.launcher.preempt_task"
+EXEC = "pai.launcher.exec"
 
 
 def launcher_queue(node: str) -> str:
@@ -165,3 +166,7 @@ class Messenger:
     def preempt_task(self, node: str, job_id: str, attempt: int, role: str, index: int) -> None:
         self.app.send_task(PREEMPT_TASK, args=[job_id, attempt, role, index],
                            queue=launcher_queue(node))
+
+    def exec_command(self, node: str, request_id: str) -> None:
+        """Ask the node's launcher to run the exec request (shared/execs.py)."""
+        self.app.send_task(EXEC, args=[request_id], queue=launcher_queue(node))

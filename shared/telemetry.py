@@ -84,8 +84,14 @@ API_REQUESTS = RecordedMetric(
     "API request latency by endpoint, method and status (for a log follow, until the "
     "stream starts).", ("endpoint", "method", "status"), LATENCY_BUCKETS)
 
+TASK_EXECS = RecordedMetric(
+    "pai_task_execs", Kind.COUNTER,
+    "Commands run in task containers through the exec API, by the user who ran them.",
+    ("user",))
+
 RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, PREEMPTIONS,
-                                        SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS)
+                                        SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS,
+                                        TASK_EXECS)
 
 _SUM, _COUNT, _BUCKET = "sum", "count", "le="
 _SEP = "|"

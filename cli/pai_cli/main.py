@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from pai_cli.api import ApiError, Unreachable
-from pai_cli.commands import auth, cluster, jobs, logs
+from pai_cli.commands import auth, cluster, execs, jobs, logs
 from pai_cli.jobfile import JobFileError
 from pai_cli.logins import LoginsError, config_path
 from pai_cli.session import CliError, Session, expired_message
@@ -73,14 +73,15 @@ def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
     Start with:  pai login http://HOST:9186
     then:        pai submit job.json --wait
                  pai jobs; pai status NAME; pai logs NAME -f
+                 pai exec NAME -- COMMAND...
     """
     ctx.obj = Session(config_path=config_file or config_path(os.environ),
                       cluster_name=cluster_name, user=user)
 
 
 for command in (auth.login, auth.logout, auth.use, jobs.submit, jobs.list_jobs, jobs.status,
-                logs.logs, jobs.stop, jobs.wait, jobs.show_config, cluster.nodes,
-                cluster.vcs):
+                logs.logs, execs.exec_command, jobs.stop, jobs.wait, jobs.show_config,
+                cluster.nodes, cluster.vcs):
     cli.add_command(command)
 
 

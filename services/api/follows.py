@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flask import Flask, Response
@@ -95,29 +96,34 @@ redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
 
 class FollowLeases:
     """Leases of one user's follows in Redis; every write is a conditional
-    script (the check and the write are one step)."""
+    script (the check and the write are one step). Other per-user caps (execs,
+    services/api/execs.py) use the same leases under their own key."""
 
-    def __init__(self, store: Store, per_user: int) -> None:
+    def __init__(self, store: Store, per_user: int, *,
+                 key: Callable[[str], str] = keys.follow_leases,
+                 lease_seconds: float = LEASE_SECONDS) -> None:
         self.store, self.per_user = store, per_user
+        self.key, self.lease_seconds = key, lease_seconds
         self._acquire = store.r.register_script(_ACQUIRE)
         self._renew = store.r.register_script(_RENEW)
 
     def acquire(self, username: str, now: float | None = None) -> str | None:
         """A new lease id, or None when the user holds `per_user` live leases."""
         lease, now_ms = uuid.uuid4().hex, _ms(time.time() if now is None else now)
-        taken = self._acquire(keys=[keys.follow_leases(username)],
-                              args=[lease, now_ms, now_ms + _ms(LEASE_SECONDS), self.per_user])
+        taken = self._acquire(keys=[self.key(username)],
+                              args=[lease, now_ms, now_ms + _ms(self.lease_seconds),
+                                    self.per_user])
         return lease if taken else None
 
     def renew(self, username: str, lease: str, now: float | None = None) -> bool:
         """Extend the lease; False when it is gone (expired and dropped, or released)."""
         now_ms = _ms(time.time() if now is None else now)
-        return bool(self._renew(keys=[keys.follow_leases(username)],
-                                args=[lease, now_ms, now_ms + _ms(LEASE_SECONDS)]))
+        return bool(self._renew(keys=[self.key(username)],
+                                args=[lease, now_ms, now_ms + _ms(self.lease_seconds)]))
 
     def release(self, username: str, lease: str) -> None:
         """Give the lease back (the follow's own member; nothing else is touched)."""
-        self.store.r.zrem(keys.follow_leases(username), lease)
+        self.store.r.zrem(self.key(username), lease)
 
 
 def _ms(seconds: float) -> int:

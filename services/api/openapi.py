@@ -54,6 +54,7 @@ _HTTP_METHODS = ("get", "put", "post", "delete", "patch")
 ERROR_RESPONSES = {
     "BadRequest": 400, "Unauthorized": 401, "Forbidden": 403, "NotFound": 404,
     "Conflict": 409, "TooLarge": 413, "TooManyRequests": 429,
+    "ServiceUnavailable": 503, "GatewayTimeout": 504,
 }
 _ERROR_NAMES = {status: name for name, status in ERROR_RESPONSES.items()}
 # <converter(args):name> in a Flask rule; the converter decides the type.

@@ -12,6 +12,7 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
+from shared import execs
 from shared.capabilities import GRANTABLE
 from shared.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.jobspec import JobConfigSchema, WholeNumber
@@ -297,6 +298,47 @@ class StopAcceptedSchema(Schema):
     state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
 
 
+class ExecRequestSchema(_Request):
+    """A command to run in a task's running container. The largest timeout is
+    the platform's setting (PAI_EXEC_MAX_TIMEOUT_SECONDS): the view loads the
+    body with `ExecRequestSchema(max_timeout=...)`."""
+
+    command = fields.List(
+        fields.String(), required=True,
+        validate=validate.Length(min=1, max=execs.MAX_ARGS),
+        metadata={"description": "the program and its arguments (no shell unless you "
+                                 "run one)", "example": ["nvidia-smi"]})
+    timeoutSec = fields.Integer(
+        load_default=execs.DEFAULT_TIMEOUT_SECONDS, strict=True,
+        validate=validate.Range(min=1, max=execs.MAX_TIMEOUT_SECONDS),
+        metadata={"description": "the command is killed after this long"})
+
+    def __init__(self, *args: Any, max_timeout: int = execs.MAX_TIMEOUT_SECONDS,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_timeout = max_timeout
+
+    @validates_schema
+    def check_command(self, data: dict[str, Any], **_: object) -> None:
+        problems = execs.argv_problems(data.get("command") or [])
+        if problems:
+            raise ValidationError(problems, "command")
+        if data.get("timeoutSec", 0) > self.max_timeout:
+            raise ValidationError([f"at most {self.max_timeout} seconds on this platform"],
+                                  "timeoutSec")
+
+
+class ExecResultSchema(Schema):
+    exitCode = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "the command's exit status; null when it could not be read"})
+    output = fields.String(required=True, metadata={
+        "description": "stdout and stderr as they came, at most 1 MiB"})
+    truncated = fields.Boolean(required=True, metadata={
+        "description": "the command printed more than the output holds"})
+    timedOut = fields.Boolean(required=True, metadata={
+        "description": "the command outlived timeoutSec and was killed"})
+
+
 # ---------------------------------------------------------------- cluster
 
 
@@ -421,6 +463,8 @@ COMPONENTS: dict[str, type[Schema]] = {
     "DryRun": DryRunSchema,
     "StopRequest": StopRequestSchema,
     "StopAccepted": StopAcceptedSchema,
+    "ExecRequest": ExecRequestSchema,
+    "ExecResult": ExecResultSchema,
     "VirtualCluster": VirtualClusterSchema,
     "VirtualClusterPut": VirtualClusterPutSchema,
     "Node": NodeSchema,

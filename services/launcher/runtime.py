@@ -10,17 +10,23 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
+import select
+import signal
 import tarfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import docker
 from docker.errors import APIError, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Mount
+from docker.utils import socket as docker_socket
 
 from services.launcher.mounts import TaskSetupError, plan_storage
+from shared import execs
 from shared.capabilities import dropped_capabilities
 from shared.config import Settings
 from shared.containers import TaskRef, task_labels
@@ -31,6 +37,13 @@ log = logging.getLogger("pai.launcher")
 ENTRYPOINT = ["/bin/sh", "-c"]
 NAME_CONFLICT = 409
 NO_NEW_PRIVILEGES = "no-new-privileges"
+# An exec's output is read in chunks of READ_BYTES, waking at least every
+# POLL_SECONDS to check its deadline; its exit code is waited for at most
+# EXIT_WAIT_SECONDS after its output ends (or after it was killed).
+READ_BYTES = 64 * 1024
+POLL_SECONDS = 1.0
+EXIT_WAIT_SECONDS = 5.0
+MAX_KILLED = 4096  # processes one timed-out exec may have started (the pids limit's default)
 
 
 class ImageUnavailable(Exception):
@@ -223,6 +236,86 @@ class DockerRuntime:
             container.kill(signal="SIGTERM")
         return True
 
+    # ------------------------------------------------------------------ exec
+
+    def exec_in(self, container_id: str, argv: list[str], timeout: float,
+                max_output: int = execs.MAX_OUTPUT_BYTES) -> ExecOutput:
+        """Run `argv` in the running container, as its user with its
+        environment, stdout and stderr read as they come (at most
+        `max_output` bytes kept). Past `timeout` the command is killed (see
+        `_kill_exec`). APIError / NotFound when Docker refuses (the container
+        stopped)."""
+        exec_id = self.client.api.exec_create(container_id, argv, stdout=True, stderr=True,
+                                              stdin=False, tty=False)["Id"]
+        sock = self.client.api.exec_start(exec_id, socket=True)
+        cap = execs.OutputCap(max_output)
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        pending = b""
+        try:
+            poller = select.poll()
+            poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLHUP)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                if not poller.poll(min(left, POLL_SECONDS) * 1000):
+                    continue
+                chunk = docker_socket.read(sock, READ_BYTES)
+                if not chunk:
+                    break  # the command closed its output: it ended
+                frames, pending = execs.demux(pending + chunk)
+                for _, payload in frames:
+                    cap.feed(payload)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+        if timed_out:
+            self._kill_exec(exec_id)
+        return ExecOutput(self._exit_code(exec_id), cap.text(), cap.truncated, timed_out)
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        """The exec's exit code once Docker has it (it follows the end of the
+        output closely); None if it does not within EXIT_WAIT_SECONDS."""
+        deadline = time.monotonic() + EXIT_WAIT_SECONDS
+        while True:
+            info = self.client.api.exec_inspect(exec_id)
+            if not info.get("Running"):
+                code = info.get("ExitCode")
+                return int(code) if code is not None else None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_SECONDS / 20)
+
+    def _kill_exec(self, exec_id: str) -> None:
+        """SIGKILL the exec'd process and what it started. Docker has no call
+        for it: its host PID comes from exec_inspect, and each process is
+        killed only when /proc/<pid>/cgroup puts it in the exec's container
+        (a PID reused by another process since is left alone). The launcher
+        needs the host's PID namespace for this (docs/debugging.md)."""
+        info = self.client.api.exec_inspect(exec_id)
+        pid, container_id = int(info.get("Pid") or 0), str(info.get("ContainerID") or "")
+        if not info.get("Running") or pid <= 0:
+            return
+        killed = 0
+        for target in [pid, *_descendants(pid)]:
+            try:
+                with open(f"/proc/{target}/cgroup") as cgroup:
+                    inside = execs.in_container(cgroup.read(), container_id)
+                if inside:
+                    os.kill(target, signal.SIGKILL)
+                    killed += 1
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # it ended meanwhile
+            except OSError as error:
+                log.warning("cannot kill exec process %d of %s: %s", target, container_id[:12],
+                            error)
+        if not killed:
+            log.warning("exec %s of container %s outlived its timeout and could not be killed "
+                        "(is the launcher in the host's PID namespace?)", exec_id[:12],
+                        container_id[:12])
+
     def _remove(self, container: Container | str) -> None:
         container_id = container if isinstance(container, str) else str(container.id)
         try:
@@ -232,6 +325,39 @@ class DockerRuntime:
         except APIError as error:
             log.warning("could not remove container %s: %s", container_id[:12],
                         _explain(error))
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    exit_code: int | None
+    output: str
+    truncated: bool
+    timed_out: bool
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc's parent links (children first
+    found, then theirs)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        # the command name, in parentheses, may hold spaces: the fields follow its last ')'
+        rest = text[text.rfind(")") + 2:].split()
+        if len(rest) > 1:
+            children.setdefault(int(rest[1]), []).append(int(entry))
+    found: list[int] = []
+    queue = [pid]
+    while queue and len(found) < MAX_KILLED:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def _explain(error: APIError) -> str:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
+from docker.errors import APIError, NotFound
 
 from services.launcher.environment import (
     PREEMPTION_FILE,
@@ -27,11 +29,12 @@ from shared.accounts import Accounts
 from shared.capabilities import refused_capabilities
 from shared.completion import NON_RETRYABLE_PREFIX
 from shared.config import Settings
-from shared.containers import TaskRef
+from shared.containers import LABEL_NODE, TaskRef
+from shared.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.lifecycle import LIVE_JOB_STATES, record_task_exit
 from shared.messaging import Messenger
 from shared.models import JobSpec, Node, task_key
-from shared.states import TaskState
+from shared.states import JobState, TaskState
 from shared.store import Store, task_is_live
 
 log = logging.getLogger("pai.launcher")
@@ -54,6 +57,11 @@ class Launcher:
         self.messenger = messenger
         self.runtime = runtime
         self.node = node
+        self.claims = Claims(store.r)
+        # Execs run here, not in Celery's threads; beyond the slots: BUSY.
+        self.exec_slots = threading.BoundedSemaphore(settings.exec_slots_per_node)
+        self.exec_pool = ThreadPoolExecutor(settings.exec_slots_per_node,
+                                            thread_name_prefix="exec")
 
     # ---------------------------------------------------------------- start
 
@@ -157,6 +165,74 @@ class Launcher:
         self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
         if report.attempt_ended:
             self.messenger.attempt_ended(ref.job_id, ref.attempt)
+
+    # ----------------------------------------------------------------- exec
+
+    def exec_command(self, request_id: str) -> None:
+        """Claim an exec request and run it in the pool (shared/execs.py).
+
+        The claim takes the request once, and only for this node: a message
+        delivered again finds it taken, one naming another node is left
+        alone. A task that does not run here now, in its job's current
+        attempt, gets NOT_RUNNING; a full pool, BUSY. The Celery thread
+        returns at once: a command may run for minutes, and starts and stops
+        must not wait behind it.
+        """
+        request = self.claims.claim(request_id, self.node.name, self.node.name)
+        if request is None:
+            log.info("exec request %s: not for this node, gone, or taken before", request_id)
+            return
+        container_id = self._running_container(request)
+        if container_id is None:
+            self.claims.answer(request, ExecResult(
+                Outcome.NOT_RUNNING, message=f"its container does not run on {self.node.name} "
+                                             f"in attempt {request.attempt}"))
+            return
+        if not self.exec_slots.acquire(blocking=False):
+            self.claims.answer(request, ExecResult(Outcome.BUSY))
+            return
+        try:
+            self.exec_pool.submit(self._run_exec, request, container_id)
+        except BaseException:
+            self.exec_slots.release()
+            raise
+
+    def _running_container(self, request: ExecRequest) -> str | None:
+        """The id of the request's task container, if the task is RUNNING on
+        this node in its job's current attempt and the container runs."""
+        job = self.store.get_job(request.job_id)
+        if job is None or job.attempt != request.attempt or job.state != JobState.RUNNING:
+            return None
+        task = self.store.get_task(request.job_id, request.attempt, request.role, request.index)
+        if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:
+            return None
+        container = self.runtime.find(TaskRef(request.job_id, request.attempt, request.role,
+                                              request.index))
+        if container is None or container.status != "running" \
+                or container.labels.get(LABEL_NODE) != self.node.name:
+            return None
+        return str(container.id)
+
+    def _run_exec(self, request: ExecRequest, container_id: str) -> None:
+        what = f"{request.job_id} attempt {request.attempt} {request.role}[{request.index}]"
+        try:
+            log.info("exec by %s in %s: %s", request.user, what, request.argv)
+            try:
+                done = self.runtime.exec_in(container_id, request.argv, request.timeout_seconds)
+            except (NotFound, APIError) as error:
+                log.info("exec in %s refused by Docker: %s", what, error)
+                self.claims.answer(request, ExecResult(
+                    Outcome.NOT_RUNNING, message=f"Docker refused: {error}"))
+                return
+            self.claims.answer(request, ExecResult(
+                Outcome.DONE, exit_code=done.exit_code, output=done.output,
+                truncated=done.truncated, timed_out=done.timed_out))
+            log.info("exec by %s in %s ended: exit %s%s", request.user, what, done.exit_code,
+                     ", killed at its timeout" if done.timed_out else "")
+        except Exception:
+            log.exception("exec in %s failed", what)
+        finally:
+            self.exec_slots.release()
 
     # ------------------------------------------------------------ heartbeat
 

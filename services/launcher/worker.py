@@ -44,4 +44,8 @@ def create_launcher_app(
     def stop_task(job_id: str, attempt: int, role: str, index: int) -> None:
         launcher.stop_task(str(job_id), int(attempt), str(role), int(index))
 
+    @app.task(name=messaging.EXEC, shared=False)
+    def exec_command(request_id: str) -> None:
+        launcher.exec_command(str(request_id))
+
     return app, launcher

@@ -364,6 +364,35 @@ def test_logs_follow_until_the_task_ends(
     assert platform.wait_state(name)["jobStatus"]["state"] == "SUCCEEDED"
 
 
+def test_exec_prints_the_output_and_exits_with_the_commands_code(
+        platform: Platform, pai: Pai, alice_config: Path, job_file: Callable[..., Path],
+        unique: Callable[[str], str], stop_afterwards: list[str]) -> None:
+    name = unique("cli-exec")
+    pai.ok("submit", str(job_file(name, "sleep 300")))
+    stop_afterwards.append(name)
+    platform.wait_state(name, "RUNNING")
+
+    done = run_pai(alice_config, "exec", name, "--", "sh", "-c", "echo hi $PAI_JOB_NAME; exit 5")
+    assert (done.returncode, done.stdout, done.stderr) == (5, f"hi {name}\n", "")
+
+    # role and index given; the command's own options are not pai's
+    listed = run_pai(alice_config, "exec", name, "main", "0", "--", "ls", "-d", "/")
+    assert (listed.returncode, listed.stdout) == (0, "/\n")
+
+    killed = run_pai(alice_config, "exec", name, "--timeout", "1", "--", "sh", "-c",
+                     "echo before; sleep 300")
+    assert (killed.returncode, killed.stdout) == (124, "before\n")
+    assert "killed after 1 s" in killed.stderr
+
+    no_task = pai("exec", name, "main", "3", "--", "true")
+    assert no_task.exit_code == 1 and "tasks 0..0" in no_task.stderr
+
+    platform.stop(name)
+    platform.wait_state(name)
+    finished = pai("exec", name, "--", "true")
+    assert finished.exit_code == 1 and "ConflictJobError" in finished.stderr
+
+
 def test_status_says_why_a_job_waits(
         platform: Platform, pai: Pai, job_file: Callable[..., Path],
         unique: Callable[[str], str], stop_afterwards: list[str]) -> None:

@@ -52,6 +52,9 @@ LITERAL_KEYS = [
     pytest.param(keys.login_failures("ip", "10.0.0.1"), "pai:login-failures:ip:10.0.0.1",
                  id="login_failures"),
     pytest.param(keys.follow_leases("alice"), "pai:follows:alice", id="follow_leases"),
+    pytest.param(keys.exec_leases("alice"), "pai:execs:alice", id="exec_leases"),
+    pytest.param(keys.exec_request("r1"), "pai:exec:r1", id="exec_request"),
+    pytest.param(keys.exec_result("r1"), "pai:exec:r1:result", id="exec_result"),
     pytest.param(keys.recorded_metric("pai_task_exits"), "pai:metric:pai_task_exits",
                  id="recorded_metric"),
 ]

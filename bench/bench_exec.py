@@ -1,0 +1,76 @@
+"""Exec round trip on an idle node, beside bare Docker.
+
+The whole platform runs as processes (bench/live_platform.py) on a
+throwaway Redis and the Docker engine DOCKER_HOST names. One job of one task
+(`sleep 3600`) runs; then, alternating, one at a time:
+
+- platform: `POST /api/v1/user/alice/jobs/<job>/tasks/main/0/exec` with
+  `["true"]`, timed from just before the request to the answer (API, Redis
+  request, Celery message to the node's launcher, claim, checks, Docker exec,
+  answer through Redis, BLPOP);
+- reference: the Docker SDK's exec_create + exec_start + exec_inspect of the
+  same command in the same container, as the launcher makes them.
+
+PAI_BENCH_ROUNDS overrides the 50 rounds of each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from bench import BenchError, Figures, percentile, throwaway_redis
+from bench.live_platform import USER, running_platform
+
+ROUNDS = 50
+WARMUP = 3
+JOB = "exec-bench"
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    return {"p50 ms": percentile(samples, 0.5), "p90 ms": percentile(samples, 0.9),
+            "max ms": max(samples)}
+
+
+def run() -> Figures:
+    rounds = int(os.environ.get("PAI_BENCH_ROUNDS", ROUNDS))
+    with throwaway_redis() as url, running_platform(url) as pai:
+        pai.submit_accepted(pai.config(JOB, "sleep 3600"))
+        pai.wait_state(JOB, "RUNNING")
+        [container] = pai.job_containers(JOB)
+        api = pai.docker.api  # type: ignore[union-attr]
+        exec_url = f"{pai.url}/api/v1/user/{USER}/jobs/{JOB}/tasks/main/0/exec"
+
+        def through_platform() -> float:
+            start = time.perf_counter()
+            resp = pai.http.post(exec_url, json={"command": ["true"]}, timeout=60)
+            took = (time.perf_counter() - start) * 1000
+            if resp.status_code != 200 or resp.json()["exitCode"] != 0:
+                raise BenchError(f"exec answered {resp.status_code}: {resp.text[:200]}")
+            return took
+
+        def bare_docker() -> float:
+            start = time.perf_counter()
+            exec_id = api.exec_create(container.id, ["true"])["Id"]
+            api.exec_start(exec_id)
+            code = api.exec_inspect(exec_id)["ExitCode"]
+            took = (time.perf_counter() - start) * 1000
+            if code != 0:
+                raise BenchError(f"bare exec exited {code}")
+            return took
+
+        for _ in range(WARMUP):
+            through_platform()
+            bare_docker()
+        platform, reference = [], []
+        for _ in range(rounds):
+            platform.append(through_platform())
+            reference.append(bare_docker())
+        pai.stop(JOB)
+    return {
+        "rounds": f"{rounds} of each, alternating, idle node, command ['true']",
+        "exec round trip": {"platform (POST .../exec)": _stats(platform),
+                            "bare Docker SDK exec (reference)": _stats(reference)},
+        "ratio p50 platform vs reference": percentile(platform, 0.5)
+        / percentile(reference, 0.5),
+    }

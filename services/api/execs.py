@@ -1,0 +1,143 @@
+"""Exec: run a command in a task's running container and answer its output.
+
+The view checks who may (the job's owner and admins, as for the job's logs),
+that the task runs now, and the caller's cap of concurrent execs (a lease
+per exec, services/api/follows.py's leases under keys.exec_leases); then it
+writes the request with the audit record (the job's "exec" event and the
+counter) in one transaction, sends the request's id to the task's node, and
+waits for the node's answer (shared/execs.py). The API never reaches a
+node's Docker engine itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Blueprint, current_app
+
+from services.api.auth import current_user
+from services.api.bodies import load, read_json, takes
+from services.api.errors import ApiError
+from services.api.follows import FollowLeases, _ProcessSlots
+from services.api.jobs import get_job_or_404
+from services.api.platform import platform
+from services.api.schemas import ExecRequestSchema
+from shared import execs, keys, telemetry
+from shared.execs import ExecRequest, Outcome
+from shared.states import JobState, TaskState
+from shared.store import Store, connect
+
+bp = Blueprint("execs", __name__, url_prefix="/api/v1")
+log = logging.getLogger("pai.api")
+
+EXTENSION = "pai.execs"
+RETRY_AFTER_SECONDS = 5
+
+
+@dataclass
+class _Execs:
+    """The per-user exec leases, and this process's waits for answers: each
+    wait holds a Redis connection (BLPOP) for up to a command's timeout, so
+    waits have a pool of their own, one connection per slot, and never take
+    the connections requests need (as log follows, services/api/follows.py)."""
+
+    leases: FollowLeases
+    slots: _ProcessSlots
+    waits: Store
+
+
+_create_lock = threading.Lock()
+
+
+def _execs() -> _Execs:
+    with _create_lock:
+        found: _Execs | None = current_app.extensions.get(EXTENSION)
+        if found is None:
+            settings = platform().settings
+            # a lease outlives the longest exec it may cover
+            leases = FollowLeases(platform().store, settings.exec_per_user,
+                                  key=keys.exec_leases,
+                                  lease_seconds=execs.answer_seconds(
+                                      settings.exec_max_timeout_seconds,
+                                      settings.exec_answer_margin_seconds) + 1)
+            slots = max(1, settings.api_worker_connections // 4)
+            found = _Execs(leases, _ProcessSlots(slots),
+                           Store(connect(settings.redis_url, pool_size=slots)))
+            current_app.extensions[EXTENSION] = found
+        return found
+
+
+@bp.post("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/exec")
+@takes(ExecRequestSchema())
+def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
+    """Run a command in a task's running container; its exit code and output.
+    ---
+    post:
+      errors: [403, 404, 409, 429, 503, 504]
+      responses: {200: ExecResult}
+    """
+    job = get_job_or_404(username, name, owner_only=True, action="run commands in the tasks")
+    pai = platform()
+    body = load(ExecRequestSchema(max_timeout=pai.settings.exec_max_timeout_seconds),
+                read_json())
+    task = pai.store.get_task(job.id, job.attempt, role, index)
+    if task is None:
+        raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
+    if job.state != JobState.RUNNING or task.state != TaskState.RUNNING or task.node is None:
+        raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
+                       f"(the task is {task.state.value}, the job {job.state.value})", 409)
+    caller = current_user()
+    state = _execs()
+    if not state.slots.take():
+        raise ApiError("ServiceUnavailableError", "this API process waits for as many execs "
+                       "as it may; try again shortly", 503,
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    try:
+        lease = state.leases.acquire(caller.username)
+    except BaseException:
+        state.slots.give_back()
+        raise
+    if lease is None:
+        state.slots.give_back()
+        raise ApiError("TooManyRequestsError",
+                       f"{caller.username} already runs {state.leases.per_user} execs, the most "
+                       "one user may at once; try again when one ends", 429,
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    try:
+        request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
+                                  node=task.node, argv=body["command"],
+                                  timeout_seconds=body["timeoutSec"], user=caller.username)
+        _record(pai.store, request)
+        pai.messenger.exec_command(task.node, request.id)
+        result = execs.wait_result(state.waits.r, request.id, execs.answer_seconds(
+            request.timeout_seconds, pai.settings.exec_answer_margin_seconds))
+    finally:
+        state.slots.give_back()
+        state.leases.release(caller.username, lease)
+    if result is None:
+        raise ApiError("GatewayTimeoutError", f"node {task.node} did not answer in time; the "
+                       "command may still have run", 504)
+    if result.outcome == Outcome.BUSY:
+        raise ApiError("ServiceUnavailableError", f"node {task.node} runs as many commands as "
+                       "it may at once; try again shortly", 503,
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if result.outcome == Outcome.NOT_RUNNING:
+        raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
+                       f"on node {task.node}: {result.message}", 409)
+    return {"exitCode": result.exit_code, "output": result.output,
+            "truncated": result.truncated, "timedOut": result.timed_out}
+
+
+def _record(store: Store, request: ExecRequest) -> None:
+    """The request for its node, and the audit of it, written together."""
+    pipe = store.r.pipeline(transaction=True)
+    execs.write_request(pipe, request)
+    store.add_event(pipe, request.job_id, "exec", user=request.user, attempt=request.attempt,
+                    role=request.role, index=request.index, argv=request.argv)
+    telemetry.record(pipe, telemetry.TASK_EXECS, {"user": request.user})
+    pipe.execute()
+    log.info("exec by %s in %s attempt %d %s[%d] on %s: %s", request.user, request.job_id,
+             request.attempt, request.role, request.index, request.node, request.argv)

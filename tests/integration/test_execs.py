@@ -1,0 +1,359 @@
+"""Exec into a running task: the API, the node's launcher and Docker, all real.
+
+The API runs in Flask's test client; the node's launcher is a Celery worker
+on the node's queue (celery.contrib.testing), its containers on the test
+Docker engine. A task is made RUNNING as the monitor would (mark_task_running)
+once its container started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from flask.testing import FlaskClient
+
+from services.api import execs as api_execs
+from services.api.app import create_app
+from services.api.follows import FollowLeases
+from services.launcher.service import Launcher
+from services.launcher.worker import create_launcher_app
+from shared import execs, keys, messaging, telemetry
+from shared.accounts import Accounts
+from shared.config import Settings
+from shared.containers import LABEL_NODE, TaskRef
+from shared.execs import ExecRequest, Outcome
+from shared.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
+from shared.models import TaskPlacement, now_ms
+from shared.store import Store
+from tests.integration.api_client import AuthedClient, error_of, signed_in
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+WAIT_SECONDS = 30
+JOB = "debugme"
+EXEC_URL = f"/api/v1/user/alice/jobs/{JOB}/tasks/main/0/exec"
+
+
+@pytest.fixture
+def settings(redis_server: str, redis_client: redis.Redis, tmp_path: Path,
+             docker_client: docker.DockerClient, test_image: str) -> Iterator[Settings]:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    yield Settings(redis_url=redis_server, node_name=node, node_ip="127.0.0.1",
+                   storage_roots=(str(tmp_path),), docker_host=os.environ.get("DOCKER_HOST"),
+                   admin_user="root", admin_password="root-password",
+                   exec_max_timeout_seconds=120)
+    for container in docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_NODE}={node}"}):
+        container.remove(force=True)
+
+
+@pytest.fixture
+def launcher_app(settings: Settings, test_labels: dict[str, str]) -> tuple[Celery, Launcher]:
+    app, launcher = create_launcher_app(settings, extra_labels=test_labels)
+    launcher.store.register_node(launcher.node)
+    return app, launcher
+
+
+@pytest.fixture
+def launcher(launcher_app: tuple[Celery, Launcher]) -> Launcher:
+    return launcher_app[1]
+
+
+@pytest.fixture
+def worker(launcher_app: tuple[Celery, Launcher], settings: Settings) -> Iterator[Launcher]:
+    """The node's launcher, consuming its queue."""
+    app, launcher = launcher_app
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      queues=[messaging.launcher_queue(settings.node_name)]):
+        yield launcher
+
+
+def run_task(store: Store, launcher: Launcher, image: str, *, owner: str = "alice",
+             name: str = JOB) -> str:
+    """A job of one task placed on the launcher's node, its container started
+    and the task RUNNING; the job's id."""
+    user = Accounts(store).get_user(owner)
+    assert user is not None
+    config = {"jobName": name, "image": image,
+              "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
+                             "shmMB": 16, "command": "sleep 300"}]}
+    job = submit_job(store, owner, config, user_id=user.uid)
+    node = launcher.node.name
+    assert commit_placement(
+        store, job.id, version=job.version, attempt=0,
+        placements=[TaskPlacement("main", 0, node, "127.0.0.1", (), 1, 128,
+                                  {"default": [21000]})],
+        launch_deadline_ms=now_ms() + 60_000)
+    launcher.start_task(job.id, 0, "main", 0)
+    container = launcher.runtime.find(TaskRef(job.id, 0, "main", 0))
+    assert container is not None and container.status == "running"
+    assert mark_task_running(store, job.id, 0, "main", 0, str(container.id))
+    return job.id
+
+
+@pytest.fixture
+def running(redis_client: redis.Redis, launcher: Launcher, alice: AuthedClient,
+            test_image: str) -> str:
+    return run_task(Store(redis_client), launcher, test_image)
+
+
+def exec_(client: AuthedClient, command: list[str], **extra: Any) -> Any:
+    return client.post(EXEC_URL, json={"command": command, **extra})
+
+
+def in_container(launcher: Launcher, job_id: str, command: str) -> str:
+    """What `sh -c command` prints in the task's container, run by the test."""
+    container = launcher.runtime.find(TaskRef(job_id, 0, "main", 0))
+    assert container is not None
+    _, output = container.exec_run(["sh", "-c", command])
+    return str(output.decode())
+
+
+# ------------------------------------------------------------------- API
+
+
+def test_the_owner_gets_the_output_and_exit_code(worker: Launcher, running: str,
+                                                 alice: AuthedClient) -> None:
+    resp = exec_(alice, ["sh", "-c", "echo out; echo err >&2; echo $PAI_JOB_NAME; exit 3"])
+
+    assert resp.status_code == 200, resp.json
+    body = resp.json
+    # each stream in its order; between the two, as Docker delivers them
+    assert sorted(body.pop("output").splitlines()) == ["debugme", "err", "out"]
+    assert body == {"exitCode": 3, "truncated": False, "timedOut": False}
+
+
+def test_success_and_a_missing_program(worker: Launcher, running: str,
+                                       alice: AuthedClient) -> None:
+    ok = exec_(alice, ["echo", "hello", "world"])
+    assert ok.status_code == 200 and ok.json["exitCode"] == 0
+    assert ok.json["output"] == "hello world\n"
+
+    missing = exec_(alice, ["no-such-program"])
+    assert missing.status_code == 200, missing.json
+    assert missing.json["exitCode"] not in (0, None)
+
+
+def test_output_is_capped_at_one_mebibyte(worker: Launcher, running: str,
+                                          alice: AuthedClient) -> None:
+    resp = exec_(alice, ["sh", "-c", "yes abcdefg | head -c 3000000; exit 7"])
+
+    assert resp.status_code == 200, resp.json
+    assert resp.json["truncated"] is True and resp.json["exitCode"] == 7
+    assert len(resp.json["output"].encode()) == execs.MAX_OUTPUT_BYTES
+    assert resp.json["output"].startswith("abcdefg\nabcdefg\n")
+
+
+def test_another_user_is_refused_and_an_admin_may(worker: Launcher, running: str,
+                                                  bob: AuthedClient, admin: AuthedClient,
+                                                  redis_client: redis.Redis) -> None:
+    assert error_of(exec_(bob, ["id"]), 403) == "ForbiddenUserError"
+    assert redis_client.xlen(keys.job_events(running)) > 0
+    events = Store(redis_client).get_events(running)
+    assert not [e for e in events if e["kind"] == "exec"]  # nothing ran for bob
+
+    resp = exec_(admin, ["echo", "as admin"])
+    assert resp.status_code == 200 and resp.json["output"] == "as admin\n"
+
+
+def test_unknown_job_and_task_are_404(worker: Launcher, running: str,
+                                      alice: AuthedClient) -> None:
+    assert error_of(alice.post("/api/v1/user/alice/jobs/nope/tasks/main/0/exec",
+                               json={"command": ["id"]}), 404) == "NoJobError"
+    assert error_of(alice.post(f"/api/v1/user/alice/jobs/{JOB}/tasks/main/5/exec",
+                               json={"command": ["id"]}), 404) == "NoTaskError"
+    assert error_of(alice.post(f"/api/v1/user/alice/jobs/{JOB}/tasks/other/0/exec",
+                               json={"command": ["id"]}), 404) == "NoTaskError"
+
+
+def test_bad_bodies_are_400(worker: Launcher, running: str, alice: AuthedClient) -> None:
+    assert error_of(exec_(alice, []), 400) == "BadRequestError"
+    assert error_of(exec_(alice, ["echo", "a\0b"]), 400) == "BadRequestError"
+    assert error_of(exec_(alice, ["id"], timeoutSec=121), 400) == "BadRequestError"
+    assert error_of(alice.post(EXEC_URL, data="not json",
+                               content_type="application/json"), 400) == "BadRequestError"
+
+
+def test_a_finished_task_is_409(worker: Launcher, running: str, alice: AuthedClient,
+                                redis_client: redis.Redis) -> None:
+    record_task_exit(Store(redis_client), running, 0, "main", 0, exit_code=0, diagnostics="")
+
+    assert error_of(exec_(alice, ["id"]), 409) == "ConflictJobError"
+
+
+def test_a_container_gone_behind_the_records_back_is_409(
+        worker: Launcher, running: str, alice: AuthedClient) -> None:
+    container = worker.runtime.find(TaskRef(running, 0, "main", 0))
+    assert container is not None
+    container.stop(timeout=0)  # the monitor has not seen it exit yet
+
+    resp = exec_(alice, ["id"])
+    assert error_of(resp, 409) == "ConflictJobError"
+    assert worker.node.name in resp.json["message"]
+
+
+def test_the_command_is_killed_at_its_timeout(worker: Launcher, running: str,
+                                              alice: AuthedClient) -> None:
+    resp = exec_(alice, ["sh", "-c", "echo started; sleep 301; echo never"], timeoutSec=1)
+
+    assert resp.status_code == 200, resp.json
+    assert resp.json["timedOut"] is True
+    assert resp.json["output"] == "started\n"
+    assert resp.json["exitCode"] != 0
+    container = worker.runtime.find(TaskRef(running, 0, "main", 0))
+    assert container is not None
+    deadline = time.monotonic() + WAIT_SECONDS
+    while any("sleep 301" in " ".join(p) for p in container.top()["Processes"]):
+        assert time.monotonic() < deadline, "the timed-out command still runs"
+        time.sleep(0.1)
+    assert container.status == "running"  # the task itself goes on
+
+
+def test_every_exec_is_audited(worker: Launcher, running: str, alice: AuthedClient,
+                               admin: AuthedClient, redis_client: redis.Redis) -> None:
+    exec_(alice, ["echo", "one"])
+    exec_(admin, ["echo", "two"])
+    exec_(alice, ["echo", "three"])
+
+    events = [e for e in Store(redis_client).get_events(running) if e["kind"] == "exec"]
+    assert [(e["user"], e["argv"]) for e in events] == [
+        ("alice", ["echo", "one"]), ("root", ["echo", "two"]), ("alice", ["echo", "three"])]
+    assert all(e["role"] == "main" and e["index"] == 0 and e["attempt"] == 0 for e in events)
+    [recorded] = telemetry.read_recorded(redis_client, [telemetry.TASK_EXECS])
+    assert recorded.counters == {("alice",): 2.0, ("root",): 1.0}
+
+
+def test_past_the_users_cap_is_429(worker: Launcher, running: str, alice: AuthedClient,
+                                   settings: Settings, redis_client: redis.Redis) -> None:
+    leases = FollowLeases(Store(redis_client), settings.exec_per_user, key=keys.exec_leases)
+    held = [leases.acquire("alice") for _ in range(settings.exec_per_user)]
+    assert all(held)
+
+    resp = exec_(alice, ["id"])
+    assert error_of(resp, 429) == "TooManyRequestsError"
+    assert resp.headers["Retry-After"]
+
+    leases.release("alice", str(held[0]))
+    assert exec_(alice, ["true"]).status_code == 200
+    # the exec gave its own lease back
+    assert redis_client.zcard(keys.exec_leases("alice")) == settings.exec_per_user - 1
+
+
+def test_a_node_with_every_exec_slot_taken_is_503(worker: Launcher, running: str,
+                                                  alice: AuthedClient,
+                                                  settings: Settings) -> None:
+    for _ in range(settings.exec_slots_per_node):
+        assert worker.exec_slots.acquire(blocking=False)
+    try:
+        resp = exec_(alice, ["id"])
+        assert error_of(resp, 503) == "ServiceUnavailableError"
+        assert resp.headers["Retry-After"]
+    finally:
+        for _ in range(settings.exec_slots_per_node):
+            worker.exec_slots.release()
+    assert exec_(alice, ["true"]).status_code == 200
+
+
+def test_an_api_process_waiting_for_all_it_may_is_503(worker: Launcher, running: str,
+                                                      alice: AuthedClient,
+                                                      flask_client: FlaskClient) -> None:
+    assert exec_(alice, ["true"]).status_code == 200
+    state = flask_client.application.extensions[api_execs.EXTENSION]
+    while state.slots.take():  # bounded by the slots
+        pass
+    try:
+        assert error_of(exec_(alice, ["id"]), 503) == "ServiceUnavailableError"
+    finally:
+        state.slots.used = 0
+    assert exec_(alice, ["true"]).status_code == 200
+
+
+def test_a_node_that_does_not_answer_is_504(launcher: Launcher, settings: Settings,
+                                            redis_client: redis.Redis, test_image: str) -> None:
+    quick = create_app(dataclasses.replace(settings, exec_answer_margin_seconds=0.2))
+    client: FlaskClient = quick.test_client()
+    admin = signed_in(client, "root")
+    assert admin.post("/api/v1/user", json={"username": "alice",
+                                            "password": "secret-pw"}).status_code == 201
+    run_task(Store(redis_client), launcher, test_image)  # no worker takes the node's queue
+
+    resp = signed_in(client, "alice").post(EXEC_URL, json={"command": ["id"], "timeoutSec": 1})
+    assert error_of(resp, 504) == "GatewayTimeoutError"
+    assert redis_client.zcard(keys.exec_leases("alice")) == 0
+
+
+# -------------------------------------------------------------- launcher
+
+
+def forge(redis_client: redis.Redis, job_id: str, node: str, argv: list[str], *,
+          attempt: int = 0) -> ExecRequest:
+    """A request written straight into Redis, as the API would (or an attacker)."""
+    request = ExecRequest.new(job_id=job_id, attempt=attempt, role="main", index=0,
+                              node=node, argv=argv, timeout_seconds=10, user="alice")
+    pipe = redis_client.pipeline()
+    execs.write_request(pipe, request)
+    pipe.execute()
+    return request
+
+
+def test_a_redelivered_message_runs_the_command_once(
+        launcher_app: tuple[Celery, Launcher], running: str,
+        redis_client: redis.Redis) -> None:
+    app, launcher = launcher_app
+    request = forge(redis_client, running, launcher.node.name,
+                    ["sh", "-c", "echo ran >> /tmp/ran; echo done"])
+    handler = app.tasks[messaging.EXEC]
+    handler.apply(args=[request.id]).get()
+    handler.apply(args=[request.id]).get()  # the same message again
+
+    result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
+    assert result is not None and result.outcome == Outcome.DONE
+    assert result.output == "done\n"
+    assert in_container(launcher, running, "cat /tmp/ran") == "ran\n"
+    assert redis_client.llen(keys.exec_result(request.id)) == 0  # one answer only
+
+
+def test_a_request_for_another_node_does_nothing(
+        launcher_app: tuple[Celery, Launcher], running: str,
+        redis_client: redis.Redis) -> None:
+    app, launcher = launcher_app
+    request = forge(redis_client, running, "node-elsewhere", ["sh", "-c", "touch /tmp/forged"])
+    app.tasks[messaging.EXEC].apply(args=[request.id]).get()
+
+    assert not redis_client.exists(keys.exec_result(request.id))
+    assert redis_client.hget(keys.exec_request(request.id), execs.CLAIMED) is None
+    assert in_container(launcher, running, "ls /tmp/forged 2>&1 || true").endswith(
+        "No such file or directory\n")
+
+
+def test_a_request_for_another_attempt_is_not_run(
+        launcher_app: tuple[Celery, Launcher], running: str,
+        redis_client: redis.Redis) -> None:
+    app, launcher = launcher_app
+    request = forge(redis_client, running, launcher.node.name,
+                    ["sh", "-c", "touch /tmp/forged"], attempt=1)
+    app.tasks[messaging.EXEC].apply(args=[request.id]).get()
+
+    result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
+    assert result is not None and result.outcome == Outcome.NOT_RUNNING
+    assert in_container(launcher, running, "ls /tmp/forged 2>&1 || true").endswith(
+        "No such file or directory\n")
+
+
+def test_an_expired_or_unknown_request_does_nothing(
+        launcher_app: tuple[Celery, Launcher], running: str,
+        redis_client: redis.Redis) -> None:
+    app, _ = launcher_app
+    app.tasks[messaging.EXEC].apply(args=["no-such-request"]).get()
+    assert not redis_client.exists(keys.exec_result("no-such-request"))
