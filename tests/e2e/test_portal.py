@@ -99,13 +99,16 @@ def test_a_running_jobs_log_arrives_live_and_the_stop_button_stops_it(
     submit_from_editor(page, {
         "jobName": name, "image": "pai-test/busybox:latest",
         "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
-                       "command": "i=0; while true; do i=$((i+1)); echo tick $i; "
-                                  "sleep 1; done"}]})
+                       "command": "echo '<img src=x onerror=alert(1)>'; i=0; "
+                                  "while true; do i=$((i+1)); echo tick $i; sleep 1; done"}]})
     expect(page).to_have_url(re.compile(rf"/jobs/{USER}/{name}$"))
     expect(page.locator("#job-state")).to_have_text("RUNNING", timeout=JOB_SECONDS)
     # lines printed after the page opened reach it while the job runs
     expect(page.locator("#log-text")).to_contain_text("tick 3", timeout=JOB_SECONDS)
     expect(page.locator("#job-state")).to_have_text("RUNNING")
+    # a job's output is text on the page, never markup
+    expect(page.locator("#log-text")).to_contain_text("<img src=x onerror=alert(1)>")
+    expect(page.locator("#log-text img")).to_have_count(0)
     shot(page, "job-running")
 
     page.locator("#stop").click()
@@ -153,6 +156,14 @@ def test_the_job_list_filters_and_the_overview_pages_show_the_cluster(
     expect(rows.first).to_contain_text(f"{prefix}-a")
     expect(page.locator("#job-count")).to_contain_text("1 job;")
     shot(page, "jobs-filtered")
+    page.get_by_label("Name contains").fill(prefix)
+    page.get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(2)
+    page.get_by_role("link", name="Name").click()  # sort by name, ascending
+    expect(page.locator("th[aria-sort=ascending]")).to_have_text("Name ▲")
+    expect(rows.first).to_contain_text(f"{prefix}-a")
+    page.get_by_role("link", name="Name ▲").click()
+    expect(rows.first).to_contain_text(f"{prefix}-b")
 
     page.goto("/")
     expect(page.get_by_role("heading", name="My recent jobs")).to_be_visible()

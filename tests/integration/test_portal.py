@@ -212,3 +212,21 @@ def test_overview_pages_render_the_apis_views(browser: FlaskClient,
     vcs = browser.get("/virtual-clusters").get_data(as_text=True)
     assert '<th scope="row">default' in vcs
     assert browser.get("/nodes").status_code == 200
+
+
+def test_what_a_user_wrote_is_text_on_every_page(browser: FlaskClient,
+                                                 alice: AuthedClient) -> None:
+    attack = "</pre><script>alert(1)</script>"
+    submitted = alice.post("/api/v1/user/alice/jobs", json=config("marked") | {
+        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
+                       "command": f"echo '{attack}'"}]})
+    assert submitted.status_code == 202, submitted.json
+    portal_login(browser, "alice")
+    resp = browser.get("/jobs/alice/marked")
+    html = resp.get_data(as_text=True)
+    assert resp.status_code == 200 and "<script>alert" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    policy = resp.headers["Content-Security-Policy"]
+    assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    submit = browser.get("/submit?next=x").get_data(as_text=True)
+    assert "<script>alert" not in submit
