@@ -4,6 +4,7 @@ CSRF check, and that it shows and does only what the API allows the user."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import io
 import json
 import re
@@ -177,8 +178,8 @@ def test_submit_shows_field_errors_and_a_dry_run_submits_nothing(
                                                   '"taskRoles": [{"name": "main", '
                                                   '"taskNumber": 0, "command": "true"}]}'})
     assert bad.status_code == 400
-    html = bad.get_data(as_text=True)
-    assert re.search(r"<code>taskRoles\.0\.taskNumber</code></th><td>[^<]+", html)
+    shown = bad.get_data(as_text=True)
+    assert re.search(r"<code>taskRoles\.0\.taskNumber</code></th><td>[^<]+", shown)
 
     dry = browser.post("/submit", data={"csrf_token": csrf, "action": "dryrun",
                                         "config": yaml.safe_dump(config("dry"))})
@@ -223,10 +224,22 @@ def test_what_a_user_wrote_is_text_on_every_page(browser: FlaskClient,
     assert submitted.status_code == 202, submitted.json
     portal_login(browser, "alice")
     resp = browser.get("/jobs/alice/marked")
-    html = resp.get_data(as_text=True)
-    assert resp.status_code == 200 and "<script>alert" not in html
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    shown = resp.get_data(as_text=True)
+    assert resp.status_code == 200 and "<script>alert" not in shown
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in shown
     policy = resp.headers["Content-Security-Policy"]
     assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
     submit = browser.get("/submit?next=x").get_data(as_text=True)
     assert "<script>alert" not in submit
+
+
+def test_the_v2_example_is_offered_and_dry_runs_as_yaml(browser: FlaskClient,
+                                                        alice: AuthedClient) -> None:
+    csrf = portal_login(browser, "alice")
+    editor = browser.get("/submit?example=v2-two-roles").get_data(as_text=True)
+    text = re.search(r'<textarea id="config"[^>]*>(.*?)</textarea>', editor, re.S)
+    assert text is not None and "protocolVersion: 2" in text.group(1)
+    dry = browser.post("/submit", data={"csrf_token": csrf, "action": "dryrun",
+                                        "config": html.unescape(text.group(1))})
+    assert dry.status_code == 200, dry.get_data(as_text=True)[-800:]
+    assert "Dry run: the config is valid" in dry.get_data(as_text=True)
