@@ -243,3 +243,15 @@ def test_the_v2_example_is_offered_and_dry_runs_as_yaml(browser: FlaskClient,
                                         "config": html.unescape(text.group(1))})
     assert dry.status_code == 200, dry.get_data(as_text=True)[-800:]
     assert "Dry run: the config is valid" in dry.get_data(as_text=True)
+
+
+def test_the_portal_works_under_openpais_rest_server_prefix(browser: FlaskClient,
+                                                            alice: AuthedClient) -> None:
+    page = browser.get("/rest-server/login").get_data(as_text=True)
+    assert 'action="/rest-server/login"' in page
+    resp = browser.post("/rest-server/login", data={
+        "csrf_token": csrf_of(page), "username": "alice", "password": "secret-pw",
+        "next": "/rest-server/jobs"})
+    assert resp.headers["Location"] == "/rest-server/jobs"
+    assert 'href="/rest-server/portal/static/portal.css"' in \
+        browser.get("/rest-server/jobs").get_data(as_text=True)
