@@ -65,6 +65,8 @@ RUN set -eu; \
     useradd --uid 10001 --gid pai --home-dir /nonexistent --no-create-home \
         --shell /usr/sbin/nologin pai
 COPY --from=builder /opt/pai /opt/pai
+# The web portal's submit editor starts from these (docs/portal.md).
+COPY examples/hello-world.json examples/v2-two-roles.yaml /opt/pai/examples/
 ENV PATH=/opt/pai/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     XDG_RUNTIME_DIR=/tmp \

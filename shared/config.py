@@ -309,6 +309,9 @@ class Settings:
     exec_per_user: int = 4
     exec_slots_per_node: int = 8
     exec_answer_margin_seconds: float = 10.0
+    # The web portal's session cookie carries Secure: set it when users reach
+    # the API over https (a proxy of the operator's), docs/portal.md.
+    portal_secure_cookie: bool = False
 
     @property
     def default_fs_uri(self) -> str:
@@ -382,6 +385,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         login_window_seconds=_seconds(env, "PAI_LOGIN_WINDOW_SECONDS",
                                       defaults.login_window_seconds),
         api_trust_forwarded_for=_bool(env, "PAI_API_TRUST_FORWARDED_FOR"),
+        portal_secure_cookie=_bool(env, "PAI_PORTAL_SECURE_COOKIE"),
         retention_days=_int(env, "PAI_RETENTION_DAYS", defaults.retention_days) or 0,
         retention_compact_after_seconds=_seconds(env, "PAI_RETENTION_COMPACT_AFTER_SECONDS",
                                                  defaults.retention_compact_after_seconds),

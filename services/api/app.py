@@ -13,6 +13,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from services.api import auth, cluster, execs, jobs, metrics, openapi, storage, users, vcs
 from services.api.errors import register_error_handlers
 from services.api.platform import Platform
+from services.portal import views as portal
 from shared.accounts import Accounts
 from shared.config import Settings, load_settings
 from shared.messaging import Messenger, make_celery
@@ -41,6 +42,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.before_request(auth.authenticate)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
+    portal.init_app(app, settings)  # the web portal: pages over these same views
     _bootstrap_when_reachable(app, settings)
     app.wsgi_app = _OpenPaiPrefix(app.wsgi_app)  # type: ignore[method-assign]
     return app

@@ -1,0 +1,93 @@
+// pai portal: progressive enhancement only; every page works without it.
+"use strict";
+
+function selectAll() {
+  const all = document.getElementById("select-all");
+  if (!all) return;
+  all.addEventListener("change", () => {
+    for (const box of document.querySelectorAll('#jobs input[name="job"]')) box.checked = all.checked;
+  });
+}
+
+function loadFile() {
+  const input = document.getElementById("file");
+  const text = document.getElementById("config");
+  if (!input || !text) return;
+  input.addEventListener("change", () => {
+    const file = input.files && input.files[0];
+    if (!file) return;
+    file.text().then((content) => { text.value = content; });
+  });
+}
+
+// The log viewer: a task's log through the API's server-sent events. The
+// browser reconnects by itself and resumes after the last line (Last-Event-ID);
+// the "end" event says the task ended and the whole log was sent.
+let source = null;
+let following = "";
+
+function follow(button) {
+  const pre = document.getElementById("log-text");
+  const note = document.getElementById("log-source");
+  if (!pre || !note) return;
+  if (source) source.close();
+  following = button.dataset.src;
+  pre.textContent = "";
+  const label = button.dataset.label;
+  note.textContent = "Following the log of " + label + "…";
+  const url = following + (following.includes("?") ? "&" : "?") + "follow=true&tail=1000";
+  source = new EventSource(url);
+  source.onmessage = (event) => {
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.append(event.data + "\n");
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  };
+  source.addEventListener("end", () => {
+    source.close();
+    note.textContent = "The log of " + label + " is complete (the task ended).";
+  });
+  source.onerror = () => {
+    if (source.readyState === EventSource.CLOSED) note.textContent = "The log of " + label + " is unavailable.";
+  };
+}
+
+function followFirst() {
+  if (following) return;
+  const first = document.querySelector("button.show-log");
+  if (first) follow(first);
+}
+
+// While a job is not final, its status, tasks and attempts are read again
+// every few seconds from this same page (no second way to render them).
+const REFRESH_MS = 2000;
+
+function refreshJob() {
+  const job = document.getElementById("job");
+  if (!job || job.dataset.final === "true") return;
+  setTimeout(() => {
+    fetch(window.location.href, {credentials: "same-origin", headers: {"Accept": "text/html"}})
+      .then((response) => response.ok ? response.text() : Promise.reject(response.status))
+      .then((html) => {
+        const fresh = new DOMParser().parseFromString(html, "text/html").getElementById("job");
+        if (fresh) {
+          job.innerHTML = fresh.innerHTML;
+          job.dataset.final = fresh.dataset.final;
+          followFirst();
+        }
+      })
+      .catch(() => {})
+      .finally(refreshJob);
+  }, REFRESH_MS);
+}
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest && event.target.closest("button.show-log");
+  if (button) follow(button);
+});
+
+document.addEventListener("DOMContentLoaded", () => {
+  selectAll();
+  loadFile();
+  followFirst();
+  refreshJob();
+});

@@ -1,0 +1,257 @@
+"""The portal through Flask's test client on a real Redis: its session, its
+CSRF check, and that it shows and does only what the API allows the user."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import io
+import json
+import re
+
+import pytest
+import yaml
+from flask.testing import FlaskClient
+
+from services.api.app import create_app
+from shared.config import Settings
+from tests.integration.api_client import AuthedClient, config
+
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def csrf_of(html: str) -> str:
+    found = CSRF.search(html)
+    assert found, "the page has no CSRF field"
+    return found.group(1)
+
+
+def portal_login(client: FlaskClient, username: str, password: str = "secret-pw") -> str:
+    """Log in through the login form, as a browser does; the session's CSRF token."""
+    token = csrf_of(client.get("/login").get_data(as_text=True))
+    resp = client.post("/login", data={"csrf_token": token, "username": username,
+                                       "password": password, "next": "/jobs"})
+    assert resp.status_code == 302, resp.get_data(as_text=True)
+    assert resp.headers["Location"] == "/jobs"
+    return csrf_of(client.get("/jobs").get_data(as_text=True))
+
+
+@pytest.fixture
+def browser(settings: Settings, alice: AuthedClient, bob: AuthedClient) -> FlaskClient:
+    """A second client of the same app (its own cookie jar): the browser."""
+    return alice.client.application.test_client()
+
+
+def test_a_page_sends_a_logged_out_visitor_to_the_login(browser: FlaskClient) -> None:
+    for page in ("/", "/jobs", "/submit", "/nodes", "/virtual-clusters", "/jobs/alice/x"):
+        resp = browser.get(page)
+        assert resp.status_code == 302, page
+        assert resp.headers["Location"].startswith("/login?next=")
+    log = browser.get("/jobs/alice/x/tasks/main/0/log")
+    assert log.status_code == 401  # an EventSource gets the API's error, not a page
+
+
+def test_the_session_cookie_is_httponly_and_samesite(browser: FlaskClient) -> None:
+    token = csrf_of(browser.get("/login").get_data(as_text=True))
+    resp = browser.post("/login", data={"csrf_token": token, "username": "alice",
+                                        "password": "secret-pw"})
+    cookie = resp.headers["Set-Cookie"]
+    assert cookie.startswith("pai_portal=")
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    assert "Secure" not in cookie  # plain http unless the operator says https
+    assert "eyJ" not in resp.get_data(as_text=True)  # no token in the page
+
+
+def test_behind_https_the_cookie_is_secure(settings: Settings, alice: AuthedClient) -> None:
+    client = create_app(dataclasses.replace(settings, portal_secure_cookie=True)).test_client()
+    token = csrf_of(client.get("/login").get_data(as_text=True))
+    resp = client.post("/login", data={"csrf_token": token, "username": "alice",
+                                       "password": "secret-pw"})
+    assert resp.status_code == 302
+    assert "Secure" in resp.headers["Set-Cookie"]
+
+
+def test_a_post_without_the_csrf_token_is_refused(browser: FlaskClient,
+                                                  alice: AuthedClient) -> None:
+    assert browser.post("/login", data={"username": "alice",
+                                        "password": "secret-pw"}).status_code == 400
+    real = portal_login(browser, "alice")
+    alice.post("/api/v1/user/alice/jobs", json=config("keep"))
+    for sent in ({}, {"csrf_token": "forged"}, {"csrf_token": real[:-1]}):
+        resp = browser.post("/jobs/alice/keep/stop", data=sent)
+        assert resp.status_code == 400, sent
+        resp = browser.post("/jobs/stop", data={**sent, "job": "alice/keep"})
+        assert resp.status_code == 400, sent
+    assert alice.get("/api/v1/user/alice/jobs/keep").json["jobStatus"]["state"] == "WAITING"
+    assert browser.post("/logout", data={}).status_code == 400
+
+
+def test_a_wrong_password_shows_the_apis_answer_and_counts_as_its_failures(
+        settings: Settings, alice: AuthedClient) -> None:
+    limited = dataclasses.replace(settings, login_failures_per_user=2)
+    client = create_app(limited).test_client()
+    answers = []
+    for _ in range(3):
+        token = csrf_of(client.get("/login").get_data(as_text=True))
+        resp = client.post("/login", data={"csrf_token": token, "username": "alice",
+                                           "password": "wrong"})
+        answers.append((resp.status_code, resp.get_data(as_text=True)))
+    assert [status for status, _ in answers] == [401, 401, 429]
+    assert "the user name or the password is incorrect" in answers[0][1]
+    assert "too many failed logins" in answers[2][1]
+    # the REST API refuses the same user now: one throttle, not two
+    api = client.post("/api/v1/token", json={"username": "alice", "password": "secret-pw"})
+    assert api.status_code == 429
+
+
+def test_logout_revokes_the_token_so_a_copied_cookie_is_dead(browser: FlaskClient) -> None:
+    csrf = portal_login(browser, "alice")
+    cookie = browser.get_cookie("pai_portal")
+    assert cookie is not None
+    stolen = browser.application.test_client()
+    stolen.set_cookie("pai_portal", cookie.value)
+    assert stolen.get("/jobs").status_code == 200
+    assert browser.post("/logout", data={"csrf_token": csrf}).status_code == 302
+    assert stolen.get("/jobs").status_code == 302  # to the login: the token is revoked
+
+
+def test_a_user_sees_another_users_job_only_as_the_api_allows(
+        browser: FlaskClient, alice: AuthedClient) -> None:
+    alice.post("/api/v1/user/alice/jobs", json=config("private"))
+    csrf = portal_login(browser, "bob")
+
+    page = browser.get("/jobs/alice/private").get_data(as_text=True)
+    assert "WAITING" in page  # the detail: the API shows it to every user
+    assert "only alice or an admin may read the config for this job" in page
+    assert 'id="stop"' not in page and 'id="log-viewer"' not in page
+    assert '"command"' not in page  # the config is not in the page
+
+    log = browser.get("/jobs/alice/private/tasks/main/0/log")
+    assert log.status_code == 403
+    clone = browser.get("/submit?clone=alice/private", follow_redirects=True)
+    assert "cannot clone alice/private" in clone.get_data(as_text=True)
+    assert '"command": "echo hi"' not in clone.get_data(as_text=True)
+
+    stop = browser.post("/jobs/alice/private/stop", data={"csrf_token": csrf},
+                        follow_redirects=True)
+    assert "only alice or an admin may stop for this job" in stop.get_data(as_text=True)
+    batch = browser.post("/jobs/stop", data={"csrf_token": csrf, "job": ["alice/private"],
+                                             "next": "/jobs"}, follow_redirects=True)
+    assert "alice/private: only alice or an admin may stop" in batch.get_data(as_text=True)
+    assert alice.get("/api/v1/user/alice/jobs/private").json["jobStatus"]["state"] == "WAITING"
+
+
+def test_the_owner_stops_a_job_from_the_list(browser: FlaskClient, alice: AuthedClient) -> None:
+    for name in ("one", "two"):
+        alice.post("/api/v1/user/alice/jobs", json=config(name))
+    csrf = portal_login(browser, "alice")
+    resp = browser.post("/jobs/stop", data={"csrf_token": csrf, "job": ["alice/one", "nope"],
+                                            "next": "//evil.example/x"})
+    assert resp.headers["Location"] == "/jobs"  # never off the site
+    page = browser.get("/jobs").get_data(as_text=True)
+    assert "alice/one: stop requested" in page and "nope: not a job" in page
+    assert alice.get("/api/v1/user/alice/jobs/one").json["jobStatus"]["state"] != "WAITING"
+    assert alice.get("/api/v1/user/alice/jobs/two").json["jobStatus"]["state"] == "WAITING"
+
+
+def test_the_job_list_filters_through_the_api(browser: FlaskClient, alice: AuthedClient,
+                                              bob: AuthedClient) -> None:
+    alice.post("/api/v1/user/alice/jobs", json=config("alpha"))
+    bob.post("/api/v1/user/bob/jobs", json=config("beta"))
+    portal_login(browser, "alice")
+    mine = browser.get("/jobs?username=bob").get_data(as_text=True)
+    assert "/jobs/bob/beta" in mine and "/jobs/alice/alpha" not in mine
+    keyword = browser.get("/jobs?keyword=alp").get_data(as_text=True)
+    assert "/jobs/alice/alpha" in keyword and "/jobs/bob/beta" not in keyword
+    bad = browser.get("/jobs?state=NOPE")
+    assert "state is one of WAITING" in bad.get_data(as_text=True)
+
+
+def test_submit_shows_field_errors_and_a_dry_run_submits_nothing(
+        browser: FlaskClient, alice: AuthedClient) -> None:
+    csrf = portal_login(browser, "alice")
+    editor = browser.get("/submit").get_data(as_text=True)
+    assert "hello-world" in editor  # prefilled with examples/hello-world.json
+
+    bad = browser.post("/submit", data={"csrf_token": csrf, "action": "submit",
+                                        "config": '{"jobName": "x", "image": "busybox", '
+                                                  '"taskRoles": [{"name": "main", '
+                                                  '"taskNumber": 0, "command": "true"}]}'})
+    assert bad.status_code == 400
+    shown = bad.get_data(as_text=True)
+    assert re.search(r"<code>taskRoles\.0\.taskNumber</code></th><td>[^<]+", shown)
+
+    dry = browser.post("/submit", data={"csrf_token": csrf, "action": "dryrun",
+                                        "config": yaml.safe_dump(config("dry"))})
+    assert dry.status_code == 200, dry.get_data(as_text=True)[-1500:]
+    assert "Dry run: the config is valid" in dry.get_data(as_text=True)
+    assert alice.get("/api/v1/user/alice/jobs/dry").status_code == 404
+
+    done = browser.post("/submit", data={"csrf_token": csrf, "action": "submit",
+                                         "config": json.dumps(config("real"))})
+    assert done.headers["Location"] == "/jobs/alice/real"
+    assert alice.get("/api/v1/user/alice/jobs/real").status_code == 200
+    clone = browser.get("/submit?clone=alice/real").get_data(as_text=True)
+    assert re.search(r"&#34;jobName&#34;: &#34;real-[0-9a-f]{4}&#34;", clone)
+
+
+def test_a_file_upload_replaces_the_editor_text(browser: FlaskClient,
+                                                alice: AuthedClient) -> None:
+    csrf = portal_login(browser, "alice")
+    resp = browser.post("/submit", content_type="multipart/form-data", data={
+        "csrf_token": csrf, "action": "submit", "config": "not: [valid",
+        "file": (io.BytesIO(yaml.safe_dump(config("fromfile")).encode()), "job.yaml")})
+    assert resp.headers["Location"] == "/jobs/alice/fromfile"
+
+
+def test_overview_pages_render_the_apis_views(browser: FlaskClient,
+                                              alice: AuthedClient) -> None:
+    alice.post("/api/v1/user/alice/jobs", json=config("waits"))
+    portal_login(browser, "alice")
+    home = browser.get("/").get_data(as_text=True)
+    assert "My recent jobs" in home and "/jobs/alice/waits" in home
+    vcs = browser.get("/virtual-clusters").get_data(as_text=True)
+    assert '<th scope="row">default' in vcs
+    assert browser.get("/nodes").status_code == 200
+
+
+def test_what_a_user_wrote_is_text_on_every_page(browser: FlaskClient,
+                                                 alice: AuthedClient) -> None:
+    attack = "</pre><script>alert(1)</script>"
+    submitted = alice.post("/api/v1/user/alice/jobs", json=config("marked") | {
+        "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
+                       "command": f"echo '{attack}'"}]})
+    assert submitted.status_code == 202, submitted.json
+    portal_login(browser, "alice")
+    resp = browser.get("/jobs/alice/marked")
+    shown = resp.get_data(as_text=True)
+    assert resp.status_code == 200 and "<script>alert" not in shown
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in shown
+    policy = resp.headers["Content-Security-Policy"]
+    assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    submit = browser.get("/submit?next=x").get_data(as_text=True)
+    assert "<script>alert" not in submit
+
+
+def test_the_v2_example_is_offered_and_dry_runs_as_yaml(browser: FlaskClient,
+                                                        alice: AuthedClient) -> None:
+    csrf = portal_login(browser, "alice")
+    editor = browser.get("/submit?example=v2-two-roles").get_data(as_text=True)
+    text = re.search(r'<textarea id="config"[^>]*>(.*?)</textarea>', editor, re.S)
+    assert text is not None and "protocolVersion: 2" in text.group(1)
+    dry = browser.post("/submit", data={"csrf_token": csrf, "action": "dryrun",
+                                        "config": html.unescape(text.group(1))})
+    assert dry.status_code == 200, dry.get_data(as_text=True)[-800:]
+    assert "Dry run: the config is valid" in dry.get_data(as_text=True)
+
+
+def test_the_portal_works_under_openpais_rest_server_prefix(browser: FlaskClient,
+                                                            alice: AuthedClient) -> None:
+    page = browser.get("/rest-server/login").get_data(as_text=True)
+    assert 'action="/rest-server/login"' in page
+    resp = browser.post("/rest-server/login", data={
+        "csrf_token": csrf_of(page), "username": "alice", "password": "secret-pw",
+        "next": "/rest-server/jobs"})
+    assert resp.headers["Location"] == "/rest-server/jobs"
+    assert 'href="/rest-server/portal/static/portal.css"' in \
+        browser.get("/rest-server/jobs").get_data(as_text=True)
