@@ -257,12 +257,29 @@ def prometheus_query(stack: Stack, query: str) -> list[dict[str, Any]]:
     return result
 
 
+def _portal_offers_the_example(stack: Stack) -> None:
+    """The portal answers from the image, and its editor opens on the example
+    the image carries (a trial user's first submit)."""
+    portal = requests.Session()
+    login = portal.get(f"{stack.api}/login", timeout=10)
+    assert login.status_code == 200
+    token = re.search(r'name="csrf_token" value="([^"]+)"', login.text)
+    assert token, login.text
+    resp = portal.post(f"{stack.api}/login", timeout=10, allow_redirects=False,
+                       data={"csrf_token": token.group(1), "username": ADMIN[0],
+                             "password": ADMIN[1], "next": "/submit"})
+    assert resp.status_code == 302, resp.text
+    editor = portal.get(f"{stack.api}/submit", timeout=10)
+    assert editor.status_code == 200 and "hello-world" in editor.text
+
+
 def test_services_come_up_healthy(stack: Stack) -> None:
     started = time.monotonic()
     wait_for(lambda: healthy(stack), timeout=180, interval=1,
              what="every service to report healthy")
     print(f"\ncompose up to healthy: {time.monotonic() - started:.0f} s")
     assert requests.get(f"{stack.api}/healthz", timeout=5).json()["status"] == "ok"
+    _portal_offers_the_example(stack)
     for service in ("api", "scheduler"):
         uid = stack.service(service).exec_run(["id", "-u"]).output.decode().strip()
         assert uid == "10001", f"{service} runs as uid {uid}, not the image's user pai"
