@@ -278,11 +278,14 @@ class _JobSchema(_StrictSchema):
     @validates("extras")
     def _requested_capabilities(self, extras: dict[str, Any], **kwargs: Any) -> None:
         # The extras pai acts on: capabilities (whether they are granted is
-        # the VC's call, at submit), and HiveD's priority class.
+        # the VC's call, at submit), HiveD's priority class, and whether the
+        # tasks start all at once (gangAllocation, OpenPAI's default true).
         if "capabilities" in extras:
             errors = capability_list_errors(extras["capabilities"])
             if errors:
                 raise ValidationError({"capabilities": errors})
+        if "gangAllocation" in extras and not isinstance(extras["gangAllocation"], bool):
+            raise ValidationError({"gangAllocation": ["Must be true or false."]})
         hived = extras.get("hivedScheduler")
         if isinstance(hived, dict) and "jobPriorityClass" in hived \
                 and hived["jobPriorityClass"] not in CLASS_NAMES:

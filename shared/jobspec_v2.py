@@ -355,14 +355,12 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     ignored += _known(defaults, _V2DefaultsSchema(), "defaults.")
     extras = dict(job.get("extras") or {})
     acted = {}
-    for key in ("hivedScheduler", "capabilities"):
+    for key in ("hivedScheduler", "capabilities", "gangAllocation"):
         if key in extras:
             acted[key] = extras.pop(key)
     hived = acted.get("hivedScheduler")
     if isinstance(hived, dict):
         ignored += [f"extras.hivedScheduler.{k}" for k in hived if k != "jobPriorityClass"]
-    if extras.get("gangAllocation") is False:
-        notes.append("extras.gangAllocation: pai places all tasks of a job at once")
     ignored += [f"extras.{key}" for key in extras]
     if acted:
         config["extras"] = acted

@@ -176,9 +176,17 @@ def record_task_exit(
                     job.exit_diagnostics = outcome.reason
         if job.state == previous and not ended:
             job.version += 1  # a task moved: anyone deciding on the old view must re-read
+        # Tasks a partial placement (no gang allocation) had not placed yet
+        # never run in an attempt that ended.
+        unplaced = [t for t in tasks.values() if t.state == TaskState.WAITING] if ended else []
+        for waiting in unplaced:
+            _move_task(waiting, TaskState.STOPPED)
+            waiting.completed_ms = now_ms()
 
         pipe.multi()
-        store.write_tasks(pipe, job_id, attempt, [task])
+        store.write_tasks(pipe, job_id, attempt, [task, *unplaced])
+        if job.state.is_final:
+            store.dequeue(pipe, job_id, job.virtual_cluster)
         pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
         if closed is not None:
             store.write_attempt(pipe, job_id, closed)
@@ -279,6 +287,7 @@ def request_stop(store: Store, job_id: str) -> Job:
 def commit_placement(
     store: Store, job_id: str, *, version: int, attempt: int,
     placements: Sequence[TaskPlacement], launch_deadline_ms: int, mode: str = "",
+    gang: bool = True,
 ) -> bool:
     """Bind a gang: allocations on the nodes, tasks LAUNCHING, job dequeued.
 
@@ -287,17 +296,29 @@ def commit_placement(
     any of its nodes (cordon, drain: a node's entry in NODE_FLAGS), and what
     the nodes hold now leaves room for it: a pass that overlapped another (its
     lock expired) can never hand out a GPU or port twice.
+
+    `gang` False (a job without gang allocation): the placement may cover
+    some of the tasks still waiting, and the job may already run (its
+    first tasks started); it must still be queued and not being preempted.
+    It leaves the queue once no task of the attempt waits. Every task is
+    placed at most once: each must still be WAITING, under the same WATCH.
     """
     job_key = keys.job(job_id)
     node_keys = sorted({keys.node_alloc(p.node) for p in placements})
 
     def decide(pipe: Pipe) -> bool:
         job = store.read_job(pipe, job_id)
-        if job is None or job.version != version or job.state != JobState.WAITING \
-                or job.attempt != attempt:
+        if job is None or job.version != version or job.attempt != attempt:
+            return False
+        if gang and job.state != JobState.WAITING:
+            return False
+        if not gang and (job.state not in LIVE_JOB_STATES or job.preempted_by
+                         or pipe.zscore(keys.QUEUE, job_id) is None):
             return False
         tasks = store.read_tasks(pipe, job_id, attempt)
-        if {task_key(p.role, p.index) for p in placements} != set(tasks):
+        placed = {task_key(p.role, p.index) for p in placements}
+        if not placements or len(placed) != len(placements) or not placed <= set(tasks) \
+                or (gang and placed != set(tasks)):
             return False
         nodes = sorted({p.node for p in placements})
         if any(pipe.hmget(keys.NODE_FLAGS, nodes)):  # an admin holds one now
@@ -319,8 +340,9 @@ def commit_placement(
             task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
             task.launched_ms = launched
             changed.append(task)
-        store.bump(job)
+        previous = store.bump(job)
         job.waiting_reason, job.waiting, job.mode = "", "", mode
+        left = sum(t.state == TaskState.WAITING for t in tasks.values())
         pipe.multi()
         for p in placements:
             store.write_allocation(pipe, Allocation(
@@ -330,11 +352,12 @@ def commit_placement(
             pipe.zadd(keys.LAUNCHING,
                       {attempt_task_key(job_id, attempt, p.role, p.index): launch_deadline_ms})
         store.write_tasks(pipe, job_id, attempt, changed)
-        store.dequeue(pipe, job_id, job.virtual_cluster)
-        store.write_job(pipe, job, JobState.WAITING)
+        if not left:
+            store.dequeue(pipe, job_id, job.virtual_cluster)
+        store.write_job(pipe, job, previous)
         # Where each task went: the job's history, and what an audit of
         # GPUs and ports held at once reads (tests/chaos).
-        store.add_event(pipe, job_id, "placed", attempt=attempt,
+        store.add_event(pipe, job_id, "placed", attempt=attempt, waiting=left,
                         nodes=sorted({p.node for p in placements}), mode=mode,
                         tasks=[{"role": p.role, "index": p.index, "node": p.node,
                                 "gpus": list(p.gpus), "ports": list(p.all_ports)}
@@ -442,7 +465,8 @@ def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
     running (or gone) may be queued again by now: a retry re-queues it, a
     name freed by a delete is submitted again. Each entry is removed only if
     its record, read under WATCH, still says it has no business there
-    (missing, not WAITING, or without a config); a re-queue racing this
+    (missing, not WAITING nor RUNNING with tasks still to place, or without
+    a config); a re-queue racing this
     makes it re-read. Batches keep each transaction's WATCH list bounded.
     """
     dropped: list[str] = []
@@ -453,8 +477,8 @@ def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
             stale: dict[str, str | None] = {}
             for job_id in batch:
                 job = store.read_job(pipe, job_id)
-                if job is None or job.state != JobState.WAITING \
-                        or not pipe.exists(keys.job_config(job_id)):
+                if job is None or (job.state != JobState.WAITING and not _placing(
+                        store, pipe, job)) or not pipe.exists(keys.job_config(job_id)):
                     stale[job_id] = job.virtual_cluster if job is not None else None
             if stale:
                 pipe.multi()
@@ -464,6 +488,16 @@ def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
 
         dropped += store.transact(decide, *(keys.job(job_id) for job_id in batch))
     return dropped
+
+
+def _placing(store: Store, pipe: Pipe, job: Job) -> bool:
+    """A RUNNING job still being placed (no gang allocation): some task of
+    its attempt waits for a place. Its tasks are watched from here on."""
+    if job.state != JobState.RUNNING:
+        return False
+    pipe.watch(keys.job_tasks(job.id, job.attempt))
+    return any(t.state == TaskState.WAITING
+               for t in store.read_tasks(pipe, job.id, job.attempt).values())
 
 
 def renew_stale_launch(store: Store, member: str, deadline_ms: int) -> Task | None:

@@ -89,6 +89,9 @@ class JobSpec:
     capabilities: tuple[str, ...] = ()
     # Dirs outside every storage root (shared/storage.py): in the env, never mounted
     unmounted_dirs: tuple[str, ...] = ()
+    # extras.gangAllocation (OpenPAI): False lets the scheduler start the
+    # tasks as resources allow instead of all at once
+    gang_allocation: bool = True
 
     @property
     def total_tasks(self) -> int:
@@ -135,6 +138,7 @@ class JobSpec:
             preemption_grace_seconds=config.get("preemptionGracePeriodSec"),
             capabilities=tuple((config.get("extras") or {}).get("capabilities") or ()),
             unmounted_dirs=tuple(config.get("unmountedDirs") or ()),
+            gang_allocation=(config.get("extras") or {}).get("gangAllocation") is not False,
         )
 
 

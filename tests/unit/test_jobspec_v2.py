@@ -88,6 +88,10 @@ ACTS_ON = [
     ("deployment-unused-without-default", job(
         deployments=[{"name": "d", "taskRoles": {"worker": {"preCommands": ["pre"]}}}]),
      lambda c: role(c)["command"] == "echo a\necho b"),
+    ("gang-allocation-false", job(extras={"gangAllocation": False}),
+     lambda c: c["extras"]["gangAllocation"] is False),
+    ("gang-allocation-true", job(extras={"gangAllocation": True}),
+     lambda c: c["extras"]["gangAllocation"] is True),
     ("protocol-version-string", job(protocolVersion="2"), lambda c: c["jobName"] == "job1"),
 ]
 
@@ -106,7 +110,6 @@ IGNORED = [
     ("task-retry", job(taskRoles__worker__taskRetryCount=2), ["taskRoles.worker.taskRetryCount"]),
     ("runtime-plugin", job(extras={"com.microsoft.pai.runtimeplugin": [{"plugin": "ssh"}]}),
      ["extras.com.microsoft.pai.runtimeplugin"]),
-    ("gang-allocation", job(extras={"gangAllocation": False}), ["extras.gangAllocation"]),
     ("unknown-top-level", job(somethingNew=1), ["somethingNew"]),
     ("hived-other-keys", job(extras={"hivedScheduler": {"jobPriorityClass": "test",
                                                         "taskRoles": {}}}),
@@ -166,6 +169,8 @@ REFUSED = [
     ("too-many-secrets", job(secrets={f"s{i}": "x" for i in range(101)}), "secrets"),
     ("bad-priority", job(extras={"hivedScheduler": {"jobPriorityClass": "vip"}}),
      "extras.hivedScheduler.jobPriorityClass"),
+    ("gang-allocation-not-boolean", job(extras={"gangAllocation": "no"}),
+     "extras.gangAllocation"),
 ]
 
 
