@@ -222,6 +222,10 @@ class _TaskRoleSchema(_StrictSchema):
                                         validate.NoneOf([0], error="Must be -1 or at least 1.")])
     minSucceededTaskCount = _Int(allow_none=True, load_default=None,
                                  validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
+    # OpenPAI v2's per-role retry: a failed task restarts by itself this often
+    taskRetryCount = _Int(validate=validate.Range(min=0, max=MAX_RETRIES), metadata={
+        "description": "how often a failed task of the role is started again by itself "
+                       "(same node and resources) before its failure counts"})
 
     @validates_schema(skip_on_field_errors=False)
     def _cross_fields(self, data: dict[str, Any], **kwargs: Any) -> None:

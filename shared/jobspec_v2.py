@@ -334,9 +334,7 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
             v1["shmMB"] = options.pop("shmMB")
         ignored += [f"{where}.extraContainerOptions.{key}" for key in options]
         if role.get("taskRetryCount"):
-            ignored.append(f"{where}.taskRetryCount")
-            notes.append(f"{where}.taskRetryCount: pai retries whole attempts "
-                         f"(jobRetryCount), not single tasks")
+            v1["taskRetryCount"] = role["taskRetryCount"]
         if "instances" in resource:
             ignored.append(f"{where}.resourcePerInstance.instances")
         ignored += _known(role, _V2TaskRoleSchema(), f"{where}.")
@@ -410,7 +408,8 @@ _V1_TO_V2 = {"jobName": "name", "image": "prerequisites", "retryCount": "jobRetr
              "gpuNumber": "resourcePerInstance.gpu", "command": "commands",
              "portList": "resourcePerInstance.ports", "shmMB": "extraContainerOptions.shmMB",
              "minFailedTaskCount": "completion.minFailedInstances",
-             "minSucceededTaskCount": "completion.minSucceededInstances"}
+             "minSucceededTaskCount": "completion.minSucceededInstances",
+             "taskRetryCount": "taskRetryCount"}
 
 
 def _v2_path(path: str, roles: list[dict[str, Any]]) -> str:

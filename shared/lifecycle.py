@@ -19,7 +19,7 @@ from typing import Any
 
 from shared import keys, retention, telemetry
 from shared.cluster import placement_fits
-from shared.completion import decide_retry, evaluate_completion
+from shared.completion import NON_RETRYABLE_PREFIX, decide_retry, evaluate_completion
 from shared.models import (
     Allocation,
     Attempt,
@@ -39,6 +39,9 @@ from shared.store import Pipe, Store
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
+# A task retry's launch lease when the caller names none: the scheduler sends
+# the start again once it is over (retry_stale_launches)
+RELAUNCH_LEASE_MS = 60_000
 
 
 def initial_tasks(spec: JobSpec) -> list[Task]:
@@ -79,6 +82,9 @@ class ExitReport:
     attempt_ended: bool
     retried: bool
     node: str | None
+    # The task failed and its role's taskRetryCount covers it: it launches
+    # again on its allocation (the caller sends the start)
+    relaunched: bool = False
 
 
 def _closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: int | None,
@@ -93,8 +99,15 @@ def _closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: i
 def record_task_exit(
     store: Store, job_id: str, attempt: int, role: str, index: int, *,
     exit_code: int, diagnostics: str = "", platform_failure: bool = False,
+    task_retry: int | None = None, relaunch_deadline_ms: int | None = None,
 ) -> ExitReport | None:
     """A task's container ended (or can never run): settle the task and job.
+
+    `task_retry`: which of the task's containers ended (TaskRef.retry); a
+    report of an earlier one is stale. None: whichever is current (a lost
+    node). A failure its role's `taskRetryCount` still covers relaunches the
+    task instead (`relaunched`): back to LAUNCHING on the same allocation,
+    its `retries` one up, under a launch lease to `relaunch_deadline_ms`.
 
     Returns None when the task was already settled (a repeated report).
     """
@@ -107,7 +120,14 @@ def record_task_exit(
         task = tasks.get(task_key(role, index))
         if job is None or task is None or task.state.is_final:
             return None
+        if task_retry is not None and task_retry != task.retries:
+            return None  # an earlier container of a retried task: settled by its retry
         live = attempt == job.attempt and job.state in LIVE_JOB_STATES
+        if live and exit_code != 0 and not platform_failure and not job.preempted_by \
+                and not diagnostics.startswith(NON_RETRYABLE_PREFIX):
+            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
+            if task.retries < spec.role(role).task_retry_count:
+                return _relaunch(pipe, job, task, exit_code, diagnostics)
         if not live or (job.preempted_by and exit_code != 0):
             target = TaskState.STOPPED
         else:
@@ -204,13 +224,34 @@ def record_task_exit(
                             retried=retried)
         return ExitReport(task.state, job.state, ended, retried, task.node)
 
+    def _relaunch(pipe: Pipe, job: Job, task: Task, exit_code: int,
+                  diagnostics: str) -> ExitReport:
+        """The failed task starts again by itself: a fresh container on its
+        allocation (node, GPUs, ports kept); the job and attempt go on."""
+        _move_task(task, TaskState.LAUNCHING)
+        task.retries += 1
+        task.container_id, task.started_ms, task.launched_ms = None, None, now_ms()
+        job.version += 1  # a task moved: anyone deciding on the old view must re-read
+        deadline = relaunch_deadline_ms or now_ms() + RELAUNCH_LEASE_MS
+        pipe.multi()
+        store.write_tasks(pipe, job_id, attempt, [task])
+        pipe.zadd(keys.LAUNCHING, {attempt_task_key(job_id, attempt, role, index): deadline})
+        store.write_job(pipe, job, job.state)
+        store.add_event(pipe, job_id, "task-retry", attempt=attempt, role=role, index=index,
+                        retries=task.retries, exitCode=exit_code, diagnostics=diagnostics,
+                        node=task.node)
+        telemetry.record(pipe, telemetry.TASK_EXITS, {"state": "RETRIED", "class": "user"})
+        return ExitReport(task.state, job.state, False, False, task.node, relaunched=True)
+
     return store.transact(decide, job_key)
 
 
 def mark_task_running(
     store: Store, job_id: str, attempt: int, role: str, index: int, container_id: str,
+    task_retry: int | None = None,
 ) -> bool:
-    """A task's container started. False: it belongs to no live task (stop it)."""
+    """A task's container started. False: it belongs to no live task (stop
+    it), or (`task_retry` given) it is not the task's current container."""
     job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
 
     def decide(pipe: Pipe) -> bool:
@@ -219,6 +260,8 @@ def mark_task_running(
         tasks = store.read_tasks(pipe, job_id, attempt)
         task = tasks.get(task_key(role, index))
         if job is None or task is None or attempt != job.attempt:
+            return False
+        if task_retry is not None and task_retry != task.retries:
             return False
         if job.state not in LIVE_JOB_STATES:
             return False

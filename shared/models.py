@@ -64,6 +64,9 @@ class TaskRoleSpec:
     ports: tuple[PortSpec, ...] = ()
     min_failed_task_count: int | None = None
     min_succeeded_task_count: int | None = None
+    # A failed task of this role is started again by itself (same node,
+    # GPUs and ports) this many times before its failure counts
+    task_retry_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class JobSpec:
                     for p in r.get("portList") or ()),
                 min_failed_task_count=r.get("minFailedTaskCount"),
                 min_succeeded_task_count=r.get("minSucceededTaskCount"),
+                task_retry_count=int(r.get("taskRetryCount") or 0),
             )
             for r in config["taskRoles"]
         )
@@ -250,6 +254,9 @@ class Task:
     launched_ms: int | None = None
     started_ms: int | None = None
     completed_ms: int | None = None
+    # Task retries so far (taskRetryCount): which container of the task is
+    # the current one (shared/containers.py names each apart)
+    retries: int = 0
 
     @property
     def key(self) -> str:

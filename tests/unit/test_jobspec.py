@@ -144,6 +144,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("extras-nested-object", config(extras={"a": [1, {"b": None}]})),
     ("authFile-string", config(authFile="hdfs://x/auth")),
     ("gangAllocation-false", config(extras={"gangAllocation": False})),
+    ("taskRetryCount-0-and-cap", config(taskRoles=[role(taskRetryCount=0),
+                                                   role(name="b", taskRetryCount=100)])),
     ("gangAllocation-true", config(extras={"gangAllocation": True})),
     ("taskRoles-100-roles", config(taskRoles=[role(name=f"r{i}") for i in range(100)])),
     ("total-tasks-10000", config(taskRoles=[role(name=f"r{i}", taskNumber=1000)
@@ -286,6 +288,12 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      config(taskRoles=[role(taskNumber=2, minSucceededTaskCount=3)]),
      "taskRoles.0.minSucceededTaskCount"),
     ("unknown-top-level-field", config(jobname="typo"), "jobname"),
+    ("taskRetryCount-negative", config(taskRoles=[role(taskRetryCount=-1)]),
+     "taskRoles.0.taskRetryCount"),
+    ("taskRetryCount-over-cap", config(taskRoles=[role(taskRetryCount=101)]),
+     "taskRoles.0.taskRetryCount"),
+    ("taskRetryCount-bool", config(taskRoles=[role(taskRetryCount=True)]),
+     "taskRoles.0.taskRetryCount"),
     ("gangAllocation-not-boolean", config(extras={"gangAllocation": 0}), "extras.gangAllocation"),
     ("unknown-role-field", config(taskRoles=[role(memoryMb=2048)]), "taskRoles.0.memoryMb"),
 ]
