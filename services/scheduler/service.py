@@ -132,7 +132,8 @@ class Scheduler:
         """The queued jobs' requests, and their records.
 
         Two round trips: every queued job's record, then the configs of the
-        jobs not parsed before.
+        jobs not parsed before (and a third for the tasks of jobs without
+        gang allocation, which ask only for their tasks still waiting).
         """
         ids = self.store.queued_job_ids()
         jobs, stale = [], []
