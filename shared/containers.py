@@ -1,8 +1,10 @@
 """How a task's container is named and labelled, for launcher and monitor alike.
 
-The name is deterministic in (job, attempt, role, index), so a repeated
-launch finds the container it already made; the labels let the monitor map
-any container back to its task without asking Redis.
+The name is deterministic in (job, attempt, role, index, task retry), so a
+repeated launch finds the container it already made and each task retry
+(taskRetryCount) gets a container of its own; the labels let the monitor
+map any container back to its task, and to which of its retries, without
+asking Redis.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ LABEL_INDEX = "pai.index"
 LABEL_NODE = "pai.node"
 LABEL_USER = "pai.user"
 LABEL_VC = "pai.vc"
+LABEL_TASK_RETRY = "pai.taskRetry"  # absent on a task's first container: 0
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
@@ -33,25 +36,31 @@ class TaskRef:
     attempt: int
     role: str
     index: int
+    retry: int = 0  # the task's retries before this container (Task.retries)
 
     @property
     def container_name(self) -> str:
-        return container_name(self.job_id, self.attempt, self.role, self.index)
+        return container_name(self.job_id, self.attempt, self.role, self.index, self.retry)
 
 
-def container_name(job_id: str, attempt: int, role: str, index: int) -> str:
-    """`pai-<job>-<attempt>-<role>-<index>-<hash>`: readable, and unique even
-    where two job ids differ only in characters Docker names cannot hold."""
-    digest = hashlib.sha1(f"{job_id}\0{attempt}\0{role}\0{index}".encode()).hexdigest()[:8]
+def container_name(job_id: str, attempt: int, role: str, index: int, retry: int = 0) -> str:
+    """`pai-<job>-<attempt>-<role>-<index>[-r<retry>]-<hash>`: readable, and
+    unique even where two job ids differ only in characters Docker names
+    cannot hold. A task's first container has no `-r` part."""
+    seed = f"{job_id}\0{attempt}\0{role}\0{index}" + (f"\0{retry}" if retry else "")
+    digest = hashlib.sha1(seed.encode()).hexdigest()[:8]
     readable = _UNSAFE.sub("-", f"{job_id}-{attempt}-{role}-{index}")[:200]
-    return f"pai-{readable}-{digest}"
+    return f"pai-{readable}{f'-r{retry}' if retry else ''}-{digest}"
 
 
 def task_labels(ref: TaskRef, *, node: str, username: str, vc: str) -> dict[str, str]:
-    return {
+    labels = {
         LABEL_JOB: ref.job_id, LABEL_ATTEMPT: str(ref.attempt), LABEL_ROLE: ref.role,
         LABEL_INDEX: str(ref.index), LABEL_NODE: node, LABEL_USER: username, LABEL_VC: vc,
     }
+    if ref.retry:
+        labels[LABEL_TASK_RETRY] = str(ref.retry)
+    return labels
 
 
 def task_ref_from_labels(labels: Mapping[str, str] | None) -> TaskRef | None:
@@ -60,7 +69,7 @@ def task_ref_from_labels(labels: Mapping[str, str] | None) -> TaskRef | None:
         return None
     try:
         return TaskRef(labels[LABEL_JOB], int(labels[LABEL_ATTEMPT]), labels[LABEL_ROLE],
-                       int(labels[LABEL_INDEX]))
+                       int(labels[LABEL_INDEX]), int(labels.get(LABEL_TASK_RETRY) or 0))
     except (KeyError, ValueError):
         return None
 

@@ -47,7 +47,7 @@ def infeasible_reasons(spec: JobSpec, nodes: Sequence[Node]) -> dict[str, list[s
             reasons.setdefault(path, []).append(
                 f"no node has {role.gpu_number} GPUs, {role.cpu_number} CPUs and "
                 f"{role.memory_mb} MB together")
-    if reasons:
+    if reasons or not spec.gang_allocation:  # without a gang, tasks may run one by one
         return reasons
     totals = (
         ("GPUs", sum(r.gpu_number * r.task_number for r in spec.task_roles),

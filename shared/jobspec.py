@@ -222,6 +222,10 @@ class _TaskRoleSchema(_StrictSchema):
                                         validate.NoneOf([0], error="Must be -1 or at least 1.")])
     minSucceededTaskCount = _Int(allow_none=True, load_default=None,
                                  validate=validate.Range(min=1, max=MAX_TASKS_PER_ROLE))
+    # OpenPAI v2's per-role retry: a failed task restarts by itself this often
+    taskRetryCount = _Int(validate=validate.Range(min=0, max=MAX_RETRIES), metadata={
+        "description": "how often a failed task of the role is started again by itself "
+                       "(same node and resources) before its failure counts"})
 
     @validates_schema(skip_on_field_errors=False)
     def _cross_fields(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -278,11 +282,14 @@ class _JobSchema(_StrictSchema):
     @validates("extras")
     def _requested_capabilities(self, extras: dict[str, Any], **kwargs: Any) -> None:
         # The extras pai acts on: capabilities (whether they are granted is
-        # the VC's call, at submit), and HiveD's priority class.
+        # the VC's call, at submit), HiveD's priority class, and whether the
+        # tasks start all at once (gangAllocation, OpenPAI's default true).
         if "capabilities" in extras:
             errors = capability_list_errors(extras["capabilities"])
             if errors:
                 raise ValidationError({"capabilities": errors})
+        if "gangAllocation" in extras and not isinstance(extras["gangAllocation"], bool):
+            raise ValidationError({"gangAllocation": ["Must be true or false."]})
         hived = extras.get("hivedScheduler")
         if isinstance(hived, dict) and "jobPriorityClass" in hived \
                 and hived["jobPriorityClass"] not in CLASS_NAMES:

@@ -334,9 +334,7 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
             v1["shmMB"] = options.pop("shmMB")
         ignored += [f"{where}.extraContainerOptions.{key}" for key in options]
         if role.get("taskRetryCount"):
-            ignored.append(f"{where}.taskRetryCount")
-            notes.append(f"{where}.taskRetryCount: pai retries whole attempts "
-                         f"(jobRetryCount), not single tasks")
+            v1["taskRetryCount"] = role["taskRetryCount"]
         if "instances" in resource:
             ignored.append(f"{where}.resourcePerInstance.instances")
         ignored += _known(role, _V2TaskRoleSchema(), f"{where}.")
@@ -355,14 +353,12 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     ignored += _known(defaults, _V2DefaultsSchema(), "defaults.")
     extras = dict(job.get("extras") or {})
     acted = {}
-    for key in ("hivedScheduler", "capabilities"):
+    for key in ("hivedScheduler", "capabilities", "gangAllocation"):
         if key in extras:
             acted[key] = extras.pop(key)
     hived = acted.get("hivedScheduler")
     if isinstance(hived, dict):
         ignored += [f"extras.hivedScheduler.{k}" for k in hived if k != "jobPriorityClass"]
-    if extras.get("gangAllocation") is False:
-        notes.append("extras.gangAllocation: pai places all tasks of a job at once")
     ignored += [f"extras.{key}" for key in extras]
     if acted:
         config["extras"] = acted
@@ -412,7 +408,8 @@ _V1_TO_V2 = {"jobName": "name", "image": "prerequisites", "retryCount": "jobRetr
              "gpuNumber": "resourcePerInstance.gpu", "command": "commands",
              "portList": "resourcePerInstance.ports", "shmMB": "extraContainerOptions.shmMB",
              "minFailedTaskCount": "completion.minFailedInstances",
-             "minSucceededTaskCount": "completion.minSucceededInstances"}
+             "minSucceededTaskCount": "completion.minSucceededInstances",
+             "taskRetryCount": "taskRetryCount"}
 
 
 def _v2_path(path: str, roles: list[dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from shared import keys, retention, telemetry
 from shared.cluster import placement_fits
-from shared.completion import decide_retry, evaluate_completion
+from shared.completion import NON_RETRYABLE_PREFIX, decide_retry, evaluate_completion
 from shared.models import (
     Allocation,
     Attempt,
@@ -39,6 +39,9 @@ from shared.store import Pipe, Store
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
+# A task retry's launch lease when the caller names none: the scheduler sends
+# the start again once it is over (retry_stale_launches)
+RELAUNCH_LEASE_MS = 60_000
 
 
 def initial_tasks(spec: JobSpec) -> list[Task]:
@@ -79,6 +82,9 @@ class ExitReport:
     attempt_ended: bool
     retried: bool
     node: str | None
+    # The task failed and its role's taskRetryCount covers it: it launches
+    # again on its allocation (the caller sends the start)
+    relaunched: bool = False
 
 
 def _closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: int | None,
@@ -93,8 +99,15 @@ def _closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: i
 def record_task_exit(
     store: Store, job_id: str, attempt: int, role: str, index: int, *,
     exit_code: int, diagnostics: str = "", platform_failure: bool = False,
+    task_retry: int | None = None, relaunch_deadline_ms: int | None = None,
 ) -> ExitReport | None:
     """A task's container ended (or can never run): settle the task and job.
+
+    `task_retry`: which of the task's containers ended (TaskRef.retry); a
+    report of an earlier one is stale. None: whichever is current (a lost
+    node). A failure its role's `taskRetryCount` still covers relaunches the
+    task instead (`relaunched`): back to LAUNCHING on the same allocation,
+    its `retries` one up, under a launch lease to `relaunch_deadline_ms`.
 
     Returns None when the task was already settled (a repeated report).
     """
@@ -107,7 +120,14 @@ def record_task_exit(
         task = tasks.get(task_key(role, index))
         if job is None or task is None or task.state.is_final:
             return None
+        if task_retry is not None and task_retry != task.retries:
+            return None  # an earlier container of a retried task: settled by its retry
         live = attempt == job.attempt and job.state in LIVE_JOB_STATES
+        if live and exit_code != 0 and not platform_failure and not job.preempted_by \
+                and not diagnostics.startswith(NON_RETRYABLE_PREFIX):
+            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
+            if task.retries < spec.role(role).task_retry_count:
+                return _relaunch(pipe, job, task, exit_code, diagnostics)
         if not live or (job.preempted_by and exit_code != 0):
             target = TaskState.STOPPED
         else:
@@ -176,9 +196,17 @@ def record_task_exit(
                     job.exit_diagnostics = outcome.reason
         if job.state == previous and not ended:
             job.version += 1  # a task moved: anyone deciding on the old view must re-read
+        # Tasks a partial placement (no gang allocation) had not placed yet
+        # never run in an attempt that ended.
+        unplaced = [t for t in tasks.values() if t.state == TaskState.WAITING] if ended else []
+        for waiting in unplaced:
+            _move_task(waiting, TaskState.STOPPED)
+            waiting.completed_ms = now_ms()
 
         pipe.multi()
-        store.write_tasks(pipe, job_id, attempt, [task])
+        store.write_tasks(pipe, job_id, attempt, [task, *unplaced])
+        if job.state.is_final:
+            store.dequeue(pipe, job_id, job.virtual_cluster)
         pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
         if closed is not None:
             store.write_attempt(pipe, job_id, closed)
@@ -196,13 +224,34 @@ def record_task_exit(
                             retried=retried)
         return ExitReport(task.state, job.state, ended, retried, task.node)
 
+    def _relaunch(pipe: Pipe, job: Job, task: Task, exit_code: int,
+                  diagnostics: str) -> ExitReport:
+        """The failed task starts again by itself: a fresh container on its
+        allocation (node, GPUs, ports kept); the job and attempt go on."""
+        _move_task(task, TaskState.LAUNCHING)
+        task.retries += 1
+        task.container_id, task.started_ms, task.launched_ms = None, None, now_ms()
+        job.version += 1  # a task moved: anyone deciding on the old view must re-read
+        deadline = relaunch_deadline_ms or now_ms() + RELAUNCH_LEASE_MS
+        pipe.multi()
+        store.write_tasks(pipe, job_id, attempt, [task])
+        pipe.zadd(keys.LAUNCHING, {attempt_task_key(job_id, attempt, role, index): deadline})
+        store.write_job(pipe, job, job.state)
+        store.add_event(pipe, job_id, "task-retry", attempt=attempt, role=role, index=index,
+                        retries=task.retries, exitCode=exit_code, diagnostics=diagnostics,
+                        node=task.node)
+        telemetry.record(pipe, telemetry.TASK_EXITS, {"state": "RETRIED", "class": "user"})
+        return ExitReport(task.state, job.state, False, False, task.node, relaunched=True)
+
     return store.transact(decide, job_key)
 
 
 def mark_task_running(
     store: Store, job_id: str, attempt: int, role: str, index: int, container_id: str,
+    task_retry: int | None = None,
 ) -> bool:
-    """A task's container started. False: it belongs to no live task (stop it)."""
+    """A task's container started. False: it belongs to no live task (stop
+    it), or (`task_retry` given) it is not the task's current container."""
     job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
 
     def decide(pipe: Pipe) -> bool:
@@ -211,6 +260,8 @@ def mark_task_running(
         tasks = store.read_tasks(pipe, job_id, attempt)
         task = tasks.get(task_key(role, index))
         if job is None or task is None or attempt != job.attempt:
+            return False
+        if task_retry is not None and task_retry != task.retries:
             return False
         if job.state not in LIVE_JOB_STATES:
             return False
@@ -279,6 +330,7 @@ def request_stop(store: Store, job_id: str) -> Job:
 def commit_placement(
     store: Store, job_id: str, *, version: int, attempt: int,
     placements: Sequence[TaskPlacement], launch_deadline_ms: int, mode: str = "",
+    gang: bool = True,
 ) -> bool:
     """Bind a gang: allocations on the nodes, tasks LAUNCHING, job dequeued.
 
@@ -287,17 +339,29 @@ def commit_placement(
     any of its nodes (cordon, drain: a node's entry in NODE_FLAGS), and what
     the nodes hold now leaves room for it: a pass that overlapped another (its
     lock expired) can never hand out a GPU or port twice.
+
+    `gang` False (a job without gang allocation): the placement may cover
+    some of the tasks still waiting, and the job may already run (its
+    first tasks started); it must still be queued and not being preempted.
+    It leaves the queue once no task of the attempt waits. Every task is
+    placed at most once: each must still be WAITING, under the same WATCH.
     """
     job_key = keys.job(job_id)
     node_keys = sorted({keys.node_alloc(p.node) for p in placements})
 
     def decide(pipe: Pipe) -> bool:
         job = store.read_job(pipe, job_id)
-        if job is None or job.version != version or job.state != JobState.WAITING \
-                or job.attempt != attempt:
+        if job is None or job.version != version or job.attempt != attempt:
+            return False
+        if gang and job.state != JobState.WAITING:
+            return False
+        if not gang and (job.state not in LIVE_JOB_STATES or job.preempted_by
+                         or pipe.zscore(keys.QUEUE, job_id) is None):
             return False
         tasks = store.read_tasks(pipe, job_id, attempt)
-        if {task_key(p.role, p.index) for p in placements} != set(tasks):
+        placed = {task_key(p.role, p.index) for p in placements}
+        if not placements or len(placed) != len(placements) or not placed <= set(tasks) \
+                or (gang and placed != set(tasks)):
             return False
         nodes = sorted({p.node for p in placements})
         if any(pipe.hmget(keys.NODE_FLAGS, nodes)):  # an admin holds one now
@@ -319,8 +383,9 @@ def commit_placement(
             task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
             task.launched_ms = launched
             changed.append(task)
-        store.bump(job)
+        previous = store.bump(job)
         job.waiting_reason, job.waiting, job.mode = "", "", mode
+        left = sum(t.state == TaskState.WAITING for t in tasks.values())
         pipe.multi()
         for p in placements:
             store.write_allocation(pipe, Allocation(
@@ -330,11 +395,12 @@ def commit_placement(
             pipe.zadd(keys.LAUNCHING,
                       {attempt_task_key(job_id, attempt, p.role, p.index): launch_deadline_ms})
         store.write_tasks(pipe, job_id, attempt, changed)
-        store.dequeue(pipe, job_id, job.virtual_cluster)
-        store.write_job(pipe, job, JobState.WAITING)
+        if not left:
+            store.dequeue(pipe, job_id, job.virtual_cluster)
+        store.write_job(pipe, job, previous)
         # Where each task went: the job's history, and what an audit of
         # GPUs and ports held at once reads (tests/chaos).
-        store.add_event(pipe, job_id, "placed", attempt=attempt,
+        store.add_event(pipe, job_id, "placed", attempt=attempt, waiting=left,
                         nodes=sorted({p.node for p in placements}), mode=mode,
                         tasks=[{"role": p.role, "index": p.index, "node": p.node,
                                 "gpus": list(p.gpus), "ports": list(p.all_ports)}
@@ -442,7 +508,8 @@ def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
     running (or gone) may be queued again by now: a retry re-queues it, a
     name freed by a delete is submitted again. Each entry is removed only if
     its record, read under WATCH, still says it has no business there
-    (missing, not WAITING, or without a config); a re-queue racing this
+    (missing, not WAITING nor RUNNING with tasks still to place, or without
+    a config); a re-queue racing this
     makes it re-read. Batches keep each transaction's WATCH list bounded.
     """
     dropped: list[str] = []
@@ -453,8 +520,8 @@ def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
             stale: dict[str, str | None] = {}
             for job_id in batch:
                 job = store.read_job(pipe, job_id)
-                if job is None or job.state != JobState.WAITING \
-                        or not pipe.exists(keys.job_config(job_id)):
+                if job is None or (job.state != JobState.WAITING and not _placing(
+                        store, pipe, job)) or not pipe.exists(keys.job_config(job_id)):
                     stale[job_id] = job.virtual_cluster if job is not None else None
             if stale:
                 pipe.multi()
@@ -464,6 +531,16 @@ def drop_stale_from_queue(store: Store, job_ids: Sequence[str]) -> list[str]:
 
         dropped += store.transact(decide, *(keys.job(job_id) for job_id in batch))
     return dropped
+
+
+def _placing(store: Store, pipe: Pipe, job: Job) -> bool:
+    """A RUNNING job still being placed (no gang allocation): some task of
+    its attempt waits for a place. Its tasks are watched from here on."""
+    if job.state != JobState.RUNNING:
+        return False
+    pipe.watch(keys.job_tasks(job.id, job.attempt))
+    return any(t.state == TaskState.WAITING
+               for t in store.read_tasks(pipe, job.id, job.attempt).values())
 
 
 def renew_stale_launch(store: Store, member: str, deadline_ms: int) -> Task | None:

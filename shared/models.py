@@ -64,6 +64,9 @@ class TaskRoleSpec:
     ports: tuple[PortSpec, ...] = ()
     min_failed_task_count: int | None = None
     min_succeeded_task_count: int | None = None
+    # A failed task of this role is started again by itself (same node,
+    # GPUs and ports) this many times before its failure counts
+    task_retry_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class JobSpec:
     capabilities: tuple[str, ...] = ()
     # Dirs outside every storage root (shared/storage.py): in the env, never mounted
     unmounted_dirs: tuple[str, ...] = ()
+    # extras.gangAllocation (OpenPAI): False lets the scheduler start the
+    # tasks as resources allow instead of all at once
+    gang_allocation: bool = True
 
     @property
     def total_tasks(self) -> int:
@@ -116,6 +122,7 @@ class JobSpec:
                     for p in r.get("portList") or ()),
                 min_failed_task_count=r.get("minFailedTaskCount"),
                 min_succeeded_task_count=r.get("minSucceededTaskCount"),
+                task_retry_count=int(r.get("taskRetryCount") or 0),
             )
             for r in config["taskRoles"]
         )
@@ -135,6 +142,7 @@ class JobSpec:
             preemption_grace_seconds=config.get("preemptionGracePeriodSec"),
             capabilities=tuple((config.get("extras") or {}).get("capabilities") or ()),
             unmounted_dirs=tuple(config.get("unmountedDirs") or ()),
+            gang_allocation=(config.get("extras") or {}).get("gangAllocation") is not False,
         )
 
 
@@ -246,6 +254,9 @@ class Task:
     launched_ms: int | None = None
     started_ms: int | None = None
     completed_ms: int | None = None
+    # Task retries so far (taskRetryCount): which container of the task is
+    # the current one (shared/containers.py names each apart)
+    retries: int = 0
 
     @property
     def key(self) -> str:

@@ -52,7 +52,8 @@ JOB_MOVES: dict[JobState, frozenset[JobState]] = {
 class TaskState(StrEnum):
     # not yet placed
     WAITING = "WAITING"
-    # placed on a node; its container is being created
+    # placed on a node; its container is being created (again, after a
+    # failure its role's taskRetryCount still covers)
     LAUNCHING = "LAUNCHING"
     # its container started
     RUNNING = "RUNNING"
@@ -71,9 +72,13 @@ TASK_MOVES: dict[TaskState, frozenset[TaskState]] = {
     TaskState.WAITING: frozenset({TaskState.LAUNCHING, TaskState.STOPPED}),
     # LAUNCHING -> SUCCEEDED/FAILED: the container ran and exited before its
     # start was observed (a monitor that was down, or a very short command).
+    # -> LAUNCHING, and RUNNING -> LAUNCHING: a task retry (taskRetryCount),
+    # a fresh container on the same allocation.
     TaskState.LAUNCHING: frozenset(
-        {TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED}),
-    TaskState.RUNNING: frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED}),
+        {TaskState.LAUNCHING, TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED,
+         TaskState.STOPPED}),
+    TaskState.RUNNING: frozenset({TaskState.LAUNCHING, TaskState.SUCCEEDED, TaskState.FAILED,
+                                  TaskState.STOPPED}),
     TaskState.SUCCEEDED: frozenset(),
     TaskState.FAILED: frozenset(),
     TaskState.STOPPED: frozenset(),

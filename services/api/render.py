@@ -56,6 +56,7 @@ def task_status(task: Task, log_url: str) -> dict[str, Any]:
         "launchedTime": task.launched_ms,
         "startedTime": task.started_ms,
         "completedTime": task.completed_ms,
+        "retries": task.retries,
     }
 
 

@@ -215,6 +215,9 @@ class TaskStatusSchema(Schema):
     launchedTime = _ms(allow_none=True)
     startedTime = _ms(allow_none=True)
     completedTime = _ms(allow_none=True)
+    retries = fields.Integer(required=True, metadata={
+        "description": "times this task was started again by itself after a failure "
+                       "(its role's taskRetryCount), within this attempt"})
 
 
 class TaskRoleNameSchema(Schema):

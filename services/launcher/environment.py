@@ -26,6 +26,11 @@ Choices where OpenPAI leaves room:
   from 0 there (`renumbered_gpus=True`) while `NVIDIA_VISIBLE_DEVICES` names
   the node's devices; without the runtime (virtual GPUs) both carry the node's
   indices.
+- A job without gang allocation (`extras.gangAllocation: false`) starts its
+  tasks as they are placed: its host lists name the peers placed by the
+  time the task starts, and a peer not placed yet has no
+  `PAI_HOST_IP_<role>_<i>` nor port lists (OpenPAI's runtime, too, saw only
+  the peers that existed).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 class IncompletePlacement(ValueError):
     """A task of the attempt has no node IP or default port: a platform bug,
-    since placement is all-or-nothing."""
+    since a gang's placement is all-or-nothing."""
 
 
 def env_name_part(name: str) -> str:
@@ -115,6 +120,9 @@ def task_environment(
     role_spec = spec.role(role)
     role_no = [r.name for r in spec.task_roles].index(role)
     _host_port(current)  # raises early if this task itself is not placed
+    if not spec.gang_allocation:  # peers not placed yet are left out of the lists
+        by_role = {name: [t for t in members if t.ip and t.default_port is not None]
+                   for name, members in by_role.items()}
 
     env: dict[str, str] = {}
 

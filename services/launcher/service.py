@@ -33,7 +33,7 @@ from shared.containers import LABEL_NODE, TaskRef
 from shared.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.lifecycle import LIVE_JOB_STATES, record_task_exit
 from shared.messaging import Messenger
-from shared.models import JobSpec, Node, task_key
+from shared.models import JobSpec, Node, now_ms, task_key
 from shared.states import JobState, TaskState
 from shared.store import Store, task_is_live
 
@@ -86,7 +86,8 @@ class Launcher:
             log.warning("not starting %s: the job has no config", what)
             return
         spec = JobSpec.from_config(config)
-        ref = TaskRef(job_id, attempt, role, index)
+        # Its current container: a task retry (taskRetryCount) gets a new one.
+        ref = TaskRef(job_id, attempt, role, index, task.retries)
         refused = self._revoked_capabilities(spec)
         if refused:  # admitted at submit; an admin took them back since
             self._settle(ref, EXIT_SETUP_FAILED,
@@ -125,7 +126,7 @@ class Launcher:
 
     def stop_task(self, job_id: str, attempt: int, role: str, index: int) -> None:
         """Stop the task's container; settle the task if it never had one."""
-        ref = TaskRef(job_id, attempt, role, index)
+        ref = self._current(job_id, attempt, role, index)
         if self.runtime.stop(ref, timeout=STOP_TIMEOUT_SECONDS):
             log.info("stopped %s attempt %d %s[%d]", job_id, attempt, role, index)
             return  # the monitor records the exit it sees
@@ -138,7 +139,7 @@ class Launcher:
         job = self.store.get_job(job_id)
         if job is None or job.attempt != attempt or not job.preempted_by:
             return
-        ref = TaskRef(job_id, attempt, role, index)
+        ref = self._current(job_id, attempt, role, index)
         notice = preemption_notice(job.preempted_by, job.preempt_deadline_ms or 0)
         if self.runtime.warn(ref, PREEMPTION_FILE, notice):
             log.info("preempting %s attempt %d %s[%d] for %s", job_id, attempt, role, index,
@@ -146,6 +147,11 @@ class Launcher:
             return
         self._settle_unstarted(ref, f"preempted by {job.preempted_by} before its container "
                                     "started")
+
+    def _current(self, job_id: str, attempt: int, role: str, index: int) -> TaskRef:
+        """The task's current container (its latest task retry's)."""
+        task = self.store.get_task(job_id, attempt, role, index)
+        return TaskRef(job_id, attempt, role, index, task.retries if task else 0)
 
     def _settle_unstarted(self, ref: TaskRef, diagnostics: str) -> None:
         """A task of this node stopped before its container ever ran: settle
@@ -157,11 +163,15 @@ class Launcher:
     def _settle(self, ref: TaskRef, exit_code: int, diagnostics: str, *,
                 platform_failure: bool = False) -> None:
         """Record the exit of a task that never ran, and tell the scheduler."""
-        report = record_task_exit(self.store, ref.job_id, ref.attempt, ref.role, ref.index,
-                                  exit_code=exit_code, diagnostics=diagnostics,
-                                  platform_failure=platform_failure)
+        report = record_task_exit(
+            self.store, ref.job_id, ref.attempt, ref.role, ref.index, exit_code=exit_code,
+            diagnostics=diagnostics, platform_failure=platform_failure, task_retry=ref.retry,
+            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000))
         if report is None:
             return  # already settled by someone else
+        if report.relaunched and report.node:  # its role's taskRetryCount covers it
+            self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
+            return
         self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
         if report.attempt_ended:
             self.messenger.attempt_ended(ref.job_id, ref.attempt)
@@ -207,7 +217,7 @@ class Launcher:
         if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:
             return None
         container = self.runtime.find(TaskRef(request.job_id, request.attempt, request.role,
-                                              request.index))
+                                              request.index, task.retries))
         if container is None or container.status != "running" \
                 or container.labels.get(LABEL_NODE) != self.node.name:
             return None

@@ -58,7 +58,7 @@ from shared.lifecycle import (
     record_task_exit,
 )
 from shared.messaging import Messenger
-from shared.models import Task, task_key
+from shared.models import Task, now_ms, task_key
 from shared.states import TaskState
 from shared.store import Store
 
@@ -114,7 +114,7 @@ class Monitor:
         if ref is None:
             return False
         if mark_task_running(self.store, ref.job_id, ref.attempt, ref.role, ref.index,
-                             str(container.id)):
+                             str(container.id), task_retry=ref.retry):
             self.shipping.ensure(container, ref)
             return True
         if phase_of(container.status) == Phase.RUNNING:
@@ -182,10 +182,17 @@ class Monitor:
         report = record_task_exit(
             self.store, ref.job_id, ref.attempt, ref.role, ref.index,
             exit_code=observation.exit_code, diagnostics=observation.diagnostics,
-            platform_failure=platform_failure)
+            platform_failure=platform_failure, task_retry=ref.retry,
+            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000))
         if report is not None:
             log.info("%s ended: %s -> task %s, job %s%s", describe(ref), observation.diagnostics,
-                     report.task_state, report.job_state, " (retried)" if report.retried else "")
+                     report.task_state, report.job_state, " (retried)" if report.retried else
+                     " (task retry)" if report.relaunched else "")
+        if report is not None and report.relaunched and report.node:
+            # Only the call that made the retry sends its start: a repeated
+            # exit report is stale (None) and sends nothing.
+            self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
+            return report
         # Always, even for a repeated exit: the scheduler's release is
         # idempotent, and this is how a monitor that died between settling and
         # telling still gets the allocation freed.
@@ -217,7 +224,7 @@ class Monitor:
         if job is None or job.attempt != ref.attempt or job.state not in LIVE_JOB_STATES:
             return False
         task = self.store.get_task(ref.job_id, ref.attempt, ref.role, ref.index)
-        return task is not None and not task.state.is_final
+        return task is not None and not task.state.is_final and task.retries == ref.retry
 
     def _remove(self, container: Container) -> None:
         _gone_is_done("remove", container, lambda: container.remove(force=True))
@@ -267,7 +274,7 @@ class Monitor:
             task = tasks_by_attempt[attempt_key].get(task_key(alloc.role, alloc.index))
             if task is None or task.state != TaskState.RUNNING:
                 continue
-            ref = TaskRef(alloc.job_id, alloc.attempt, alloc.role, alloc.index)
+            ref = TaskRef(alloc.job_id, alloc.attempt, alloc.role, alloc.index, task.retries)
             name = ref.container_name
             # Listed before the tasks were read: a container started since is
             # RUNNING in Redis but not in the list, so ask Docker by name.
@@ -380,7 +387,8 @@ class Monitor:
         """
         ref = event.ref
         if ref is not None and mark_task_running(self.store, ref.job_id, ref.attempt,
-                                                 ref.role, ref.index, event.container_id):
+                                                 ref.role, ref.index, event.container_id,
+                                                 task_retry=ref.retry):
             self.shipping.ensure(self.docker.containers.prepare_model({"Id": event.container_id}),
                                  ref)
             return True

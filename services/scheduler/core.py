@@ -2,7 +2,10 @@
 
 A job is placed whole or not at all: every task gets concrete GPU indices,
 CPUs, memory and ports on one node, or the job keeps waiting with a
-human-readable reason built from structured shortfalls. What to place, in
+human-readable reason built from structured shortfalls. A job that opted out
+of gang allocation (`extras.gangAllocation: false`) is placed task by task
+instead: as many of its waiting tasks as fit now (`place_some`), the rest in
+later passes. What to place, in
 which order, and whom to preempt is the policy's (services/scheduler/policy.py);
 this module only answers "does this gang fit, and where".
 
@@ -19,12 +22,12 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from shared.cluster import gpu_type_matches, held
-from shared.models import Allocation, JobSpec, Node, TaskPlacement
+from shared.models import Allocation, JobSpec, Node, TaskPlacement, task_key
 from shared.priority import PriorityClass
 
 
@@ -88,6 +91,9 @@ class JobRequest:
     priority: PriorityClass = PriorityClass.TEST
     seq: int = 0  # submit order (the job's queue sequence)
     gpu_type: str | None = None
+    # False (extras.gangAllocation: false): its tasks may start a few at a
+    # time; `tasks` are then only those still waiting for a place
+    gang: bool = True
 
     @property
     def gpus(self) -> int:
@@ -116,12 +122,16 @@ class JobRequest:
                 key = (tuple(sorted(t.fit for t in self.tasks)), self.gpu_type)
             else:
                 key = (self.shape, self.gpu_type)
+            if not self.gang:  # fits where a gang would not: never alike
+                key = (*key, "partial")
             self.__dict__["_fit_key"] = key
         return key
 
 
 def job_request(job_id: str, version: int, attempt: int, spec: JobSpec,
-                seq: int = 0) -> JobRequest:
+                seq: int = 0, waiting: Collection[str] | None = None) -> JobRequest:
+    """The job's request; `waiting` (task keys), for a job without gang
+    allocation that is partly placed: only those tasks are asked for."""
     tasks = tuple(
         TaskRequest(
             role=role.name, index=i, cpus=role.cpu_number, memory_mb=role.memory_mb,
@@ -129,9 +139,11 @@ def job_request(job_id: str, version: int, attempt: int, spec: JobSpec,
             ports=tuple(PortRequest(p.label, p.port_number, p.begin_at) for p in role.ports),
         )
         for role in spec.task_roles for i in range(role.task_number)
+        if waiting is None or task_key(role.name, i) in waiting
     )
     return JobRequest(job_id, version, attempt, tasks, spec.virtual_cluster,
-                      PriorityClass.parse(spec.priority_class), seq, spec.gpu_type or None)
+                      PriorityClass.parse(spec.priority_class), seq, spec.gpu_type or None,
+                      spec.gang_allocation)
 
 
 @dataclass(frozen=True)
@@ -468,6 +480,33 @@ def place_gang(cluster: Cluster, request: JobRequest) -> GangResult:
             return GangResult(shortfall=Shortfall("ports", task.shape[3], 0, role=task.role,
                                                   node=str(error)))
     return GangResult(placements=tuple(placements))
+
+
+def place_some(cluster: Cluster, request: JobRequest) -> GangResult:
+    """Place every task of the job that fits now, each on its own (for a job
+    without gang allocation). `placements` holds those placed (maybe none);
+    `shortfall` says why the first task left over did not fit, None when
+    all were placed."""
+    order = sorted(request.tasks, key=lambda t: (-t.gpus, -t.cpus, -t.memory_mb, t.role, t.index))
+    placements: list[TaskPlacement] = []
+    shortfall: Shortfall | None = None
+    gpu_type = request.gpu_type
+    for task in order:
+        node = cluster.best_fit(task, gpu_type) if cluster.nodes else None
+        if node is not None:
+            saved = {node.name: copy_node(node)}
+            try:
+                placements.append(cluster.assign(node, task))
+                continue
+            except PortsExhausted as error:
+                cluster.restore(saved)
+                shortfall = shortfall or Shortfall("ports", task.shape[3], 0, role=task.role,
+                                                   node=str(error))
+                continue
+        if shortfall is None:
+            shortfall = cluster.shortfall(task, gpu_type) if cluster.nodes \
+                else Shortfall("tasks", len(request.tasks), 0)
+    return GangResult(placements=tuple(placements), shortfall=shortfall)
 
 
 _gc_lock = threading.Lock()

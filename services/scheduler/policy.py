@@ -21,6 +21,13 @@ What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
   nodes it will use, and the share of its VC's guarantee it needs: later
   jobs of the pass backfill only on other nodes, and only as borrowers, so
   a stream of small jobs cannot starve a big one.
+- **Partial placement.** A job without gang allocation
+  (`extras.gangAllocation: false`) asks only for its tasks still waiting, and
+  starts as many of them as fit now; the rest stay in its queue at its place
+  and go through the same rules in later passes. It counts against its VC's
+  guarantee by what it holds, it reserves (and preempts) only for its
+  largest waiting task, and while some of its tasks wait it is not chosen
+  as a victim (it is still queued; preemption takes placed jobs only).
 - **Explanations.** Every job left waiting gets a reason code, a message,
   what blocks it and, when it can be known, an estimated start.
 
@@ -42,6 +49,7 @@ from services.scheduler.core import (
     copy_node,
     paused_gc,
     place_gang,
+    place_some,
 )
 from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
 from shared.models import Allocation, TaskPlacement
@@ -111,9 +119,20 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Placed:
+    """A job placed this pass: all its tasks, or (no gang allocation) those
+    that fit now."""
+
     request: JobRequest
     placements: tuple[TaskPlacement, ...]
     mode: str
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(p.gpus) for p in self.placements)
+
+    @property
+    def whole(self) -> bool:
+        return len(self.placements) == len(self.request.tasks)
 
 
 @dataclass(frozen=True)
@@ -219,7 +238,10 @@ class _Pass:
         # them all emptied, for "could it ever fit": made when first needed
         self.empty: Cluster | None = None
         self.held_by: dict[tuple[object, ...], list[str]] = {}
-        self.victim_pool = [r for r in running if not r.preempted_by]
+        # A job still queued (partly placed, without gang allocation) is not
+        # a victim: preemption takes placed jobs back to their queue.
+        queued = {request.job_id for request in queue}
+        self.victim_pool = [r for r in running if not r.preempted_by and r.job_id not in queued]
         self.preempting_for: dict[str, list[RunningJob]] = {}
         for r in running:
             if r.preempted_by:
@@ -260,10 +282,10 @@ class _Pass:
         guaranteed running work out to borrowed if the guarantee would
         overflow (it is then the first to make room for others)."""
         standing, request = self.standing, placed.request
-        standing.used[request.vc] = standing.used.get(request.vc, 0) + request.gpus
+        standing.used[request.vc] = standing.used.get(request.vc, 0) + placed.gpus
         if placed.mode != GUARANTEED:
             return
-        standing.count(request.vc, request.priority, request.gpus)
+        standing.count(request.vc, request.priority, placed.gpus)
         guarantee = standing.policy(request.vc).guarantee
         kept = standing.demotable.get(request.vc, [])
         for work in sorted(kept, key=lambda r: (r.priority, -r.started_ms)):
@@ -352,12 +374,15 @@ class _Pass:
         why = self.failed.get(request.fit_key)
         if why is not None:
             return why
-        result = place_gang(self.cluster, request)
-        if result.shortfall is not None:
+        result = place_gang(self.cluster, request) if request.gang \
+            else place_some(self.cluster, request)
+        if not result.placements:
+            assert result.shortfall is not None
             why = Waiting(INSUFFICIENT, result.shortfall.describe(),
                           (Blocker("resources", result.shortfall.resource),))
             self.failed[request.fit_key] = why
             return why
+        # Partly placed (no gang allocation): the rest waits for a later pass.
         placed = Placed(request, result.placements, mode)
         self.out.placed.append(placed)
         self._admit(placed)
@@ -385,7 +410,7 @@ class _Pass:
         if victims:
             return self._await_victims(request, victims)
         if guaranteed and key not in self.no_victims:
-            chosen = self._choose_victims(request)
+            chosen = self._choose_victims(_needed_now(request))
             if chosen:
                 for victim in chosen:
                     self.out.preempt.append(Preemption(victim, request.job_id))
@@ -422,6 +447,15 @@ class _Pass:
                 gpu_type_matches(n.gpu_model, request.gpu_type) for n in self.nodes):
             return Waiting(NO_GPU_TYPE, f"no live node has GPUs of type {request.gpu_type}",
                            (Blocker("gpuType", request.gpu_type),))
+        if not request.gang:  # each task on its own, one after another
+            for task in {t.fit: t for t in request.tasks}.values():
+                if not any(_could_hold(n, task, request.gpu_type) for n in self.nodes):
+                    if self.empty is None:
+                        self.empty = Cluster(n.emptied() for n in self.nodes)
+                    short = self.empty.shortfall(task, request.gpu_type)
+                    return Waiting(UNSCHEDULABLE, "it cannot fit even on empty nodes: "
+                                   + short.describe(), (Blocker("resources", short.resource),))
+            return None
         # Cheap first: each task fits some empty node, and the GPUs add up.
         capacity = sum(len(n.all_gpus or n.free_gpus) for n in self.nodes)
         if request.gpus <= capacity and all(
@@ -460,7 +494,7 @@ class _Pass:
         hold it once their tasks end. Later jobs of the pass do not get them."""
         nodes = sorted(self.cluster.nodes.values(), key=lambda n: (-len(n.free_gpus), n.name))
         empty = Cluster((n.emptied() for n in nodes), by_name=False)
-        result = place_gang(empty, request)
+        result = place_gang(empty, _needed_now(request))
         if not result.placed:
             return ()
         names = tuple(sorted({p.node for p in result.placements}))
@@ -481,7 +515,8 @@ class _Pass:
             return []
         key = (request.fit_key, len(self.reserved))
         if key not in self.held_by:
-            result = place_gang(Cluster(copy_node(n) for n in self.reserved.values()), request)
+            result = place_gang(Cluster(copy_node(n) for n in self.reserved.values()),
+                                _needed_now(request))
             self.held_by[key] = sorted({self.reserved_for[p.node]
                                         for p in result.placements})
         return self.held_by[key]
@@ -553,6 +588,16 @@ class _Pass:
                 if request.job_id in waiting:
                     position += 1
                     positions[request.job_id] = position
+
+
+def _needed_now(request: JobRequest) -> JobRequest:
+    """What the job needs to make progress: all of it (a gang), else its
+    largest waiting task (the one a partial placement tries first)."""
+    if request.gang or len(request.tasks) <= 1:
+        return request
+    largest = min(request.tasks, key=lambda t: (-t.gpus, -t.cpus, -t.memory_mb, t.role, t.index))
+    return JobRequest(request.job_id, request.version, request.attempt, (largest,), request.vc,
+                      request.priority, request.seq, request.gpu_type, request.gang)
 
 
 def fifo_plan(cluster: Cluster, queue: Sequence[JobRequest]) -> Plan:

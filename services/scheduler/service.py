@@ -38,13 +38,14 @@ from shared.models import (
     Allocation,
     Job,
     JobSpec,
+    Task,
     TaskPlacement,
     attempt_task_key,
     now_ms,
     parse_attempt_task_key,
 )
 from shared.priority import PriorityClass
-from shared.states import JobState
+from shared.states import JobState, TaskState
 from shared.store import Store, task_is_live
 
 log = logging.getLogger("pai.scheduler")
@@ -131,13 +132,15 @@ class Scheduler:
         """The queued jobs' requests, and their records.
 
         Two round trips: every queued job's record, then the configs of the
-        jobs not parsed before.
+        jobs not parsed before (and a third for the tasks of jobs without
+        gang allocation, which ask only for their tasks still waiting).
         """
         ids = self.store.queued_job_ids()
         jobs, stale = [], []
         now = now_ms()
         for job_id, job in zip(ids, self._records(ids), strict=True):
-            if job is None or job.state != JobState.WAITING:
+            # RUNNING and queued: partly placed (no gang allocation), see below
+            if job is None or job.state not in (JobState.WAITING, JobState.RUNNING):
                 stale.append(job_id)
             elif job.retry_after_ms is not None and job.retry_after_ms > now:
                 continue  # backing off before a retry; the repair loop's passes look again
@@ -146,21 +149,46 @@ class Scheduler:
         self._load_specs([(job.id, job.queue_seq) for job in jobs])
         requests, records = [], {}
         known, self._requests = self._requests, {}
+        waiting = self._waiting_tasks(jobs, known)
         for job in jobs:
             spec = self._specs.get((job.id, job.queue_seq))
-            if spec is None:
+            if spec is None or (spec.gang_allocation and job.state != JobState.WAITING) \
+                    or waiting.get(job.id) == set():
                 stale.append(job.id)
                 continue
             key = (job.queue_seq, job.version, job.attempt)
             cached = known.get(job.id)
             request = cached[1] if cached is not None and cached[0] == key \
-                else job_request(job.id, job.version, job.attempt, spec, job.queue_seq)
+                else job_request(job.id, job.version, job.attempt, spec, job.queue_seq,
+                                 waiting.get(job.id))
             self._requests[job.id] = (key, request)
             requests.append(request)
             records[job.id] = job
         if stale:
             drop_stale_from_queue(self.store, stale)  # only those still stale
         return requests, records
+
+    def _waiting_tasks(self, jobs: list[Job],
+                       known: dict[str, tuple[tuple[int, int, int], JobRequest]]
+                       ) -> dict[str, set[str]]:
+        """Job id -> its tasks still waiting for a place, for the queued jobs
+        without gang allocation whose request is not cached (one round trip):
+        such a job asks only for those."""
+        wanted = []
+        for job in jobs:
+            spec = self._specs.get((job.id, job.queue_seq))
+            cached = known.get(job.id)
+            if spec is not None and not spec.gang_allocation and (
+                    cached is None or cached[0] != (job.queue_seq, job.version, job.attempt)):
+                wanted.append(job)
+        if not wanted:
+            return {}
+        pipe = self.store.r.pipeline(transaction=False)
+        for job in wanted:
+            pipe.hgetall(keys.job_tasks(job.id, job.attempt))
+        return {job.id: {key for key, raw in fields.items()
+                         if Task.from_dict(json.loads(raw)).state == TaskState.WAITING}
+                for job, fields in zip(wanted, pipe.execute(), strict=True)}
 
     def _running(self, allocations: dict[str, list[Allocation]]) -> list[RunningJob]:
         """The placed jobs as the policy weighs them: one round trip for the
@@ -222,7 +250,8 @@ class Scheduler:
             request = placed.request
             if commit_placement(self.store, request.job_id, version=request.version,
                                 attempt=request.attempt, placements=placed.placements,
-                                launch_deadline_ms=deadline, mode=placed.mode):
+                                launch_deadline_ms=deadline, mode=placed.mode,
+                                gang=request.gang):
                 stats.placed += 1
                 placed_by_vc[request.vc] += 1
                 self._send_starts(request.job_id, request.attempt, placed.placements)

@@ -46,11 +46,11 @@ def test_v2_yaml_is_submitted_as_openpai_scripts_post_it(
     assert resp.status_code == 202, resp.json
     assert resp.json is not None
     assert resp.json["url"] == "/api/v1/user/alice/jobs/v2job"
-    assert set(resp.json["ignoredFields"]) == {"taskRoles.worker.taskRetryCount",
-                                               "extras.com.microsoft.pai.runtimeplugin"}
+    assert set(resp.json["ignoredFields"]) == {"extras.com.microsoft.pai.runtimeplugin"}
     assert redis_client.zrange(keys.QUEUE, 0, -1) == ["alice~v2job"]
     runs_from = json.loads(redis_client.get(keys.job_config("alice~v2job")) or "{}")
     assert runs_from["taskRoles"][0]["command"] == "echo 3\nlogin s3cret-value"
+    assert runs_from["taskRoles"][0]["taskRetryCount"] == 1  # acted on, not stored only
 
 
 def test_the_config_is_shown_back_as_submitted_without_secrets(alice: AuthedClient) -> None:

@@ -143,6 +143,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("gpuType-null", config(gpuType=None)),
     ("extras-nested-object", config(extras={"a": [1, {"b": None}]})),
     ("authFile-string", config(authFile="hdfs://x/auth")),
+    ("gangAllocation-false", config(extras={"gangAllocation": False})),
+    ("taskRetryCount-0-and-cap", config(taskRoles=[role(taskRetryCount=0),
+                                                   role(name="b", taskRetryCount=100)])),
+    ("gangAllocation-true", config(extras={"gangAllocation": True})),
     ("taskRoles-100-roles", config(taskRoles=[role(name=f"r{i}") for i in range(100)])),
     ("total-tasks-10000", config(taskRoles=[role(name=f"r{i}", taskNumber=1000)
                                             for i in range(10)])),
@@ -284,6 +288,13 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      config(taskRoles=[role(taskNumber=2, minSucceededTaskCount=3)]),
      "taskRoles.0.minSucceededTaskCount"),
     ("unknown-top-level-field", config(jobname="typo"), "jobname"),
+    ("taskRetryCount-negative", config(taskRoles=[role(taskRetryCount=-1)]),
+     "taskRoles.0.taskRetryCount"),
+    ("taskRetryCount-over-cap", config(taskRoles=[role(taskRetryCount=101)]),
+     "taskRoles.0.taskRetryCount"),
+    ("taskRetryCount-bool", config(taskRoles=[role(taskRetryCount=True)]),
+     "taskRoles.0.taskRetryCount"),
+    ("gangAllocation-not-boolean", config(extras={"gangAllocation": 0}), "extras.gangAllocation"),
     ("unknown-role-field", config(taskRoles=[role(memoryMb=2048)]), "taskRoles.0.memoryMb"),
 ]
 
@@ -598,3 +609,12 @@ def test_priority_class(extra: dict[str, Any], expected: str) -> None:
 def test_bad_scheduling_fields_are_refused(extra: dict[str, Any]) -> None:
     with pytest.raises(InvalidJobConfig):
         validate(config(**extra))
+
+
+@pytest.mark.parametrize(("extras", "gang"), [
+    pytest.param({}, True, id="default-gang"),
+    pytest.param({"gangAllocation": True}, True, id="true"),
+    pytest.param({"gangAllocation": False}, False, id="false"),
+])
+def test_gang_allocation_reaches_the_spec(extras: dict[str, Any], gang: bool) -> None:
+    assert JobSpec.from_config(validate(config(extras=extras)).config).gang_allocation is gang

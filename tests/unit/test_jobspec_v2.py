@@ -88,6 +88,14 @@ ACTS_ON = [
     ("deployment-unused-without-default", job(
         deployments=[{"name": "d", "taskRoles": {"worker": {"preCommands": ["pre"]}}}]),
      lambda c: role(c)["command"] == "echo a\necho b"),
+    ("task-retry", job(taskRoles__worker__taskRetryCount=2),
+     lambda c: role(c)["taskRetryCount"] == 2),
+    ("task-retry-zero-is-none", job(taskRoles__worker__taskRetryCount=0),
+     lambda c: "taskRetryCount" not in role(c)),
+    ("gang-allocation-false", job(extras={"gangAllocation": False}),
+     lambda c: c["extras"]["gangAllocation"] is False),
+    ("gang-allocation-true", job(extras={"gangAllocation": True}),
+     lambda c: c["extras"]["gangAllocation"] is True),
     ("protocol-version-string", job(protocolVersion="2"), lambda c: c["jobName"] == "job1"),
 ]
 
@@ -103,10 +111,8 @@ IGNORED = [
                                           "uri": "busybox:1",
                                           "auth": {"username": "u", "password": "p"}}]),
      ["prerequisites.0.auth"]),
-    ("task-retry", job(taskRoles__worker__taskRetryCount=2), ["taskRoles.worker.taskRetryCount"]),
     ("runtime-plugin", job(extras={"com.microsoft.pai.runtimeplugin": [{"plugin": "ssh"}]}),
      ["extras.com.microsoft.pai.runtimeplugin"]),
-    ("gang-allocation", job(extras={"gangAllocation": False}), ["extras.gangAllocation"]),
     ("unknown-top-level", job(somethingNew=1), ["somethingNew"]),
     ("hived-other-keys", job(extras={"hivedScheduler": {"jobPriorityClass": "test",
                                                         "taskRoles": {}}}),
@@ -166,6 +172,14 @@ REFUSED = [
     ("too-many-secrets", job(secrets={f"s{i}": "x" for i in range(101)}), "secrets"),
     ("bad-priority", job(extras={"hivedScheduler": {"jobPriorityClass": "vip"}}),
      "extras.hivedScheduler.jobPriorityClass"),
+    ("task-retry-negative", job(taskRoles__worker__taskRetryCount=-1),
+     "taskRoles.worker.taskRetryCount"),
+    ("task-retry-over-cap", job(taskRoles__worker__taskRetryCount=101),
+     "taskRoles.worker.taskRetryCount"),
+    ("task-retry-not-number", job(taskRoles__worker__taskRetryCount="two"),
+     "taskRoles.worker.taskRetryCount"),
+    ("gang-allocation-not-boolean", job(extras={"gangAllocation": "no"}),
+     "extras.gangAllocation"),
 ]
 
 

@@ -266,3 +266,20 @@ def test_dirs_and_default_fs_uri() -> None:
 def test_the_attempt_is_visible_so_a_retry_can_tell_itself_from_the_first_run() -> None:
     assert seed_env("worker", 0)["PAI_JOB_ATTEMPT_ID"] == "0"
     assert seed_env("worker", 0, attempt=3)["PAI_JOB_ATTEMPT_ID"] == "3"
+
+
+def test_without_gang_allocation_peers_not_placed_yet_are_left_out() -> None:
+    config = one_role_config(role={"taskNumber": 3}, extras={"gangAllocation": False})
+    tasks = [placed("main", 0, "10.0.0.1", 1), Task(role="main", index=1),
+             placed("main", 2, "10.0.0.2", 3)]
+    env = task_environment(JobSpec.from_config(config), "bob", tasks, "main", 2,
+                           default_fs_uri="")
+    assert env["PAI_TASK_ROLE_main_HOST_LIST"] == "10.0.0.1:1,10.0.0.2:3"
+    assert env["PAI_TASK_ROLE_0_HOST_LIST"] == "10.0.0.1:1,10.0.0.2:3"
+    assert env["PAI_HOST_IP_main_2"] == "10.0.0.2"
+    assert "PAI_HOST_IP_main_1" not in env
+    assert env["PAI_TASK_ROLE_NUM"] == "3"
+    # The task itself must still be placed.
+    with pytest.raises(IncompletePlacement):
+        task_environment(JobSpec.from_config(config), "bob", tasks, "main", 1,
+                         default_fs_uri="")
