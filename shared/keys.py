@@ -131,6 +131,21 @@ def follow_leases(username: str) -> str:
 STORAGE_SHARES = PREFIX + "storage:shares"  # hash share name -> share JSON (storage.Share)
 
 
+# -- usage accounting (shared/usage.py) -----------------------------------
+
+
+def usage_day(day: str) -> str:
+    """Hash: [user, vc, job, resource] JSON -> resource-milliseconds used on
+    that UTC day (YYYY-MM-DD)."""
+    return f"{PREFIX}usage:day:{day}"
+
+
+def usage_records(day: str) -> str:
+    """Hash: interval key -> interval JSON, for the tasks placed on that UTC
+    day: each task's recorded usage, and the guard that records it once."""
+    return f"{PREFIX}usage:records:{day}"
+
+
 # -- metrics --------------------------------------------------------------
 
 

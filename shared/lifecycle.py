@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys, retention, telemetry
+from shared import keys, retention, telemetry, usage
 from shared.cluster import placement_fits
 from shared.completion import decide_retry, evaluate_completion
 from shared.models import (
@@ -176,9 +176,11 @@ def record_task_exit(
                     job.exit_diagnostics = outcome.reason
         if job.state == previous and not ended:
             job.version += 1  # a task moved: anyone deciding on the old view must re-read
+        held = usage.held_allocation(pipe, job_id, attempt, task)
 
         pipe.multi()
         store.write_tasks(pipe, job_id, attempt, [task])
+        usage.record_task_usage(pipe, held, task)  # placement to exit, recorded once
         pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
         if closed is not None:
             store.write_attempt(pipe, job_id, closed)

@@ -217,3 +217,19 @@ def vcs_table(vcs: Mapping[str, Mapping[str, Any]]) -> Table:
                             else "yes" if vc["borrowing"] else "no"),
                       _cell(vc.get("description")))
     return table
+
+
+def _hours(seconds: Any) -> Text:
+    return _cell(None if seconds is None else f"{float(seconds) / 3600:,.2f}")
+
+
+def usage_table(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> Table:
+    """Usage rows in hours: the grouping columns, then GPU, CPU and memory (GB) hours."""
+    numbers = ("GPU HOURS", "CPU HOURS", "MEMORY GB-HOURS")
+    table = _table(None, [d.upper() for d in by] + list(numbers), right=numbers)
+    for row in rows:
+        memory = row.get("memoryMbSeconds")
+        table.add_row(*(_cell(row.get(d)) for d in by), _hours(row.get("gpuSeconds")),
+                      _hours(row.get("cpuSeconds")),
+                      _hours(None if memory is None else float(memory) / 1024))
+    return table

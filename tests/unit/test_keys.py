@@ -52,6 +52,9 @@ LITERAL_KEYS = [
     pytest.param(keys.login_failures("ip", "10.0.0.1"), "pai:login-failures:ip:10.0.0.1",
                  id="login_failures"),
     pytest.param(keys.follow_leases("alice"), "pai:follows:alice", id="follow_leases"),
+    pytest.param(keys.usage_day("2026-11-25"), "pai:usage:day:2026-11-25", id="usage_day"),
+    pytest.param(keys.usage_records("2026-11-25"), "pai:usage:records:2026-11-25",
+                 id="usage_records"),
     pytest.param(keys.recorded_metric("pai_task_exits"), "pai:metric:pai_task_exits",
                  id="recorded_metric"),
 ]
