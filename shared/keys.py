@@ -83,6 +83,16 @@ NODES = PREFIX + "nodes"  # zset node name -> last heartbeat ms (the lease)
 NODE_FLAGS = PREFIX + "node-flags"
 
 
+# hash "node:gpu index" -> fault JSON (gpuhealth.GpuFault); absent: healthy
+GPU_FAULTS = PREFIX + "gpu-faults"
+
+
+def gpu_fault_injections(name: str) -> str:
+    """List: faults a test or drill injects into the node's virtual GPUs
+    (shared/gpuhealth.py); its monitor takes them on its next round."""
+    return f"{PREFIX}node:{name}:gpu-fault-injections"
+
+
 def node(name: str) -> str:
     """String: the node's inventory JSON (see models.Node)."""
     return f"{PREFIX}node:{name}"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys, retention, telemetry, usage
+from shared import gpuhealth, keys, retention, telemetry, usage
 from shared.cluster import placement_fits
 from shared.completion import decide_retry, evaluate_completion
 from shared.models import (
@@ -288,7 +288,8 @@ def commit_placement(
     version, still WAITING), the placement covers every task, no admin holds
     any of its nodes (cordon, drain: a node's entry in NODE_FLAGS), and what
     the nodes hold now leaves room for it: a pass that overlapped another (its
-    lock expired) can never hand out a GPU or port twice.
+    lock expired) can never hand out a GPU or port twice, nor a GPU its
+    monitor marked unhealthy since the pass read the faults.
     """
     job_key = keys.job(job_id)
     node_keys = sorted({keys.node_alloc(p.node) for p in placements})
@@ -303,6 +304,8 @@ def commit_placement(
             return False
         nodes = sorted({p.node for p in placements})
         if any(pipe.hmget(keys.NODE_FLAGS, nodes)):  # an admin holds one now
+            return False
+        if gpuhealth.faulty_in(placements, gpuhealth.read_faults(pipe)):  # failed meanwhile
             return False
         for name in nodes:
             raw = pipe.get(keys.node(name))
@@ -343,7 +346,7 @@ def commit_placement(
                                for p in placements])
         return True
 
-    return store.transact(decide, job_key, keys.NODE_FLAGS, *node_keys)
+    return store.transact(decide, job_key, keys.NODE_FLAGS, keys.GPU_FAULTS, *node_keys)
 
 
 def claim_pass_request(store: Store) -> bool:

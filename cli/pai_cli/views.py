@@ -190,8 +190,14 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]], now: int) -> Table:
             _cell(f"{format_mb(node.get('memoryMBUsed'))}/"
                   f"{format_mb(node.get('memoryMBTotal'))}"),
             _cell(node.get("tasks")), _cell(ago(node.get("lastHeartbeat"), now)),
-            _cell(node.get("cordonReason")))
+            _cell("; ".join([node.get("cordonReason") or "", *gpu_faults(node)]).strip("; ")))
     return table
+
+
+def gpu_faults(node: Mapping[str, Any]) -> list[str]:
+    """'GPU 3 unhealthy: XID 79' for each GPU its monitor saw fail."""
+    return [f"GPU {g.get('index')} unhealthy: {g.get('unhealthyReason')}"
+            for g in node.get("gpus") or [] if g.get("healthy") is False]
 
 
 def node_line(node: Mapping[str, Any]) -> str:

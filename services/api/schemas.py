@@ -360,6 +360,12 @@ class NodeGpuSchema(Schema):
     group = fields.Integer(required=True, allow_none=True, metadata={
         "description": "GPUs of one group share NVLink or a PCIe switch; null: unknown"})
     used = fields.Boolean(required=True)
+    healthy = fields.Boolean(required=True, metadata={
+        "description": "false: its monitor saw it fail; nothing is placed on it until an "
+                       "admin clears it"})
+    unhealthyReason = fields.String(required=True, metadata={
+        "description": "what failed (XID, ECC, pages, thermal); empty while healthy"})
+    unhealthySince = _ms(allow_none=True)
 
 
 class NodeSchema(Schema):
@@ -379,6 +385,9 @@ class NodeSchema(Schema):
     lastHeartbeat = _ms()
     gpus = fields.List(fields.Nested(NodeGpuSchema), required=True)
     gpuTotal = fields.Integer(required=True)
+    gpuUnhealthy = fields.Integer(required=True, metadata={
+        "description": "GPUs marked unhealthy: the scheduler places nothing on them, and "
+                       "gpuFree does not count them"})
     gpuUsed = fields.Integer(required=True)
     gpuFree = fields.Integer(required=True)
     cpuTotal = fields.Integer(required=True)
