@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -84,6 +85,33 @@ def test_a_task_exit_records_its_hold_from_placement_to_exit_once(store: Store) 
     records = store.r.hgetall(keys.usage_records(usage.day_of(task.launched_ms)))
     assert [json.loads(v)["job"] for v in records.values()] == [job_id]
     assert counters(store.r)["pai_gpu_seconds"] == {("alice", "default"): 2 * held / 1000}
+
+
+def test_racing_exit_reports_count_the_task_once(store: Store, redis_server: str) -> None:
+    """The monitor's die event and its reconcile pass settle the same exit
+    at the same moment, each on its own connection: one of them records."""
+    job_id = run_job(store, "alice", "race", gpus=1)
+    barrier = threading.Barrier(4)
+    results: list[object] = []
+
+    def report() -> None:
+        client = redis.Redis.from_url(redis_server, decode_responses=True)
+        barrier.wait()
+        results.append(record_task_exit(Store(client), job_id, 0, "main", 0, exit_code=0))
+        client.close()
+
+    threads = [threading.Thread(target=report) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(results) == 4 and sum(r is not None for r in results) == 1
+    task = store.get_task(job_id, 0, "main", 0)
+    assert task is not None and task.launched_ms is not None and task.completed_ms is not None
+    day = usage.day_of(task.launched_ms)
+    assert len(store.r.hgetall(keys.usage_records(day))) == 1
+    assert sum(r.gpu_ms for r in usage.read_days(store.r, usage.days_between(
+        day, usage.day_of(task.completed_ms)))) == task.completed_ms - task.launched_ms
 
 
 def test_recording_the_same_interval_twice_counts_it_once(redis_client: redis.Redis) -> None:
