@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+import requests
 
 from bench.live_platform import Platform, wait_for
 from shared import gpuhealth
@@ -50,6 +51,11 @@ def test_an_injected_xid_retries_the_task_elsewhere_uncharged(
         assert attempt["platformFailure"] is True
         view = gpu_view(platform, failed)
         assert (view["healthy"], view["unhealthyReason"]) == (False, "XID 79 (injected)")
+        series = (f'pai_gpu_unhealthy{{index="{failed}",node="{platform.node}",'
+                  'reason="XID 79 (injected)"} 1.0')
+        exporter = f"http://127.0.0.1:{platform.env['PAI_MONITOR_PORT']}/metrics"
+        wait_for(lambda: series in requests.get(exporter, timeout=30).text, 60,
+                 "the node exporter to show the unhealthy GPU")
         # the first attempt's container was stopped, not left running on the bad GPU
         wait_for(lambda: all(c.labels.get("pai.attempt") != "0" or c.status != "running"
                              for c in platform.job_containers(name)),
