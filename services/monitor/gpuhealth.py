@@ -25,7 +25,10 @@ from shared.store import Store
 
 log = logging.getLogger(__name__)
 
-STOP_SECONDS = 10  # SIGTERM to SIGKILL for a task on a failed GPU
+# SIGTERM to SIGKILL for a task on a failed GPU: none. Its task is settled
+# already (so the scheduler's sweep may release the allocation at any
+# moment), and a program whose GPU fell over cannot save GPU state anyway.
+STOP_SECONDS = 0
 Stop = Callable[[TaskRef], None]
 Tell = Callable[[TaskRef, bool], None]
 
