@@ -229,3 +229,18 @@ def test_a_csv_cell_is_never_a_formula() -> None:
     from services.api.usage import _cell
     assert _cell("=HYPERLINK(\"x\")") == "'=HYPERLINK(\"x\")" and _cell("alice") == "alice"
     assert _cell(1.5) == 1.5
+
+
+def test_a_user_never_sees_anothers_running_jobs(store: Store, alice: AuthedClient,
+                                                 admin: AuthedClient) -> None:
+    """Attack: alice asks for everything, for bob, or for a name that is a
+    prefix of another's ("al" of "alice"): she gets her own rows only, or a 403."""
+    run_job(store, "bob", "secret-project", gpus=1)
+    run_job(store, "alice", "mine", gpus=1)
+    assert [r["job"] for r in rows_of(alice, groupBy="job")] == ["alice~mine"]
+    assert [r["job"] for r in rows_of(alice, groupBy="job,vc", vc="default")] == ["alice~mine"]
+    assert alice.get("/api/v1/usage", query_string={"user": "bob"}).status_code == 403
+    assert alice.get("/api/v1/usage", query_string={"user": "al"}).status_code == 403
+    assert rows_of(admin, user="al", groupBy="job") == []
+    assert [r["job"] for r in rows_of(admin, groupBy="job")] == ["alice~mine",
+                                                                 "bob~secret-project"]
