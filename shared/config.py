@@ -243,6 +243,8 @@ class Settings:
     # The node exporter listens where Prometheus reaches the node: its IP.
     monitor_host: str = "127.0.0.1"
     monitor_sample_seconds: float = 10.0
+    # How often the monitor reads its GPUs' health (shared/gpuhealth.py).
+    gpu_health_seconds: float = 5.0
     heartbeat_seconds: float = 5.0
     node_lost_seconds: float = 60.0
     launch_timeout_seconds: float = 120.0
@@ -356,6 +358,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         or defaults.monitor_host,
         monitor_sample_seconds=_seconds(env, "PAI_MONITOR_SAMPLE_SECONDS",
                                         defaults.monitor_sample_seconds),
+        gpu_health_seconds=_seconds(env, "PAI_GPU_HEALTH_SECONDS", defaults.gpu_health_seconds),
         heartbeat_seconds=_seconds(env, "PAI_HEARTBEAT_SECONDS", defaults.heartbeat_seconds),
         node_lost_seconds=_seconds(env, "PAI_NODE_LOST_SECONDS", defaults.node_lost_seconds),
         launch_timeout_seconds=_seconds(env, "PAI_LAUNCH_TIMEOUT_SECONDS",

@@ -83,6 +83,16 @@ NODES = PREFIX + "nodes"  # zset node name -> last heartbeat ms (the lease)
 NODE_FLAGS = PREFIX + "node-flags"
 
 
+# hash "node:gpu index" -> fault JSON (gpuhealth.GpuFault); absent: healthy
+GPU_FAULTS = PREFIX + "gpu-faults"
+
+
+def gpu_fault_injections(name: str) -> str:
+    """List: faults a test or drill injects into the node's virtual GPUs
+    (shared/gpuhealth.py); its monitor takes them on its next round."""
+    return f"{PREFIX}node:{name}:gpu-fault-injections"
+
+
 def node(name: str) -> str:
     """String: the node's inventory JSON (see models.Node)."""
     return f"{PREFIX}node:{name}"
@@ -144,6 +154,21 @@ def exec_result(request_id: str) -> str:
 
 # -- storage ----------------------------------------------------------------
 STORAGE_SHARES = PREFIX + "storage:shares"  # hash share name -> share JSON (storage.Share)
+
+
+# -- usage accounting (shared/usage.py) -----------------------------------
+
+
+def usage_day(day: str) -> str:
+    """Hash: [user, vc, job, resource] JSON -> resource-milliseconds used on
+    that UTC day (YYYY-MM-DD)."""
+    return f"{PREFIX}usage:day:{day}"
+
+
+def usage_records(day: str) -> str:
+    """Hash: interval key -> interval JSON, for the tasks placed on that UTC
+    day: each task's recorded usage, and the guard that records it once."""
+    return f"{PREFIX}usage:records:{day}"
 
 
 # -- metrics --------------------------------------------------------------

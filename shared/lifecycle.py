@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys, retention, telemetry
+from shared import gpuhealth, keys, retention, telemetry, usage
 from shared.cluster import placement_fits
 from shared.completion import NON_RETRYABLE_PREFIX, decide_retry, evaluate_completion
 from shared.models import (
@@ -202,9 +202,11 @@ def record_task_exit(
         for waiting in unplaced:
             _move_task(waiting, TaskState.STOPPED)
             waiting.completed_ms = now_ms()
+        held = usage.held_allocation(pipe, job_id, attempt, task)
 
         pipe.multi()
         store.write_tasks(pipe, job_id, attempt, [task, *unplaced])
+        usage.record_task_usage(pipe, held, task)  # placement to exit, recorded once
         if job.state.is_final:
             store.dequeue(pipe, job_id, job.virtual_cluster)
         pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
@@ -338,7 +340,8 @@ def commit_placement(
     version, still WAITING), the placement covers every task, no admin holds
     any of its nodes (cordon, drain: a node's entry in NODE_FLAGS), and what
     the nodes hold now leaves room for it: a pass that overlapped another (its
-    lock expired) can never hand out a GPU or port twice.
+    lock expired) can never hand out a GPU or port twice, nor a GPU its
+    monitor marked unhealthy since the pass read the faults.
 
     `gang` False (a job without gang allocation): the placement may cover
     some of the tasks still waiting, and the job may already run (its
@@ -365,6 +368,8 @@ def commit_placement(
             return False
         nodes = sorted({p.node for p in placements})
         if any(pipe.hmget(keys.NODE_FLAGS, nodes)):  # an admin holds one now
+            return False
+        if gpuhealth.faulty_in(placements, gpuhealth.read_faults(pipe)):  # failed meanwhile
             return False
         for name in nodes:
             raw = pipe.get(keys.node(name))
@@ -407,7 +412,7 @@ def commit_placement(
                                for p in placements])
         return True
 
-    return store.transact(decide, job_key, keys.NODE_FLAGS, *node_keys)
+    return store.transact(decide, job_key, keys.NODE_FLAGS, keys.GPU_FAULTS, *node_keys)
 
 
 def claim_pass_request(store: Store) -> bool:

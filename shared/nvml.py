@@ -19,6 +19,7 @@ from typing import Any
 
 import pynvml
 
+from shared.gpuhealth import GpuReading
 from shared.models import Gpu
 
 log = logging.getLogger(__name__)
@@ -159,3 +160,50 @@ class Nvml:
         if groups is None:
             return gpus
         return [dataclasses.replace(gpu, group=groups[gpu.index]) for gpu in gpus]
+
+    # ------------------------------------------------------------ health
+
+    def health(self, handle: Any) -> GpuReading:
+        """The device's health counters; a reading it does not support is None."""
+        remapped = self.optional("nvmlDeviceGetRemappedRows", handle)
+        pending = self.optional("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        return GpuReading(
+            uncorrected_ecc=self.optional(
+                "nvmlDeviceGetTotalEccErrors", handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_VOLATILE_ECC),
+            retired_pages_pending=None if pending is None
+            else pending == pynvml.NVML_FEATURE_ENABLED,
+            remap_pending=None if remapped is None else bool(remapped[2]),
+            remap_failed=None if remapped is None else bool(remapped[3]),
+            throttle_reasons=self.optional("nvmlDeviceGetCurrentClocksThrottleReasons", handle))
+
+    def watch_xids(self) -> Any:
+        """An event set every device reports its critical XID errors to, or
+        None where NVML cannot (no NVML, or a driver without events)."""
+        if not self.available:
+            return None
+        try:
+            events = self.lib.nvmlEventSetCreate()
+            for _, handle in self.devices():
+                self.optional("nvmlDeviceRegisterEvents", handle,
+                              pynvml.nvmlEventTypeXidCriticalError, events)
+        except self.error as error:
+            log.warning("NVML cannot watch XID errors (%s): ECC and pages only", error)
+            return None
+        return events
+
+    def xids(self, events: Any, limit: int = 100) -> list[tuple[int, int]]:
+        """(GPU index, XID) of the events waiting in `events`, without waiting."""
+        if events is None:
+            return []
+        index_of = {self.lib.nvmlDeviceGetUUID(h): i for i, h in self.devices()}
+        found = []
+        for _ in range(limit):
+            try:
+                data = self.lib.nvmlEventSetWait(events, 0)
+            except self.error:  # NVML_ERROR_TIMEOUT: nothing (more) waiting
+                break
+            index = index_of.get(self.lib.nvmlDeviceGetUUID(data.device))
+            if index is not None:
+                found.append((index, int(data.eventData)))
+        return found

@@ -83,6 +83,20 @@ API_REQUESTS = RecordedMetric(
     "pai_api_request_duration_seconds", Kind.HISTOGRAM,
     "API request latency by endpoint, method and status (for a log follow, until the "
     "stream starts).", ("endpoint", "method", "status"), LATENCY_BUCKETS)
+# Usage (shared/usage.py): added once per task, when its exit is settled
+# (running tasks are not in them yet; GET /api/v1/usage counts those too).
+GPU_SECONDS = RecordedMetric(
+    "pai_gpu_seconds", Kind.COUNTER,
+    "GPU-seconds of ended tasks, from placement to exit, by user and virtual cluster.",
+    ("user", "vc"))
+CPU_SECONDS = RecordedMetric(
+    "pai_cpu_seconds", Kind.COUNTER,
+    "CPU-seconds (allocated CPUs times time held) of ended tasks, by user and virtual "
+    "cluster.", ("user", "vc"))
+MEMORY_MB_SECONDS = RecordedMetric(
+    "pai_memory_mb_seconds", Kind.COUNTER,
+    "Memory MB-seconds (allocated MB times time held) of ended tasks, by user and virtual "
+    "cluster.", ("user", "vc"))
 
 TASK_EXECS = RecordedMetric(
     "pai_task_execs", Kind.COUNTER,
@@ -91,7 +105,7 @@ TASK_EXECS = RecordedMetric(
 
 RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, PREEMPTIONS,
                                         SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS,
-                                        TASK_EXECS)
+                                        TASK_EXECS, GPU_SECONDS, CPU_SECONDS, MEMORY_MB_SECONDS)
 
 _SUM, _COUNT, _BUCKET = "sum", "count", "le="
 _SEP = "|"
@@ -102,6 +116,12 @@ def _label_field(metric: RecordedMetric, labels: Mapping[str, str]) -> str:
     if set(labels) != set(metric.labelnames):
         raise ValueError(f"{metric.name} takes labels {metric.labelnames}, got {sorted(labels)}")
     return json.dumps([str(labels[n]) for n in metric.labelnames], separators=(",", ":"))
+
+
+def counter_field(metric: RecordedMetric, labels: Mapping[str, str]) -> str:
+    """A counter's hash field for one label set (for a caller that increments
+    it itself, e.g. inside a Lua script)."""
+    return _label_field(metric, labels)
 
 
 def bucket_bound(metric: RecordedMetric, value: float) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from pai_cli.api import ApiError, Unreachable
-from pai_cli.commands import auth, cluster, execs, jobs, logs
+from pai_cli.commands import auth, cluster, execs, jobs, logs, usage
 from pai_cli.jobfile import JobFileError
 from pai_cli.logins import LoginsError, config_path
 from pai_cli.session import CliError, Session, expired_message
@@ -81,7 +81,7 @@ def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
 
 for command in (auth.login, auth.logout, auth.use, jobs.submit, jobs.list_jobs, jobs.status,
                 logs.logs, execs.exec_command, jobs.stop, jobs.wait, jobs.show_config,
-                cluster.nodes, cluster.vcs):
+                cluster.nodes, cluster.vcs, usage.usage):
     cli.add_command(command)
 
 

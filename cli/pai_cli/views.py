@@ -190,8 +190,14 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]], now: int) -> Table:
             _cell(f"{format_mb(node.get('memoryMBUsed'))}/"
                   f"{format_mb(node.get('memoryMBTotal'))}"),
             _cell(node.get("tasks")), _cell(ago(node.get("lastHeartbeat"), now)),
-            _cell(node.get("cordonReason")))
+            _cell("; ".join([node.get("cordonReason") or "", *gpu_faults(node)]).strip("; ")))
     return table
+
+
+def gpu_faults(node: Mapping[str, Any]) -> list[str]:
+    """'GPU 3 unhealthy: XID 79' for each GPU its monitor saw fail."""
+    return [f"GPU {g.get('index')} unhealthy: {g.get('unhealthyReason')}"
+            for g in node.get("gpus") or [] if g.get("healthy") is False]
 
 
 def node_line(node: Mapping[str, Any]) -> str:
@@ -216,4 +222,20 @@ def vcs_table(vcs: Mapping[str, Mapping[str, Any]]) -> Table:
                       _cell(None if vc.get("borrowing") is None
                             else "yes" if vc["borrowing"] else "no"),
                       _cell(vc.get("description")))
+    return table
+
+
+def _hours(seconds: Any) -> Text:
+    return _cell(None if seconds is None else f"{float(seconds) / 3600:,.2f}")
+
+
+def usage_table(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> Table:
+    """Usage rows in hours: the grouping columns, then GPU, CPU and memory (GB) hours."""
+    numbers = ("GPU HOURS", "CPU HOURS", "MEMORY GB-HOURS")
+    table = _table(None, [d.upper() for d in by] + list(numbers), right=numbers)
+    for row in rows:
+        memory = row.get("memoryMbSeconds")
+        table.add_row(*(_cell(row.get(d)) for d in by), _hours(row.get("gpuSeconds")),
+                      _hours(row.get("cpuSeconds")),
+                      _hours(None if memory is None else float(memory) / 1024))
     return table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from flask import Blueprint, Response, request
@@ -12,16 +14,23 @@ from services.api.errors import ApiError
 from services.api.metrics import api_metrics
 from services.api.platform import platform
 from services.api.schemas import NodePutSchema
+from shared import gpuhealth
 from shared.cluster import NodeFlags, held, node_is_live, node_view_state
+from shared.gpuhealth import GpuFault
+from shared.lifecycle import claim_pass_request
 from shared.models import Allocation, Node, now_ms
 from shared.store import NodeNotFound
+
+log = logging.getLogger("pai.api")
 
 bp = Blueprint("cluster", __name__)
 
 
 def _node_view(node: Node, allocations: list[Allocation], flags: NodeFlags,
-               now: int, lost_seconds: float) -> dict[str, Any]:
+               now: int, lost_seconds: float,
+               faults: Mapping[int, GpuFault] | None = None) -> dict[str, Any]:
     used = held(allocations)
+    faults = faults or {}
     used_gpus = used.used_gpus(node)
     live = node_is_live(node.heartbeat_ms, now, lost_seconds)
     return {
@@ -35,11 +44,13 @@ def _node_view(node: Node, allocations: list[Allocation], flags: NodeFlags,
         "cordonedTime": None if flags.accepts_work else flags.at_ms,
         "lastHeartbeat": node.heartbeat_ms,
         "gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model,
-                  "memoryMB": g.memory_mb, "group": g.group, "used": g.index in used_gpus}
+                  "memoryMB": g.memory_mb, "group": g.group, "used": g.index in used_gpus,
+                  **_gpu_health(faults.get(g.index))}
                  for g in node.gpus],
+        "gpuUnhealthy": sum(1 for g in node.gpus if g.index in faults),
         "gpuTotal": len(node.gpus),
         "gpuUsed": len(used_gpus),
-        "gpuFree": len(node.gpus) - len(used_gpus),
+        "gpuFree": sum(1 for g in node.gpus if g.index not in used_gpus and g.index not in faults),
         "cpuTotal": node.cpus,
         "cpuUsed": used.cpus,
         "cpuFree": node.cpus - used.cpus,
@@ -50,14 +61,24 @@ def _node_view(node: Node, allocations: list[Allocation], flags: NodeFlags,
     }
 
 
+def _gpu_health(fault: GpuFault | None) -> dict[str, Any]:
+    """A GPU's health as the node view shows it (shared/gpuhealth.py)."""
+    if fault is None:
+        return {"healthy": True, "unhealthyReason": "", "unhealthySince": None}
+    return {"healthy": False, "unhealthyReason": fault.reason,
+            "unhealthySince": fault.since_ms}
+
+
 def _node_views(nodes: list[Node]) -> list[dict[str, Any]]:
-    """The nodes as the API shows them: two more round trips, however many."""
+    """The nodes as the API shows them: three more round trips, however many."""
     pai = platform()
     allocations = pai.store.all_allocations([node.name for node in nodes])
     flags = pai.store.node_flags()
+    faults = gpuhealth.read_faults(pai.store.r)
     now = now_ms()
     return [_node_view(node, allocations[node.name], flags.get(node.name, NodeFlags()), now,
-                       pai.settings.node_lost_seconds) for node in nodes]
+                       pai.settings.node_lost_seconds, faults.get(node.name))
+            for node in nodes]
 
 
 def _node_or_404(name: str) -> dict[str, Any]:
@@ -114,6 +135,28 @@ def put_node(name: str) -> dict[str, Any]:
         raise ApiError("NoNodeError", f"node {name} has never reported", 404) from None
     except ValueError as error:
         raise ApiError("BadRequestError", str(error)) from None
+    return _node_or_404(name)
+
+
+@bp.delete("/api/v1/nodes/<name>/gpus/<int:index>/fault")
+@admin_only
+def clear_gpu_fault(name: str, index: int) -> dict[str, Any]:
+    """Mark a GPU healthy again after looking at it (admin only; docs/monitoring.md).
+    ---
+    delete:
+      errors: [404]
+      responses: {200: Node}
+    """
+    view = _node_or_404(name)
+    if index not in {g["index"] for g in view["gpus"]}:
+        raise ApiError("NoGpuError", f"node {name} has no GPU {index}", 404)
+    cleared = gpuhealth.clear_fault(platform().store.r, name, index)
+    if cleared is None:
+        raise ApiError("NoGpuFaultError", f"GPU {index} of node {name} is healthy", 404)
+    log.info("%s cleared GPU %d of node %s (was: %s)", current_user().username, index, name,
+             cleared.reason)
+    if claim_pass_request(platform().store):  # waiting jobs may fit now
+        platform().messenger.schedule()
     return _node_or_404(name)
 
 

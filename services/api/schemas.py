@@ -8,9 +8,18 @@ This module imports no view (the views import it).
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import (
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    post_load,
+    validate,
+    validates_schema,
+)
 
 from shared import execs
 from shared.capabilities import GRANTABLE
@@ -396,6 +405,12 @@ class NodeGpuSchema(Schema):
     group = fields.Integer(required=True, allow_none=True, metadata={
         "description": "GPUs of one group share NVLink or a PCIe switch; null: unknown"})
     used = fields.Boolean(required=True)
+    healthy = fields.Boolean(required=True, metadata={
+        "description": "false: its monitor saw it fail; nothing is placed on it until an "
+                       "admin clears it"})
+    unhealthyReason = fields.String(required=True, metadata={
+        "description": "what failed (XID, ECC, pages, thermal); empty while healthy"})
+    unhealthySince = _ms(allow_none=True)
 
 
 class NodeSchema(Schema):
@@ -415,6 +430,9 @@ class NodeSchema(Schema):
     lastHeartbeat = _ms()
     gpus = fields.List(fields.Nested(NodeGpuSchema), required=True)
     gpuTotal = fields.Integer(required=True)
+    gpuUnhealthy = fields.Integer(required=True, metadata={
+        "description": "GPUs marked unhealthy: the scheduler places nothing on them, and "
+                       "gpuFree does not count them"})
     gpuUsed = fields.Integer(required=True)
     gpuFree = fields.Integer(required=True)
     cpuTotal = fields.Integer(required=True)
@@ -445,6 +463,74 @@ class NodePutSchema(_Request):
                                   "drain")
 
 
+# ---------------------------------------------------------------- usage
+
+USAGE_DIMENSIONS = ("day", "user", "vc", "job")  # shared.usage.DIMENSIONS
+MAX_USAGE_DAYS = 732  # one report's span: two years of daily roll-ups
+USAGE_DEFAULT_DAYS = 30
+
+
+class _CommaList(fields.String):
+    """A list sent as one comma-separated query value (`day,user`)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        text = super()._deserialize(value, attr, data, **kwargs)
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+
+class UsageQuerySchema(Schema):
+    user = fields.String(validate=validate.Regexp(INPUT_PATTERN), metadata={
+        "description": "one user's usage (anyone but an admin sees only their own)"})
+    vc = fields.String(validate=validate.Regexp(INPUT_PATTERN),
+                       metadata={"description": "one virtual cluster's usage"})
+    from_ = fields.Date(data_key="from", metadata={
+        "description": "first UTC day, YYYY-MM-DD (default: 29 days before `to`)"})
+    to = fields.Date(metadata={"description": "last UTC day, included (default: today)"})
+    groupBy = _CommaList(load_default=lambda: ["user"], validate=[
+        validate.Length(min=1, max=len(USAGE_DIMENSIONS)),
+        validate.ContainsOnly(USAGE_DIMENSIONS)], metadata={
+        "description": "one or more of day, user, vc, job, comma-separated (default user)"})
+    format = fields.String(load_default="json", validate=validate.OneOf(["json", "csv"]),
+                           metadata={"description": "csv: the rows as a CSV file"})
+
+    @validates_schema
+    def check_span(self, data: dict[str, Any], **_: object) -> None:
+        first, last = _usage_span(data)
+        if first > last:
+            raise ValidationError("must not be after `to` (default: today)", "from")
+        if (last - first).days >= MAX_USAGE_DAYS:
+            raise ValidationError(f"a report spans at most {MAX_USAGE_DAYS} days", "from")
+
+    @post_load
+    def fill_span(self, data: dict[str, Any], **_: object) -> dict[str, Any]:
+        data["from_"], data["to"] = _usage_span(data)
+        return data
+
+
+def _usage_span(data: dict[str, Any]) -> tuple[dt.date, dt.date]:
+    """The report's first and last day, defaults filled in (UTC)."""
+    last = data.get("to") or dt.datetime.now(dt.UTC).date()
+    return data.get("from_") or last - dt.timedelta(days=USAGE_DEFAULT_DAYS - 1), last
+
+
+class UsageRowSchema(Schema):
+    day = fields.String(metadata={"description": "UTC day, YYYY-MM-DD (when grouped by day)"})
+    user = fields.String()
+    vc = fields.String()
+    job = fields.String(metadata={"description": "user~name"})
+    gpuSeconds = fields.Float(required=True)
+    cpuSeconds = fields.Float(required=True)
+    memoryMbSeconds = fields.Float(required=True)
+
+
+class UsageReportSchema(Schema):
+    from_ = fields.String(required=True, data_key="from")
+    to = fields.String(required=True)
+    groupBy = fields.List(fields.String(), required=True)
+    asOf = _ms()
+    rows = fields.List(fields.Nested(UsageRowSchema), required=True)
+
+
 # Component name -> schema; views' docstrings refer to these names.
 COMPONENTS: dict[str, type[Schema]] = {
     "Error": ErrorSchema,
@@ -472,4 +558,5 @@ COMPONENTS: dict[str, type[Schema]] = {
     "VirtualClusterPut": VirtualClusterPutSchema,
     "Node": NodeSchema,
     "NodePut": NodePutSchema,
+    "UsageReport": UsageReportSchema,
 }

@@ -60,6 +60,10 @@ TASK_MEMORY = SeriesSpec("pai_task_memory_bytes", Type.GAUGE,
                          TASK_LABELS)
 TASK_GPU_UTILIZATION = SeriesSpec("pai_task_gpu_utilization_percent", Type.GAUGE,
                                   "Utilization of each GPU assigned to a task.", TASK_GPU_LABELS)
+GPU_UNHEALTHY = SeriesSpec("pai_gpu_unhealthy", Type.GAUGE,
+                           "1 for each GPU of the node marked unhealthy, with why (XID, ECC, "
+                           "pages, thermal: docs/monitoring.md); absent while healthy.",
+                           ("node", "index", "reason"))
 NVML_UP = SeriesSpec("pai_monitor_nvml_up", Type.GAUGE,
                      "1 when the monitor reads the node's GPUs through NVML; 0: no GPU series.",
                      ("node",))
@@ -72,7 +76,7 @@ SAMPLE_TIME = SeriesSpec("pai_monitor_last_sample_timestamp_seconds", Type.GAUGE
 NODE_SERIES: tuple[SeriesSpec, ...] = (
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_TEMPERATURE, GPU_POWER,
     GPU_ECC_ERRORS, GPU_EXTERNAL, TASK_CPU, TASK_MEMORY, TASK_GPU_UTILIZATION, NVML_UP,
-    SAMPLE_DURATION, SAMPLE_TIME,
+    SAMPLE_DURATION, SAMPLE_TIME, GPU_UNHEALTHY,
 )
 
 
@@ -211,6 +215,13 @@ def node_series(node: str, gpus: Sequence[GpuSample] | None, tasks: Sequence[Tas
                                      held.utilization_percent))
     series.extend(_external_series(node, gpus, tasks))
     return series
+
+
+def fault_series(node: str, faults: Mapping[int, str]) -> list[Series]:
+    """One series per GPU marked unhealthy (index -> reason); virtual GPUs too,
+    since the scheduler skips them all the same."""
+    return [Series(GPU_UNHEALTHY, (node, str(index), reason), 1.0)
+            for index, reason in sorted(faults.items())]
 
 
 def needs_pids(gpus: Sequence[GpuSample] | None, virtual_gpus: bool) -> bool:

@@ -16,9 +16,10 @@ from types import FrameType
 import docker
 
 from services.monitor.exporter import NodeExporter
+from services.monitor.gpuhealth import GpuHealthWatch, stop_container
 from services.monitor.service import Monitor
 from shared.config import Settings, load_settings
-from shared.containers import docker_client
+from shared.containers import TaskRef, docker_client
 from shared.logs import setup_logging
 from shared.messaging import Messenger, make_celery
 from shared.store import Store
@@ -42,10 +43,24 @@ def reconcile_loop(monitor: Monitor, stop: threading.Event,
             log.warning("reconcile: %d task(s) lost their container", summary.vanished)
 
 
+def gpu_health_watch(monitor: Monitor) -> GpuHealthWatch:
+    """The node's GPU health watch, stopping and reporting tasks as the monitor does."""
+
+    def tell(ref: TaskRef, attempt_ended: bool) -> None:
+        monitor.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
+        if attempt_ended:
+            monitor.messenger.attempt_ended(ref.job_id, ref.attempt)
+
+    return GpuHealthWatch(monitor.store, monitor.node,
+                          lambda ref: stop_container(monitor.docker, ref), tell)
+
+
 def node_threads(monitor: Monitor, stop: threading.Event, since: float,
-                 exporter: NodeExporter | None = None) -> list[threading.Thread]:
+                 exporter: NodeExporter | None = None,
+                 health: GpuHealthWatch | None = None) -> list[threading.Thread]:
     """Everything the monitor runs in the background, each until `stop` is set:
-    the event watcher, the reconcile loop and the exporter's sampler."""
+    the event watcher, the reconcile loop, the exporter's sampler and the
+    GPU health watch."""
     threads = [
         threading.Thread(target=monitor.watch_events, args=(stop, since),
                          name="pai-monitor-events", daemon=True),
@@ -54,6 +69,10 @@ def node_threads(monitor: Monitor, stop: threading.Event, since: float,
     ]
     if exporter is not None:
         threads.append(exporter.thread(stop))
+    if health is not None:
+        threads.append(threading.Thread(
+            target=health.run, args=(stop, monitor.settings.gpu_health_seconds),
+            name="pai-monitor-gpu-health", daemon=True))
     return threads
 
 
@@ -97,7 +116,7 @@ def main() -> int:
                  summary.running, summary.exited, summary.vanished)
     except Exception:
         log.exception("the first reconcile failed; the loop tries again")
-    threads = node_threads(monitor, stop, since, exporter)
+    threads = node_threads(monitor, stop, since, exporter, gpu_health_watch(monitor))
     for thread in threads:
         thread.start()
     while not stop.wait(1.0):

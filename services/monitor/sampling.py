@@ -30,10 +30,12 @@ from services.monitor.nodemetrics import (
     Series,
     TaskSample,
     cpu_percent,
+    fault_series,
     memory_bytes,
     needs_pids,
     node_series,
 )
+from shared import gpuhealth
 from shared.config import Settings
 from shared.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
 from shared.models import Allocation, attempt_task_key, split_job_id
@@ -155,11 +157,20 @@ class NodeSampler:
                          with_pids=needs_pids(gpus, self.virtual_gpus))
         tasks = [t for t in self._pool.map(sample, containers) if t is not None]
         series = node_series(self.node, gpus, tasks, virtual_gpus=self.virtual_gpus)
+        series.extend(fault_series(self.node, self._faults()))
         series.append(Series(SAMPLE_DURATION, (self.node,), time.monotonic() - started))
         series.append(Series(SAMPLE_TIME, (self.node,), time.time()))
         with self._lock:
             self._latest = series
         return series
+
+    def _faults(self) -> dict[int, str]:
+        try:
+            faults = gpuhealth.read_faults(self.store.r).get(self.node, {})
+        except RedisError as error:
+            log.warning("cannot read the node's GPU faults (%s): none shown", error)
+            return {}
+        return {index: fault.reason for index, fault in faults.items()}
 
     def _allocations(self) -> dict[str, Allocation]:
         try:

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request
 from services.scheduler.policy import Preemption, RunningJob
-from shared import keys, retention, telemetry
+from shared import gpuhealth, keys, retention, telemetry
 from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
@@ -229,7 +229,8 @@ class Scheduler:
     def run_pass(self) -> PassStats:
         started = time.perf_counter()
         now = now_ms()
-        nodes = self.store.get_nodes()
+        faults = gpuhealth.read_faults(self.store.r)  # unhealthy GPUs take no work
+        nodes = [gpuhealth.healthy_view(n, faults) for n in self.store.get_nodes()]
         flags = self.store.node_flags()
         allocations = self.store.all_allocations([n.name for n in nodes])
         live = [n for n in nodes if takes_work(n, flags.get(n.name), now,

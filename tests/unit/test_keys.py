@@ -55,6 +55,12 @@ LITERAL_KEYS = [
     pytest.param(keys.exec_leases("alice"), "pai:execs:alice", id="exec_leases"),
     pytest.param(keys.exec_request("r1"), "pai:exec:r1", id="exec_request"),
     pytest.param(keys.exec_result("r1"), "pai:exec:r1:result", id="exec_result"),
+    pytest.param(keys.GPU_FAULTS, "pai:gpu-faults", id="GPU_FAULTS"),
+    pytest.param(keys.gpu_fault_injections("gpu-01"), "pai:node:gpu-01:gpu-fault-injections",
+                 id="gpu_fault_injections"),
+    pytest.param(keys.usage_day("2026-11-25"), "pai:usage:day:2026-11-25", id="usage_day"),
+    pytest.param(keys.usage_records("2026-11-25"), "pai:usage:records:2026-11-25",
+                 id="usage_records"),
     pytest.param(keys.recorded_metric("pai_task_exits"), "pai:metric:pai_task_exits",
                  id="recorded_metric"),
 ]

@@ -25,3 +25,10 @@ def test_the_exporter_address_and_sampling_interval_can_be_set() -> None:
 def test_a_sampling_interval_must_be_positive_seconds(raw: str) -> None:
     with pytest.raises(ConfigError, match="PAI_MONITOR_SAMPLE_SECONDS"):
         load_settings({"PAI_MONITOR_SAMPLE_SECONDS": raw})
+
+
+def test_the_gpu_health_interval_can_be_set_and_must_be_positive() -> None:
+    assert load_settings({}).gpu_health_seconds == 5.0
+    assert load_settings({"PAI_GPU_HEALTH_SECONDS": "0.5"}).gpu_health_seconds == 0.5
+    with pytest.raises(ConfigError, match="PAI_GPU_HEALTH_SECONDS"):
+        load_settings({"PAI_GPU_HEALTH_SECONDS": "0"})

@@ -247,3 +247,11 @@ def test_without_an_nvml_library_there_is_no_gpu_sample() -> None:
 
     assert not reader.start()
     assert reader.read() is None
+
+
+def test_each_unhealthy_gpu_is_one_series_with_its_reason() -> None:
+    from services.monitor.nodemetrics import GPU_UNHEALTHY, Series, fault_series
+    assert fault_series("n1", {3: "XID 79", 1: "row remapping failed"}) == [
+        Series(GPU_UNHEALTHY, ("n1", "1", "row remapping failed"), 1.0),
+        Series(GPU_UNHEALTHY, ("n1", "3", "XID 79"), 1.0)]
+    assert fault_series("n1", {}) == []

@@ -41,6 +41,7 @@ def nodes(ctx: click.Context, session: Session, output: str) -> None:
       pai nodes cordon NAME   no new tasks land; running ones finish
       pai nodes drain NAME    also preempt its jobs and requeue them
       pai nodes uncordon NAME back in service (ends a drain)
+      pai nodes clear-gpu NAME INDEX  trust a GPU marked unhealthy again
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -77,6 +78,20 @@ nodes.add_command(_node_command(
              "and requeued, not charged a retry (admins)."))
 nodes.add_command(_node_command(
     "uncordon", "Put node NAME back in service, ending any drain (admins)."))
+
+
+@nodes.command("clear-gpu")
+@click.argument("name")
+@click.argument("index", type=click.IntRange(min=0))
+@output_option()
+@pass_session
+def clear_gpu(session: Session, name: str, index: int, output: str) -> None:
+    """Mark GPU INDEX of node NAME healthy again, once it was looked at (admins)."""
+    node = session.client().call("DELETE", f"{node_path(name)}/gpus/{index}/fault")
+    if output == "json":
+        print_json(node)
+    else:
+        click.echo(f"GPU {index} of node {name} is schedulable again")
 
 
 @click.command()

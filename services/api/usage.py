@@ -1,0 +1,106 @@
+"""Usage reports: GPU-, CPU- and memory-seconds per user, VC, day or job,
+as JSON or as CSV for chargeback (shared/usage.py does the arithmetic)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+from flask import Blueprint, Response, request
+
+from services.api.auth import current_user
+from services.api.bodies import load
+from services.api.errors import ApiError
+from services.api.platform import platform
+from services.api.schemas import UsageQuerySchema
+from shared import keys, usage
+from shared.models import Allocation, Task, job_id_of, now_ms, task_key
+
+bp = Blueprint("usage", __name__, url_prefix="/api/v1")
+
+# A cell a spreadsheet would run as a formula (CSV injection) gets a quote first.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _scope(query: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(user, vc) the report is limited to: anyone but an admin sees only
+    their own usage, whatever `user` they ask for."""
+    me = current_user()
+    user = query.get("user", "").lower() or None
+    if not me.admin:
+        if user not in (None, me.username):
+            raise ApiError("ForbiddenUserError",
+                           "only an admin may read another user's usage", 403)
+        user = me.username
+    vc = query.get("vc", "").lower() or None
+    return user, vc
+
+
+def _held_now(user: str | None) -> list[tuple[Allocation, Task | None]]:
+    """Every allocation held now (of `user`'s jobs, if given), with its task."""
+    store = platform().store
+    allocations = [a for allocs in store.all_allocations(list(store.node_heartbeats())).values()
+                   for a in allocs
+                   if user is None or a.job_id.startswith(job_id_of(user, ""))]
+    if not allocations:
+        return []
+    pipe = store.r.pipeline(transaction=False)
+    for a in allocations:
+        pipe.hget(keys.job_tasks(a.job_id, a.attempt), task_key(a.role, a.index))
+    return [(a, Task.from_dict(json.loads(raw)) if raw else None)
+            for a, raw in zip(allocations, pipe.execute(), strict=True)]
+
+
+def usage_rows(user: str | None, vc: str | None, first: str, last: str,
+               by: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """The report's rows, and the instant it is true of: the recorded days,
+    plus what running tasks have used so far."""
+    now = now_ms()
+    recorded = usage.read_days(platform().store.r, usage.days_between(first, last))
+    running = usage.day_rows(usage.running_intervals(_held_now(user), now))
+    rows = usage.report(usage.merge_rows(recorded, running), by,
+                        usage.Filter(first, last, user=user, vc=vc))
+    return rows, now
+
+
+def _csv(rows: list[dict[str, Any]], by: list[str], first: str, last: str) -> Response:
+    columns = [d for d in usage.DIMENSIONS if d in by] + [name for _, name in usage.RESOURCES]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row[c]) for c in columns])
+    return Response(out.getvalue(), mimetype="text/csv", headers={
+        "Content-Disposition": f'attachment; filename="pai-usage-{first}-{last}.csv"'})
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+@bp.get("/usage")
+def get_usage() -> Any:
+    """GPU-, CPU- and memory-seconds used, grouped; a user sees their own.
+    ---
+    get:
+      errors: [400, 403]
+      parameters:
+      - {in: query, schema: UsageQuerySchema}
+      responses:
+        200:
+          content:
+            application/json: {schema: UsageReport}
+            text/csv: {schema: {type: string}}
+    """
+    query = load(UsageQuerySchema(), request.args)
+    user, vc = _scope(query)
+    first, last = query["from_"].isoformat(), query["to"].isoformat()
+    by = [d for d in usage.DIMENSIONS if d in query["groupBy"]]
+    rows, as_of = usage_rows(user, vc, first, last, by)
+    if query["format"] == "csv":
+        return _csv(rows, by, first, last)
+    return {"from": first, "to": last, "groupBy": by, "asOf": as_of, "rows": rows}

@@ -1,0 +1,290 @@
+"""Usage accounting: who held which GPUs, CPUs and memory, for how long.
+
+A task's usage is one interval: from its placement (the allocation's start,
+`Task.launched_ms`) to its exit (`Task.completed_ms`), times what its
+allocation holds. It is recorded once, when the task's exit is settled
+(shared/lifecycle.py `record_task_exit`, inside that compare-and-set), and
+rolled up by UTC day, user, virtual cluster and job. Tasks still holding
+their allocation count up to "now" when usage is read.
+
+The arithmetic (splitting at UTC midnights, merging into per-day rows,
+grouping for a report) is pure and exact: durations are integer
+milliseconds, so a day's share of an interval and the totals of a report
+add up to the last millisecond. The Redis side (the guarded recording and
+the roll-up reads) is at the end of this module.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared import keys, telemetry
+from shared.models import Allocation, Task, attempt_task_key, split_job_id
+
+DAY_MS = 24 * 3600 * 1000
+# What a report may be grouped by, in the order its rows' keys are shown.
+DIMENSIONS = ("day", "user", "vc", "job")
+# The resources counted, as the roll-up hashes name them, and as reports do.
+RESOURCES = (("gpu", "gpuSeconds"), ("cpu", "cpuSeconds"), ("memory", "memoryMbSeconds"))
+
+
+def day_of(ms: int) -> str:
+    """The UTC day an instant falls in, as YYYY-MM-DD."""
+    return dt.datetime.fromtimestamp(ms // 1000, dt.UTC).strftime("%Y-%m-%d")
+
+
+def day_start_ms(day: str) -> int:
+    """The first millisecond of a UTC day given as YYYY-MM-DD."""
+    start = dt.datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=dt.UTC)
+    return int(start.timestamp()) * 1000
+
+
+def days_between(first: str, last: str) -> list[str]:
+    """Every day from `first` to `last`, both included (none if last < first)."""
+    start, end = day_start_ms(first), day_start_ms(last)
+    return [day_of(ms) for ms in range(start, end + 1, DAY_MS)]
+
+
+def split_by_day(start_ms: int, end_ms: int) -> list[tuple[str, int]]:
+    """[start, end) cut at UTC midnights: (day, milliseconds in it), in order.
+
+    An interval that ends before it starts (a clock stepped back between
+    placement and exit) is empty: usage is never negative.
+    """
+    parts = []
+    at = start_ms
+    while at < end_ms:
+        midnight = (at // DAY_MS + 1) * DAY_MS
+        upto = min(midnight, end_ms)
+        parts.append((day_of(at), upto - at))
+        at = upto
+    return parts
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One task's hold on its allocation: [start_ms, end_ms) of gpus/cpus/memory."""
+
+    job_id: str
+    attempt: int
+    role: str
+    index: int
+    user: str
+    vc: str
+    start_ms: int
+    end_ms: int
+    gpus: int
+    cpus: int
+    memory_mb: int
+
+    @property
+    def key(self) -> str:
+        """The record's identity: the task of the attempt, and when it was
+        placed (a job deleted and submitted again under its name reuses
+        the rest)."""
+        return f"{self.job_id}:{self.attempt}:{self.role}:{self.index}@{self.start_ms}"
+
+    @property
+    def duration_ms(self) -> int:
+        return max(0, self.end_ms - self.start_ms)
+
+    def to_json(self) -> str:
+        return json.dumps({"job": self.job_id, "attempt": self.attempt, "role": self.role,
+                           "index": self.index, "user": self.user, "vc": self.vc,
+                           "startMs": self.start_ms, "endMs": self.end_ms, "gpus": self.gpus,
+                           "cpus": self.cpus, "memoryMB": self.memory_mb},
+                          separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class DayUsage:
+    """One job's usage on one UTC day, in resource-milliseconds."""
+
+    day: str
+    user: str
+    vc: str
+    job: str
+    gpu_ms: int = 0
+    cpu_ms: int = 0
+    memory_ms: int = 0  # MB-milliseconds
+
+    def amounts(self) -> tuple[int, int, int]:
+        return self.gpu_ms, self.cpu_ms, self.memory_ms
+
+
+def day_rows(intervals: Iterable[Interval]) -> list[DayUsage]:
+    """The intervals' usage per (day, user, vc, job), sorted by those."""
+    sums: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for interval in intervals:
+        for day, ms in split_by_day(interval.start_ms, interval.end_ms):
+            row = sums[(day, interval.user, interval.vc, interval.job_id)]
+            row[0] += interval.gpus * ms
+            row[1] += interval.cpus * ms
+            row[2] += interval.memory_mb * ms
+    return [DayUsage(*where, *amounts) for where, amounts in sorted(sums.items())]
+
+
+def running_intervals(held: Iterable[tuple[Allocation, Task | None]],
+                      now_ms: int) -> list[Interval]:
+    """The usage so far of tasks still holding their allocations.
+
+    A task whose exit is settled is left out: its interval was recorded
+    with the exit (the allocation is released just after), so a report read
+    in between counts it once. So is an allocation without its task.
+    """
+    running = []
+    for alloc, task in held:
+        if task is None or task.state.is_final or task.launched_ms is None:
+            continue
+        running.append(task_interval(alloc, task, now_ms))
+    return running
+
+
+def task_interval(alloc: Allocation, task: Task, end_ms: int) -> Interval:
+    """What `task` held through `alloc`, from its placement to `end_ms`."""
+    start = task.launched_ms if task.launched_ms is not None else end_ms
+    return Interval(job_id=alloc.job_id, attempt=alloc.attempt, role=alloc.role,
+                    index=alloc.index, user=split_job_id(alloc.job_id)[0], vc=alloc.vc,
+                    start_ms=start, end_ms=max(start, end_ms), gpus=len(alloc.gpus),
+                    cpus=alloc.cpus, memory_mb=alloc.memory_mb)
+
+
+def merge_rows(*groups: Iterable[DayUsage]) -> list[DayUsage]:
+    """Rows of several sources (recorded, running) added where they meet."""
+    sums: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for rows in groups:
+        for row in rows:
+            total = sums[(row.day, row.user, row.vc, row.job)]
+            for i, amount in enumerate(row.amounts()):
+                total[i] += amount
+    return [DayUsage(*where, *amounts) for where, amounts in sorted(sums.items())]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which rows a report covers: a day range (both ends included), and
+    optionally one user and one VC."""
+
+    first_day: str
+    last_day: str
+    user: str | None = None
+    vc: str | None = None
+
+    def keeps(self, row: DayUsage) -> bool:
+        return self.first_day <= row.day <= self.last_day \
+            and self.user in (None, row.user) and self.vc in (None, row.vc)
+
+
+def report(rows: Iterable[DayUsage], by: Sequence[str], keep: Filter) -> list[dict[str, Any]]:
+    """The kept rows summed per value of the `by` dimensions (an empty `by`:
+    one total), as API rows: the dimensions, then the seconds of each
+    resource. Sorted by the dimensions."""
+    unknown = [d for d in by if d not in DIMENSIONS]
+    if unknown:
+        raise ValueError(f"cannot group by {unknown}; choose from {DIMENSIONS}")
+    ordered = [d for d in DIMENSIONS if d in by]
+    sums: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for row in rows:
+        if not keep.keeps(row):
+            continue
+        values = {"day": row.day, "user": row.user, "vc": row.vc, "job": row.job}
+        total = sums[tuple(values[d] for d in ordered)]
+        for i, amount in enumerate(row.amounts()):
+            total[i] += amount
+    return [{**dict(zip(ordered, where, strict=True)),
+             **{name: ms / 1000 for (_, name), ms in zip(RESOURCES, amounts, strict=True)}}
+            for where, amounts in sorted(sums.items())]
+
+
+# ------------------------------------------------------------------ Redis
+
+# Adds a record's roll-up increments only if the record was not added before:
+# HSETNX on the day's record hash is the guard, so recording the same task
+# twice (a redelivered exit, a repair re-running) counts it once.
+# KEYS[1]: the record hash; ARGV[1], ARGV[2]: the record's key and JSON.
+# Then, per increment i: KEYS[i + 1] the hash, ARGV the field, the amount,
+# and "i" (HINCRBY) or "f" (HINCRBYFLOAT).
+RECORD_ONCE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+for i = 1, #KEYS - 1 do
+  local field, amount, kind = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+  if kind == 'f' then
+    redis.call('HINCRBYFLOAT', KEYS[i + 1], field, amount)
+  else
+    redis.call('HINCRBY', KEYS[i + 1], field, amount)
+  end
+end
+return 1
+"""
+COUNTERS = (telemetry.GPU_SECONDS, telemetry.CPU_SECONDS, telemetry.MEMORY_MB_SECONDS)
+
+
+def rollup_field(user: str, vc: str, job: str, resource: str) -> str:
+    """A day hash's field: whose usage of which resource (JSON, since job
+    ids hold characters no separator is safe from)."""
+    return json.dumps([user, vc, job, resource], separators=(",", ":"))
+
+
+def record_interval(pipe: Any, interval: Interval) -> None:
+    """Queue the interval's recording on `pipe` (inside the caller's MULTI):
+    its record, its per-day roll-ups and the Prometheus counters, all or
+    nothing, and only the first time this interval's key is recorded."""
+    record_keys = [keys.usage_records(day_of(interval.start_ms))]
+    args: list[str | int | float] = [interval.key, interval.to_json()]
+    for row in day_rows([interval]):
+        for (resource, _), amount in zip(RESOURCES, row.amounts(), strict=True):
+            if amount:
+                record_keys.append(keys.usage_day(row.day))
+                args += [rollup_field(row.user, row.vc, row.job, resource), amount, "i"]
+    labels = {"user": interval.user, "vc": interval.vc}
+    per_unit = (interval.gpus, interval.cpus, interval.memory_mb)
+    for metric, units in zip(COUNTERS, per_unit, strict=True):
+        if units and interval.duration_ms:
+            record_keys.append(metric.key)
+            args += [telemetry.counter_field(metric, labels),
+                     repr(units * interval.duration_ms / 1000), "f"]
+    pipe.eval(RECORD_ONCE, len(record_keys), *record_keys, *args)
+
+
+def held_allocation(reader: Any, job_id: str, attempt: int, task: Task) -> Allocation | None:
+    """The allocation `task` holds on its node, if it was placed and holds one."""
+    if task.node is None or task.launched_ms is None:
+        return None
+    raw = reader.hget(keys.node_alloc(task.node),
+                      attempt_task_key(job_id, attempt, task.role, task.index))
+    return Allocation.from_dict(json.loads(raw)) if raw else None
+
+
+def record_task_usage(pipe: Any, alloc: Allocation | None, task: Task) -> None:
+    """Queue the recording of a settled task's usage (see record_interval)."""
+    if alloc is not None and task.completed_ms is not None:
+        record_interval(pipe, task_interval(alloc, task, task.completed_ms))
+
+
+def parse_day(day: str, raw: Mapping[str, str]) -> list[DayUsage]:
+    """A day hash's fields as rows; fields another version wrote are skipped."""
+    sums: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    slots = {resource: i for i, (resource, _) in enumerate(RESOURCES)}
+    for name, value in raw.items():
+        try:
+            user, vc, job, resource = json.loads(name)
+            amount = int(value)
+        except (ValueError, TypeError):
+            continue
+        if resource in slots:
+            sums[(user, vc, job)][slots[resource]] += amount
+    return [DayUsage(day, *where, *amounts) for where, amounts in sorted(sums.items())]
+
+
+def read_days(r: Any, days: Sequence[str]) -> list[DayUsage]:
+    """The recorded roll-ups of these days, in one round trip."""
+    pipe = r.pipeline(transaction=False)
+    for day in days:
+        pipe.hgetall(keys.usage_day(day))
+    replies = pipe.execute() if days else []
+    return [row for day, raw in zip(days, replies, strict=True) for row in parse_day(day, raw)]

@@ -1,0 +1,68 @@
+"""`pai usage` in-process against the real API over HTTP on 127.0.0.1, from a
+real Redis holding recorded usage: tables in hours, JSON, CSV, and a user
+refused another's usage."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import redis
+from flask import Flask
+
+from shared import usage
+from tests.integration.test_cli_nodes import api, pai_as, run  # noqa: F401 (api: a fixture)
+
+pytestmark = pytest.mark.redis
+
+MIDNIGHT = usage.day_start_ms("2026-03-10")
+HOUR = 3600 * 1000
+SPAN = ("--from", "2026-03-09", "--to", "2026-03-10")
+
+
+@pytest.fixture
+def recorded(redis_client: redis.Redis) -> None:
+    pipe = redis_client.pipeline()
+    for span in (
+            usage.Interval("alice~a", 0, "main", 0, "alice", "default", MIDNIGHT - HOUR,
+                           MIDNIGHT + HOUR, 2, 4, 2048),
+            usage.Interval("root~b", 0, "main", 0, "root", "default", MIDNIGHT,
+                           MIDNIGHT + HOUR, 1, 1, 1024)):
+        usage.record_interval(pipe, span)
+    pipe.execute()
+
+
+@pytest.mark.usefixtures("recorded")
+def test_usage_table_json_and_csv(api: tuple[str, Flask], tmp_path: Path) -> None:  # noqa: F811
+    root = pai_as(api, tmp_path, "root")
+    done = run(root, "usage", *SPAN)
+    assert done.exit_code == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["USER", "GPU", "HOURS", "CPU", "HOURS", "MEMORY", "GB-HOURS"]
+    assert lines[1].split() == ["alice", "4.00", "8.00", "4.00"]
+    assert lines[2].split() == ["root", "1.00", "1.00", "1.00"]
+    answer = json.loads(run(root, "usage", "-b", "day", "-b", "user", "-o", "json",
+                            *SPAN).stdout)
+    assert answer["groupBy"] == ["day", "user"]
+    assert [(r["day"], r["user"], r["gpuSeconds"]) for r in answer["rows"]] == [
+        ("2026-03-09", "alice", 7200.0), ("2026-03-10", "alice", 7200.0),
+        ("2026-03-10", "root", 3600.0)]
+    table = list(csv.reader(io.StringIO(run(root, "usage", "-b", "vc", "-o", "csv",
+                                            *SPAN).stdout)))
+    assert table == [["vc", "gpuSeconds", "cpuSeconds", "memoryMbSeconds"],
+                     ["default", "18000.0", "32400.0", "18432000.0"]]
+
+
+@pytest.mark.usefixtures("recorded")
+def test_a_user_sees_their_own_and_is_refused_anothers(
+        api: tuple[str, Flask], tmp_path: Path) -> None:  # noqa: F811
+    alice = pai_as(api, tmp_path, "alice")
+    answer = json.loads(run(alice, "usage", "-o", "json", *SPAN).stdout)
+    assert [r["user"] for r in answer["rows"]] == ["alice"]
+    done = run(alice, "usage", "--user", "root", *SPAN)
+    assert done.exit_code == 1 and done.stderr.startswith("error: ForbiddenUserError:")
+    empty = run(alice, "usage", "--from", "2020-01-01", "--to", "2020-01-02")
+    assert empty.stdout == "no usage from 2020-01-01 to 2020-01-02\n"
