@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys
+from shared import keys, usage
 from shared.completion import NON_RETRYABLE_PREFIX
 from shared.lifecycle import (
     ExitReport,
@@ -191,3 +191,20 @@ def test_the_old_exit_racing_the_new_start_never_fails_the_new_container(
         assert results == [None, True]
         task = task0(store, job.id)
         assert (task.state, task.retries, task.container_id) == (TaskState.RUNNING, 1, "c1")
+
+
+def test_a_retried_task_is_charged_once_from_placement_to_its_last_exit(
+        store: Store, redis_client: redis.Redis) -> None:
+    """Usage accounting (issue 20) beside task retries: the allocation is held
+    through every retry, so one record covers placement to the last exit."""
+    job = started(store, "charged", 2)
+    assert fail(store, job.id, 0, relaunch_deadline_ms=2**41) is not None
+    assert mark_task_running(store, job.id, 0, "main", 0, "c1", task_retry=1)
+    assert record_task_exit(store, job.id, 0, "main", 0, exit_code=0, task_retry=1) is not None
+
+    task = task0(store, job.id)
+    assert task.launched_ms is not None and task.completed_ms is not None
+    day = usage.day_of(task.completed_ms)
+    rows = [row for row in usage.read_days(redis_client, [day]) if row.job == job.id]
+    assert len(rows) == 1
+    assert rows[0].gpu_ms == task.completed_ms - task.launched_ms
