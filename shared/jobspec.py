@@ -45,6 +45,7 @@ MAX_GRACE_SECONDS = 3600  # a job may ask for up to this; the admin's maximum st
 MAX_ENVS = 1000
 MAX_COMMAND_CHARS = 64 * 1024
 MAX_PATH_CHARS = 4096
+REDACTED = "******"  # what a secret shows as wherever a config is shown back
 DEFAULT_SHM_MB = 64
 
 IGNORED_ENVS = ("isDebug", "paiAzRDMA")
@@ -251,6 +252,15 @@ class _TaskRoleSchema(_StrictSchema):
             raise ValidationError(errors)
 
 
+class _ImageAuthSchema(_StrictSchema):
+    """A registry login for pulling the job's image (OpenPAI v2's dockerimage
+    `auth`): sent to the node's Docker engine with the pull, never shown back."""
+
+    username = fields.String(required=True, validate=validate.Length(min=1, max=1024))
+    password = fields.String(required=True, validate=validate.Length(max=4096))
+    registryuri = fields.String(validate=validate.Length(max=1024))
+
+
 class _JobSchema(_StrictSchema):
     jobName = fields.String(required=True, validate=[
         validate.Length(min=1, max=255), _pattern(_JOB_NAME), _not_dot_segment])
@@ -260,6 +270,8 @@ class _JobSchema(_StrictSchema):
     outputDir = _path_field()
     codeDir = _path_field()
     authFile = fields.String(validate=validate.Length(max=MAX_PATH_CHARS))
+    imageAuth = fields.Nested(_ImageAuthSchema, metadata={
+        "description": "registry login for pulling `image` (its password is never shown back)"})
     virtualCluster = fields.String(load_default="default",
                                    validate=[validate.Length(max=64), _pattern(_VC_NAME)])
     # -1 and -2: retry without limit, with a back-off (OpenPAI's serving jobs)
@@ -445,6 +457,15 @@ def validate_job_config(
              f"{_DIR_VARIABLES[key]} unchanged, not mounted"
              for key in config.get(storage.UNMOUNTED_KEY, [])]
     return ValidatedConfig(config=config, ignored=ignored, notes=notes)
+
+
+def shown_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A config as it may be shown back (GET .../config, a dry run): the
+    registry password hidden."""
+    auth = config.get("imageAuth")
+    if not isinstance(auth, dict) or "password" not in auth:
+        return config
+    return {**config, "imageAuth": {**auth, "password": REDACTED}}
 
 
 _DIR_VARIABLES = {"dataDir": "PAI_DATA_DIR", "outputDir": "PAI_OUTPUT_DIR",

@@ -29,6 +29,7 @@ from shared.jobspec import (
     MAX_RETRIES,
     MAX_TASK_ROLES,
     MAX_TASKS_PER_ROLE,
+    REDACTED,
     InvalidJobConfig,
     WholeNumber,
     flat_errors,
@@ -40,7 +41,6 @@ MAX_COMMANDS = 1000
 MAX_PREREQUISITES = 100
 MAX_DEPLOYMENTS = 100
 MAX_SECRETS = 100
-REDACTED = "******"
 UNLIMITED_RETRIES = (-1, -2)  # OpenPAI: retry without limit (serving jobs)
 
 _NAME = r"^[A-Za-z0-9._~-]+$"
@@ -226,7 +226,17 @@ def shown_submission(raw: dict[str, Any]) -> dict[str, Any]:
     shown = redact(raw, list(leaves.values()))
     if "secrets" in shown:
         shown["secrets"] = redact_tree(shown["secrets"])
+    if isinstance(shown.get("prerequisites"), list):  # a registry password, even in clear
+        shown = {**shown, "prerequisites": [_without_password(p)
+                                            for p in shown["prerequisites"]]}
     return shown
+
+
+def _without_password(prerequisite: Any) -> Any:
+    auth = prerequisite.get("auth") if isinstance(prerequisite, dict) else None
+    if not isinstance(auth, dict) or "password" not in auth:
+        return prerequisite
+    return {**prerequisite, "auth": {**auth, "password": REDACTED}}
 
 
 def redact_tree(value: Any) -> Any:
@@ -276,6 +286,7 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     secrets = _secret_leaves(job.get("secrets"))
 
     images: dict[str, str] = {}
+    auths: dict[str, dict[str, str]] = {}  # image -> the registry login its pull uses
     for index, pre in enumerate(job.get("prerequisites") or []):
         where = f"prerequisites.{index}"
         if pre["type"] != "dockerimage":
@@ -289,9 +300,13 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
         images[pre["name"]] = _substitute(pre["uri"], parameters, secrets, f"{where}.uri",
                                           errors)
         if "auth" in pre:
-            ignored.append(f"{where}.auth")
-            notes.append(f"{where}.auth: nodes pull with their own registry login; "
-                         f"the credentials are not used")
+            auth = {key: _substitute(str(value), parameters, secrets, f"{where}.auth.{key}",
+                                     errors)
+                    for key, value in pre["auth"].items()
+                    if key in ("username", "password", "registryuri")}
+            ignored += _known(pre["auth"], _V2AuthSchema(), f"{where}.auth.")
+            if auth.get("username"):
+                auths[images[pre["name"]]] = auth
         ignored += _known(pre, _V2PrerequisiteSchema(), f"{where}.")
 
     deployment = _deployment(job, errors)
@@ -345,6 +360,8 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
 
     config: dict[str, Any] = {"jobName": job["name"], "image": next(iter(role_images), ""),
                               "taskRoles": roles}
+    if config["image"] in auths:
+        config["imageAuth"] = auths[config["image"]]
     if "jobRetryCount" in job:
         config["retryCount"] = job["jobRetryCount"]
     defaults = job.get("defaults") or {}

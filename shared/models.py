@@ -95,6 +95,8 @@ class JobSpec:
     # extras.gangAllocation (OpenPAI): False lets the scheduler start the
     # tasks as resources allow instead of all at once
     gang_allocation: bool = True
+    # imageAuth: a registry login (username, password, registryuri) for the pull
+    image_auth: dict[str, str] | None = None
 
     @property
     def total_tasks(self) -> int:
@@ -143,6 +145,7 @@ class JobSpec:
             capabilities=tuple((config.get("extras") or {}).get("capabilities") or ()),
             unmounted_dirs=tuple(config.get("unmountedDirs") or ()),
             gang_allocation=(config.get("extras") or {}).get("gangAllocation") is not False,
+            image_auth=dict(config["imageAuth"]) if config.get("imageAuth") else None,
         )
 
 

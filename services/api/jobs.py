@@ -29,7 +29,7 @@ from shared.accounts import DEFAULT_VC, Accounts, User
 from shared.archive import diagnostics_of
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
-from shared.jobspec import InvalidJobConfig, ValidatedConfig, validate_job_config
+from shared.jobspec import InvalidJobConfig, ValidatedConfig, shown_config, validate_job_config
 from shared.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
 from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
 from shared.models import Job, JobSpec, Node, job_id_of
@@ -214,11 +214,11 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
         raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,
                        fields=reasons)
     notes = validated.notes
-    stored, shown = validated.config, validated.config
+    stored, shown = validated.config, shown_config(validated.config)
     if isinstance(validated, ConvertedConfig):
         # What GET .../config shows back: the submission, its secrets out.
         stored = {**validated.config, V2_SUBMISSION: validated.shown}
-        shown = redact(validated.config, validated.secrets)
+        shown = shown_config(redact(validated.config, validated.secrets))
     extra = {"notes": notes} if notes else {}
     if request.args.get("dryRun", "").lower() in ("1", "true"):
         return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
@@ -352,7 +352,7 @@ def config(username: str, name: str) -> Response | dict[str, Any]:
     if found is None:
         raise ApiError("NoJobError", f"job {name} has no stored config", 404)
     # A v2 job shows its submission (secrets out), not the v1 config it runs from.
-    shown = found.get(V2_SUBMISSION) or found
+    shown = found.get(V2_SUBMISSION) or shown_config(found)
     best = request.accept_mimetypes.best_match(
         ["application/json", "application/yaml", "text/yaml"], default="application/json")
     if best in ("application/yaml", "text/yaml"):

@@ -112,7 +112,7 @@ class DockerRuntime:
             "host_config": host_config,
         }
         try:
-            container_id = self._create(spec.image, [role.command], options)
+            container_id = self._create(spec.image, [role.command], options, spec.image_auth)
         except APIError as error:
             if error.status_code == NAME_CONFLICT:
                 existing = self.find(ref)  # a repeated or concurrent launch made it
@@ -122,13 +122,15 @@ class DockerRuntime:
         log.info("created %s for %s", ref.container_name, ref)
         return self._start_created(container_id)
 
-    def _create(self, image: str, command: list[str], options: dict[str, Any]) -> str:
+    def _create(self, image: str, command: list[str], options: dict[str, Any],
+                auth: Mapping[str, str] | None = None) -> str:
         """Create; a missing image is pulled once (not looked up first: the
-        common case, an image already here, costs no extra round trip)."""
+        common case, an image already here, costs no extra round trip), with
+        the job's registry login when it has one."""
         try:
             return str(self.client.api.create_container(image, command, **options)["Id"])
         except ImageNotFound:
-            self.pull(image)
+            self.pull(image, auth)
         try:
             return str(self.client.api.create_container(image, command, **options)["Id"])
         except ImageNotFound:
@@ -182,11 +184,17 @@ class DockerRuntime:
             return []
         return [DeviceRequest(device_ids=[str(i) for i in task.gpus], capabilities=[["gpu"]])]
 
-    def pull(self, image: str) -> None:
-        """Pull the image once; ImageUnavailable if that fails."""
-        log.info("pulling image %s", image)
+    def pull(self, image: str, auth: Mapping[str, str] | None = None) -> None:
+        """Pull the image once, logged in to its registry as `auth` says (the
+        job's `imageAuth`: never logged); ImageUnavailable if that fails."""
+        log.info("pulling image %s%s", image, " with the job's registry login" if auth else "")
+        login = None
+        if auth:
+            login = {"username": auth["username"], "password": auth.get("password", "")}
+            if auth.get("registryuri"):
+                login["serveraddress"] = auth["registryuri"]
         try:
-            self.client.images.pull(image)
+            self.client.images.pull(image, auth_config=login)
         except APIError as error:
             raise ImageUnavailable(f"image {image} cannot be pulled: {_explain(error)}") from None
 

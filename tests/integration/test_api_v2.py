@@ -72,6 +72,23 @@ def test_the_config_is_shown_back_as_submitted_without_secrets(alice: AuthedClie
         assert "s3cret-value" not in body
 
 
+def test_a_v1_registry_password_is_not_shown_back(alice: AuthedClient) -> None:
+    """Threat: the registry login a job pulls its image with is read back
+    from the job's config or a dry run (it is sent only to the node's engine)."""
+    config = {"jobName": "private", "image": "reg.example:5000/team/img:1",
+              "imageAuth": {"username": "u", "password": "registry-pw-1"},
+              "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1,
+                             "memoryMB": 256, "command": "true"}]}
+    dry = alice.post("/api/v1/user/alice/jobs?dryRun=true", json=config)
+    assert dry.status_code == 200 and dry.json is not None
+    assert dry.json["config"]["imageAuth"] == {"username": "u", "password": "******"}
+    assert alice.post("/api/v1/user/alice/jobs", json=config).status_code == 202
+
+    shown = alice.get("/api/v1/user/alice/jobs/private/config")
+    assert shown.json is not None and shown.json["imageAuth"]["password"] == "******"
+    assert "registry-pw-1" not in shown.get_data(as_text=True)
+
+
 def test_dry_run_stores_nothing(alice: AuthedClient, redis_client: redis.Redis) -> None:
     resp = alice.post("/api/v2/jobs?dryRun=true", data=V2, headers=YAML)
     assert resp.status_code == 200 and resp.json is not None

@@ -8,6 +8,7 @@ containers it makes are inspected on the engine.
 from __future__ import annotations
 
 import base64
+import http.server
 import io
 import json
 import signal
@@ -707,3 +708,71 @@ def test_the_platforms_own_redis_user_cannot_reconfigure_redis(redis_server: str
         with pytest.raises(redis.exceptions.ResponseError, match=r"no permissions|not allowed"):
             client.execute_command(*command)
         assert client.ping()
+
+
+class _Registry(http.server.BaseHTTPRequestHandler):
+    """A registry that asks for a login and has no images: what the Docker
+    engine sends it (the Authorization of each request) is what is tested."""
+
+    seen: list[str | None]
+
+    def do_GET(self) -> None:
+        login = self.headers.get("Authorization")
+        self.seen.append(login)
+        status = 404 if login else 401
+        self.send_response(status)
+        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+        self.send_header("WWW-Authenticate", 'Basic realm="pai-test"')
+        self.send_header("Content-Type", "application/json")
+        body = b'{"errors":[{"code":"UNAUTHORIZED","message":"login"}]}' if status == 401 \
+            else b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"none here"}]}'
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def registry() -> Iterator[tuple[str, list[str | None]]]:
+    """A private registry on 127.0.0.1 (Docker speaks plain HTTP to loopback
+    registries); its address and the Authorization headers it was sent."""
+    seen: list[str | None] = []
+    handler = type("Registry", (_Registry,), {"seen": seen})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_jobs_registry_login_goes_with_the_pull_and_nowhere_else(
+        rig: Rig, registry: tuple[str, list[str | None]]) -> None:
+    address, seen = registry
+    image = f"{address}/team/private:v1"
+    job = rig.submit(rig.config(image=image, imageAuth={
+        "username": "alice", "password": "s3cret-registry-pw", "registryuri": address}))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+
+    expected = "Basic " + base64.b64encode(b"alice:s3cret-registry-pw").decode()
+    assert expected in seen  # the engine logged in to the job's registry as the job said
+    task = rig.task(job)
+    assert task.exit_code == EXIT_IMAGE_UNAVAILABLE  # the registry has no such image
+    assert "s3cret-registry-pw" not in task.diagnostics
+    assert "s3cret-registry-pw" not in json.dumps(rig.store.get_events(job.id))
+
+
+def test_without_a_login_the_pull_sends_none(
+        rig: Rig, registry: tuple[str, list[str | None]]) -> None:
+    address, seen = registry
+    job = rig.submit(rig.config(image=f"{address}/team/private:v1"))
+    rig.launcher.start_task(job.id, 0, "main", 0)
+
+    assert seen and not any(seen)  # asked, and never answered with a login
+    assert rig.task(job).exit_code == EXIT_IMAGE_UNAVAILABLE

@@ -171,6 +171,9 @@ VALID: list[tuple[str, dict[str, Any]]] = [
                                               minSucceededTaskCount=None)])),
     ("minCounts-1-and-taskNumber", config(taskRoles=[role(taskNumber=3, minFailedTaskCount=1,
                                                           minSucceededTaskCount=3)])),
+    ("imageAuth", config(imageAuth={"username": "u", "password": "p",
+                                    "registryuri": "reg.example:5000"})),
+    ("imageAuth-without-registry", config(imageAuth={"username": "u", "password": ""})),
     ("hello-world-seed", json.loads(HELLO_WORLD)),
     ("distributed-tf-seed", json.loads(strip_json_comments(DISTRIBUTED_TF))),
 ]
@@ -296,6 +299,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "taskRoles.0.taskRetryCount"),
     ("gangAllocation-not-boolean", config(extras={"gangAllocation": 0}), "extras.gangAllocation"),
     ("unknown-role-field", config(taskRoles=[role(memoryMb=2048)]), "taskRoles.0.memoryMb"),
+    ("imageAuth-without-username", config(imageAuth={"password": "p"}), "imageAuth.username"),
+    ("imageAuth-unknown-key", config(imageAuth={"username": "u", "password": "p", "x": 1}),
+     "imageAuth.x"),
+    ("imageAuth-not-an-object", config(imageAuth="u:p"), "imageAuth"),
 ]
 
 

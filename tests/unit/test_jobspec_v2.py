@@ -97,6 +97,22 @@ ACTS_ON = [
     ("gang-allocation-true", job(extras={"gangAllocation": True}),
      lambda c: c["extras"]["gangAllocation"] is True),
     ("protocol-version-string", job(protocolVersion="2"), lambda c: c["jobName"] == "job1"),
+    ("registry-auth", job(prerequisites=[{
+        "name": "img", "type": "dockerimage", "uri": "reg.example:5000/team/img:1",
+        "auth": {"username": "u", "password": "p", "registryuri": "reg.example:5000"}}],),
+     lambda c: c["imageAuth"] == {"username": "u", "password": "p",
+                                  "registryuri": "reg.example:5000"}),
+    ("registry-auth-from-secrets", job(
+        secrets={"registry": {"user": "u", "pw": "s3cret"}},
+        prerequisites=[{"name": "img", "type": "dockerimage", "uri": "busybox:1",
+                        "auth": {"username": "<% $secrets.registry.user %>",
+                                 "password": "<% $secrets.registry.pw %>"}}]),
+     lambda c: c["imageAuth"] == {"username": "u", "password": "s3cret"}),
+    ("registry-auth-of-an-unused-image", job(prerequisites=[
+        {"name": "img", "type": "dockerimage", "uri": "busybox:1"},
+        {"name": "other", "type": "dockerimage", "uri": "other:1",
+         "auth": {"username": "u", "password": "p"}}]),
+     lambda c: "imageAuth" not in c),
 ]
 
 
@@ -107,10 +123,10 @@ def test_v2_fields_pai_acts_on(raw: dict[str, Any], check: Any) -> None:
 
 IGNORED = [
     ("description", job(description="d", contributor="me"), ["contributor", "description"]),
-    ("registry-auth", job(prerequisites=[{"name": "img", "type": "dockerimage",
-                                          "uri": "busybox:1",
-                                          "auth": {"username": "u", "password": "p"}}]),
-     ["prerequisites.0.auth"]),
+    ("registry-auth-other-keys", job(prerequisites=[{
+        "name": "img", "type": "dockerimage", "uri": "busybox:1",
+        "auth": {"username": "u", "password": "p", "email": "u@x"}}]),
+     ["prerequisites.0.auth.email"]),
     ("runtime-plugin", job(extras={"com.microsoft.pai.runtimeplugin": [{"plugin": "ssh"}]}),
      ["extras.com.microsoft.pai.runtimeplugin"]),
     ("unknown-top-level", job(somethingNew=1), ["somethingNew"]),
@@ -197,6 +213,15 @@ def test_secrets_are_never_shown_back() -> None:
     assert "s3cret" not in repr(shown)
     assert shown["secrets"] == {"db": {"pw": REDACTED}}
     assert shown["taskRoles"]["worker"]["commands"][0] == "login <% $secrets.db.pw %>"
+
+
+def test_a_registry_password_is_never_shown_back_even_in_clear() -> None:
+    converted = convert(job(prerequisites=[{
+        "name": "img", "type": "dockerimage", "uri": "busybox:1",
+        "auth": {"username": "u", "password": "in-clear"}}]))
+    assert converted.config["imageAuth"]["password"] == "in-clear"  # what the pull needs
+    assert converted.shown["prerequisites"][0]["auth"] == {"username": "u", "password": REDACTED}
+    assert "in-clear" not in repr(converted.shown)
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
