@@ -24,13 +24,14 @@ from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
 from shared.lifecycle import (
-    commit_placement,
+    PlacementCommit,
+    commit_placements,
     drop_stale_from_queue,
     mark_preempted,
     record_task_exit,
     renew_stale_launch,
     set_mode,
-    set_waiting,
+    set_waiting_many,
     take_pass_request,
 )
 from shared.messaging import Messenger
@@ -38,7 +39,6 @@ from shared.models import (
     Allocation,
     Job,
     JobSpec,
-    TaskPlacement,
     attempt_task_key,
     now_ms,
     parse_attempt_task_key,
@@ -218,28 +218,36 @@ class Scheduler:
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()
-        for placed in plan.placed:
+        commits = [PlacementCommit(p.request.job_id, p.request.version, p.request.attempt,
+                                   tuple(p.placements), p.mode) for p in plan.placed]
+        starts: dict[str, list[tuple[str, int, str, int]]] = {}
+        bound = commit_placements(self.store, commits, launch_deadline_ms=deadline)
+        for placed, won in zip(plan.placed, bound, strict=True):
             request = placed.request
-            if commit_placement(self.store, request.job_id, version=request.version,
-                                attempt=request.attempt, placements=placed.placements,
-                                launch_deadline_ms=deadline, mode=placed.mode):
-                stats.placed += 1
-                placed_by_vc[request.vc] += 1
-                self._send_starts(request.job_id, request.attempt, placed.placements)
-            else:
-                self.store.r.set(DIRTY, "1")  # the job changed under us: look again
+            if not won:
+                continue
+            stats.placed += 1
+            placed_by_vc[request.vc] += 1
+            for p in placed.placements:
+                starts.setdefault(p.node, []).append(
+                    (request.job_id, request.attempt, p.role, p.index))
+        if stats.placed < len(commits):
+            self.store.r.set(DIRTY, "1")  # some jobs changed under us: look again
+        self.messenger.start_tasks(starts)
         for preemption in plan.preempt:
             self._preempt(preemption, now)
         attempts = {r.job_id: r.attempt for r in running}
         for job_id, mode in plan.modes.items():
             set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
         self._stop_overdue(running, now)
+        reasons = []
         for job_id, why in plan.waiting.items():
             job = records.get(job_id)
             explanation = json.dumps(why.to_dict(), separators=(",", ":"))
             if job is not None and (job.waiting_reason, job.waiting) != (why.message,
                                                                           explanation):
-                set_waiting(self.store, job_id, why.message, explanation, version=job.version)
+                reasons.append((job_id, why.message, explanation, job.version))
+        set_waiting_many(self.store, reasons)
         stats.seconds = time.perf_counter() - started
         self._record_pass(stats.seconds, placed_by_vc)
         if stats.placed or queue:
@@ -305,11 +313,6 @@ class Scheduler:
     def heartbeat(self, name: str) -> None:
         """Tell the API (and so Prometheus) this replica is alive and repairing."""
         telemetry.record_scheduler_heartbeat(self.store.r, name)
-
-    def _send_starts(self, job_id: str, attempt: int,
-                     placements: tuple[TaskPlacement, ...]) -> None:
-        for p in placements:
-            self.messenger.start_task(p.node, job_id, attempt, p.role, p.index)
 
     # ------------------------------------------------------ ends and stops
 

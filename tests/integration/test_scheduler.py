@@ -21,7 +21,7 @@ from shared.lifecycle import (
     record_task_exit,
     submit_job,
 )
-from shared.messaging import Messenger, make_celery
+from shared.messaging import START_TASK, START_TASKS, Messenger, make_celery
 from shared.models import Gpu, Node, TaskPlacement, now_ms
 from shared.states import JobState, TaskState
 from shared.store import Store
@@ -51,9 +51,9 @@ def config(name: str, gpus: int = 1, tasks: int = 1, retry: int = 0) -> dict[str
 
 
 def launcher_messages(r: redis.Redis, node: str) -> list[list[Any]]:
-    """The args of the Celery messages waiting in a launcher's queue."""
-    messages = [json.loads(m) for m in r.lrange(f"launcher.{node}", 0, -1)]
-    return [json.loads(base64.b64decode(m["body"]))[0] for m in messages]
+    """The args of the Celery messages waiting in a launcher's queue, oldest
+    first; a batched start counts as one start per task it names."""
+    return [args for _, args in launcher_tasks(r, node)]
 
 
 def test_pass_places_in_order_and_sends_starts(store: Store, scheduler: Scheduler,
@@ -280,10 +280,17 @@ def test_a_stale_launch_that_starts_meanwhile_keeps_no_lease(
 
 
 def launcher_tasks(r: redis.Redis, node: str) -> list[tuple[str, list[Any]]]:
-    """(task name, args) of what waits in a launcher's queue."""
-    messages = [json.loads(m) for m in r.lrange(f"launcher.{node}", 0, -1)]
-    return [(m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0])
-            for m in messages]
+    """(task name, args) of what waits in a launcher's queue, oldest first; a
+    batched start is shown as the single starts it stands for."""
+    messages = [json.loads(m) for m in reversed(r.lrange(f"launcher.{node}", 0, -1))]
+    found: list[tuple[str, list[Any]]] = []
+    for m in messages:
+        name, args = m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0]
+        if name == START_TASKS:
+            found += [(START_TASK, task) for task in args[0]]
+        else:
+            found.append((name, args))
+    return found
 
 
 def test_a_borrowing_job_is_preempted_for_the_owner_and_comes_back_uncharged(
