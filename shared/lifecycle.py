@@ -427,7 +427,7 @@ end
 local function still_decidable(job)
   local key = KEYS[job.j]
   local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq')
-  if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or now[4] ~= job.s then
+  if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or (now[4] or '') ~= job.s then
     return false
   end
   local tasks_key, count = KEYS[job.t], 0
@@ -497,13 +497,29 @@ class _ScriptKeys:
         return self._index[name]
 
 
-def _placement_entry(commit: PlacementCommit, job: Job | None, raw_tasks: dict[str, str],
+# The job record's fields a placement is decided on (read by the batch, then
+# compared again by the script); as `_JobView`'s fields, in order.
+_DECIDED_ON = ("state", "version", "attempt", "queue_seq", "virtual_cluster")
+
+
+@dataclass(frozen=True)
+class _JobView:
+    """The fields of a job record `_DECIDED_ON` names, as stored (strings)."""
+
+    state: str
+    version: str
+    attempt: str
+    queue_seq: str | None
+    virtual_cluster: str | None
+
+
+def _placement_entry(commit: PlacementCommit, job: _JobView | None, raw_tasks: dict[str, str],
                      launch_deadline_ms: int, script_keys: _ScriptKeys) -> dict[str, Any] | None:
     """What the batch script checks and writes for one gang, decided on the
     records as read (the rules of `commit_placement`); None when they already
     refuse it."""
-    if job is None or job.version != commit.version or job.state != JobState.WAITING \
-            or job.attempt != commit.attempt:
+    if job is None or job.version != str(commit.version) or job.state != JobState.WAITING \
+            or job.attempt != str(commit.attempt):
         return None
     placements = commit.placements
     if not placements or {task_key(p.role, p.index) for p in placements} != set(raw_tasks):
@@ -519,7 +535,7 @@ def _placement_entry(commit: PlacementCommit, job: Job | None, raw_tasks: dict[s
         task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
         task.launched_ms = launched
         new[task.key] = _record_json(task)
-    job_id, attempt, vc = commit.job_id, commit.attempt, job.virtual_cluster
+    job_id, attempt, vc = commit.job_id, commit.attempt, job.virtual_cluster or "default"
     parts: dict[str, dict[str, Any]] = {}
     launching: list[str] = []
     for p in placements:
@@ -545,9 +561,9 @@ def _placement_entry(commit: PlacementCommit, job: Job | None, raw_tasks: dict[s
     return {
         "j": script_keys.at(keys.job(job_id)), "t": script_keys.at(keys.job_tasks(job_id, attempt)),
         "e": script_keys.at(keys.job_events(job_id)), "q": script_keys.at(keys.vc_queue(vc)),
-        "id": job_id, "v": str(job.version), "s": str(job.queue_seq), "a": str(attempt),
+        "id": job_id, "v": job.version, "s": job.queue_seq or "", "a": job.attempt,
         "old": raw_tasks, "new": new,
-        "f": ["version", str(job.version + 1), "waiting_reason", "", "waiting", "",
+        "f": ["version", str(commit.version + 1), "waiting_reason", "", "waiting", "",
               "mode", commit.mode],
         "ev": [x for item in event.items() for x in item], "l": launching,
         "n": list(parts.values()),
@@ -586,7 +602,7 @@ def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
                   launch_deadline_ms: int) -> list[bool]:
     pipe = store.r.pipeline(transaction=False)
     for commit in batch:
-        pipe.hgetall(keys.job(commit.job_id))
+        pipe.hmget(keys.job(commit.job_id), _DECIDED_ON)
         pipe.hgetall(keys.job_tasks(commit.job_id, commit.attempt))
     replies = pipe.execute()
     script_keys = _ScriptKeys(keys.NODE_FLAGS, keys.LAUNCHING, keys.QUEUE)
@@ -594,7 +610,7 @@ def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
     positions: list[int | None] = []
     for n, commit in enumerate(batch):
         fields, raw_tasks = replies[2 * n], replies[2 * n + 1]
-        job = Job.from_fields({"id": commit.job_id, **fields}) if fields else None
+        job = _JobView(*fields) if fields[0] is not None else None
         entry = _placement_entry(commit, job, raw_tasks, launch_deadline_ms, script_keys)
         positions.append(len(entries) if entry is not None else None)
         if entry is not None:
