@@ -356,11 +356,14 @@ class PlacementCommit:
 
 
 MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhile
+# json.dumps(..., separators=(",", ":")) without building an encoder per call
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 # Binds a batch of gangs, each on its own terms, in one round trip. For each
 # job in turn: the job record still says what the pass decided on (version,
-# WAITING, attempt, queue_seq), its tasks are byte for byte what was read (so
-# all WAITING, the gang whole), no admin holds any of its nodes, and every
+# WAITING, attempt, queue_seq: every write of a job's tasks bumps its
+# version, so its tasks are as read, all WAITING) and it has as many tasks
+# as were read (the gang whole), no admin holds any of its nodes, and every
 # node still has room (the same rules as shared/cluster.py `placement_fits`,
 # against what the node holds now, this batch's earlier jobs included). A
 # job passing all of them gets its writes, rendered by the caller; one that
@@ -368,8 +371,8 @@ MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhi
 #
 # KEYS: node flags, launching, queue, then the keys the jobs' entries name
 # by position. A job entry: j, t, e, q (job, tasks, events, VC queue key
-# positions), id, v, s, a (version, queue_seq, attempt as stored), old
-# (task field -> raw value read), new (field -> raw value to write), f
+# positions), id, v, s, a (version, queue_seq, attempt as stored), nt
+# (how many tasks), new (task field -> raw value to write), f
 # (job fields to write), ev (event fields, flat), l (launch entries, flat:
 # member, deadline), n (per node: k, h = node and allocation key positions,
 # name, g = GPUs, p = ports, c = CPUs, m = memory, w = allocation field and
@@ -430,12 +433,7 @@ local function still_decidable(job)
   if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or (now[4] or '') ~= job.s then
     return false
   end
-  local tasks_key, count = KEYS[job.t], 0
-  for field, raw in pairs(job.old) do
-    if redis.call('HGET', tasks_key, field) ~= raw then return false end
-    count = count + 1
-  end
-  if redis.call('HLEN', tasks_key) ~= count then return false end
+  if redis.call('HLEN', KEYS[job.t]) ~= job.nt then return false end
   for _, part in ipairs(job.n) do
     local flag = redis.call('HGET', flags_key, part.name)
     if flag and flag ~= '' then return false end
@@ -562,7 +560,7 @@ def _placement_entry(commit: PlacementCommit, job: _JobView | None, raw_tasks: d
         "j": script_keys.at(keys.job(job_id)), "t": script_keys.at(keys.job_tasks(job_id, attempt)),
         "e": script_keys.at(keys.job_events(job_id)), "q": script_keys.at(keys.vc_queue(vc)),
         "id": job_id, "v": job.version, "s": job.queue_seq or "", "a": job.attempt,
-        "old": raw_tasks, "new": new,
+        "nt": len(raw_tasks), "new": new,
         "f": ["version", str(commit.version + 1), "waiting_reason", "", "waiting", "",
               "mode", commit.mode],
         "ev": [x for item in event.items() for x in item], "l": launching,
@@ -574,7 +572,7 @@ def _record_json(record: Task | Allocation) -> str:
     """`json.dumps(record.to_dict())`, without `dataclasses.asdict`'s deep copy
     (a third of a big batch's CPU): their fields are plain JSON values, so the
     text is the same (tests/unit/test_placement_batch.py holds it so)."""
-    return json.dumps(vars(record), separators=(",", ":"))
+    return _compact_json(vars(record))
 
 
 def commit_placements(store: Store, commits: Sequence[PlacementCommit], *,
@@ -618,7 +616,7 @@ def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
     if not entries:
         return [False] * len(batch)
     reply = store.run_script(_COMMIT_PLACEMENTS, script_keys.names,
-                             [json.dumps(entries, separators=(",", ":")), str(EVENTS_MAX_LEN)])
+                             [_compact_json(entries), str(EVENTS_MAX_LEN)])
     return [position is not None and bool(reply[position]) for position in positions]
 
 
