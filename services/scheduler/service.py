@@ -39,9 +39,11 @@ from shared.models import (
     Allocation,
     Job,
     JobSpec,
+    Task,
     attempt_task_key,
     now_ms,
     parse_attempt_task_key,
+    task_key,
 )
 from shared.priority import PriorityClass
 from shared.states import JobState
@@ -362,36 +364,59 @@ class Scheduler:
         retention.sweep(self.store, self.settings)  # finished jobs: compact, file logs, expire
 
     def fail_lost_nodes(self) -> None:
+        """Fail the live tasks of nodes whose heartbeat stopped and free what
+        those nodes held. Two round trips when no node is lost, whatever
+        the cluster holds; then a few per task to fail."""
         now = now_ms()
-        for name, beat in self.store.node_heartbeats().items():
-            if node_is_live(beat, now, self.settings.node_lost_seconds):
-                continue
-            for key in self.store.get_allocations(self.store.r, name):
-                job_id, attempt, role, index = parse_attempt_task_key(key)
-                task = self.store.get_task(job_id, attempt, role, index)
-                if task is not None and task_is_live(task):
-                    log.warning("node %s lost: failing %s", name, key)
-                    report = record_task_exit(
-                        self.store, job_id, attempt, role, index, exit_code=-1,
-                        platform_failure=True,
-                        diagnostics=f"node {name} lost (no heartbeat for "
-                                    f"{self.settings.node_lost_seconds:.0f} s)")
-                    if report is not None and report.attempt_ended:
-                        self.stop_attempt(job_id, attempt)
-                self.store.release_allocation(name, key)
+        lost = [name for name, beat in self.store.node_heartbeats().items()
+                if not node_is_live(beat, now, self.settings.node_lost_seconds)]
+        held = self._held_tasks(lost)
+        for (name, alloc), task in held:
+            if task is not None and task_is_live(task):
+                log.warning("node %s lost: failing %s", name, alloc.key)
+                report = record_task_exit(
+                    self.store, alloc.job_id, alloc.attempt, alloc.role, alloc.index,
+                    exit_code=-1, platform_failure=True,
+                    diagnostics=f"node {name} lost (no heartbeat for "
+                                f"{self.settings.node_lost_seconds:.0f} s)")
+                if report is not None and report.attempt_ended:
+                    self.stop_attempt(alloc.job_id, alloc.attempt)
+            self.store.release_allocation(name, alloc.key)
 
     def sweep_allocations(self) -> None:
-        """Release allocations of settled tasks; stop tasks of ended attempts."""
-        for node in self.store.get_nodes():
-            for key in self.store.get_allocations(self.store.r, node.name):
-                job_id, attempt, role, index = parse_attempt_task_key(key)
-                task = self.store.get_task(job_id, attempt, role, index)
-                job = self.store.get_job(job_id)
-                if task is None or job is None or task.state.is_final:
-                    self.store.release_allocation(node.name, key)
-                elif job.attempt != attempt or job.state not in (JobState.WAITING,
-                                                                 JobState.RUNNING):
-                    self.messenger.stop_task(node.name, job_id, attempt, role, index)
+        """Release allocations of settled tasks; stop tasks of ended attempts.
+
+        The reads are a fixed number of round trips (the nodes, their
+        allocations, then every allocation's task and job in one pipeline),
+        so a round costs round trips only for what it changes.
+        """
+        held = self._held_tasks([node.name for node in self.store.get_nodes()])
+        job_ids = sorted({alloc.job_id for (_, alloc), _ in held})
+        pipe = self.store.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), ("state", "attempt"))
+        jobs = dict(zip(job_ids, pipe.execute() if job_ids else [], strict=True))
+        for (node, alloc), task in held:
+            state, attempt = jobs[alloc.job_id]
+            if task is None or state is None or task.state.is_final:
+                self.store.release_allocation(node, alloc.key)
+            elif int(attempt or 0) != alloc.attempt or state not in (JobState.WAITING,
+                                                                      JobState.RUNNING):
+                self.messenger.stop_task(node, alloc.job_id, alloc.attempt, alloc.role,
+                                         alloc.index)
+
+    def _held_tasks(self, nodes: list[str]) -> list[tuple[tuple[str, Allocation], Task | None]]:
+        """Each allocation of these nodes, with its task's record (None: gone):
+        two round trips, however many there are."""
+        allocations = self.store.all_allocations(nodes)
+        held = [(node, alloc) for node in nodes for alloc in allocations[node]]
+        pipe = self.store.r.pipeline(transaction=False)
+        for _, alloc in held:
+            pipe.hget(keys.job_tasks(alloc.job_id, alloc.attempt),
+                      task_key(alloc.role, alloc.index))
+        raws = pipe.execute() if held else []
+        return [(entry, Task.from_dict(json.loads(raw)) if raw else None)
+                for entry, raw in zip(held, raws, strict=True)]
 
     def retry_stale_launches(self) -> None:
         r = self.store.r

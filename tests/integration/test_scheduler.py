@@ -397,3 +397,89 @@ def test_draining_a_node_preempts_its_jobs_and_requeues_them_uncharged(
     store.set_node_flags("n1", schedulable=True, by="root")
     scheduler.run_pass()
     assert store.get_tasks(job.id, 1)[0].node == "n1"
+
+
+# ------------------------------------------------------- repair round cost
+
+
+class RoundTrips:
+    """A client counting its round trips: each command sent on its own, and
+    each pipeline executed (its queued commands go together)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self.count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name == "pipeline":
+            def pipeline(*args: Any, **kwargs: Any) -> Any:
+                pipe = attr(*args, **kwargs)
+                execute = pipe.execute
+
+                def counted(*a: Any, **kw: Any) -> Any:
+                    self.count += 1
+                    return execute(*a, **kw)
+
+                pipe.execute = counted
+                return pipe
+            return pipeline
+        if not callable(attr):
+            return attr
+
+        def command(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return attr(*args, **kwargs)
+
+        return command
+
+
+def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    """The sweep and the lost-node check read every allocation's task and
+    job in pipelines: a quiet round's round trips do not grow with the
+    allocations (two running tasks, then twenty-four, on three nodes)."""
+    for n in range(3):
+        add_node(store, f"n{n}")
+    costs: list[int] = []
+    submitted = 0
+    for jobs in (2, 24):
+        for j in range(submitted, jobs):
+            submit_job(store, "alice", config(f"j{j}"))
+        submitted = jobs
+        scheduler.run_pass()
+        for j in range(jobs):
+            mark_task_running(store, f"alice~j{j}", 0, "main", 0, f"c{j}")
+        assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == jobs
+        counting = RoundTrips(redis_client)
+        quiet = Scheduler(scheduler.settings, Store(counting), scheduler.messenger)
+        quiet.fail_lost_nodes()
+        quiet.sweep_allocations()
+        costs.append(counting.count)
+    assert costs[0] == costs[1]
+    assert costs[0] <= 6  # heartbeats; the nodes (2), their allocations, tasks, jobs
+    assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == 24
+    assert not any(name == "pai.launcher.stop_task" for n in range(3)
+                   for name, _ in launcher_tasks(redis_client, f"n{n}"))
+
+
+def test_the_sweep_releases_and_stops_in_one_round(store: Store, scheduler: Scheduler,
+                                                   redis_client: redis.Redis) -> None:
+    """Of three allocations, the settled task's is released, the task of an
+    attempt that moved on is told to stop, the running one is left alone."""
+    add_node(store)
+    for name in ("done", "moved", "runs"):
+        submit_job(store, "alice", config(name))
+    scheduler.run_pass()
+    for name in ("done", "moved", "runs"):
+        mark_task_running(store, f"alice~{name}", 0, "main", 0, f"c-{name}")
+    record_task_exit(store, "alice~done", 0, "main", 0, exit_code=0)
+    redis_client.hset(keys.job("alice~moved"), "attempt", "1")  # as after a retry
+    redis_client.delete("launcher.n1")
+
+    scheduler.sweep_allocations()
+
+    assert set(store.get_allocations(store.r, "n1")) == {"alice~moved:0:main:0",
+                                                         "alice~runs:0:main:0"}
+    assert launcher_tasks(redis_client, "n1") == [("pai.launcher.stop_task",
+                                                   ["alice~moved", 0, "main", 0])]
