@@ -449,17 +449,16 @@ local function bind(job)
     for _, p in ipairs(part.p) do view.used_ports[p] = true end
     view.used_cpus = view.used_cpus + part.c
     view.used_memory = view.used_memory + part.m
-    redis.call('HSET', KEYS[part.h], unpack(part.w))
+    for i = 1, #part.w, 2 do
+      redis.call('HSET', KEYS[part.h], part.w[i], part.w[i + 1])
+    end
   end
   for i = 1, #job.l, 2 do
     redis.call('ZADD', launching_key, job.l[i + 1], job.l[i])
   end
-  local task_fields = {}
-  for field, raw in pairs(job.new) do
-    task_fields[#task_fields + 1] = field
-    task_fields[#task_fields + 1] = raw
+  for field, raw in pairs(job.new) do  -- one by one: a gang may be too big to unpack
+    redis.call('HSET', KEYS[job.t], field, raw)
   end
-  redis.call('HSET', KEYS[job.t], unpack(task_fields))
   redis.call('ZREM', queue_key, job.id)
   redis.call('ZREM', KEYS[job.q], job.id)
   redis.call('HSET', KEYS[job.j], unpack(job.f))

@@ -331,3 +331,17 @@ def test_a_big_batch_is_split_and_later_chunks_see_earlier_ones(store: Store) ->
     bound = commit_placements(store, commits, launch_deadline_ms=now_ms() + 60_000)
     assert bound == [True] * 700 + [False]
     assert sum(len(held(store, f"n{n}")) for n in range(3)) == 2800
+
+
+def test_a_gang_of_thousands_of_tasks_is_bound_whole(store: Store) -> None:
+    """More tasks than one script call can pass to a single command."""
+    add_node(store, "big", gpus=0, cpus=10_000, memory_mb=10_000_000)
+    job = submit_job(store, "alice", {"jobName": "huge", "image": "busybox", "taskRoles": [{
+        "name": "main", "taskNumber": 4500, "cpuNumber": 1, "memoryMB": 128,
+        "command": "true"}]})
+    gang = tuple(TaskPlacement(role="main", index=i, node="big", ip="127.0.0.1", gpus=(),
+                               cpus=1, memory_mb=128, ports={}) for i in range(4500))
+    assert commit_placements(store, [commit_of(job, *gang)],
+                             launch_deadline_ms=DEADLINE_MS) == [True]
+    assert len(held(store, "big")) == 4500
+    assert {t.state for t in store.get_tasks(job.id, 0)} == {TaskState.LAUNCHING}
