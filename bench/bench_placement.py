@@ -315,7 +315,8 @@ def big_gangs() -> dict[str, dict[str, Figure]]:
                     "memoryMB": 32_000, "gpuNumber": GANG_TASK_GPUS, "command": "true"}]})
             start = time.perf_counter()
             [bound] = commit_placements(store, [PlacementCommit(
-                job.id, job.version, 0, tuple(placements))], launch_deadline_ms=2**41)
+                job.id, job.version, 0, tuple(placements), queue_seq=job.queue_seq,
+                vc=job.virtual_cluster)], launch_deadline_ms=2**41)
             commit_s = time.perf_counter() - start
             for name in nodes:  # the next size starts on empty nodes again
                 store.r.delete(keys.node_alloc(name))

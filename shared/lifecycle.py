@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared import keys, retention, telemetry
@@ -346,13 +346,16 @@ def commit_placement(
 
 @dataclass(frozen=True)
 class PlacementCommit:
-    """One gang a pass placed: what `commit_placements` binds, if it still can."""
+    """One gang a pass placed, with what the pass read of its job (version,
+    attempt, queue_seq, VC): what `commit_placements` binds, if it still can."""
 
     job_id: str
     version: int
     attempt: int
     placements: tuple[TaskPlacement, ...]
     mode: str = ""
+    queue_seq: int = field(kw_only=True)
+    vc: str = field(kw_only=True)
 
 
 MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhile
@@ -361,7 +364,7 @@ _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 # Binds a batch of gangs, each on its own terms, in one round trip. For each
 # job in turn: the job record still says what the pass decided on (version,
-# WAITING, attempt, queue_seq: every write of a job's tasks bumps its
+# WAITING, attempt, queue_seq, VC: every write of a job's tasks bumps its
 # version, so its tasks are as read, all WAITING) and it has as many tasks
 # as were read (the gang whole), no admin holds any of its nodes, and every
 # node still has room (the same rules as shared/cluster.py `placement_fits`,
@@ -371,7 +374,8 @@ _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 #
 # KEYS: node flags, launching, queue, then the keys the jobs' entries name
 # by position. A job entry: j, t, e, q (job, tasks, events, VC queue key
-# positions), id, v, s, a (version, queue_seq, attempt as stored), nt
+# positions), id, v, s, a, vc (version, queue_seq, attempt, VC as the pass
+# read them), nt
 # (how many tasks), new (task field -> raw value to write), f
 # (job fields to write), ev (event fields, flat), l (launch entries, flat:
 # member, deadline), n (per node: k, h = node and allocation key positions,
@@ -429,8 +433,10 @@ end
 
 local function still_decidable(job)
   local key = KEYS[job.j]
-  local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq')
-  if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or (now[4] or '') ~= job.s then
+  local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq',
+                        'virtual_cluster')
+  if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or now[4] ~= job.s
+      or now[5] ~= job.vc then
     return false
   end
   if redis.call('HLEN', KEYS[job.t]) ~= job.nt then return false end
@@ -494,34 +500,23 @@ class _ScriptKeys:
         return self._index[name]
 
 
-# The job record's fields a placement is decided on (read by the batch, then
-# compared again by the script); as `_JobView`'s fields, in order.
-_DECIDED_ON = ("state", "version", "attempt", "queue_seq", "virtual_cluster")
-
-
-@dataclass(frozen=True)
-class _JobView:
-    """The fields of a job record `_DECIDED_ON` names, as stored (strings)."""
-
-    state: str
-    version: str
-    attempt: str
-    queue_seq: str | None
-    virtual_cluster: str | None
-
-
-def _placement_entry(commit: PlacementCommit, job: _JobView | None, raw_tasks: dict[str, str],
-                     launch_deadline_ms: int, script_keys: _ScriptKeys) -> dict[str, Any] | None:
-    """What the batch script checks and writes for one gang, decided on the
-    records as read (the rules of `commit_placement`); None when they already
-    refuse it."""
-    if job is None or job.version != str(commit.version) or job.state != JobState.WAITING \
-            or job.attempt != str(commit.attempt):
-        return None
+def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
+                     launch_deadline_ms: int, script_keys: _ScriptKeys,
+                     parsed: dict[str, Task]) -> dict[str, Any] | None:
+    """What the batch script checks and writes for one gang: the job as the
+    pass read it (the script compares it with the record), the tasks as just
+    read (the rules of `commit_placement`); None when they already refuse it.
+    `parsed` keeps task records parsed in this batch by their text (waiting
+    tasks of the same role and index read alike)."""
     placements = commit.placements
     if not placements or {task_key(p.role, p.index) for p in placements} != set(raw_tasks):
         return None
-    tasks = {k: Task.from_dict(json.loads(v)) for k, v in raw_tasks.items()}
+    tasks = {}
+    for key, raw in raw_tasks.items():
+        known = parsed.get(raw)
+        if known is None:
+            known = parsed[raw] = Task.from_dict(json.loads(raw))
+        tasks[key] = Task(**vars(known))  # a copy: its fields are replaced, not changed
     launched = now_ms()
     new: dict[str, str] = {}
     for p in placements:
@@ -532,7 +527,7 @@ def _placement_entry(commit: PlacementCommit, job: _JobView | None, raw_tasks: d
         task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
         task.launched_ms = launched
         new[task.key] = _record_json(task)
-    job_id, attempt, vc = commit.job_id, commit.attempt, job.virtual_cluster or "default"
+    job_id, attempt, vc = commit.job_id, commit.attempt, commit.vc
     parts: dict[str, dict[str, Any]] = {}
     launching: list[str] = []
     for p in placements:
@@ -558,7 +553,8 @@ def _placement_entry(commit: PlacementCommit, job: _JobView | None, raw_tasks: d
     return {
         "j": script_keys.at(keys.job(job_id)), "t": script_keys.at(keys.job_tasks(job_id, attempt)),
         "e": script_keys.at(keys.job_events(job_id)), "q": script_keys.at(keys.vc_queue(vc)),
-        "id": job_id, "v": job.version, "s": job.queue_seq or "", "a": job.attempt,
+        "id": job_id, "v": str(commit.version), "s": str(commit.queue_seq),
+        "a": str(attempt), "vc": vc,
         "nt": len(raw_tasks), "new": new,
         "f": ["version", str(commit.version + 1), "waiting_reason", "", "waiting", "",
               "mode", commit.mode],
@@ -599,16 +595,13 @@ def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
                   launch_deadline_ms: int) -> list[bool]:
     pipe = store.r.pipeline(transaction=False)
     for commit in batch:
-        pipe.hmget(keys.job(commit.job_id), _DECIDED_ON)
         pipe.hgetall(keys.job_tasks(commit.job_id, commit.attempt))
-    replies = pipe.execute()
     script_keys = _ScriptKeys(keys.NODE_FLAGS, keys.LAUNCHING, keys.QUEUE)
     entries: list[dict[str, Any]] = []
     positions: list[int | None] = []
-    for n, commit in enumerate(batch):
-        fields, raw_tasks = replies[2 * n], replies[2 * n + 1]
-        job = _JobView(*fields) if fields[0] is not None else None
-        entry = _placement_entry(commit, job, raw_tasks, launch_deadline_ms, script_keys)
+    parsed: dict[str, Task] = {}
+    for commit, raw_tasks in zip(batch, pipe.execute(), strict=True):
+        entry = _placement_entry(commit, raw_tasks, launch_deadline_ms, script_keys, parsed)
         positions.append(len(entries) if entry is not None else None)
         if entry is not None:
             entries.append(entry)

@@ -221,7 +221,8 @@ class Scheduler:
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()
         commits = [PlacementCommit(p.request.job_id, p.request.version, p.request.attempt,
-                                   tuple(p.placements), p.mode) for p in plan.placed]
+                                   tuple(p.placements), p.mode, queue_seq=p.request.seq,
+                                   vc=p.request.vc) for p in plan.placed]
         starts: dict[str, list[tuple[str, int, str, int]]] = {}
         bound = commit_placements(self.store, commits, launch_deadline_ms=deadline)
         for placed, won in zip(plan.placed, bound, strict=True):

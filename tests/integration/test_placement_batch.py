@@ -72,7 +72,8 @@ def on(node: str, gpu: int, index: int = 0, cpus: int = 1, memory_mb: int = 128,
 
 
 def commit_of(job: Job, *placements: TaskPlacement) -> PlacementCommit:
-    return PlacementCommit(job.id, job.version, job.attempt, tuple(placements))
+    return PlacementCommit(job.id, job.version, job.attempt, tuple(placements),
+                           queue_seq=job.queue_seq, vc=job.virtual_cluster)
 
 
 def held(store: Store, node: str) -> dict[str, tuple[int, ...]]:
@@ -345,3 +346,20 @@ def test_a_gang_of_thousands_of_tasks_is_bound_whole(store: Store) -> None:
                              launch_deadline_ms=DEADLINE_MS) == [True]
     assert len(held(store, "big")) == 4500
     assert {t.state for t in store.get_tasks(job.id, 0)} == {TaskState.LAUNCHING}
+
+
+def test_a_commit_must_name_the_jobs_own_queue_place_and_vc(store: Store) -> None:
+    """The script compares what the pass read (queue_seq, VC) with the record:
+    a commit decided on another submission of the same name, or naming another
+    VC's queue, binds nothing (it would leave the job queued somewhere)."""
+    add_node(store, "n1")
+    job = submit_job(store, "alice", config("a"))
+    wrong = [PlacementCommit(job.id, job.version, 0, (on("n1", 0),), queue_seq=job.queue_seq,
+                             vc="vision"),
+             PlacementCommit(job.id, job.version, 0, (on("n1", 0),),
+                             queue_seq=job.queue_seq + 1, vc=job.virtual_cluster)]
+    assert commit_placements(store, wrong, launch_deadline_ms=DEADLINE_MS) == [False, False]
+    assert held(store, "n1") == {}
+    assert store.r.zrange(keys.vc_queue("default"), 0, -1) == [job.id]
+    assert commit_placements(store, [commit_of(job, on("n1", 0))],
+                             launch_deadline_ms=DEADLINE_MS) == [True]
