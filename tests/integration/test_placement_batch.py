@@ -363,3 +363,25 @@ def test_a_commit_must_name_the_jobs_own_queue_place_and_vc(store: Store) -> Non
     assert store.r.zrange(keys.vc_queue("default"), 0, -1) == [job.id]
     assert commit_placements(store, [commit_of(job, on("n1", 0))],
                              launch_deadline_ms=DEADLINE_MS) == [True]
+
+
+def test_waiting_reasons_are_written_only_where_the_pass_saw_the_job(store: Store) -> None:
+    """`set_waiting_many` writes each reason on set_waiting's terms: the job
+    still WAITING at the version the pass read, and the reason new."""
+    jobs = {name: submit_job(store, "alice", config(name))
+            for name in ("moved", "stopped", "same", "new")}
+    set_waiting_many(store, [(jobs["same"].id, "no room", "{}", jobs["same"].version)])
+    request_stop(store, jobs["stopped"].id)
+    written = set_waiting_many(store, [
+        (jobs["moved"].id, "no room", "{}", jobs["moved"].version - 1),
+        (jobs["stopped"].id, "no room", "{}", jobs["stopped"].version),
+        (jobs["same"].id, "no room", "{}", jobs["same"].version),
+        (jobs["new"].id, "no room", '{"reason":"NoNodes"}', jobs["new"].version),
+        ("alice~gone", "no room", "{}", 1),
+    ])
+    assert written == 1
+    reasons = {name: (store.get_job(job.id) or pytest.fail()).waiting_reason
+               for name, job in jobs.items()}
+    assert reasons == {"moved": "", "stopped": "", "same": "no room", "new": "no room"}
+    assert (store.get_job(jobs["new"].id) or pytest.fail()).waiting == '{"reason":"NoNodes"}'
+    assert not store.r.exists(keys.job("alice~gone"))  # no record made of a reason alone
