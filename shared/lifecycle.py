@@ -530,10 +530,13 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
     job_id, attempt, vc = commit.job_id, commit.attempt, commit.vc
     parts: dict[str, dict[str, Any]] = {}
     launching: list[str] = []
+    deadline = str(launch_deadline_ms)
+    placed_tasks = []
     for p in placements:
+        ports = p.all_ports
         alloc = Allocation(job_id=job_id, attempt=attempt, role=p.role, index=p.index,
                            node=p.node, gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb,
-                           ports=p.all_ports, vc=vc)
+                           ports=ports, vc=vc)
         part = parts.get(p.node)
         if part is None:
             part = parts[p.node] = {
@@ -541,15 +544,16 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
                 "h": script_keys.at(keys.node_alloc(p.node)),
                 "g": [], "p": [], "c": 0, "m": 0, "w": []}
         part["g"] += p.gpus
-        part["p"] += p.all_ports
+        part["p"] += ports
         part["c"] += p.cpus
         part["m"] += p.memory_mb
-        part["w"] += [alloc.key, _record_json(alloc)]
-        launching += [alloc.key, str(launch_deadline_ms)]
+        member = alloc.key
+        part["w"] += [member, _record_json(alloc)]
+        launching += [member, deadline]
+        placed_tasks.append({"role": p.role, "index": p.index, "node": p.node,
+                             "gpus": list(p.gpus), "ports": list(ports)})
     event = event_fields("placed", attempt=attempt, nodes=sorted(parts), mode=commit.mode,
-                         tasks=[{"role": p.role, "index": p.index, "node": p.node,
-                                 "gpus": list(p.gpus), "ports": list(p.all_ports)}
-                                for p in placements])
+                         tasks=placed_tasks)
     return {
         "j": script_keys.at(keys.job(job_id)), "t": script_keys.at(keys.job_tasks(job_id, attempt)),
         "e": script_keys.at(keys.job_events(job_id)), "q": script_keys.at(keys.vc_queue(vc)),
