@@ -375,8 +375,7 @@ _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 # KEYS: node flags, launching, queue, then the keys the jobs' entries name
 # by position. A job entry: j, t, e, q (job, tasks, events, VC queue key
 # positions), id, v, s, a, vc (version, queue_seq, attempt, VC as the pass
-# read them), nt
-# (how many tasks), new (task field -> raw value to write), f
+# read them), nt (how many tasks), new (task field -> raw value to write), f
 # (job fields to write), ev (event fields, flat), l (launch entries, flat:
 # member, deadline), n (per node: k, h = node and allocation key positions,
 # name, g = GPUs, p = ports, c = CPUs, m = memory, w = allocation field and

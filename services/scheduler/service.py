@@ -366,8 +366,9 @@ class Scheduler:
 
     def fail_lost_nodes(self) -> None:
         """Fail the live tasks of nodes whose heartbeat stopped and free what
-        those nodes held. Two round trips when no node is lost, whatever
-        the cluster holds; then a few per task to fail."""
+        those nodes held. One round trip when no node is lost, whatever the
+        cluster holds; two more for the lost nodes' allocations and tasks,
+        then a few per task to fail and allocation to free."""
         now = now_ms()
         lost = [name for name, beat in self.store.node_heartbeats().items()
                 if not node_is_live(beat, now, self.settings.node_lost_seconds)]
@@ -388,8 +389,8 @@ class Scheduler:
         """Release allocations of settled tasks; stop tasks of ended attempts.
 
         The reads are a fixed number of round trips (the nodes, their
-        allocations, then every allocation's task and job in one pipeline),
-        so a round costs round trips only for what it changes.
+        allocations, the allocations' tasks, their jobs: a pipeline each),
+        so a round costs round trips of its own only for what it changes.
         """
         held = self._held_tasks([node.name for node in self.store.get_nodes()])
         job_ids = sorted({alloc.job_id for (_, alloc), _ in held})
