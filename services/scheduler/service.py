@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.scheduler import policy
@@ -236,7 +237,11 @@ class Scheduler:
                     (request.job_id, request.attempt, p.role, p.index))
         if stats.placed < len(commits):
             self.store.r.set(DIRTY, "1")  # some jobs changed under us: look again
-        self.messenger.start_tasks(starts)
+        try:
+            self.messenger.start_tasks(starts)
+        except (RedisError, OperationalError) as error:  # the placements stand
+            log.warning("start messages of %d tasks not sent (%s): their launch leases "
+                        "send them again", sum(len(t) for t in starts.values()), error)
         for preemption in plan.preempt:
             self._preempt(preemption, now)
         attempts = {r.job_id: r.attempt for r in running}

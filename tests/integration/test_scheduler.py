@@ -483,3 +483,28 @@ def test_the_sweep_releases_and_stops_in_one_round(store: Store, scheduler: Sche
                                                          "alice~runs:0:main:0"}
     assert launcher_tasks(redis_client, "n1") == [("pai.launcher.stop_task",
                                                    ["alice~moved", 0, "main", 0])]
+
+
+def test_start_messages_lost_with_the_broker_are_sent_again_by_the_launch_lease(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch of start messages fails after the placements are committed:
+    the pass still finishes (the waiting job gets its reason), and the
+    launch lease sends the lost start once it is due."""
+    add_node(store, gpus=1)
+    submit_job(store, "alice", config("placed"))
+    submit_job(store, "alice", config("waits"))
+
+    def broker_down(starts: object) -> None:
+        raise redis.ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(scheduler.messenger, "start_tasks", broker_down)
+    assert scheduler.run_pass().placed == 1
+    assert store.get_tasks("alice~placed", 0)[0].state == TaskState.LAUNCHING
+    assert (store.get_job("alice~waits") or pytest.fail()).waiting_reason
+    assert launcher_messages(redis_client, "n1") == []
+    monkeypatch.undo()
+
+    redis_client.zadd(keys.LAUNCHING, {"alice~placed:0:main:0": 1})  # its lease is due
+    scheduler.retry_stale_launches()
+    assert launcher_messages(redis_client, "n1") == [["alice~placed", 0, "main", 0]]
