@@ -20,11 +20,22 @@ pass's time; it is shown beside it. The growth exponent is the slope of log(pass
 against log(queue length) between the smallest and the largest size; n log n
 over the same sizes is printed beside it.
 
-Beside the core, one service-level figure: `Scheduler.run_pass` on a
-throwaway Redis (SERVICE_NODES registered nodes, SERVICE_JOBS queued 1-GPU
-jobs stored by `submit_job`), which also reads the queue from Redis, commits
-each placement (a compare-and-set transaction) and sends its start message;
-then a second pass with nothing to change, the steady state of a long queue.
+Beside the core, the service: `Scheduler.run_pass` on a throwaway Redis
+(SERVICE_NODES registered nodes, SERVICE_JOBS queued 1-GPU jobs stored by
+`submit_job`), which also reads the queue from Redis, commits the placements
+(`commit_placements`: one compare-and-set script call per 1,000 tasks) and
+sends the start messages (one per node); then a second pass with nothing to
+change, the steady state of a long queue. Its committed placements/s stand
+beside the pure policy's decide rate on the same nodes and queue, timed in
+the same run, with their ratio; the CPU seconds of the scheduler's process
+and of redis-server during each pass are shown too (steadier than the wall
+clock on a shared machine).
+
+Big gangs: `core.place_gang` alone for one gang of 16 to 512 two-GPU tasks
+on nodes of 8 GPUs (4 tasks a node, so 64 tasks span 16 nodes), and the
+same gang committed through `commit_placements` on Redis; the growth
+exponent over gang size (of the CPU time, which a busy machine moves less
+than the wall clock) says whether either is near linear (1.0).
 
 PAI_BENCH_PLACEMENT_SIZES overrides the node counts (comma separated).
 """
@@ -36,6 +47,8 @@ import os
 import random
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from bench import Figure, Figures, throwaway_redis
 from services.scheduler.core import (
@@ -44,14 +57,19 @@ from services.scheduler.core import (
     NodeFree,
     PortRequest,
     TaskRequest,
+    free_view,
+    job_request,
+    paused_gc,
+    place_gang,
 )
 from services.scheduler.policy import plan as plan_pass
 from services.scheduler.service import Scheduler
+from shared import keys
 from shared.cluster import VcPolicy, vc_policies
 from shared.config import Settings
-from shared.lifecycle import submit_job
+from shared.lifecycle import PlacementCommit, commit_placements, submit_job
 from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, Node
+from shared.models import Gpu, JobSpec, Node, TaskPlacement, now_ms
 from shared.store import Store
 
 SIZES = (500, 1000, 2000, 5000)
@@ -158,30 +176,169 @@ def measure(nodes_count: int, busy: bool) -> dict[str, Figure]:
     }
 
 
+def redis_pid(url: str) -> int | None:
+    """The pid of the local redis-server serving `url` (the throwaway one),
+    found by its command line; None for any other (its CPU is not shown)."""
+    port = str(urlsplit(url).port)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # redis-server sets its title to "<binary> <address>:<port>"
+        title = b" ".join(argv).split()
+        if len(title) >= 2 and title[0].endswith(b"redis-server") \
+                and title[1].rpartition(b":")[2].decode() == port:
+            return int(proc.name)
+    return None
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (0 when unknown)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+SERVICE_CONFIG = {"image": "busybox", "taskRoles": [{
+    "name": "main", "taskNumber": 1, "cpuNumber": 4, "memoryMB": 16_000,
+    "gpuNumber": 1, "command": "python train.py"}]}
+
+
+def service_nodes() -> list[Node]:
+    return [Node(f"node-{i:05d}", "10.0.0.1", cpus=CPUS_PER_NODE, memory_mb=MEMORY_PER_NODE_MB,
+                 gpus=[Gpu(g) for g in range(GPUS_PER_NODE)]) for i in range(SERVICE_NODES)]
+
+
+def decide_only() -> dict[str, Figure]:
+    """The policy alone on what the service passes' first pass decides on:
+    the same nodes (`free_view`) and the same requests (`job_request` of the
+    same config, the default port included); best of 3."""
+    spec = JobSpec.from_config({**SERVICE_CONFIG, "jobName": "job"})
+    samples, cpu_samples, placed = [], [], 0
+    for _ in range(3):
+        cluster = Cluster(free_view(node, []) for node in service_nodes())
+        queue = [job_request(f"user{j % 97:02d}~job-{j:06d}", 1, 0, spec, j + 1)
+                 for j in range(SERVICE_JOBS)]
+        policy = vc_policies({"default": None}, {}, SERVICE_NODES * GPUS_PER_NODE)
+        start, cpu = time.perf_counter(), time.process_time()
+        plan = plan_pass(cluster, queue, [], policy, now_ms())
+        samples.append(time.perf_counter() - start)
+        cpu_samples.append(time.process_time() - cpu)
+        placed = len(plan.placed)
+    seconds = min(samples)
+    return {"queued": SERVICE_JOBS, "placed": placed, "pass ms": seconds * 1000,
+            "placed/s": placed / seconds, "scheduler CPU ms": min(cpu_samples) * 1000,
+            "placed per CPU s": placed / min(cpu_samples)}
+
+
 def service_passes() -> dict[str, dict[str, Figure]]:
     """Two `Scheduler.run_pass`es over Redis: the first places, the second finds
-    nothing new to do."""
+    nothing new to do; beside them, the policy alone on the same work."""
+    table: dict[str, dict[str, Figure]] = {}
     with throwaway_redis() as url:
         store = Store.from_url(url)
-        for i in range(SERVICE_NODES):
-            store.register_node(Node(f"node-{i:05d}", "10.0.0.1", cpus=CPUS_PER_NODE,
-                                     memory_mb=MEMORY_PER_NODE_MB,
-                                     gpus=[Gpu(g) for g in range(GPUS_PER_NODE)]))
-        config = {"image": "busybox", "taskRoles": [{
-            "name": "main", "taskNumber": 1, "cpuNumber": 4, "memoryMB": 16_000,
-            "gpuNumber": 1, "command": "python train.py"}]}
+        for node in service_nodes():
+            store.register_node(node)
         for j in range(SERVICE_JOBS):
-            submit_job(store, f"user{j % 97:02d}", {**config, "jobName": f"job-{j:06d}"})
+            submit_job(store, f"user{j % 97:02d}", {**SERVICE_CONFIG, "jobName": f"job-{j:06d}"})
         settings = Settings(redis_url=url)
         scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
-        table: dict[str, dict[str, Figure]] = {}
+        server = redis_pid(url)
         for label in ("first pass", "second pass"):
+            redis_cpu, cpu = cpu_seconds(server), time.process_time()
             start = time.perf_counter()
             stats = scheduler.run_pass()
             seconds = time.perf_counter() - start
+            cpu, redis_cpu = time.process_time() - cpu, cpu_seconds(server) - redis_cpu
             table[label] = {"queued": stats.placed + stats.waiting, "placed": stats.placed,
                             "pass ms": seconds * 1000,
-                            "placed/s": stats.placed / seconds if stats.placed else 0}
+                            "placed/s": stats.placed / seconds if stats.placed else 0,
+                            "scheduler CPU ms": cpu * 1000}
+            if server is not None:
+                table[label]["Redis CPU ms"] = redis_cpu * 1000
+            if stats.placed:
+                table[label]["placed per CPU s"] = stats.placed / (cpu + redis_cpu)
+        store.r.close()
+    table["policy alone (decide)"] = decide_only()
+    return table
+
+
+GANG_SIZES = (16, 32, 64, 128, 256, 512)
+GANG_TASKS_PER_NODE = 4
+GANG_TASK_GPUS = GPUS_PER_NODE // GANG_TASKS_PER_NODE
+
+
+def gang_request(tasks: int) -> JobRequest:
+    return JobRequest(f"alice~gang-{tasks}", 1, 0, tuple(
+        TaskRequest("worker", t, 8, 32_000, GANG_TASK_GPUS, (PortRequest("ssh", 1),))
+        for t in range(tasks)))
+
+
+def gang_nodes(tasks: int) -> list[NodeFree]:
+    """Exactly the nodes the gang needs (4 tasks a node), plus as many again
+    with one free GPU, too few for any of its tasks."""
+    count = -(-tasks // GANG_TASKS_PER_NODE)
+    nodes = make_nodes(2 * count, False, random.Random(SEED))
+    for node in nodes[count:]:
+        node.free_gpus = node.free_gpus[:1]
+    return nodes
+
+
+def big_gangs() -> dict[str, dict[str, Figure]]:
+    """One gang of each size: the core's `place_gang` (best of 5, wall clock
+    and CPU), then the gang bound through `commit_placements` on Redis (best
+    of 3: the wall clock, the scheduler's CPU, redis-server's CPU)."""
+    table: dict[str, dict[str, Figure]] = {}
+    with throwaway_redis() as url:
+        store = Store.from_url(url)
+        server = redis_pid(url)
+        for tasks in GANG_SIZES:
+            samples: list[float] = []
+            cpu_samples: list[float] = []
+            placements: tuple[TaskPlacement, ...] = ()
+            for _ in range(REPEATS):
+                cluster = Cluster(gang_nodes(tasks))
+                request = gang_request(tasks)
+                start, cpu = time.perf_counter(), time.process_time()
+                with paused_gc():  # as in a pass (policy.plan)
+                    result = place_gang(cluster, request)
+                samples.append(time.perf_counter() - start)
+                cpu_samples.append(time.process_time() - cpu)
+                assert result.placements is not None, "the benchmark's gang must fit"
+                placements = result.placements
+            nodes = sorted({p.node for p in placements})
+            for name in nodes:
+                store.register_node(Node(name, "10.0.0.1", cpus=CPUS_PER_NODE,
+                                         memory_mb=MEMORY_PER_NODE_MB,
+                                         gpus=[Gpu(g) for g in range(GPUS_PER_NODE)]))
+            commit: list[tuple[float, float, float]] = []
+            for n in range(3):
+                job = submit_job(store, "alice", {
+                    "jobName": f"gang-{tasks}-{n}", "image": "busybox", "taskRoles": [{
+                        "name": "worker", "taskNumber": tasks, "cpuNumber": 8,
+                        "memoryMB": 32_000, "gpuNumber": GANG_TASK_GPUS, "command": "true"}]})
+                redis_cpu, cpu = cpu_seconds(server), time.process_time()
+                start = time.perf_counter()
+                [bound] = commit_placements(store, [PlacementCommit(
+                    job.id, job.version, 0, tuple(placements), queue_seq=job.queue_seq,
+                    vc=job.virtual_cluster)], launch_deadline_ms=2**41)
+                commit.append((time.perf_counter() - start, time.process_time() - cpu,
+                               cpu_seconds(server) - redis_cpu))
+                assert bound, "the benchmark's gang must be bound"
+                for name in nodes:  # the next one starts on empty nodes again
+                    store.r.delete(keys.node_alloc(name))
+            table[f"{tasks} tasks"] = {
+                "nodes": len(nodes), "place_gang ms": min(samples) * 1000,
+                "place_gang CPU ms": min(cpu_samples) * 1000,
+                "commit ms": min(c[0] for c in commit) * 1000,
+                "commit CPU ms": min(c[1] for c in commit) * 1000}
+            if server is not None:  # in 10 ms ticks: a sum over the three
+                table[f"{tasks} tasks"]["commit Redis CPU ms (3 commits)"] = \
+                    sum(c[2] for c in commit) * 1000
         store.r.close()
     return table
 
@@ -216,5 +373,28 @@ def run() -> Figures:
                 rate / TARGET_PLACEMENTS_PER_S
     if len(sizes) > 1:
         figures["n log n exponent over the same sizes"] = nlogn_exponent(sizes)
-    figures[f"Scheduler.run_pass on Redis, {SERVICE_NODES} nodes"] = service_passes()
+    service = service_passes()
+    figures[f"Scheduler.run_pass on Redis, {SERVICE_NODES} nodes"] = service
+    committed = float(service["first pass"]["placed/s"])
+    decided = float(service["policy alone (decide)"]["placed/s"])
+    figures["committed placements/s (first pass)"] = committed
+    figures[f"committed vs target {TARGET_PLACEMENTS_PER_S:.0f}"] = \
+        committed / TARGET_PLACEMENTS_PER_S
+    figures["committed / decided (same nodes and queue)"] = committed / decided
+    # The same per CPU second (the pass's scheduler and Redis CPU, the policy's
+    # own): steadier than the wall clock when other work shares the machine.
+    committed_cpu = float(service["first pass"]["placed per CPU s"])
+    figures["committed per CPU s (scheduler + Redis)"] = committed_cpu
+    figures[f"committed per CPU s vs target {TARGET_PLACEMENTS_PER_S:.0f}"] = \
+        committed_cpu / TARGET_PLACEMENTS_PER_S
+    figures["committed / decided, per CPU s"] = \
+        committed_cpu / float(service["policy alone (decide)"]["placed per CPU s"])
+    gangs = big_gangs()
+    figures["big gangs (4 two-GPU tasks a node)"] = gangs
+    sizes_run = list(GANG_SIZES)
+    for column, label in (("place_gang CPU ms", "place_gang CPU"),
+                          ("commit CPU ms", "commit CPU"), ("commit ms", "commit wall clock")):
+        seconds = [float(gangs[f"{n} tasks"][column]) for n in sizes_run]
+        figures[f"big gangs: {label} growth exponent"] = math.log(
+            seconds[-1] / seconds[0]) / math.log(sizes_run[-1] / sizes_run[0])
     return figures

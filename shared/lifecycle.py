@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared import gpuhealth, keys, retention, telemetry, usage
@@ -35,7 +35,7 @@ from shared.models import (
     task_key,
 )
 from shared.states import JobState, TaskState, check_task_move
-from shared.store import Pipe, Store
+from shared.store import EVENTS_MAX_LEN, Pipe, Store, event_fields
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
@@ -415,6 +415,279 @@ def commit_placement(
     return store.transact(decide, job_key, keys.NODE_FLAGS, keys.GPU_FAULTS, *node_keys)
 
 
+@dataclass(frozen=True)
+class PlacementCommit:
+    """One gang a pass placed, with what the pass read of its job (version,
+    attempt, queue_seq, VC): what `commit_placements` binds, if it still can."""
+
+    job_id: str
+    version: int
+    attempt: int
+    placements: tuple[TaskPlacement, ...]
+    mode: str = ""
+    queue_seq: int = field(kw_only=True)
+    vc: str = field(kw_only=True)
+
+
+MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhile
+# json.dumps(..., separators=(",", ":")) without building an encoder per call
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+# Binds a batch of gangs, each on its own terms, in one round trip. For each
+# job in turn: the job record still says what the pass decided on (version,
+# WAITING, attempt, queue_seq, VC: every write of a job's tasks bumps its
+# version, so its tasks are as read, all WAITING) and it has as many tasks
+# as were read (the gang whole), no admin holds any of its nodes, and every
+# node still has room (the same rules as shared/cluster.py `placement_fits`,
+# against what the node holds now, this batch's earlier jobs included). A
+# job passing all of them gets its writes, rendered by the caller; one that
+# fails gets none. The reply holds 1 or 0 per job.
+#
+# KEYS: node flags, launching, queue, then the keys the jobs' entries name
+# by position. A job entry: j, t, e, q (job, tasks, events, VC queue key
+# positions), id, v, s, a, vc (version, queue_seq, attempt, VC as the pass
+# read them), nt (how many tasks), new (task field -> raw value to write), f
+# (job fields to write), ev (event fields, flat), l (launch entries, flat:
+# member, deadline), n (per node: k, h = node and allocation key positions,
+# name, g = GPUs, p = ports, c = CPUs, m = memory, w = allocation field and
+# value pairs).
+_COMMIT_PLACEMENTS = """
+local flags_key, launching_key, queue_key, faults_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local jobs = cjson.decode(ARGV[1])
+local nodes = {}
+
+local function node_view(name, node_key, alloc_key)
+  local view = nodes[name]
+  if view then return view end
+  view = {ok = false}
+  nodes[name] = view
+  local raw = redis.call('GET', node_key)
+  if not raw then return view end
+  local node = cjson.decode(raw)
+  view.gpus, view.used_gpus, view.used_ports = {}, {}, {}
+  for _, gpu in ipairs(node.gpus or {}) do
+    view.gpus[type(gpu) == 'table' and gpu.index or gpu] = true
+  end
+  view.cpus, view.memory = node.cpus or 0, node.memory_mb or 0
+  view.used_cpus, view.used_memory = 0, 0
+  view.ok = true
+  for _, value in ipairs(redis.call('HVALS', alloc_key)) do
+    local held = cjson.decode(value)
+    for _, g in ipairs(held.gpus) do
+      if view.used_gpus[g] or not view.gpus[g] then view.ok = false end
+      view.used_gpus[g] = true
+    end
+    for _, p in ipairs(held.ports) do
+      if view.used_ports[p] then view.ok = false end
+      view.used_ports[p] = true
+    end
+    view.used_cpus = view.used_cpus + held.cpus
+    view.used_memory = view.used_memory + held.memory_mb
+  end
+  return view
+end
+
+local function fits(view, part)
+  if not view.ok then return false end
+  local gpus, ports = {}, {}
+  for _, g in ipairs(part.g) do
+    if gpus[g] or view.used_gpus[g] or not view.gpus[g] then return false end
+    -- marked unhealthy since the pass read the faults (shared/gpuhealth.py)
+    if redis.call('HEXISTS', faults_key, part.name .. ':' .. g) == 1 then return false end
+    gpus[g] = true
+  end
+  for _, p in ipairs(part.p) do
+    if ports[p] or view.used_ports[p] then return false end
+    ports[p] = true
+  end
+  return view.used_cpus + part.c <= view.cpus and view.used_memory + part.m <= view.memory
+end
+
+local function still_decidable(job)
+  local key = KEYS[job.j]
+  local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq',
+                        'virtual_cluster')
+  if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or now[4] ~= job.s
+      or now[5] ~= job.vc then
+    return false
+  end
+  if redis.call('HLEN', KEYS[job.t]) ~= job.nt then return false end
+  for _, part in ipairs(job.n) do
+    local flag = redis.call('HGET', flags_key, part.name)
+    if flag and flag ~= '' then return false end
+    if not fits(node_view(part.name, KEYS[part.k], KEYS[part.h]), part) then return false end
+  end
+  return true
+end
+
+local function bind(job)
+  for _, part in ipairs(job.n) do
+    local view = nodes[part.name]
+    for _, g in ipairs(part.g) do view.used_gpus[g] = true end
+    for _, p in ipairs(part.p) do view.used_ports[p] = true end
+    view.used_cpus = view.used_cpus + part.c
+    view.used_memory = view.used_memory + part.m
+    for i = 1, #part.w, 2 do
+      redis.call('HSET', KEYS[part.h], part.w[i], part.w[i + 1])
+    end
+  end
+  for i = 1, #job.l, 2 do
+    redis.call('ZADD', launching_key, job.l[i + 1], job.l[i])
+  end
+  for field, raw in pairs(job.new) do  -- one by one: a gang may be too big to unpack
+    redis.call('HSET', KEYS[job.t], field, raw)
+  end
+  redis.call('ZREM', queue_key, job.id)
+  redis.call('ZREM', KEYS[job.q], job.id)
+  redis.call('HSET', KEYS[job.j], unpack(job.f))
+  redis.call('XADD', KEYS[job.e], 'MAXLEN', '~', ARGV[2], '*', unpack(job.ev))
+end
+
+local bound = {}
+for i, job in ipairs(jobs) do
+  if still_decidable(job) then
+    bind(job)
+    bound[i] = 1
+  else
+    bound[i] = 0
+  end
+end
+return bound
+"""
+
+
+class _ScriptKeys:
+    """The KEYS of one script call, each named once, by position (1-based)."""
+
+    def __init__(self, *fixed: str) -> None:
+        self.names: list[str] = []
+        self._index: dict[str, int] = {}
+        for name in fixed:
+            self.at(name)
+
+    def at(self, name: str) -> int:
+        if name not in self._index:
+            self.names.append(name)
+            self._index[name] = len(self.names)
+        return self._index[name]
+
+
+def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
+                     launch_deadline_ms: int, script_keys: _ScriptKeys,
+                     parsed: dict[str, Task]) -> dict[str, Any] | None:
+    """What the batch script checks and writes for one gang: the job as the
+    pass read it (the script compares it with the record), the tasks as just
+    read (the rules of `commit_placement`); None when they already refuse it.
+    `parsed` keeps task records parsed in this batch by their text (waiting
+    tasks of the same role and index read alike)."""
+    placements = commit.placements
+    if not placements or {task_key(p.role, p.index) for p in placements} != set(raw_tasks):
+        return None
+    tasks = {}
+    for key, raw in raw_tasks.items():
+        known = parsed.get(raw)
+        if known is None:
+            known = parsed[raw] = Task.from_dict(json.loads(raw))
+        tasks[key] = Task(**vars(known))  # a copy: its fields are replaced, not changed
+    launched = now_ms()
+    new: dict[str, str] = {}
+    for p in placements:
+        task = tasks[task_key(p.role, p.index)]
+        if task.state != TaskState.WAITING:
+            return None
+        _move_task(task, TaskState.LAUNCHING)
+        task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
+        task.launched_ms = launched
+        new[task.key] = _record_json(task)
+    job_id, attempt, vc = commit.job_id, commit.attempt, commit.vc
+    parts: dict[str, dict[str, Any]] = {}
+    launching: list[str] = []
+    deadline = str(launch_deadline_ms)
+    placed_tasks = []
+    for p in placements:
+        ports = p.all_ports
+        alloc = Allocation(job_id=job_id, attempt=attempt, role=p.role, index=p.index,
+                           node=p.node, gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb,
+                           ports=ports, vc=vc)
+        part = parts.get(p.node)
+        if part is None:
+            part = parts[p.node] = {
+                "name": p.node, "k": script_keys.at(keys.node(p.node)),
+                "h": script_keys.at(keys.node_alloc(p.node)),
+                "g": [], "p": [], "c": 0, "m": 0, "w": []}
+        part["g"] += p.gpus
+        part["p"] += ports
+        part["c"] += p.cpus
+        part["m"] += p.memory_mb
+        member = alloc.key
+        part["w"] += [member, _record_json(alloc)]
+        launching += [member, deadline]
+        placed_tasks.append({"role": p.role, "index": p.index, "node": p.node,
+                             "gpus": list(p.gpus), "ports": list(ports)})
+    event = event_fields("placed", attempt=attempt, nodes=sorted(parts), mode=commit.mode,
+                         tasks=placed_tasks)
+    return {
+        "j": script_keys.at(keys.job(job_id)), "t": script_keys.at(keys.job_tasks(job_id, attempt)),
+        "e": script_keys.at(keys.job_events(job_id)), "q": script_keys.at(keys.vc_queue(vc)),
+        "id": job_id, "v": str(commit.version), "s": str(commit.queue_seq),
+        "a": str(attempt), "vc": vc,
+        "nt": len(raw_tasks), "new": new,
+        "f": ["version", str(commit.version + 1), "waiting_reason", "", "waiting", "",
+              "mode", commit.mode],
+        "ev": [x for item in event.items() for x in item], "l": launching,
+        "n": list(parts.values()),
+    }
+
+
+def _record_json(record: Task | Allocation) -> str:
+    """`json.dumps(record.to_dict())`, without `dataclasses.asdict`'s deep copy
+    (a third of a big batch's CPU): their fields are plain JSON values, so the
+    text is the same (tests/unit/test_placement_batch.py holds it so)."""
+    return _compact_json(vars(record))
+
+
+def commit_placements(store: Store, commits: Sequence[PlacementCommit], *,
+                      launch_deadline_ms: int) -> list[bool]:
+    """Bind many gangs at once, each as `commit_placement` binds one: True for
+    each one bound, False for each the world moved away from (the next pass
+    decides it again). Two round trips per MAX_BATCH_TASKS tasks: the jobs'
+    records and tasks in one pipeline, then one script that re-checks them,
+    and the nodes, and applies each gang's writes or none of them."""
+    bound: list[bool] = []
+    batch: list[PlacementCommit] = []
+    size = 0
+    for commit in commits:
+        if batch and size + len(commit.placements) > MAX_BATCH_TASKS:
+            bound += _commit_batch(store, batch, launch_deadline_ms)
+            batch, size = [], 0
+        batch.append(commit)
+        size += len(commit.placements)
+    if batch:
+        bound += _commit_batch(store, batch, launch_deadline_ms)
+    return bound
+
+
+def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
+                  launch_deadline_ms: int) -> list[bool]:
+    pipe = store.r.pipeline(transaction=False)
+    for commit in batch:
+        pipe.hgetall(keys.job_tasks(commit.job_id, commit.attempt))
+    script_keys = _ScriptKeys(keys.NODE_FLAGS, keys.LAUNCHING, keys.QUEUE, keys.GPU_FAULTS)
+    entries: list[dict[str, Any]] = []
+    positions: list[int | None] = []
+    parsed: dict[str, Task] = {}
+    for commit, raw_tasks in zip(batch, pipe.execute(), strict=True):
+        entry = _placement_entry(commit, raw_tasks, launch_deadline_ms, script_keys, parsed)
+        positions.append(len(entries) if entry is not None else None)
+        if entry is not None:
+            entries.append(entry)
+    if not entries:
+        return [False] * len(batch)
+    reply = store.run_script(_COMMIT_PLACEMENTS, script_keys.names,
+                             [_compact_json(entries), str(EVENTS_MAX_LEN)])
+    return [position is not None and bool(reply[position]) for position in positions]
+
+
 def claim_pass_request(store: Store) -> bool:
     """Should this caller send the scheduler a "schedule" message? Only when
     none is on its way: a burst of submits then costs one message, not one each.
@@ -458,6 +731,37 @@ def set_waiting(store: Store, job_id: str, reason: str, explanation: str = "", *
         return True
 
     return store.transact(decide, key)
+
+
+# Each KEYS[i] a job record; ARGV[i] its [reason, explanation, version] (JSON)
+_SET_WAITING = """
+local written = 0
+for i, key in ipairs(KEYS) do
+  local want = cjson.decode(ARGV[i])
+  local now = redis.call('HMGET', key, 'state', 'version', 'waiting_reason', 'waiting')
+  if now[1] == 'WAITING' and now[2] == want[3]
+      and ((now[3] or '') ~= want[1] or (now[4] or '') ~= want[2]) then
+    redis.call('HSET', key, 'waiting_reason', want[1], 'waiting', want[2])
+    written = written + 1
+  end
+end
+return written
+"""
+SET_WAITING_BATCH = 1000
+
+
+def set_waiting_many(store: Store, reasons: Sequence[tuple[str, str, str, int]]) -> int:
+    """`set_waiting` for many jobs, each (job id, reason, explanation, version)
+    on the same terms (still WAITING at that version), one round trip per
+    SET_WAITING_BATCH jobs; how many were written."""
+    written = 0
+    for start in range(0, len(reasons), SET_WAITING_BATCH):
+        batch = reasons[start:start + SET_WAITING_BATCH]
+        written += int(store.run_script(
+            _SET_WAITING, [keys.job(job_id) for job_id, *_ in batch],
+            [json.dumps([reason, explanation, str(version)])
+             for _, reason, explanation, version in batch]))
+    return written
 
 
 def mark_preempted(store: Store, job_id: str, *, attempt: int, by: str,

@@ -9,6 +9,7 @@ goes through it, so two writers can never both win.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -144,6 +145,18 @@ class Store:
                         raise
         raise Contention(f"gave up after {MAX_TRANSACTION_RETRIES} conflicting writes on {watch}")
 
+    def run_script(self, source: str, script_keys: Sequence[str], args: Sequence[str]) -> Any:
+        """Run a Lua script (atomic: nothing else runs in Redis meanwhile) by its
+        SHA1, loading it first if this Redis has not seen it (a restart, a
+        new primary). Its keys are named in `script_keys`, so they show in
+        the call as any command's do."""
+        sha = _script_sha(source)
+        try:
+            return self.r.evalsha(sha, len(script_keys), *script_keys, *args)
+        except redis.exceptions.NoScriptError:
+            self.r.script_load(source)
+            return self.r.evalsha(sha, len(script_keys), *script_keys, *args)
+
     # ------------------------------------------------------------------ jobs
 
     def create_job(
@@ -277,9 +290,7 @@ class Store:
 
     def add_event(self, pipe: Pipe, job_id: str, kind: str,
                   **data: Any) -> None:
-        fields = {"kind": kind, "time": str(now_ms())}
-        fields.update({k: json.dumps(v) for k, v in data.items()})
-        pipe.xadd(keys.job_events(job_id), fields,
+        pipe.xadd(keys.job_events(job_id), event_fields(kind, **data),
                   maxlen=EVENTS_MAX_LEN, approximate=True)
 
     def get_events(self, job_id: str) -> list[dict[str, Any]]:
@@ -573,6 +584,17 @@ class Store:
         """The task reached a final state, or does not exist at all."""
         task = self.get_task(job_id, attempt, role, index)
         return task is None or task.state.is_final
+
+
+def event_fields(kind: str, **data: Any) -> dict[str, str]:
+    """A job event as its stream entry stores it (`Store.read_events` reads it)."""
+    fields = {"kind": kind, "time": str(now_ms())}
+    fields.update({k: json.dumps(v) for k, v in data.items()})
+    return fields
+
+
+def _script_sha(source: str) -> str:
+    return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()  # Redis names it so
 
 
 def _own_lost_write(pipe: Pipe, job: Job, stored_config: str) -> Job | None:

@@ -40,6 +40,11 @@ def create_launcher_app(
     def start_task(job_id: str, attempt: int, role: str, index: int) -> None:
         launcher.start_task(str(job_id), int(attempt), str(role), int(index))
 
+    @app.task(name=messaging.START_TASKS, shared=False)
+    def start_tasks(tasks: list[list[object]]) -> None:
+        launcher.start_tasks([(str(job_id), int(str(attempt)), str(role), int(str(index)))
+                              for job_id, attempt, role, index in tasks])
+
     @app.task(name=messaging.STOP_TASK, shared=False)
     def stop_task(job_id: str, attempt: int, role: str, index: int) -> None:
         launcher.stop_task(str(job_id), int(attempt), str(role), int(index))

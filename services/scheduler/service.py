@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.scheduler import policy
@@ -24,13 +25,15 @@ from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
 from shared.lifecycle import (
+    PlacementCommit,
     commit_placement,
+    commit_placements,
     drop_stale_from_queue,
     mark_preempted,
     record_task_exit,
     renew_stale_launch,
     set_mode,
-    set_waiting,
+    set_waiting_many,
     take_pass_request,
 )
 from shared.messaging import Messenger
@@ -39,10 +42,10 @@ from shared.models import (
     Job,
     JobSpec,
     Task,
-    TaskPlacement,
     attempt_task_key,
     now_ms,
     parse_attempt_task_key,
+    task_key,
 )
 from shared.priority import PriorityClass
 from shared.states import JobState, TaskState
@@ -247,29 +250,49 @@ class Scheduler:
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()
-        for placed in plan.placed:
+        # Gangs commit in batches; a job without gang allocation places some
+        # of its tasks at a time, each commit on the tasks still waiting.
+        gangs = [p for p in plan.placed if p.request.gang]
+        commits = [PlacementCommit(p.request.job_id, p.request.version, p.request.attempt,
+                                   tuple(p.placements), p.mode, queue_seq=p.request.seq,
+                                   vc=p.request.vc) for p in gangs]
+        bound = commit_placements(self.store, commits, launch_deadline_ms=deadline)
+        bound += [commit_placement(self.store, p.request.job_id, version=p.request.version,
+                                   attempt=p.request.attempt, placements=p.placements,
+                                   launch_deadline_ms=deadline, mode=p.mode, gang=False)
+                  for p in plan.placed if not p.request.gang]
+        placed_in_order = gangs + [p for p in plan.placed if not p.request.gang]
+        starts: dict[str, list[tuple[str, int, str, int]]] = {}
+        for placed, won in zip(placed_in_order, bound, strict=True):
             request = placed.request
-            if commit_placement(self.store, request.job_id, version=request.version,
-                                attempt=request.attempt, placements=placed.placements,
-                                launch_deadline_ms=deadline, mode=placed.mode,
-                                gang=request.gang):
-                stats.placed += 1
-                placed_by_vc[request.vc] += 1
-                self._send_starts(request.job_id, request.attempt, placed.placements)
-            else:
-                self.store.r.set(DIRTY, "1")  # the job changed under us: look again
+            if not won:
+                continue
+            stats.placed += 1
+            placed_by_vc[request.vc] += 1
+            for p in placed.placements:
+                starts.setdefault(p.node, []).append(
+                    (request.job_id, request.attempt, p.role, p.index))
+        if stats.placed < len(bound):
+            self.store.r.set(DIRTY, "1")  # some jobs changed under us: look again
+        try:
+            self.messenger.start_tasks(starts)
+        except (RedisError, OperationalError) as error:  # the placements stand
+            log.warning("start messages of %d tasks not sent (%s): their launch leases "
+                        "send them again", sum(len(t) for t in starts.values()), error)
         for preemption in plan.preempt:
             self._preempt(preemption, now)
         attempts = {r.job_id: r.attempt for r in running}
         for job_id, mode in plan.modes.items():
             set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
         self._stop_overdue(running, now)
+        reasons = []
         for job_id, why in plan.waiting.items():
             job = records.get(job_id)
             explanation = json.dumps(why.to_dict(), separators=(",", ":"))
             if job is not None and (job.waiting_reason, job.waiting) != (why.message,
                                                                           explanation):
-                set_waiting(self.store, job_id, why.message, explanation, version=job.version)
+                reasons.append((job_id, why.message, explanation, job.version))
+        set_waiting_many(self.store, reasons)
         stats.seconds = time.perf_counter() - started
         self._record_pass(stats.seconds, placed_by_vc)
         if stats.placed or queue:
@@ -336,11 +359,6 @@ class Scheduler:
         """Tell the API (and so Prometheus) this replica is alive and repairing."""
         telemetry.record_scheduler_heartbeat(self.store.r, name)
 
-    def _send_starts(self, job_id: str, attempt: int,
-                     placements: tuple[TaskPlacement, ...]) -> None:
-        for p in placements:
-            self.messenger.start_task(p.node, job_id, attempt, p.role, p.index)
-
     # ------------------------------------------------------ ends and stops
 
     def release_if_settled(self, job_id: str, attempt: int, role: str, index: int) -> bool:
@@ -389,36 +407,60 @@ class Scheduler:
         retention.sweep(self.store, self.settings)  # finished jobs: compact, file logs, expire
 
     def fail_lost_nodes(self) -> None:
+        """Fail the live tasks of nodes whose heartbeat stopped and free what
+        those nodes held. One round trip when no node is lost, whatever the
+        cluster holds; two more for the lost nodes' allocations and tasks,
+        then a few per task to fail and allocation to free."""
         now = now_ms()
-        for name, beat in self.store.node_heartbeats().items():
-            if node_is_live(beat, now, self.settings.node_lost_seconds):
-                continue
-            for key in self.store.get_allocations(self.store.r, name):
-                job_id, attempt, role, index = parse_attempt_task_key(key)
-                task = self.store.get_task(job_id, attempt, role, index)
-                if task is not None and task_is_live(task):
-                    log.warning("node %s lost: failing %s", name, key)
-                    report = record_task_exit(
-                        self.store, job_id, attempt, role, index, exit_code=-1,
-                        platform_failure=True,
-                        diagnostics=f"node {name} lost (no heartbeat for "
-                                    f"{self.settings.node_lost_seconds:.0f} s)")
-                    if report is not None and report.attempt_ended:
-                        self.stop_attempt(job_id, attempt)
-                self.store.release_allocation(name, key)
+        lost = [name for name, beat in self.store.node_heartbeats().items()
+                if not node_is_live(beat, now, self.settings.node_lost_seconds)]
+        held = self._held_tasks(lost)
+        for (name, alloc), task in held:
+            if task is not None and task_is_live(task):
+                log.warning("node %s lost: failing %s", name, alloc.key)
+                report = record_task_exit(
+                    self.store, alloc.job_id, alloc.attempt, alloc.role, alloc.index,
+                    exit_code=-1, platform_failure=True,
+                    diagnostics=f"node {name} lost (no heartbeat for "
+                                f"{self.settings.node_lost_seconds:.0f} s)")
+                if report is not None and report.attempt_ended:
+                    self.stop_attempt(alloc.job_id, alloc.attempt)
+            self.store.release_allocation(name, alloc.key)
 
     def sweep_allocations(self) -> None:
-        """Release allocations of settled tasks; stop tasks of ended attempts."""
-        for node in self.store.get_nodes():
-            for key in self.store.get_allocations(self.store.r, node.name):
-                job_id, attempt, role, index = parse_attempt_task_key(key)
-                task = self.store.get_task(job_id, attempt, role, index)
-                job = self.store.get_job(job_id)
-                if task is None or job is None or task.state.is_final:
-                    self.store.release_allocation(node.name, key)
-                elif job.attempt != attempt or job.state not in (JobState.WAITING,
-                                                                 JobState.RUNNING):
-                    self.messenger.stop_task(node.name, job_id, attempt, role, index)
+        """Release allocations of settled tasks; stop tasks of ended attempts.
+
+        The reads are a fixed number of round trips (the nodes, their
+        allocations, the allocations' tasks, their jobs: a pipeline each),
+        so a round costs round trips of its own only for what it changes.
+        """
+        held = self._held_tasks([node.name for node in self.store.get_nodes()])
+        job_ids = sorted({alloc.job_id for (_, alloc), _ in held})
+        pipe = self.store.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), ("state", "attempt"))
+        jobs = dict(zip(job_ids, pipe.execute() if job_ids else [], strict=True))
+        for (node, alloc), task in held:
+            state, attempt = jobs[alloc.job_id]
+            if task is None or state is None or task.state.is_final:
+                self.store.release_allocation(node, alloc.key)
+            elif int(attempt or 0) != alloc.attempt or state not in (JobState.WAITING,
+                                                                      JobState.RUNNING):
+                self.messenger.stop_task(node, alloc.job_id, alloc.attempt, alloc.role,
+                                         alloc.index)
+
+    def _held_tasks(self, nodes: list[str]) -> list[tuple[tuple[str, Allocation], Task | None]]:
+        """Each allocation of these nodes, with its task's record (None: gone):
+        two round trips, however many there are."""
+        allocations = self.store.all_allocations(nodes)
+        held = [(node, alloc) for node in nodes for alloc in allocations[node]]
+        pipe = self.store.r.pipeline(transaction=False)
+        for _, alloc in held:
+            pipe.hget(keys.job_tasks(alloc.job_id, alloc.attempt),
+                      task_key(alloc.role, alloc.index))
+        raws = pipe.execute() if held else []
+        return [(entry, Task.from_dict(json.loads(raw)) if raw else None)
+                for entry, raw in zip(held, raws, strict=True)]
 
     def retry_stale_launches(self) -> None:
         r = self.store.r

@@ -20,6 +20,7 @@ import redis
 READS = frozenset({"get", "exists", "hget", "hgetall", "hmget", "hexists", "zrange",
                    "zrangebyscore", "zscore", "mget"})
 WRITES = frozenset({"set", "delete", "hset", "hdel", "zadd", "zrem", "xadd", "expire"})
+SCRIPTS = frozenset({"evalsha"})  # a write of every key it names (a script may write any)
 
 
 @dataclass
@@ -37,10 +38,13 @@ class _Hooks:
     hooks: list[Hook] = field(default_factory=list)
 
     def run(self, when: str, command: str, args: tuple[Any, ...]) -> None:
-        commands = READS if when == "after-read" else WRITES
+        commands = READS if when == "after-read" else WRITES | SCRIPTS
         if command not in commands or not args:
             return
-        keys = args[0] if isinstance(args[0], list) else [args[0]]
+        if command in SCRIPTS:  # evalsha(sha, numkeys, *keys, *args)
+            keys = list(args[2:2 + int(args[1])])
+        else:
+            keys = args[0] if isinstance(args[0], list) else [args[0]]
         for hook in self.hooks:
             if not hook.fired and hook.when == when and hook.key in keys:
                 hook.fired = True
@@ -62,7 +66,7 @@ class Interleaved:
         attr = getattr(self._target, name)
         if name == "pipeline":
             return lambda *a, **kw: Interleaved(attr(*a, **kw), shared=self._hooks)
-        if not callable(attr) or name not in READS | WRITES:
+        if not callable(attr) or name not in READS | WRITES | SCRIPTS:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:

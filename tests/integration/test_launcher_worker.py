@@ -38,7 +38,7 @@ def settings(redis_server: str, redis_client: redis.Redis, tmp_path: object,
         container.remove(force=True)
 
 
-def placed_job(store: Store, settings: Settings, image: str) -> str:
+def placed_job(store: Store, settings: Settings, image: str, port: int = 21000) -> str:
     config = {"jobName": f"job-{uuid.uuid4().hex[:8]}", "image": image,
               "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1,
                              "memoryMB": 128, "shmMB": 16, "command": "sleep 300"}]}
@@ -46,7 +46,7 @@ def placed_job(store: Store, settings: Settings, image: str) -> str:
     assert commit_placement(
         store, job.id, version=job.version, attempt=0,
         placements=[TaskPlacement("main", 0, settings.node_name, "127.0.0.1", (), 1, 128,
-                                  {"default": [21000]})],
+                                  {"default": [port]})],
         launch_deadline_ms=now_ms() + 60_000)
     return job.id
 
@@ -92,3 +92,27 @@ def test_a_start_message_on_the_nodes_queue_starts_the_container(
         while launcher.runtime.find(TaskRef(job_id, 0, "main", 0)) is None:
             assert time.monotonic() < deadline, "the worker never started the container"
             time.sleep(0.05)
+
+
+def test_one_batched_start_message_starts_every_task_it_names(
+        settings: Settings, redis_client: redis.Redis, test_image: str,
+        test_labels: dict[str, str]) -> None:
+    """A pass sends one message per node naming all the tasks it placed
+    there; each is started (a repeat of the message starts nothing twice)."""
+    app, launcher = create_launcher_app(settings, extra_labels=test_labels)
+    assert messaging.START_TASKS in app.tasks
+    store = Store(redis_client)
+    store.register_node(launcher.node)
+    jobs = [placed_job(store, settings, test_image, port) for port in (21000, 21001)]
+    sender = Messenger(make_celery(settings))
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      queues=[messaging.launcher_queue(settings.node_name)]):
+        sender.start_tasks({settings.node_name: [(job_id, 0, "main", 0) for job_id in jobs]})
+        deadline = time.monotonic() + WAIT_SECONDS
+        while any(launcher.runtime.find(TaskRef(j, 0, "main", 0)) is None for j in jobs):
+            assert time.monotonic() < deadline, "the worker never started both containers"
+            time.sleep(0.05)
+    launcher.start_tasks([(job_id, 0, "main", 0) for job_id in jobs])  # again: no-op
+    containers = [launcher.runtime.find(TaskRef(j, 0, "main", 0)) for j in jobs]
+    assert all(c is not None for c in containers)
+    assert len({c.id for c in containers if c is not None}) == 2

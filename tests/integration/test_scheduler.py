@@ -21,7 +21,7 @@ from shared.lifecycle import (
     record_task_exit,
     submit_job,
 )
-from shared.messaging import Messenger, make_celery
+from shared.messaging import START_TASK, START_TASKS, Messenger, make_celery
 from shared.models import Gpu, Node, TaskPlacement, now_ms
 from shared.states import JobState, TaskState
 from shared.store import Store
@@ -51,9 +51,9 @@ def config(name: str, gpus: int = 1, tasks: int = 1, retry: int = 0) -> dict[str
 
 
 def launcher_messages(r: redis.Redis, node: str) -> list[list[Any]]:
-    """The args of the Celery messages waiting in a launcher's queue."""
-    messages = [json.loads(m) for m in r.lrange(f"launcher.{node}", 0, -1)]
-    return [json.loads(base64.b64decode(m["body"]))[0] for m in messages]
+    """The args of the Celery messages waiting in a launcher's queue, oldest
+    first; a batched start counts as one start per task it names."""
+    return [args for _, args in launcher_tasks(r, node)]
 
 
 def test_pass_places_in_order_and_sends_starts(store: Store, scheduler: Scheduler,
@@ -280,10 +280,17 @@ def test_a_stale_launch_that_starts_meanwhile_keeps_no_lease(
 
 
 def launcher_tasks(r: redis.Redis, node: str) -> list[tuple[str, list[Any]]]:
-    """(task name, args) of what waits in a launcher's queue."""
-    messages = [json.loads(m) for m in r.lrange(f"launcher.{node}", 0, -1)]
-    return [(m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0])
-            for m in messages]
+    """(task name, args) of what waits in a launcher's queue, oldest first; a
+    batched start is shown as the single starts it stands for."""
+    messages = [json.loads(m) for m in reversed(r.lrange(f"launcher.{node}", 0, -1))]
+    found: list[tuple[str, list[Any]]] = []
+    for m in messages:
+        name, args = m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0]
+        if name == START_TASKS:
+            found += [(START_TASK, task) for task in args[0]]
+        else:
+            found.append((name, args))
+    return found
 
 
 def test_a_borrowing_job_is_preempted_for_the_owner_and_comes_back_uncharged(
@@ -390,3 +397,114 @@ def test_draining_a_node_preempts_its_jobs_and_requeues_them_uncharged(
     store.set_node_flags("n1", schedulable=True, by="root")
     scheduler.run_pass()
     assert store.get_tasks(job.id, 1)[0].node == "n1"
+
+
+# ------------------------------------------------------- repair round cost
+
+
+class RoundTrips:
+    """A client counting its round trips: each command sent on its own, and
+    each pipeline executed (its queued commands go together)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self.count = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name == "pipeline":
+            def pipeline(*args: Any, **kwargs: Any) -> Any:
+                pipe = attr(*args, **kwargs)
+                execute = pipe.execute
+
+                def counted(*a: Any, **kw: Any) -> Any:
+                    self.count += 1
+                    return execute(*a, **kw)
+
+                pipe.execute = counted
+                return pipe
+            return pipeline
+        if not callable(attr):
+            return attr
+
+        def command(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return attr(*args, **kwargs)
+
+        return command
+
+
+def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    """The sweep and the lost-node check read every allocation's task and
+    job in pipelines: a quiet round's round trips do not grow with the
+    allocations (two running tasks, then twenty-four, on three nodes)."""
+    for n in range(3):
+        add_node(store, f"n{n}")
+    costs: list[int] = []
+    submitted = 0
+    for jobs in (2, 24):
+        for j in range(submitted, jobs):
+            submit_job(store, "alice", config(f"j{j}"))
+        submitted = jobs
+        scheduler.run_pass()
+        for j in range(jobs):
+            mark_task_running(store, f"alice~j{j}", 0, "main", 0, f"c{j}")
+        assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == jobs
+        counting = RoundTrips(redis_client)
+        quiet = Scheduler(scheduler.settings, Store(counting), scheduler.messenger)
+        quiet.fail_lost_nodes()
+        quiet.sweep_allocations()
+        costs.append(counting.count)
+    assert costs[0] == costs[1]
+    assert costs[0] <= 6  # heartbeats; the nodes (2), their allocations, tasks, jobs
+    assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == 24
+    assert not any(name == "pai.launcher.stop_task" for n in range(3)
+                   for name, _ in launcher_tasks(redis_client, f"n{n}"))
+
+
+def test_the_sweep_releases_and_stops_in_one_round(store: Store, scheduler: Scheduler,
+                                                   redis_client: redis.Redis) -> None:
+    """Of three allocations, the settled task's is released, the task of an
+    attempt that moved on is told to stop, the running one is left alone."""
+    add_node(store)
+    for name in ("done", "moved", "runs"):
+        submit_job(store, "alice", config(name))
+    scheduler.run_pass()
+    for name in ("done", "moved", "runs"):
+        mark_task_running(store, f"alice~{name}", 0, "main", 0, f"c-{name}")
+    record_task_exit(store, "alice~done", 0, "main", 0, exit_code=0)
+    redis_client.hset(keys.job("alice~moved"), "attempt", "1")  # as after a retry
+    redis_client.delete("launcher.n1")
+
+    scheduler.sweep_allocations()
+
+    assert set(store.get_allocations(store.r, "n1")) == {"alice~moved:0:main:0",
+                                                         "alice~runs:0:main:0"}
+    assert launcher_tasks(redis_client, "n1") == [("pai.launcher.stop_task",
+                                                   ["alice~moved", 0, "main", 0])]
+
+
+def test_start_messages_lost_with_the_broker_are_sent_again_by_the_launch_lease(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch of start messages fails after the placements are committed:
+    the pass still finishes (the waiting job gets its reason), and the
+    launch lease sends the lost start once it is due."""
+    add_node(store, gpus=1)
+    submit_job(store, "alice", config("placed"))
+    submit_job(store, "alice", config("waits"))
+
+    def broker_down(starts: object) -> None:
+        raise redis.ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(scheduler.messenger, "start_tasks", broker_down)
+    assert scheduler.run_pass().placed == 1
+    assert store.get_tasks("alice~placed", 0)[0].state == TaskState.LAUNCHING
+    assert (store.get_job("alice~waits") or pytest.fail()).waiting_reason
+    assert launcher_messages(redis_client, "n1") == []
+    monkeypatch.undo()
+
+    redis_client.zadd(keys.LAUNCHING, {"alice~placed:0:main:0": 1})  # its lease is due
+    scheduler.retry_stale_launches()
+    assert launcher_messages(redis_client, "n1") == [["alice~placed", 0, "main", 0]]
