@@ -126,9 +126,10 @@ def test_a_drained_node_gets_nothing_new_and_its_jobs_come_back_uncharged(
         wait_for(lambda: cluster.admin.get(node_url, timeout=30).json()["state"] == "DRAINED",
                  what="the node to be empty")
         cluster.submit_accepted(job(cluster, later, "true", 1))
-        waiting = wait_for(lambda: cluster.detail(later)["jobStatus"]["waiting"]
-                           and cluster.detail(later)["jobStatus"],
-                           what="the new job's waiting reason")
+        # "Queued" until a pass has looked at it: wait for the pass's reason
+        waiting = wait_for(lambda: (status := cluster.detail(later)["jobStatus"])["waiting"]
+                           and status["waiting"]["reason"] != "Queued" and status,
+                           what="the new job's waiting reason from a pass")
         assert waiting["state"] == "WAITING"
         assert waiting["waiting"]["reason"] == "NoNodes"
         assert not cluster.job_containers(later)
