@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.scheduler.core import Cluster, JobRequest, NodeFree, TaskRequest
-from services.scheduler.policy import Plan, RunningJob, fifo_plan, plan
+from services.scheduler.policy import Attained, Plan, RunningJob, fifo_plan, plan
 from shared.cluster import VcPolicy
 from shared.models import Allocation
 from shared.priority import PriorityClass
@@ -134,11 +134,12 @@ class Result:
     decisions: int = 0
 
 
-Policy = Callable[[Cluster, list[JobRequest], list[RunningJob], dict[str, VcPolicy], int], Plan]
+Policy = Callable[[Cluster, list[JobRequest], list[RunningJob], dict[str, VcPolicy], int,
+                   dict[str, Attained]], Plan]
 
 
 def _fifo(cluster: Cluster, queue: list[JobRequest], running: list[RunningJob],
-          vcs: dict[str, VcPolicy], now_ms: int) -> Plan:
+          vcs: dict[str, VcPolicy], now_ms: int, attained: dict[str, Attained]) -> Plan:
     return fifo_plan(cluster, queue)
 
 
@@ -154,6 +155,8 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
     queue: dict[str, tuple[TraceJob, int]] = {}  # waiting: job id -> (job, attempt)
     seq = {job.job_id: i for i, job in enumerate(trace)}
     running: dict[str, _Run] = {}
+    # job id -> GPU-seconds its ended attempts ran, and when it queued again
+    attained: dict[str, Attained] = {}
     result = Result(policy, arrivals_s=max((job.submit_s for job in trace), default=0.0))
     # (time, order, kind, job id, attempt): kinds "arrive", "end", "stop"
     events: list[tuple[float, int, str, str, int]] = []
@@ -181,6 +184,9 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
             elif kind == "stop":  # preempted: its work is lost, it queues again
                 _release(free, running.pop(job_id))
                 queue[job_id] = (run.job, attempt + 1)
+                before = attained.get(job_id, Attained()).gpu_ms
+                attained[job_id] = Attained(
+                    before + run.job.gpus * int((now - run.start_s) * 1000), int(now * 1000))
                 result.preemptions += 1
         if not queue:
             continue
@@ -191,9 +197,11 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
         snapshot = [RunningJob(r.job.job_id, r.job.vc, r.job.priority, r.mode,
                                int(r.start_s * 1000), r.allocations, attempt=r.attempt,
                                grace_ms=int(grace_s * 1000), preempted_by=r.preempted_by,
-                               preempt_deadline_ms=int(r.deadline_s * 1000) or None)
+                               preempt_deadline_ms=int(r.deadline_s * 1000) or None,
+                               attained_gpu_ms=attained.get(r.job.job_id, Attained()).gpu_ms)
                     for r in running.values()]
-        decided = decide(cluster, requests, snapshot, vcs, int(now * 1000))
+        decided = decide(cluster, requests, snapshot, vcs, int(now * 1000),
+                         {job_id: attained[job_id] for job_id in queue if job_id in attained})
         result.decisions += 1
         for placed in decided.placed:
             job, attempt = queue.pop(placed.request.job_id)

@@ -12,13 +12,13 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from redis.exceptions import RedisError
 
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request
-from services.scheduler.policy import Preemption, RunningJob
+from services.scheduler.policy import Attained, Las, Preemption, RunningJob
 from shared import keys, retention, telemetry
 from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
@@ -36,6 +36,7 @@ from shared.lifecycle import (
 from shared.messaging import Messenger
 from shared.models import (
     Allocation,
+    Attempt,
     Job,
     JobSpec,
     TaskPlacement,
@@ -57,6 +58,9 @@ STOP_RESEND_MS = 15_000
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
                   "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
 MAX_CACHED_SPECS = 100_000
+# Attained service counts a job's last this many ended attempts (a job retried
+# more often is in the last LAS queue long before)
+MAX_ATTEMPTS_READ = 32
 
 
 @dataclass
@@ -78,6 +82,9 @@ class Scheduler:
         # did not change since the last pass keeps its request (and the shapes
         # the core worked out for it).
         self._requests: dict[str, tuple[tuple[int, int, int], JobRequest]] = {}
+        # (job id, attempt) -> what its ended attempts attained: they never change
+        self._attained: dict[tuple[str, int], Attained] = {}
+        self.las = Las.from_settings(settings)
 
     # ------------------------------------------------------------ passes
 
@@ -120,6 +127,29 @@ class Scheduler:
         for job, raw in zip(unparsed, pipe.execute(), strict=True):
             if raw:
                 self._specs[job] = JobSpec.from_config(json.loads(raw))
+
+    def _load_attained(self, jobs: list[tuple[str, int, int]]) -> dict[str, Attained]:
+        """What the ended attempts of these (job id, attempt, GPUs) jobs
+        attained (GPUs x run time), and since when the current attempt waits,
+        from their attempt records: one round trip for those not read before
+        (a job that never ran is absent: it attained nothing)."""
+        unread = [job for job in jobs if job[1] and job[:2] not in self._attained]
+        if unread:
+            pipe = self.store.r.pipeline(transaction=False)
+            for job_id, attempt, _ in unread:
+                first = max(0, attempt - MAX_ATTEMPTS_READ)
+                pipe.hmget(keys.job_attempts(job_id), [str(i) for i in range(first, attempt + 1)])
+            if len(self._attained) + len(unread) > MAX_CACHED_SPECS:
+                self._attained.clear()
+            for (job_id, attempt, gpus), raws in zip(unread, pipe.execute(), strict=True):
+                ended = [Attempt.from_dict(json.loads(raw)) for raw in raws[:-1] if raw]
+                current = Attempt.from_dict(json.loads(raws[-1])) if raws[-1] else None
+                self._attained[job_id, attempt] = Attained(
+                    sum(gpus * max(0, (a.completed_ms or 0) - a.started_ms)
+                        for a in ended if a.started_ms),
+                    current.created_ms if current else 0)
+        return {job_id: self._attained[job_id, attempt] for job_id, attempt, _ in jobs
+                if (job_id, attempt) in self._attained}
 
     def _records(self, ids: list[str]) -> list[Job | None]:
         pipe = self.store.r.pipeline(transaction=False)
@@ -214,7 +244,11 @@ class Scheduler:
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
-        plan = policy.plan(cluster, queue, running, policies, now)
+        attained = self._load_attained([(r.job_id, r.attempt, r.gpus) for r in running]
+                                       + [(q.job_id, q.attempt, q.gpus) for q in queue])
+        running = [replace(r, attained_gpu_ms=attained[r.job_id].gpu_ms)
+                   if r.job_id in attained else r for r in running]
+        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las)
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()
