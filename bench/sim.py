@@ -6,10 +6,12 @@ The cluster, the running jobs and the queue are rebuilt as the policy's own
 snapshot types at every event; placements start jobs, preemptions stop
 their victims at the end of the grace period (the work since the start is
 lost: a pessimistic job that never checkpoints) and requeue them at their
-old place. One JSON line per policy: mean and p99 job completion time
-(JCT = end - submit), mean wait, GPU utilisation, preemptions, and per VC
-the share of its guarantee it held while it had work, each with a `ratio`
-against FIFO on the same trace.
+old place, with the GPU time they had attained (the policy's order within a
+class reads it, as the service reads it from the attempt records). One
+JSON line per policy: mean and p99 job completion time (JCT = end -
+submit), mean wait, GPU utilisation, preemptions, and per VC the share of
+its guarantee it held while it had work, each with a `ratio` against FIFO
+on the same trace.
 
 The workload (`generate`) is synthetic, shaped after what the published
 analyses of production deep-learning clusters report (Microsoft's Philly,
