@@ -199,8 +199,7 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
         snapshot = [RunningJob(r.job.job_id, r.job.vc, r.job.priority, r.mode,
                                int(r.start_s * 1000), r.allocations, attempt=r.attempt,
                                grace_ms=int(grace_s * 1000), preempted_by=r.preempted_by,
-                               preempt_deadline_ms=int(r.deadline_s * 1000) or None,
-                               attained_gpu_ms=attained.get(r.job.job_id, Attained()).gpu_ms)
+                               preempt_deadline_ms=int(r.deadline_s * 1000) or None)
                     for r in running.values()]
         decided = decide(cluster, requests, snapshot, vcs, int(now * 1000),
                          {job_id: attained[job_id] for job_id in queue if job_id in attained})

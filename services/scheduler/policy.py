@@ -131,11 +131,10 @@ class RunningJob:
     # Being preempted already: for whom, and when its grace period ends
     preempted_by: str = ""
     preempt_deadline_ms: int | None = None
-    attained_gpu_ms: int = 0  # over its ended attempts (Attained.gpu_ms)
 
-    def attained_at(self, now_ms: int) -> int:
-        """GPU time attained so far, this attempt included."""
-        return self.attained_gpu_ms + self.gpus * max(0, now_ms - self.started_ms)
+    def served_ms(self, now_ms: int) -> int:
+        """The GPU time this attempt has had so far (GPUs x milliseconds)."""
+        return self.gpus * max(0, now_ms - self.started_ms)
 
     @property
     def gpus(self) -> int:
@@ -573,7 +572,7 @@ class _Pass:
                 if self._mode(r) == BORROWED
                 or (r.vc == request.vc and r.priority < request.priority)
                 or (las.preempt and r.vc == request.vc and r.priority == request.priority
-                    and not r.attained_gpu_ms and las.level(r.attained_at(now)) > level)]
+                    and r.attempt == 0 and las.level(r.served_ms(now)) > level)]
         pool.sort(key=lambda r: (self._mode(r) != BORROWED, r.priority, -r.started_ms,
                                  r.job_id))
         return pool[:MAX_VICTIM_CANDIDATES]

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
@@ -82,8 +82,9 @@ class Scheduler:
         # did not change since the last pass keeps its request (and the shapes
         # the core worked out for it).
         self._requests: dict[str, tuple[tuple[int, int, int], JobRequest]] = {}
-        # (job id, attempt) -> what its ended attempts attained: they never change
-        self._attained: dict[tuple[str, int], Attained] = {}
+        # (job id, queue_seq, attempt) -> what a queued job's ended attempts
+        # attained: they never change (queue_seq tells a reused name apart)
+        self._attained: dict[tuple[str, int, int], Attained] = {}
         self.las = Las.from_settings(settings)
 
     # ------------------------------------------------------------ passes
@@ -128,28 +129,30 @@ class Scheduler:
             if raw:
                 self._specs[job] = JobSpec.from_config(json.loads(raw))
 
-    def _load_attained(self, jobs: list[tuple[str, int, int]]) -> dict[str, Attained]:
-        """What the ended attempts of these (job id, attempt, GPUs) jobs
-        attained (GPUs x run time), and since when the current attempt waits,
-        from their attempt records: one round trip for those not read before
-        (a job that never ran is absent: it attained nothing)."""
-        unread = [job for job in jobs if job[1] and job[:2] not in self._attained]
+    def _load_attained(self, queue: list[JobRequest]) -> dict[str, Attained]:
+        """What the queued jobs' ended attempts attained (GPUs x run time),
+        and since when each waits, from their attempt records: one round trip
+        for the retried or preempted jobs not read before (a job that never
+        ran attained nothing and is left out)."""
+        unread = [q for q in queue if q.attempt and (q.job_id, q.seq, q.attempt)
+                  not in self._attained]
         if unread:
             pipe = self.store.r.pipeline(transaction=False)
-            for job_id, attempt, _ in unread:
-                first = max(0, attempt - MAX_ATTEMPTS_READ)
-                pipe.hmget(keys.job_attempts(job_id), [str(i) for i in range(first, attempt + 1)])
+            for q in unread:
+                first = max(0, q.attempt - MAX_ATTEMPTS_READ)
+                pipe.hmget(keys.job_attempts(q.job_id),
+                           [str(i) for i in range(first, q.attempt + 1)])
             if len(self._attained) + len(unread) > MAX_CACHED_SPECS:
                 self._attained.clear()
-            for (job_id, attempt, gpus), raws in zip(unread, pipe.execute(), strict=True):
-                ended = [Attempt.from_dict(json.loads(raw)) for raw in raws[:-1] if raw]
-                current = Attempt.from_dict(json.loads(raws[-1])) if raws[-1] else None
-                self._attained[job_id, attempt] = Attained(
-                    sum(gpus * max(0, (a.completed_ms or 0) - a.started_ms)
-                        for a in ended if a.started_ms),
-                    current.created_ms if current else 0)
-        return {job_id: self._attained[job_id, attempt] for job_id, attempt, _ in jobs
-                if (job_id, attempt) in self._attained}
+            for q, raws in zip(unread, pipe.execute(), strict=True):
+                attempts = [Attempt.from_dict(json.loads(raw)) if raw else None
+                            for raw in raws]
+                self._attained[q.job_id, q.seq, q.attempt] = Attained(
+                    sum(q.gpus * max(0, (a.completed_ms or 0) - a.started_ms)
+                        for a in attempts[:-1] if a is not None and a.started_ms),
+                    attempts[-1].created_ms if attempts[-1] is not None else 0)
+        return {q.job_id: self._attained[q.job_id, q.seq, q.attempt] for q in queue
+                if (q.job_id, q.seq, q.attempt) in self._attained}
 
     def _records(self, ids: list[str]) -> list[Job | None]:
         pipe = self.store.r.pipeline(transaction=False)
@@ -244,11 +247,8 @@ class Scheduler:
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
-        attained = self._load_attained([(r.job_id, r.attempt, r.gpus) for r in running]
-                                       + [(q.job_id, q.attempt, q.gpus) for q in queue])
-        running = [replace(r, attained_gpu_ms=attained[r.job_id].gpu_ms)
-                   if r.job_id in attained else r for r in running]
-        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las)
+        plan = policy.plan(cluster, queue, running, policies, now, self._load_attained(queue),
+                           self.las)
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()

@@ -55,7 +55,7 @@ class Run:
     cls: PriorityClass = TEST
     started: int = 0
     preempted_by: str = ""
-    attained: int = 0  # GPU-ms its ended attempts ran
+    attempt: int = 0
 
 
 def scenario(nodes: dict[str, int], runs: Sequence[Run] = (), *, model: str = "",
@@ -73,7 +73,7 @@ def scenario(nodes: dict[str, int], runs: Sequence[Run] = (), *, model: str = ""
         running.append(RunningJob(run.job_id, run.vc, run.cls, run.mode, run.started,
                                   tuple(allocations), preempted_by=run.preempted_by,
                                   preempt_deadline_ms=NOW + 5000 if run.preempted_by else None,
-                                  attained_gpu_ms=run.attained))
+                                  attempt=run.attempt))
     cluster = Cluster(NodeFree(name, "127.0.0.1", free[name], 64, 64_000, PORTS,
                                gpu_model=model, gpu_groups=groups,
                                all_gpus=tuple(range(count)), cpus=64, memory_mb=64_000)
@@ -383,7 +383,7 @@ LAS_PREEMPT_CASES = [
     pytest.param([Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8)], {},
                  {"long": "new"},
                  id="a new job preempts its VC's work of its class that had more GPU time"),
-    pytest.param([Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8, attained=1)],
+    pytest.param([Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8, attempt=1)],
                  {}, {}, id="but only in the victim's first attempt: once per job"),
     pytest.param([Run("short", "default", {"a": 8}, started=NOW - HOUR // 16)], {}, {},
                  id="not work still in the first queue"),
@@ -535,7 +535,7 @@ def worlds(draw: st.DrawFn) -> World:
                         mode=draw(st.sampled_from([GUARANTEED, BORROWED])),
                         cls=draw(st.sampled_from(list(PriorityClass))),
                         started=draw(st.integers(0, NOW)),
-                        attained=draw(st.sampled_from([0, 0, 1, 5 * HOUR]))))
+                        attempt=draw(st.sampled_from([0, 0, 1]))))
     queue = [req(f"q{i}", draw(st.integers(0, 8)), vc=draw(st.sampled_from(vcs)),
                  cls=draw(st.sampled_from(list(PriorityClass))), seq=i,
                  tasks=draw(st.integers(1, 3)))
@@ -586,8 +586,8 @@ def test_properties_of_a_pass(world: World) -> None:
         mode = result.modes.get(victim.job_id, victim.mode)
         level = LAS.level(attained.get(winner.job_id, Attained()).gpu_ms)
         las_victim = (victim.vc == winner.vc and victim.priority == winner.priority
-                      and not victim.attained_gpu_ms
-                      and LAS.level(victim.attained_at(NOW)) > level)
+                      and victim.attempt == 0
+                      and LAS.level(victim.served_ms(NOW)) > level)
         assert mode == BORROWED or las_victim or (victim.vc == winner.vc
                                                   and victim.priority < winner.priority), \
             "guaranteed work was preempted for borrowed or equal work"
