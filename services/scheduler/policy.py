@@ -456,16 +456,14 @@ class _Pass:
         victims = self.preempting_for.get(request.job_id)
         if victims:
             return self._await_victims(request, victims)
-        # who may be a victim depends on the job's VC, class and level too
-        victims_key = (key, request.vc, request.priority, self._level(request))
-        if guaranteed and victims_key not in self.no_victims:
+        if guaranteed and key not in self.no_victims:
             chosen = self._choose_victims(request)
             if chosen:
                 for victim in chosen:
                     self.out.preempt.append(Preemption(victim, request.job_id))
                     self.victim_pool.remove(victim)
                 return self._await_victims(request, chosen)
-            self.no_victims.add(victims_key)
+            self.no_victims.add(key)
         reserved_by = self._held_by_reservation(request)
         if reserved_by:
             why = Waiting(RESERVED, "the resources it needs are reserved for "
