@@ -157,7 +157,7 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
     queue: dict[str, tuple[TraceJob, int]] = {}  # waiting: job id -> (job, attempt)
     seq = {job.job_id: i for i, job in enumerate(trace)}
     running: dict[str, _Run] = {}
-    # job id -> GPU-seconds its ended attempts ran, and when it queued again
+    # job id -> the GPU time its ended attempts ran, and when it queued again
     attained: dict[str, Attained] = {}
     result = Result(policy, arrivals_s=max((job.submit_s for job in trace), default=0.0))
     # (time, order, kind, job id, attempt): kinds "arrive", "end", "stop"

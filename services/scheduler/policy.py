@@ -90,10 +90,11 @@ class Las:
     `len(thresholds_gpu_ms) * starve_ms` a job is back in the first queue at
     its submit place, and no job submitted after it passes it again.
 
-    `preempt`: a guaranteed job may also preempt running guaranteed work of
-    its own VC and class whose level (this attempt included) is above the
-    job's own, if that work never ran before (so a job is preempted for
-    less-served work at most once, and cannot starve that way)."""
+    `preempt`: a guaranteed job may also preempt running work of its own VC
+    and class in its first attempt whose level (by the GPU time of that
+    attempt so far) is above the job's own (not lifted by waiting): so a job
+    is preempted for less-served work at most once, and cannot starve that
+    way."""
 
     thresholds_gpu_ms: tuple[int, ...] = ()
     starve_ms: int = 1
@@ -113,7 +114,6 @@ class Las:
 
 
 DEFAULT_LAS = Las.from_settings(Settings())
-NOT_RUN = Attained()
 
 
 @dataclass(frozen=True)
