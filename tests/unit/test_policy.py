@@ -408,6 +408,18 @@ def test_least_attained_service_preemption(runs: list[Run], attained: dict[str, 
         assert result.waiting["new"].reason == PREEMPTING
 
 
+def test_the_first_job_in_the_las_order_is_the_one_that_reserves() -> None:
+    # "served" was submitted first but had 2 GPU-hours: "new" is the VC's
+    # first job and reserves the busy node; "small", never run either, comes
+    # next and may not take the node's free GPUs; "served" is last.
+    queue = [req("served", 8, seq=1), req("new", 8, seq=2), req("small", 2, seq=3)]
+    result = run_plan({"a": 8}, queue, [Run("r", "default", {"a": 6}, cls=PROD)],
+                      attained={"served": served(2)}, las=LAS)
+    assert result.reservations == {"new": ("a",)}
+    assert result.positions == {"new": 1, "small": 2, "served": 3}
+    assert result.waiting["small"].reason == RESERVED
+
+
 def test_least_attained_service_can_be_switched_off() -> None:
     queue = [req("served", 4, seq=1), req("new", 4, seq=2)]
     assert list(placed(run_plan({"a": 4}, queue, attained={"served": served(20)},
