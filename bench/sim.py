@@ -6,10 +6,12 @@ The cluster, the running jobs and the queue are rebuilt as the policy's own
 snapshot types at every event; placements start jobs, preemptions stop
 their victims at the end of the grace period (the work since the start is
 lost: a pessimistic job that never checkpoints) and requeue them at their
-old place. One JSON line per policy: mean and p99 job completion time
-(JCT = end - submit), mean wait, GPU utilisation, preemptions, and per VC
-the share of its guarantee it held while it had work, each with a `ratio`
-against FIFO on the same trace.
+old place, with the GPU time they had attained (the policy's order within a
+class reads it, as the service reads it from the attempt records). One
+JSON line per policy: mean and p99 job completion time (JCT = end -
+submit), mean wait, GPU utilisation, preemptions, and per VC the share of
+its guarantee it held while it had work, each with a `ratio` against FIFO
+on the same trace.
 
 The workload (`generate`) is synthetic, shaped after what the published
 analyses of production deep-learning clusters report (Microsoft's Philly,
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.scheduler.core import Cluster, JobRequest, NodeFree, TaskRequest
-from services.scheduler.policy import Plan, RunningJob, fifo_plan, plan
+from services.scheduler.policy import Attained, Plan, RunningJob, fifo_plan, plan
 from shared.cluster import VcPolicy
 from shared.models import Allocation
 from shared.priority import PriorityClass
@@ -134,11 +136,12 @@ class Result:
     decisions: int = 0
 
 
-Policy = Callable[[Cluster, list[JobRequest], list[RunningJob], dict[str, VcPolicy], int], Plan]
+Policy = Callable[[Cluster, list[JobRequest], list[RunningJob], dict[str, VcPolicy], int,
+                   dict[str, Attained]], Plan]
 
 
 def _fifo(cluster: Cluster, queue: list[JobRequest], running: list[RunningJob],
-          vcs: dict[str, VcPolicy], now_ms: int) -> Plan:
+          vcs: dict[str, VcPolicy], now_ms: int, attained: dict[str, Attained]) -> Plan:
     return fifo_plan(cluster, queue)
 
 
@@ -154,6 +157,8 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
     queue: dict[str, tuple[TraceJob, int]] = {}  # waiting: job id -> (job, attempt)
     seq = {job.job_id: i for i, job in enumerate(trace)}
     running: dict[str, _Run] = {}
+    # job id -> the GPU time its ended attempts ran, and when it queued again
+    attained: dict[str, Attained] = {}
     result = Result(policy, arrivals_s=max((job.submit_s for job in trace), default=0.0))
     # (time, order, kind, job id, attempt): kinds "arrive", "end", "stop"
     events: list[tuple[float, int, str, str, int]] = []
@@ -181,6 +186,9 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
             elif kind == "stop":  # preempted: its work is lost, it queues again
                 _release(free, running.pop(job_id))
                 queue[job_id] = (run.job, attempt + 1)
+                before = attained.get(job_id, Attained()).gpu_ms
+                attained[job_id] = Attained(
+                    before + run.job.gpus * int((now - run.start_s) * 1000), int(now * 1000))
                 result.preemptions += 1
         if not queue:
             continue
@@ -193,7 +201,8 @@ def simulate(trace: Sequence[TraceJob], policy: str, *, nodes: int = NODES,
                                grace_ms=int(grace_s * 1000), preempted_by=r.preempted_by,
                                preempt_deadline_ms=int(r.deadline_s * 1000) or None)
                     for r in running.values()]
-        decided = decide(cluster, requests, snapshot, vcs, int(now * 1000))
+        decided = decide(cluster, requests, snapshot, vcs, int(now * 1000),
+                         {job_id: attained[job_id] for job_id in queue if job_id in attained})
         result.decisions += 1
         for placed in decided.placed:
             job, attempt = queue.pop(placed.request.job_id)

@@ -115,6 +115,23 @@ def _gpu_model(env: Mapping[str, str], gpus: int | None) -> str:
     return model or "virtual"
 
 
+def _thresholds(env: Mapping[str, str], name: str,
+                default: tuple[int, ...]) -> tuple[int, ...]:
+    """Comma-separated, strictly increasing positive whole numbers ("": none,
+    one queue for all)."""
+    if name not in env:
+        return default
+    raw = env[name]
+    try:
+        values = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be whole numbers separated by commas, "
+                          f"got {raw!r}") from None
+    if any(v <= 0 for v in values) or list(values) != sorted(set(values)):
+        raise ConfigError(f"{name} must be positive and increasing, got {raw!r}")
+    return values
+
+
 def _bool(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -314,6 +331,14 @@ class Settings:
     # The web portal's session cookie carries Secure: set it when users reach
     # the API over https (a proxy of the operator's), docs/portal.md.
     portal_secure_cookie: bool = False
+    # Least attained service within a priority class (docs/scheduling.md,
+    # "Order within a class"): the GPU-seconds a job's attained service must
+    # reach to drop to the next queue, how long a wait lifts a job one queue
+    # back, and whether a job still in a higher queue may preempt its own
+    # VC's running work of its class that has dropped lower.
+    las_thresholds_gpu_seconds: tuple[int, ...] = (3600, 36000)
+    las_starve_seconds: float = 7200.0
+    las_preempt: bool = True
 
     @property
     def default_fs_uri(self) -> str:
@@ -412,6 +437,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         or defaults.exec_slots_per_node,
         exec_answer_margin_seconds=_seconds(env, "PAI_EXEC_ANSWER_MARGIN_SECONDS",
                                             defaults.exec_answer_margin_seconds),
+        las_thresholds_gpu_seconds=_thresholds(env, "PAI_SCHEDULER_LAS_THRESHOLDS",
+                                               defaults.las_thresholds_gpu_seconds),
+        las_starve_seconds=_seconds(env, "PAI_SCHEDULER_LAS_STARVE_SECONDS",
+                                    defaults.las_starve_seconds),
+        las_preempt=_bool(env, "PAI_SCHEDULER_LAS_PREEMPT")
+        if env.get("PAI_SCHEDULER_LAS_PREEMPT", "").strip() else defaults.las_preempt,
     )
     parse_sentinel_url(settings.redis_url)  # a malformed Sentinel URL stops start-up here
     if settings.log_format not in ("text", "json"):

@@ -9,14 +9,18 @@ What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
 - **Order.** Guaranteed work is placed first, then work that borrows, so a
   job preempted to make room is never placed again ahead of the job it made
   room for. In each phase the VCs take turns, one job a turn, the VC using
-  the least of its guarantee first; within a VC, class then submit order
-  (`shared.priority.queue_order`), and once a VC's job waits to borrow, its
-  later jobs wait behind it rather than take the guarantee ahead of it.
+  the least of its guarantee first; within a VC, class, then least attained
+  service (`Las`: a job that already had much GPU time goes after those that
+  had little, and waiting lifts it back), then submit order; once a VC's job
+  waits to borrow, its later jobs wait behind it rather than take the
+  guarantee ahead of it.
 - **Preemption.** A guaranteed job that does not fit may take the place of
   borrowed work, or of its own VC's lower-class work: the fewest victims,
-  borrowed first, lowest class, youngest. Victims get a grace period; the
-  job waits for them on the nodes it will use (reserved meanwhile). A
-  victim is never chosen for a job that could itself be preempted.
+  borrowed first, lowest class, youngest; with `Las.preempt`, also its own
+  VC's work of its class that has had more GPU time, in its first attempt
+  (so a job loses at most one attempt that way). Victims get a grace
+  period; the job waits for them on the nodes it will use (reserved
+  meanwhile). No victim is chosen by lower-class or borrowed work.
 - **Reservations.** The first job of each VC that does not fit reserves the
   nodes it will use, and the share of its VC's guarantee it needs: later
   jobs of the pass backfill only on other nodes, and only as borrowers, so
@@ -37,6 +41,7 @@ trace with simulated time. Both run exactly this code.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,8 +57,9 @@ from services.scheduler.core import (
     place_some,
 )
 from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
+from shared.config import Settings
 from shared.models import Allocation, TaskPlacement
-from shared.priority import PriorityClass, queue_order
+from shared.priority import PriorityClass
 
 # Reason codes of a waiting job (jobStatus.waiting.reason)
 NO_NODES = "NoNodes"
@@ -71,6 +77,54 @@ NO_GUARANTEE = VcPolicy(0, True)  # a VC nobody configured
 
 
 @dataclass(frozen=True)
+class Attained:
+    """What a job has had of the cluster before its current attempt: GPU
+    time (GPUs x milliseconds run, over its ended attempts) and since when it
+    waits (its submit, or the end of its last attempt)."""
+
+    gpu_ms: int = 0
+    waiting_since_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Las:
+    """Least attained service within a class (Tiresias, NSDI'19: discretized
+    two-dimensional LAS, attained service = GPUs x time run).
+
+    A job's *level* is how many of `thresholds_gpu_ms` the GPU time it has
+    attained reaches (0: none, the first queue). A queued job's *queue* is
+    its level lowered by one for every `starve_ms` it has waited: within a
+    class lower queues go first, then submit order, so after waiting
+    `len(thresholds_gpu_ms) * starve_ms` a job is back in the first queue at
+    its submit place, and no job submitted after it passes it again.
+
+    `preempt`: a guaranteed job may also preempt running work of its own VC
+    and class in its first attempt whose level (by the GPU time of that
+    attempt so far) is above the job's own (not lifted by waiting): so a job
+    is preempted for less-served work at most once, and cannot starve that
+    way."""
+
+    thresholds_gpu_ms: tuple[int, ...] = ()
+    starve_ms: int = 1
+    preempt: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Las:
+        return cls(tuple(g * 1000 for g in settings.las_thresholds_gpu_seconds),
+                   max(1, int(settings.las_starve_seconds * 1000)), settings.las_preempt)
+
+    def level(self, gpu_ms: int) -> int:
+        return bisect.bisect_right(self.thresholds_gpu_ms, gpu_ms)
+
+    def queue_of(self, attained: Attained, now_ms: int) -> int:
+        waited = max(0, now_ms - attained.waiting_since_ms)
+        return max(0, self.level(attained.gpu_ms) - waited // self.starve_ms)
+
+
+DEFAULT_LAS = Las.from_settings(Settings())
+
+
+@dataclass(frozen=True)
 class RunningJob:
     """A placed job as the policy weighs it: what it holds and how it stands."""
 
@@ -85,6 +139,10 @@ class RunningJob:
     # Being preempted already: for whom, and when its grace period ends
     preempted_by: str = ""
     preempt_deadline_ms: int | None = None
+
+    def served_ms(self, now_ms: int) -> int:
+        """The GPU time this attempt has had so far (GPUs x milliseconds)."""
+        return self.gpus * max(0, now_ms - self.started_ms)
 
     @property
     def gpus(self) -> int:
@@ -168,10 +226,6 @@ def _could_hold(node: NodeFree, task: TaskRequest, gpu_type: str | None) -> bool
             and (not gpu_type or not task.gpus or gpu_type_matches(node.gpu_model, gpu_type)))
 
 
-def order_key(request: JobRequest) -> float:
-    return queue_order(request.priority, request.seq)
-
-
 class _Standing:
     """Per VC: its guarantee, what it holds, and its guaranteed GPUs by class."""
 
@@ -209,18 +263,24 @@ class _Standing:
 
 
 def plan(cluster: Cluster, queue: Sequence[JobRequest], running: Sequence[RunningJob],
-         vcs: Mapping[str, VcPolicy], now_ms: int) -> Plan:
+         vcs: Mapping[str, VcPolicy], now_ms: int,
+         attained: Mapping[str, Attained] | None = None, las: Las = DEFAULT_LAS) -> Plan:
     """One pass's decisions. `cluster` holds the free resources of the nodes
-    that may take work (live, schedulable) and is used up as jobs are placed."""
+    that may take work (live, schedulable) and is used up as jobs are placed.
+    `attained`: job id -> what a queued job has had (absent: a job that
+    never ran, waiting since its submit)."""
     with paused_gc():
-        return _Pass(cluster, queue, running, vcs, now_ms).run()
+        return _Pass(cluster, queue, running, vcs, now_ms, attained or {}, las).run()
 
 
 class _Pass:
     def __init__(self, cluster: Cluster, queue: Sequence[JobRequest],
                  running: Sequence[RunningJob], vcs: Mapping[str, VcPolicy],
-                 now_ms: int) -> None:
+                 now_ms: int, attained: Mapping[str, Attained] | None = None,
+                 las: Las = DEFAULT_LAS) -> None:
         self.cluster = cluster
+        self.attained = attained or {}
+        self.las = las
         self.queue = queue
         self.running = running
         self.now_ms = now_ms
@@ -300,7 +360,7 @@ class _Pass:
     def run(self) -> Plan:
         self._settle_standing()
         by_vc: dict[str, list[JobRequest]] = {}
-        for request in sorted(self.queue, key=order_key):
+        for request in sorted(self.queue, key=self._order):
             by_vc.setdefault(request.vc, []).append(request)
         # Guaranteed work first, then what borrows: a job preempted to make
         # room is never placed again ahead of the job it made room for.
@@ -309,6 +369,18 @@ class _Pass:
         self._turns(borrowing, self._borrowing)
         self._positions(by_vc)
         return self.out
+
+    def _level(self, request: JobRequest) -> int:
+        """The job's LAS level as its attained service stands (not lifted by
+        waiting: that orders the queue, it does not make a job a preemptor)."""
+        seen = self.attained.get(request.job_id)
+        return self.las.level(seen.gpu_ms) if seen is not None else 0
+
+    def _order(self, request: JobRequest) -> tuple[int, int, int]:
+        """Class, then least attained service (lifted by waiting), then submit order."""
+        seen = self.attained.get(request.job_id)
+        level = self.las.queue_of(seen, self.now_ms) if seen is not None else 0
+        return (PriorityClass.PROD - request.priority, level, request.seq)
 
     def _turns(self, by_vc: Mapping[str, list[JobRequest]],
                consider: Callable[[JobRequest, bool], bool]) -> None:
@@ -525,11 +597,15 @@ class _Pass:
 
     def _candidates(self, request: JobRequest) -> list[RunningJob]:
         """Who may make room for a guaranteed job: borrowed work anywhere,
-        and lower-class work of its own VC; borrowed first, then lowest class,
-        then youngest."""
+        lower-class work of its own VC, and (`Las.preempt`) its own VC's work
+        of its class at a higher level in its first attempt; borrowed first,
+        then lowest class, then youngest."""
+        las, now, level = self.las, self.now_ms, self._level(request)
         pool = [r for r in self.victim_pool
                 if self._mode(r) == BORROWED
-                or (r.vc == request.vc and r.priority < request.priority)]
+                or (r.vc == request.vc and r.priority < request.priority)
+                or (las.preempt and r.vc == request.vc and r.priority == request.priority
+                    and r.attempt == 0 and las.level(r.served_ms(now)) > level)]
         pool.sort(key=lambda r: (self._mode(r) != BORROWED, r.priority, -r.started_ms,
                                  r.job_id))
         return pool[:MAX_VICTIM_CANDIDATES]

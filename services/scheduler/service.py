@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request
-from services.scheduler.policy import Preemption, RunningJob
+from services.scheduler.policy import Attained, Las, Preemption, RunningJob
 from shared import gpuhealth, keys, retention, telemetry
 from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
@@ -39,6 +39,7 @@ from shared.lifecycle import (
 from shared.messaging import Messenger
 from shared.models import (
     Allocation,
+    Attempt,
     Job,
     JobSpec,
     Task,
@@ -61,6 +62,9 @@ STOP_RESEND_MS = 15_000
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
                   "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
 MAX_CACHED_SPECS = 100_000
+# Attained service counts a job's last this many ended attempts (a job retried
+# more often is in the last LAS queue long before)
+MAX_ATTEMPTS_READ = 32
 
 
 @dataclass
@@ -82,6 +86,10 @@ class Scheduler:
         # did not change since the last pass keeps its request (and the shapes
         # the core worked out for it).
         self._requests: dict[str, tuple[tuple[int, int, int], JobRequest]] = {}
+        # (job id, queue_seq, attempt) -> what a queued job's ended attempts
+        # attained: they never change (queue_seq tells a reused name apart)
+        self._attained: dict[tuple[str, int, int], Attained] = {}
+        self.las = Las.from_settings(settings)
 
     # ------------------------------------------------------------ passes
 
@@ -124,6 +132,31 @@ class Scheduler:
         for job, raw in zip(unparsed, pipe.execute(), strict=True):
             if raw:
                 self._specs[job] = JobSpec.from_config(json.loads(raw))
+
+    def _load_attained(self, queue: list[JobRequest]) -> dict[str, Attained]:
+        """What the queued jobs' ended attempts attained (GPUs x run time),
+        and since when each waits, from their attempt records: one round trip
+        for the retried or preempted jobs not read before (a job that never
+        ran attained nothing and is left out)."""
+        unread = [q for q in queue if q.attempt and (q.job_id, q.seq, q.attempt)
+                  not in self._attained]
+        if unread:
+            pipe = self.store.r.pipeline(transaction=False)
+            for q in unread:
+                first = max(0, q.attempt - MAX_ATTEMPTS_READ)
+                pipe.hmget(keys.job_attempts(q.job_id),
+                           [str(i) for i in range(first, q.attempt + 1)])
+            if len(self._attained) + len(unread) > MAX_CACHED_SPECS:
+                self._attained.clear()
+            for q, raws in zip(unread, pipe.execute(), strict=True):
+                attempts = [Attempt.from_dict(json.loads(raw)) if raw else None
+                            for raw in raws]
+                self._attained[q.job_id, q.seq, q.attempt] = Attained(
+                    sum(q.gpus * max(0, (a.completed_ms or 0) - a.started_ms)
+                        for a in attempts[:-1] if a is not None and a.started_ms),
+                    attempts[-1].created_ms if attempts[-1] is not None else 0)
+        return {q.job_id: self._attained[q.job_id, q.seq, q.attempt] for q in queue
+                if (q.job_id, q.seq, q.attempt) in self._attained}
 
     def _records(self, ids: list[str]) -> list[Job | None]:
         pipe = self.store.r.pipeline(transaction=False)
@@ -246,7 +279,8 @@ class Scheduler:
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
-        plan = policy.plan(cluster, queue, running, policies, now)
+        plan = policy.plan(cluster, queue, running, policies, now, self._load_attained(queue),
+                           self.las)
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()

@@ -508,3 +508,33 @@ def test_start_messages_lost_with_the_broker_are_sent_again_by_the_launch_lease(
     redis_client.zadd(keys.LAUNCHING, {"alice~placed:0:main:0": 1})  # its lease is due
     scheduler.retry_stale_launches()
     assert launcher_messages(redis_client, "n1") == [["alice~placed", 0, "main", 0]]
+
+@pytest.mark.parametrize(("waited_hours", "first"), [
+    pytest.param(0, "fresh", id="a retried job that had much GPU time goes after a new one"),
+    pytest.param(3, "served", id="until it has waited long enough: back at its submit place"),
+])
+def test_attained_service_comes_from_the_attempt_records(
+        store: Store, scheduler: Scheduler, waited_hours: int, first: str) -> None:
+    add_node(store, gpus=4)
+    served = submit_job(store, "alice", config("served", gpus=4, retry=1))
+    scheduler.run_pass()
+    mark_task_running(store, served.id, 0, "main", 0, "c1")
+    # its first attempt ran two hours on 4 GPUs: 8 GPU-hours, past the first
+    # threshold (1 GPU-hour) and below the second (10)
+    ran = store.read_attempt(store.r, served.id, 0) or pytest.fail()
+    ran.started_ms = now_ms() - 2 * 3_600_000
+    store.r.hset(keys.job_attempts(served.id), "0", json.dumps(ran.to_dict()))
+    report = record_task_exit(store, served.id, 0, "main", 0, exit_code=1)
+    assert report is not None and report.retried
+    if waited_hours:  # its retry has waited since then (the wait lifts it a queue per 2 h)
+        retry = store.read_attempt(store.r, served.id, 1) or pytest.fail()
+        retry.created_ms = now_ms() - waited_hours * 3_600_000
+        store.r.hset(keys.job_attempts(served.id), "1", json.dumps(retry.to_dict()))
+    fresh = submit_job(store, "bob", config("fresh", gpus=4))
+
+    scheduler.task_ended(served.id, 0, "main", 0)
+
+    ids = {"served": (served.id, 1), "fresh": (fresh.id, 0)}
+    started = {name for name, (job_id, attempt) in ids.items()
+               if store.get_tasks(job_id, attempt)[0].state == TaskState.LAUNCHING}
+    assert started == {first}

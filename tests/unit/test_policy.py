@@ -13,17 +13,21 @@ from hypothesis import strategies as st
 
 from services.scheduler.core import Cluster, JobRequest, NodeFree, PortRequest, TaskRequest
 from services.scheduler.policy import (
+    DEFAULT_LAS,
     NO_GPU_TYPE,
     PREEMPTING,
     QUOTA,
     RESERVED,
     UNSCHEDULABLE,
+    Attained,
+    Las,
     Plan,
     RunningJob,
     fifo_plan,
     plan,
 )
 from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches, vc_policies
+from shared.config import ConfigError, load_settings
 from shared.models import Allocation
 from shared.priority import PriorityClass, queue_order
 
@@ -51,6 +55,7 @@ class Run:
     cls: PriorityClass = TEST
     started: int = 0
     preempted_by: str = ""
+    attempt: int = 0
 
 
 def scenario(nodes: dict[str, int], runs: Sequence[Run] = (), *, model: str = "",
@@ -67,7 +72,8 @@ def scenario(nodes: dict[str, int], runs: Sequence[Run] = (), *, model: str = ""
                                           0, 0, ()))
         running.append(RunningJob(run.job_id, run.vc, run.cls, run.mode, run.started,
                                   tuple(allocations), preempted_by=run.preempted_by,
-                                  preempt_deadline_ms=NOW + 5000 if run.preempted_by else None))
+                                  preempt_deadline_ms=NOW + 5000 if run.preempted_by else None,
+                                  attempt=run.attempt))
     cluster = Cluster(NodeFree(name, "127.0.0.1", free[name], 64, 64_000, PORTS,
                                gpu_model=model, gpu_groups=groups,
                                all_gpus=tuple(range(count)), cpus=64, memory_mb=64_000)
@@ -76,10 +82,12 @@ def scenario(nodes: dict[str, int], runs: Sequence[Run] = (), *, model: str = ""
 
 
 def run_plan(nodes: dict[str, int], queue: Sequence[JobRequest], runs: Sequence[Run] = (),
-             vcs: dict[str, VcPolicy] | None = None, **node_options: object) -> Plan:
+             vcs: dict[str, VcPolicy] | None = None, *,
+             attained: dict[str, Attained] | None = None, las: Las = DEFAULT_LAS,
+             **node_options: object) -> Plan:
     cluster, running = scenario(nodes, runs, **node_options)  # type: ignore[arg-type]
     return plan(cluster, queue, running, vcs or {"default": VcPolicy(sum(nodes.values()))},
-                NOW)
+                NOW, attained, las)
 
 
 def placed(result: Plan) -> dict[str, str]:
@@ -328,6 +336,147 @@ def test_without_reservations_fifo_holds_everything_behind_the_head() -> None:
     assert not result.placed
 
 
+# ----------------------------------------- least attained service (Tiresias)
+
+HOUR = 3_600_000
+LAS = Las((HOUR, 10 * HOUR), starve_ms=2 * HOUR, preempt=True)
+
+
+def served(gpu_hours: float, waited_hours: float = 0) -> Attained:
+    """A queued job that ran `gpu_hours` GPU-hours in ended attempts and has
+    waited `waited_hours` since its last one ended."""
+    return Attained(int(gpu_hours * HOUR), NOW - int(waited_hours * HOUR))
+
+
+LAS_ORDER_CASES = [
+    pytest.param([req("served", 4, seq=1), req("new", 4, seq=2)], {"served": served(2)},
+                 ["new"], id="within a class, the job with less GPU time goes first"),
+    pytest.param([req("served", 4, seq=1), req("new", 4, seq=2)], {"served": served(0.5)},
+                 ["served"], id="below the first threshold, submit order"),
+    pytest.param([req("much", 4, seq=1), req("some", 4, seq=2)],
+                 {"much": served(20), "some": served(2)},
+                 ["some"], id="the lower of two served queues goes first"),
+    pytest.param([req("served", 4, seq=1, cls=PROD), req("new", 4, seq=2)],
+                 {"served": served(20)},
+                 ["served"], id="the class still comes before attained service"),
+    pytest.param([req("served", 4, seq=1), req("new", 4, seq=2)], {"served": served(2, 2)},
+                 ["served"], id="a wait of starve_ms lifts it one queue, to its submit place"),
+    pytest.param([req("served", 4, seq=1), req("new", 4, seq=2)], {"served": served(20, 2)},
+                 ["new"], id="one queue per starve_ms: the second is still above"),
+    pytest.param([req("served", 4, seq=1), req("new", 4, seq=2)], {"served": served(20, 4)},
+                 ["served"], id="after starve_ms per threshold, back at its submit place"),
+]
+
+
+@pytest.mark.parametrize(("queue", "attained", "expected"), LAS_ORDER_CASES)
+def test_least_attained_service_orders_a_class(queue: list[JobRequest],
+                                                attained: dict[str, Attained],
+                                                expected: list[str]) -> None:
+    # one 4-GPU node: only the first job in the order starts
+    result = run_plan({"a": 4}, queue, attained=attained, las=LAS)
+    assert list(placed(result)) == expected
+    assert [j for j, _ in sorted(result.positions.items(), key=lambda kv: kv[1])] == \
+        [r.job_id for r in queue if r.job_id not in expected]
+
+
+LAS_PREEMPT_CASES = [
+    pytest.param([Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8)], {},
+                 {"long": "new"},
+                 id="a new job preempts its VC's work of its class that had more GPU time"),
+    pytest.param([Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8, attempt=1)],
+                 {}, {}, id="but only in the victim's first attempt: once per job"),
+    pytest.param([Run("short", "default", {"a": 8}, started=NOW - HOUR // 16)], {}, {},
+                 id="not work still in the first queue"),
+    pytest.param([Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8)],
+                 {"new": served(1.5)}, {}, id="not for a job at the same level"),
+    pytest.param([Run("long", "research", {"a": 8}, started=NOW - 2 * HOUR // 8)], {}, {},
+                 id="not another VC's guaranteed work"),
+    pytest.param([Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8, cls=PROD)],
+                 {}, {}, id="not a higher class"),
+]
+
+
+@pytest.mark.parametrize(("runs", "attained", "expected"), LAS_PREEMPT_CASES)
+def test_least_attained_service_preemption(runs: list[Run], attained: dict[str, Attained],
+                                           expected: dict[str, str]) -> None:
+    # default is guaranteed 16 on one 8-GPU node: "new" fits its guarantee, not the node
+    vcs = {"default": VcPolicy(16), "research": VcPolicy(8)}
+    result = run_plan({"a": 8}, [req("new", 8, seq=9)], runs, vcs, attained=attained, las=LAS)
+    assert preempted(result) == expected
+    assert not result.placed
+    if expected:
+        assert result.waiting["new"].reason == PREEMPTING
+
+
+def test_the_first_job_in_the_las_order_is_the_one_that_reserves() -> None:
+    # "served" was submitted first but had 2 GPU-hours: "new" is the VC's
+    # first job and reserves the busy node; "small", never run either, comes
+    # next and may not take the node's free GPUs; "served" is last.
+    queue = [req("served", 8, seq=1), req("new", 8, seq=2), req("small", 2, seq=3)]
+    result = run_plan({"a": 8}, queue, [Run("r", "default", {"a": 6}, cls=PROD)],
+                      attained={"served": served(2)}, las=LAS)
+    assert result.reservations == {"new": ("a",)}
+    assert result.positions == {"new": 1, "small": 2, "served": 3}
+    assert result.waiting["small"].reason == RESERVED
+
+
+def test_least_attained_service_can_be_switched_off() -> None:
+    queue = [req("served", 4, seq=1), req("new", 4, seq=2)]
+    assert list(placed(run_plan({"a": 4}, queue, attained={"served": served(20)},
+                                las=Las()))) == ["served"]
+    runs = [Run("long", "default", {"a": 8}, started=NOW - 2 * HOUR // 8)]
+    off = Las(LAS.thresholds_gpu_ms, LAS.starve_ms, preempt=False)
+    assert not run_plan({"a": 8}, [req("new", 8)], runs, {"default": VcPolicy(16)},
+                        las=off).preempt
+
+
+def test_the_order_comes_from_the_settings() -> None:
+    settings = load_settings({"PAI_SCHEDULER_LAS_THRESHOLDS": "60,600",
+                              "PAI_SCHEDULER_LAS_STARVE_SECONDS": "30",
+                              "PAI_SCHEDULER_LAS_PREEMPT": "no"})
+    assert Las.from_settings(settings) == Las((60_000, 600_000), 30_000, False)
+    assert Las.from_settings(load_settings({})) == DEFAULT_LAS
+    assert DEFAULT_LAS.thresholds_gpu_ms and DEFAULT_LAS.preempt
+    for bad in ("600,60", "-1", "1h", "60,60"):
+        with pytest.raises(ConfigError, match="PAI_SCHEDULER_LAS_THRESHOLDS"):
+            load_settings({"PAI_SCHEDULER_LAS_THRESHOLDS": bad})
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpu_ms=st.integers(0, 100 * HOUR), since=st.integers(0, NOW),
+       waits=st.lists(st.integers(0, 20 * HOUR), min_size=2, max_size=6))
+def test_a_queued_jobs_queue_only_improves_with_its_wait(gpu_ms: int, since: int,
+                                                         waits: list[int]) -> None:
+    seen = Attained(gpu_ms, since)
+    queues = [LAS.queue_of(seen, since + w) for w in sorted(waits)]
+    assert queues == sorted(queues, reverse=True)
+    assert queues[0] <= LAS.level(gpu_ms)
+    bound = since + len(LAS.thresholds_gpu_ms) * LAS.starve_ms
+    assert LAS.queue_of(seen, bound) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(served_ms=st.integers(0, 30 * HOUR), late=st.integers(0, 10 * HOUR),
+       later=st.integers(0, 10 * HOUR))
+def test_nothing_starves_a_waiting_jobs_position_only_improves(
+        served_ms: int, late: int, later: int) -> None:
+    # Nothing can start (a prod job of another VC holds the only node); "x",
+    # served some, waits among jobs that never ran, submitted before and after it.
+    queue = [req(f"q{i}", 1, seq=2 * i) for i in range(4)] + [req("x", 1, seq=3)]
+    attained = {"x": Attained(served_ms, NOW)}
+    vcs = {"default": VcPolicy(8), "other": VcPolicy(8)}
+    runs = [Run("prod", "other", {"a": 8}, cls=PROD)]
+    positions = []
+    for wait in sorted((0, late, late + later, 2 * LAS.starve_ms)):
+        cluster, running = scenario({"a": 8}, runs)
+        result = plan(cluster, queue, running, vcs, NOW + wait, attained, LAS)
+        assert not result.placed and not result.preempt
+        positions.append(result.positions["x"])
+    assert positions == sorted(positions, reverse=True)
+    # waited long enough, only the jobs submitted before it are ahead of it
+    assert positions[-1] <= 1 + sum(1 for r in queue if r.seq < 3)
+
+
 # --------------------------------------------------------------- placement
 
 def test_a_failed_fit_does_not_hold_back_a_job_alike_but_for_its_ports() -> None:
@@ -378,9 +527,12 @@ def test_a_gang_lands_on_as_few_nodes_as_it_can() -> None:
 
 # ----------------------------------------------------------------- properties
 
+World = tuple[dict[str, int], list[Run], list[JobRequest], dict[str, VcPolicy],
+              dict[str, Attained]]
+
+
 @st.composite
-def worlds(draw: st.DrawFn) -> tuple[dict[str, int], list[Run], list[JobRequest],
-                                     dict[str, VcPolicy]]:
+def worlds(draw: st.DrawFn) -> World:
     nodes = {f"n{i}": draw(st.integers(1, 8)) for i in range(draw(st.integers(1, 4)))}
     vcs = ["default", "a", "b"]
     left = dict(nodes)
@@ -394,23 +546,25 @@ def worlds(draw: st.DrawFn) -> tuple[dict[str, int], list[Run], list[JobRequest]
         runs.append(Run(f"run{i}", draw(st.sampled_from(vcs)), {name: count},
                         mode=draw(st.sampled_from([GUARANTEED, BORROWED])),
                         cls=draw(st.sampled_from(list(PriorityClass))),
-                        started=draw(st.integers(0, 100))))
+                        started=draw(st.integers(0, NOW)),
+                        attempt=draw(st.sampled_from([0, 0, 1]))))
     queue = [req(f"q{i}", draw(st.integers(0, 8)), vc=draw(st.sampled_from(vcs)),
                  cls=draw(st.sampled_from(list(PriorityClass))), seq=i,
                  tasks=draw(st.integers(1, 3)))
              for i in range(draw(st.integers(1, 8)))]
     policies = {vc: VcPolicy(draw(st.integers(0, 8)), draw(st.booleans())) for vc in vcs}
-    return nodes, runs, queue, policies
+    attained = {r.job_id: Attained(draw(st.integers(0, 20 * HOUR)), draw(st.integers(0, NOW)))
+                for r in queue if draw(st.booleans())}
+    return nodes, runs, queue, policies, attained
 
 
 @settings(max_examples=300, deadline=None)
 @given(world=worlds())
-def test_properties_of_a_pass(world: tuple[dict[str, int], list[Run], list[JobRequest],
-                                            dict[str, VcPolicy]]) -> None:
-    nodes, runs, queue, vcs = world
+def test_properties_of_a_pass(world: World) -> None:
+    nodes, runs, queue, vcs, attained = world
     cluster, running = scenario(nodes, runs)
     free = {name: set(n.free_gpus) for name, n in cluster.nodes.items()}
-    result = plan(cluster, queue, running, vcs, NOW)
+    result = plan(cluster, queue, running, vcs, NOW, attained, LAS)
 
     # every job is decided once: placed or waiting
     ids = [p.request.job_id for p in result.placed]
@@ -431,7 +585,8 @@ def test_properties_of_a_pass(world: tuple[dict[str, int], list[Run], list[JobRe
         for p in result.placed[result.reserved_after[job_id]:]:
             assert not {t.node for t in p.placements} & set(names), "a reservation was taken"
     # preemption: only for guaranteed-eligible work, only of borrowed or the
-    # same VC's lower classes, each victim once, never one already leaving
+    # same VC's lower classes (or, least attained service, of its class at a
+    # higher level, in a first attempt), each victim once, never one already leaving
     by_id = {r.job_id: r for r in running}
     victims = [p.victim.job_id for p in result.preempt]
     assert len(victims) == len(set(victims)), "a job was preempted twice"
@@ -441,8 +596,12 @@ def test_properties_of_a_pass(world: tuple[dict[str, int], list[Run], list[JobRe
         assert not victim.preempted_by
         assert winner.priority != OPPO, "opportunistic work preempted someone"
         mode = result.modes.get(victim.job_id, victim.mode)
-        assert mode == BORROWED or (victim.vc == winner.vc
-                                    and victim.priority < winner.priority), \
+        level = LAS.level(attained.get(winner.job_id, Attained()).gpu_ms)
+        las_victim = (victim.vc == winner.vc and victim.priority == winner.priority
+                      and victim.attempt == 0
+                      and LAS.level(victim.served_ms(NOW)) > level)
+        assert mode == BORROWED or las_victim or (victim.vc == winner.vc
+                                                  and victim.priority < winner.priority), \
             "guaranteed work was preempted for borrowed or equal work"
         assert result.waiting[p.by].reason == PREEMPTING
     # borrowed placements never ask anyone to leave; guaranteed ones fit the guarantee

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import sim
+from services.scheduler.policy import DEFAULT_LAS
 from shared.cluster import VcPolicy
 from shared.priority import PriorityClass
 
@@ -63,3 +64,18 @@ def test_the_report_has_one_line_per_policy_with_ratios_against_fifo() -> None:
     assert [line["policy"] for line in lines] == list(sim.POLICIES)
     assert lines[0]["ratio"]["mean_jct_s"] == 1.0
     assert lines[1]["ratio"]["mean_jct_s"] == lines[1]["mean_jct_s"] / lines[0]["mean_jct_s"]
+
+
+def test_a_preempted_job_that_had_much_gpu_time_goes_after_a_new_one() -> None:
+    # One 8-GPU node, research and default guaranteed 4 each. "long" borrows
+    # all 8 GPUs; research's "owner" preempts it at 1000, and it stops at
+    # 1030 having had 8 x 1030 GPU-seconds, past the first LAS threshold.
+    # When "owner" ends, "fresh" (submitted after "long", never run) goes
+    # first: least attained service; "long" starts again from scratch after it.
+    assert DEFAULT_LAS.thresholds_gpu_ms[0] <= 8 * 1030 * 1000
+    trace = [job("long", 0, 8, 10_000), job("owner", 1000, 4, 100, vc="research"),
+             job("fresh", 1010, 8, 100)]
+    vcs = {"research": VcPolicy(4), "default": VcPolicy(4)}
+    result = sim.simulate(trace, "pai", nodes=1, vcs=vcs, grace_s=30)
+    assert result.preemptions == 1
+    assert result.jct == {"owner": 1130 - 1000, "fresh": 1230 - 1010, "long": 11_230}
