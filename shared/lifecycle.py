@@ -49,6 +49,21 @@ def submit_job(store: Store, username: str, config: dict[str, Any], *,
                user_id: str = "") -> Job:
     """Store a validated config as a WAITING job with attempt 0 queued;
     `user_id` is the owner's immutable id (accounts.User.uid)."""
+    return queue_new_job(store, username, config, user_id=user_id, request_pass=False).job
+
+
+@dataclass(frozen=True)
+class Queued:
+    job: Job
+    # This submit set the pass flag (see `claim_pass_request`): it sends the
+    # scheduler its "schedule" message.
+    pass_claimed: bool
+
+
+def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
+                  user_id: str = "", request_pass: bool = True) -> Queued:
+    """`submit_job`, and with `request_pass` the pass flag claimed in the
+    same atomic write (one round trip: the API's submit path)."""
     spec = JobSpec.from_config(config)
     created = now_ms()
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
@@ -56,7 +71,9 @@ def submit_job(store: Store, username: str, config: dict[str, Any], *,
               gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles),
               user_id=user_id, priority=spec.priority_class)
     attempt = Attempt(index=0, created_ms=created)
-    return store.create_job(job, config, initial_tasks(spec), attempt)
+    stored, claimed = store.insert_job(job, config, initial_tasks(spec), attempt,
+                                       pass_request_ms=PASS_REQUEST_TTL_MS if request_pass else 0)
+    return Queued(stored, claimed)
 
 
 def _clear_placement(job: Job) -> None:

@@ -31,7 +31,7 @@ from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, ValidatedConfig, validate_job_config
 from shared.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
-from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
+from shared.lifecycle import delete_job, queue_new_job, request_stop
 from shared.models import Job, JobSpec, Node, job_id_of
 from shared.priority import PriorityClass
 from shared.retention import remove_logs
@@ -223,11 +223,14 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     if request.args.get("dryRun", "").lower() in ("1", "true"):
         return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
     try:
-        job = submit_job(pai.store, username, stored, user_id=owner.uid)
+        # One round trip: the job, its indexes, its queue place, its event and
+        # the scheduler's pass flag (shared/store.py `insert_job`).
+        queued = queue_new_job(pai.store, username, stored, user_id=owner.uid)
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None
+    job = queued.job
     try:
-        if claim_pass_request(pai.store):
+        if queued.pass_claimed:
             pai.messenger.schedule()
     except (RedisError, OperationalError) as error:
         # The job is stored and queued: the scheduler's periodic pass places
