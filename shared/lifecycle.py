@@ -35,7 +35,7 @@ from shared.models import (
     task_key,
 )
 from shared.states import JobState, TaskState, check_task_move
-from shared.store import Pipe, Store
+from shared.store import Expect, Pipe, Store
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
@@ -61,9 +61,11 @@ class Queued:
 
 
 def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
-                  user_id: str = "", request_pass: bool = True) -> Queued:
+                  user_id: str = "", request_pass: bool = True,
+                  expectations: Sequence[Expect] = ()) -> Queued:
     """`submit_job`, and with `request_pass` the pass flag claimed in the
-    same atomic write (one round trip: the API's submit path)."""
+    same atomic write (one round trip: the API's submit path); nothing is
+    written unless every expectation holds (ExpectationFailed)."""
     spec = JobSpec.from_config(config)
     created = now_ms()
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
@@ -72,7 +74,8 @@ def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
               user_id=user_id, priority=spec.priority_class)
     attempt = Attempt(index=0, created_ms=created)
     stored, claimed = store.insert_job(job, config, initial_tasks(spec), attempt,
-                                       pass_request_ms=PASS_REQUEST_TTL_MS if request_pass else 0)
+                                       pass_request_ms=PASS_REQUEST_TTL_MS if request_pass else 0,
+                                       expectations=expectations)
     return Queued(stored, claimed)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -64,6 +65,35 @@ class NodeNotFound(StoreError):
 
 class Contention(StoreError):
     """A transaction lost its compare-and-set too many times in a row."""
+
+
+class ExpectationFailed(StoreError):
+    """Something a write was decided on changed before it: nothing was
+    written; decide again on fresh reads."""
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One condition a conditional write holds to, checked atomically with it."""
+
+    kind: str  # "equal" | "absent" | "below"
+    key: str
+    field: str = ""
+    value: str = ""
+
+    @classmethod
+    def field_equals(cls, key: str, field: str, value: str) -> Expect:
+        """The hash `key` has `field` set to exactly `value`."""
+        return cls("equal", key, field, value)
+
+    @classmethod
+    def key_absent(cls, key: str) -> Expect:
+        return cls("absent", key)
+
+    @classmethod
+    def number_below(cls, key: str, value: int) -> Expect:
+        """The string `key` holds a number below `value` (a missing key is 0)."""
+        return cls("below", key, value=str(value))
 
 
 POOL_SIZE = 100  # redis-py's default
@@ -152,7 +182,7 @@ class Store:
 
     def insert_job(
         self, job: Job, config: dict[str, Any], tasks: Sequence[Task], attempt: Attempt,
-        *, pass_request_ms: int = 0,
+        *, pass_request_ms: int = 0, expectations: Sequence[Expect] = (),
     ) -> tuple[Job, bool]:
         """`create_job` in one round trip (`_CREATE_JOB`, one conditional
         script); with `pass_request_ms`, it also sets the scheduler's pass
@@ -164,6 +194,10 @@ class Store:
         for byte) and returns it; anyone else's job of that name is a
         JobConflict. So a connection error is waited out and the script run
         again, as `transact` re-runs a transaction.
+
+        `expectations` are what the caller decided on (records it read
+        earlier, or remembered): they are checked in the same atomic step,
+        and if one does not hold nothing is written (ExpectationFailed).
         """
         stored_config = json.dumps(config, separators=(",", ":"))
         fields = job.to_fields()
@@ -173,7 +207,9 @@ class Store:
             job.id, job.created_ms, stored_config, attempt.index,
             json.dumps(attempt.to_dict(), separators=(",", ":")),
             queue_order(PriorityClass.parse(job.priority), 0), now_ms(), EVENTS_MAX_LEN,
-            pass_request_ms, len(task_fields)]
+            pass_request_ms, len(task_fields), len(expectations)]
+        for expect in expectations:
+            args.extend((expect.kind, expect.field, expect.value))
         for pair in (*task_fields.items(), *fields.items()):
             args.extend(pair)
         script_keys = [
@@ -181,13 +217,15 @@ class Store:
             keys.job_attempts(job.id), keys.state_jobs(job.state), keys.JOBS,
             keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster), keys.QUEUE,
             keys.vc_queue(job.virtual_cluster), keys.job_events(job.id), keys.QUEUE_SEQ,
-            keys.PASS_REQUESTED]
+            keys.PASS_REQUESTED, *(expect.key for expect in expectations)]
         if self._create_job is None:
             self._create_job = self.r.register_script(_CREATE_JOB)
         script = self._create_job
         reply = ride_through(lambda: script(keys=script_keys, args=args),
                              failover_seconds(self.r))
         outcome, claimed = reply[0], bool(reply[1])
+        if outcome == "changed":
+            raise ExpectationFailed(f"what job {job.id} was decided on changed")
         if outcome == "taken":
             raise JobConflict(f"job {job.name} already exists for user {job.username}")
         if outcome == "own":  # this very submit, committed before its reply was lost
@@ -587,15 +625,32 @@ def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
 #   VC's jobs, queue, VC's queue, events, queue sequence, pass flag.
 # ARGV: job id, created ms, config JSON, attempt index, attempt JSON, VC
 #   queue score without the sequence, event time, events bound, pass flag ms
-#   (0: leave it), number of task fields, then task field/value pairs, then
-#   the job's field/value pairs (queue_seq is the script's).
+#   (0: leave it), number of task fields, number of expectations, then each
+#   expectation's kind, field and value (its key is KEYS[13 + i]), then task
+#   field/value pairs, then the job's field/value pairs (queue_seq is the
+#   script's).
 # Returns {"new", claimed, queue_seq} | {"own", claimed, field, value, ...} |
-#   {"taken", 0}; claimed is 1 when this call set the pass flag.
+#   {"taken", 0} | {"changed", 0}; claimed is 1 when this call set the pass
+#   flag, "changed" when an expectation did not hold (nothing written).
 _CREATE_JOB = """#!lua
 local function claim()
   if ARGV[9] == '0' then return 0 end
   if redis.call('SET', KEYS[13], '1', 'NX', 'PX', ARGV[9]) then return 1 end
   return 0
+end
+local expected = tonumber(ARGV[11])
+for i = 1, expected do
+  local kind, field, value = ARGV[9 + 3 * i], ARGV[10 + 3 * i], ARGV[11 + 3 * i]
+  local key = KEYS[13 + i]
+  local holds
+  if kind == 'equal' then
+    holds = redis.call('HGET', key, field) == value
+  elseif kind == 'absent' then
+    holds = redis.call('EXISTS', key) == 0
+  else -- 'below'
+    holds = tonumber(redis.call('GET', key) or '0') < tonumber(value)
+  end
+  if not holds then return {'changed', 0} end
 end
 local id, created = ARGV[1], ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -608,10 +663,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return {'taken', 0}
 end
 local seq = redis.call('INCR', KEYS[12])
-local tasks_end = 10 + 2 * tonumber(ARGV[10])
+local tasks_start = 12 + 3 * expected
+local tasks_end = tasks_start - 1 + 2 * tonumber(ARGV[10])
 redis.call('SET', KEYS[2], ARGV[3])
-if tasks_end > 10 then
-  redis.call('HSET', KEYS[3], unpack(ARGV, 11, tasks_end))
+if tasks_end >= tasks_start then
+  redis.call('HSET', KEYS[3], unpack(ARGV, tasks_start, tasks_end))
 end
 redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
 redis.call('HSET', KEYS[1], 'queue_seq', seq, unpack(ARGV, tasks_end + 1, #ARGV))
@@ -625,6 +681,8 @@ redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'submitted',
   'time', ARGV[7], 'attempt', ARGV[4])
 return {'new', claim(), seq}
 """
+
+
 
 
 
