@@ -24,6 +24,7 @@ Also printed: CPU milliseconds per request of each server's processes
 Environment:
 - PAI_BENCH_SUBMITS: measured submits per server (default 10,000);
 - PAI_BENCH_ROUNDS: floor/pai-api pairs, alternating (default 1);
+- PAI_BENCH_API_WORKERS: PAI_API_WORKERS for both servers (default: its default);
 - PAI_BENCH_PYSPY: a path prefix; py-spy records pai-api's processes during
   the (last) measured round into `<prefix>.raw` (collapsed stacks, what
   flame graph tools read).
@@ -348,6 +349,8 @@ def run() -> Figures:
     with throwaway_redis() as url, tempfile.TemporaryDirectory(prefix="pai-bench-") as tmp:
         work = Path(tmp)
         env = platform_env(url, work, node=f"bench-{run_id()}")
+        if os.environ.get("PAI_BENCH_API_WORKERS"):  # both servers: they share the settings
+            env["PAI_API_WORKERS"] = os.environ["PAI_BENCH_API_WORKERS"]
         with running(env, work, services=("api",)) as pai, \
                 running_floor(env, work) as (floor_port, floor_pid):
             store = Store.from_url(url)
@@ -379,7 +382,7 @@ def run() -> Figures:
         "client": f"1 process, asyncio, {CLIENTS} keep-alive connections, "
                   f"{per_client * CLIENTS} submits per server per round",
         "server": "the pai-api entry point's gunicorn settings (services/api/serving.py), "
-                  "for both",
+                  f"for both; PAI_API_WORKERS={env.get('PAI_API_WORKERS', 'default')}",
         "load average at the end": " ".join(f"{x:.2f}" for x in load_average),
         "jobs stored": stored,
         "POST /api/v1/user/alice/jobs": table,

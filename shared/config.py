@@ -297,6 +297,7 @@ class Settings:
     login_window_seconds: float = 900.0
     api_trust_forwarded_for: bool = False
     api_worker_connections: int = 1000
+    api_workers: int = 2  # PAI_API_WORKERS: gunicorn processes (docs/performance.md)
 
     @property
     def default_fs_uri(self) -> str:
@@ -384,6 +385,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         api_worker_connections=_int(env, "PAI_API_WORKER_CONNECTIONS",
                                     defaults.api_worker_connections)
         or defaults.api_worker_connections,
+        api_workers=_int(env, "PAI_API_WORKERS", defaults.api_workers) or defaults.api_workers,
     )
     parse_sentinel_url(settings.redis_url)  # a malformed Sentinel URL stops start-up here
     if settings.log_format not in ("text", "json"):
