@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
-from flask import Blueprint, Response, current_app, request, stream_with_context
+from flask import Blueprint, Response, current_app, g, request, stream_with_context
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -187,7 +187,8 @@ def _vc_for_submit(name: str, remembered: bool,
     cache = current_app.extensions.setdefault(VCS_EXTENSION, {})
     now = time.monotonic()
     found = cache.get(name) if remembered else None
-    if found is None or found[1] <= now:
+    g.vc_remembered = found is not None and found[1] > now
+    if found is None or not g.vc_remembered:
         vc = Accounts(platform().store).get_vc(name)
         if vc is not None:
             cache[name] = (vc, now + VC_FRESH_SECONDS)
@@ -224,13 +225,23 @@ def _known_nodes() -> list[Node]:
 
 def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     """Decide on what this process remembers (the token check, the VC) with
-    the write holding to it; if any of it changed, decide again on fresh
-    reads (services/api/auth.py `authenticate`)."""
-    try:
-        return _submit_decided(username, body, remembered=True)
-    except ExpectationFailed:
+    the write holding to it (services/api/auth.py `authenticate`). What is
+    not written does not hold to anything, so a refusal decided on
+    remembered records, and a dry run, are decided again on fresh reads: a
+    VC granted a moment ago is usable, a revoked token answers 401."""
+    if request.args.get("dryRun", "").lower() not in ("1", "true"):
+        try:
+            return _submit_decided(username, body, remembered=True)
+        except ExpectationFailed:
+            pass
+        except ApiError as error:
+            # a 409 comes from the write itself, once everything held
+            if error.status == 409 or not (g.get("token_remembered")
+                                           or g.get("vc_remembered")):
+                raise
+    if g.get("token_remembered"):
         reverify()  # 401 if the token no longer holds
-        return _submit_decided(username, body, remembered=False)
+    return _submit_decided(username, body, remembered=False)
 
 
 def _submit_decided(username: str, body: Any,

@@ -121,3 +121,25 @@ def test_a_submit_with_nothing_changed_reads_no_user_token_or_vc_record(
         assert alice.post("/api/v1/user/alice/jobs", json=job("second")).status_code == 202
         after = _calls(operator)
     assert after == {**before, "evalsha": before["evalsha"] + 1}
+
+
+def test_a_refusal_decided_on_remembered_records_is_decided_again(
+        alice: AuthedClient, admin: AuthedClient) -> None:
+    """A refusal writes nothing, so it holds to nothing: a VC granted since
+    the token check was remembered is usable at once."""
+    assert alice.post("/api/v1/user/alice/jobs", json=job("first")).status_code == 202
+    assert admin.put("/api/v1/virtual-clusters/audio", json={}).status_code == 201
+    other = config("second", virtualCluster="audio")
+    assert error_of(alice.post("/api/v1/user/alice/jobs", json=other), 403) \
+        == "ForbiddenUserError"
+    assert admin.put("/api/v1/user/alice/virtualClusters",
+                     json={"virtualClusters": ["default", "vision", "audio"]}).status_code == 200
+    assert alice.post("/api/v1/user/alice/jobs", json=other).status_code == 202
+
+
+def test_a_dry_run_after_logout_is_refused(alice: AuthedClient) -> None:
+    """A dry run writes nothing to hold to the token check: it reads afresh."""
+    assert alice.post("/api/v1/user/alice/jobs", json=job("first")).status_code == 202
+    assert alice.delete("/api/v1/token").status_code == 200
+    resp = alice.post("/api/v1/user/alice/jobs?dryRun=true", json=job("second"))
+    assert error_of(resp, 401) == "UnauthorizedUserError"
