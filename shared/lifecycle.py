@@ -372,7 +372,8 @@ def claim_pass_request(store: Store) -> bool:
     the queue, so a job queued while the flag was set is seen by the pass the
     pending message starts. The flag expires, so a lost message delays jobs by
     at most PASS_REQUEST_TTL_MS (and the scheduler's periodic pass repairs even
-    that).
+    that). A submit claims it inside its create script (`queue_new_job`);
+    this is the same claim for any other caller.
     """
     return bool(store.r.set(keys.PASS_REQUESTED, "1", nx=True, px=PASS_REQUEST_TTL_MS))
 
