@@ -339,6 +339,7 @@ class Settings:
     las_thresholds_gpu_seconds: tuple[int, ...] = (3600, 36000)
     las_starve_seconds: float = 7200.0
     las_preempt: bool = True
+    api_workers: int = 2  # PAI_API_WORKERS: gunicorn processes (docs/performance.md)
 
     @property
     def default_fs_uri(self) -> str:
@@ -443,6 +444,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                                     defaults.las_starve_seconds),
         las_preempt=_bool(env, "PAI_SCHEDULER_LAS_PREEMPT")
         if env.get("PAI_SCHEDULER_LAS_PREEMPT", "").strip() else defaults.las_preempt,
+        api_workers=_int(env, "PAI_API_WORKERS", defaults.api_workers) or defaults.api_workers,
     )
     parse_sentinel_url(settings.redis_url)  # a malformed Sentinel URL stops start-up here
     if settings.log_format not in ("text", "json"):

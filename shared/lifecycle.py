@@ -35,7 +35,7 @@ from shared.models import (
     task_key,
 )
 from shared.states import JobState, TaskState, check_task_move
-from shared.store import EVENTS_MAX_LEN, Pipe, Store, event_fields
+from shared.store import EVENTS_MAX_LEN, Expect, Pipe, Store, event_fields
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
@@ -52,6 +52,23 @@ def submit_job(store: Store, username: str, config: dict[str, Any], *,
                user_id: str = "") -> Job:
     """Store a validated config as a WAITING job with attempt 0 queued;
     `user_id` is the owner's immutable id (accounts.User.uid)."""
+    return queue_new_job(store, username, config, user_id=user_id, request_pass=False).job
+
+
+@dataclass(frozen=True)
+class Queued:
+    job: Job
+    # This submit set the pass flag (see `claim_pass_request`): it sends the
+    # scheduler its "schedule" message.
+    pass_claimed: bool
+
+
+def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
+                  user_id: str = "", request_pass: bool = True,
+                  expectations: Sequence[Expect] = ()) -> Queued:
+    """`submit_job`, and with `request_pass` the pass flag claimed in the
+    same atomic write (one round trip: the API's submit path); nothing is
+    written unless every expectation holds (ExpectationFailed)."""
     spec = JobSpec.from_config(config)
     created = now_ms()
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
@@ -59,7 +76,10 @@ def submit_job(store: Store, username: str, config: dict[str, Any], *,
               gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles),
               user_id=user_id, priority=spec.priority_class)
     attempt = Attempt(index=0, created_ms=created)
-    return store.create_job(job, config, initial_tasks(spec), attempt)
+    stored, claimed = store.insert_job(job, config, initial_tasks(spec), attempt,
+                                       pass_request_ms=PASS_REQUEST_TTL_MS if request_pass else 0,
+                                       expectations=expectations)
+    return Queued(stored, claimed)
 
 
 def _clear_placement(job: Job) -> None:
@@ -696,7 +716,8 @@ def claim_pass_request(store: Store) -> bool:
     the queue, so a job queued while the flag was set is seen by the pass the
     pending message starts. The flag expires, so a lost message delays jobs by
     at most PASS_REQUEST_TTL_MS (and the scheduler's periodic pass repairs even
-    that).
+    that). A submit claims it inside its create script (`queue_new_job`);
+    this is the same claim for any other caller.
     """
     return bool(store.r.set(keys.PASS_REQUESTED, "1", nx=True, px=PASS_REQUEST_TTL_MS))
 

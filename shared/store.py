@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -21,7 +22,13 @@ from shared import keys
 from shared.archive import Archive
 from shared.cluster import NodeFlags, change_flags
 from shared.config import parse_sentinel_url
-from shared.failover import SWITCH_ERRORS, FailoverWait, failover_seconds, sentinel_client
+from shared.failover import (
+    SWITCH_ERRORS,
+    FailoverWait,
+    failover_seconds,
+    ride_through,
+    sentinel_client,
+)
 from shared.models import (
     Allocation,
     Attempt,
@@ -60,6 +67,35 @@ class NodeNotFound(StoreError):
 
 class Contention(StoreError):
     """A transaction lost its compare-and-set too many times in a row."""
+
+
+class ExpectationFailed(StoreError):
+    """Something a write was decided on changed before it: nothing was
+    written; decide again on fresh reads."""
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One condition a conditional write holds to, checked atomically with it."""
+
+    kind: str  # "equal" | "absent" | "below"
+    key: str
+    field: str = ""
+    value: str = ""
+
+    @classmethod
+    def field_equals(cls, key: str, field: str, value: str) -> Expect:
+        """The hash `key` has `field` set to exactly `value`."""
+        return cls("equal", key, field, value)
+
+    @classmethod
+    def key_absent(cls, key: str) -> Expect:
+        return cls("absent", key)
+
+    @classmethod
+    def number_below(cls, key: str, value: int) -> Expect:
+        """The string `key` holds a number below `value` (a missing key is 0)."""
+        return cls("below", key, value=str(value))
 
 
 POOL_SIZE = 100  # redis-py's default
@@ -103,6 +139,7 @@ class Store:
         if self._names is None:
             self._names = NameIndex(self.r)
         return self._names
+        self._create_job: Any = None  # the registered _CREATE_JOB, on first use
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -163,30 +200,61 @@ class Store:
         self, job: Job, config: dict[str, Any], tasks: Sequence[Task], attempt: Attempt,
     ) -> Job:
         """Store a new WAITING job, queue it; JobConflict if user~name exists."""
-        job_key = keys.job(job.id)
+        return self.insert_job(job, config, tasks, attempt)[0]
 
+    def insert_job(
+        self, job: Job, config: dict[str, Any], tasks: Sequence[Task], attempt: Attempt,
+        *, pass_request_ms: int = 0, expectations: Sequence[Expect] = (),
+    ) -> tuple[Job, bool]:
+        """`create_job` in one round trip (`_CREATE_JOB`, one conditional
+        script); with `pass_request_ms`, it also sets the scheduler's pass
+        flag for that long if nobody had (shared/lifecycle.py
+        `claim_pass_request`). Returns the job and whether this call set it.
+
+        Idempotent: a submit whose reply was lost (a primary switch) and is
+        sent again finds its own job (same creation time and config, byte
+        for byte) and returns it; anyone else's job of that name is a
+        JobConflict. So a connection error is waited out and the script run
+        again, as `transact` re-runs a transaction.
+
+        `expectations` are what the caller decided on (records it read
+        earlier, or remembered): they are checked in the same atomic step,
+        and if one does not hold nothing is written (ExpectationFailed).
+        """
         stored_config = json.dumps(config, separators=(",", ":"))
-
-        def write(pipe: Pipe) -> Job:
-            if pipe.exists(job_key):
-                replayed = _own_lost_write(pipe, job, stored_config)
-                if replayed is not None:
-                    return replayed
-                raise JobConflict(f"job {job.name} already exists for user {job.username}")
-            job.queue_seq = int(pipe.incr(keys.QUEUE_SEQ))
-            pipe.multi()
-            pipe.set(keys.job_config(job.id), stored_config)
-            self.write_tasks(pipe, job.id, attempt.index, tasks)
-            self.write_attempt(pipe, job.id, attempt)
-            self.write_job(pipe, job, previous_state=None)
-            pipe.zadd(keys.JOBS, {job.id: job.created_ms})
-            pipe.zadd(keys.user_jobs(job.username), {job.id: job.created_ms})
-            pipe.zadd(keys.vc_jobs(job.virtual_cluster), {job.id: job.created_ms})
-            self.enqueue(pipe, job)
-            self.add_event(pipe, job.id, "submitted", attempt=attempt.index)
-            return job
-
-        return self.transact(write, job_key)
+        fields = job.to_fields()
+        fields.pop("queue_seq")
+        task_fields = _task_fields(tasks)
+        args: list[Any] = [
+            job.id, job.created_ms, stored_config, attempt.index,
+            json.dumps(attempt.to_dict(), separators=(",", ":")),
+            queue_order(PriorityClass.parse(job.priority), 0), now_ms(), EVENTS_MAX_LEN,
+            pass_request_ms, len(task_fields), len(expectations)]
+        for expect in expectations:
+            args.extend((expect.kind, expect.field, expect.value))
+        for pair in (*task_fields.items(), *fields.items()):
+            args.extend(pair)
+        script_keys = [
+            keys.job(job.id), keys.job_config(job.id), keys.job_tasks(job.id, attempt.index),
+            keys.job_attempts(job.id), keys.state_jobs(job.state), keys.JOBS,
+            keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster), keys.QUEUE,
+            keys.vc_queue(job.virtual_cluster), keys.job_events(job.id), keys.QUEUE_SEQ,
+            keys.PASS_REQUESTED, *(expect.key for expect in expectations)]
+        if self._create_job is None:
+            self._create_job = self.r.register_script(_CREATE_JOB)
+        script = self._create_job
+        reply = ride_through(lambda: script(keys=script_keys, args=args),
+                             failover_seconds(self.r))
+        outcome, claimed = reply[0], bool(reply[1])
+        if outcome == "changed":
+            raise ExpectationFailed(f"what job {job.id} was decided on changed")
+        if outcome == "taken":
+            raise JobConflict(f"job {job.name} already exists for user {job.username}")
+        if outcome == "own":  # this very submit, committed before its reply was lost
+            stored = dict(zip(reply[2::2], reply[3::2], strict=True))
+            return Job.from_fields({"id": job.id, **stored}), claimed
+        job.queue_seq = int(reply[2])
+        return job, claimed
 
     def enqueue(self, pipe: Pipe, job: Job) -> None:
         """Queue the job for placement: in the queue the scheduler reads, and
@@ -255,7 +323,7 @@ class Store:
     # -------------------------------------------------------- tasks, attempts
 
     def write_tasks(self, pipe: Pipe, job_id: str, attempt: int, tasks: Iterable[Task]) -> None:
-        mapping = {t.key: json.dumps(t.to_dict(), separators=(",", ":")) for t in tasks}
+        mapping = _task_fields(tasks)
         if mapping:
             pipe.hset(keys.job_tasks(job_id, attempt), mapping=mapping)
 
@@ -597,17 +665,78 @@ def _script_sha(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()  # Redis names it so
 
 
-def _own_lost_write(pipe: Pipe, job: Job, stored_config: str) -> Job | None:
-    """The job as stored when the record under `job`'s id is this very
-    submission's (same creation time and config, byte for byte): its EXEC
-    committed but the reply was lost in a primary switch, and the re-run must
-    not answer 409 for the caller's own job. None for anyone else's job."""
-    if pipe.hget(keys.job(job.id), "created_ms") != str(job.created_ms):
-        return None
-    if pipe.get(keys.job_config(job.id)) != stored_config:
-        return None
-    fields = pipe.hgetall(keys.job(job.id))
-    return Job.from_fields(fields) if fields else None
+def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
+    return {t.key: json.dumps(t.to_dict(), separators=(",", ":")) for t in tasks}
+
+
+# A new job: its record, config, tasks, first attempt, indexes, queue places
+# and "submitted" event, written only if no job has its id, in one atomic
+# step (the writes of `write_job`, `enqueue`, `add_event` as a WATCH/MULTI
+# transaction made them, in one round trip instead of five). A record that
+# is this very submission's (same creation time and config, byte for byte:
+# its reply was lost in a primary switch and it was sent again) is answered
+# with itself, not as a conflict. `#!lua` makes Redis treat it as a write up
+# front: a primary refusing writes (min-replicas-to-write) refuses it whole.
+# KEYS: job, config, tasks, attempts, state index, all jobs, user's jobs,
+#   VC's jobs, queue, VC's queue, events, queue sequence, pass flag.
+# ARGV: job id, created ms, config JSON, attempt index, attempt JSON, VC
+#   queue score without the sequence, event time, events bound, pass flag ms
+#   (0: leave it), number of task fields, number of expectations, then each
+#   expectation's kind, field and value (its key is KEYS[13 + i]), then task
+#   field/value pairs, then the job's field/value pairs (queue_seq is the
+#   script's).
+# Returns {"new", claimed, queue_seq} | {"own", claimed, field, value, ...} |
+#   {"taken", 0} | {"changed", 0}; claimed is 1 when this call set the pass
+#   flag, "changed" when an expectation did not hold (nothing written).
+_CREATE_JOB = """#!lua
+local function claim()
+  if ARGV[9] == '0' then return 0 end
+  if redis.call('SET', KEYS[13], '1', 'NX', 'PX', ARGV[9]) then return 1 end
+  return 0
+end
+local expected = tonumber(ARGV[11])
+for i = 1, expected do
+  local kind, field, value = ARGV[9 + 3 * i], ARGV[10 + 3 * i], ARGV[11 + 3 * i]
+  local key = KEYS[13 + i]
+  local holds
+  if kind == 'equal' then
+    holds = redis.call('HGET', key, field) == value
+  elseif kind == 'absent' then
+    holds = redis.call('EXISTS', key) == 0
+  else -- 'below'
+    holds = tonumber(redis.call('GET', key) or '0') < tonumber(value)
+  end
+  if not holds then return {'changed', 0} end
+end
+local id, created = ARGV[1], ARGV[2]
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HGET', KEYS[1], 'created_ms') == created
+      and redis.call('GET', KEYS[2]) == ARGV[3] then
+    local reply = {'own', claim()}
+    for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do reply[#reply + 1] = v end
+    return reply
+  end
+  return {'taken', 0}
+end
+local seq = redis.call('INCR', KEYS[12])
+local tasks_start = 12 + 3 * expected
+local tasks_end = tasks_start - 1 + 2 * tonumber(ARGV[10])
+redis.call('SET', KEYS[2], ARGV[3])
+if tasks_end >= tasks_start then
+  redis.call('HSET', KEYS[3], unpack(ARGV, tasks_start, tasks_end))
+end
+redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
+redis.call('HSET', KEYS[1], 'queue_seq', seq, unpack(ARGV, tasks_end + 1, #ARGV))
+redis.call('ZADD', KEYS[5], created, id)
+redis.call('ZADD', KEYS[6], created, id)
+redis.call('ZADD', KEYS[7], created, id)
+redis.call('ZADD', KEYS[8], created, id)
+redis.call('ZADD', KEYS[9], seq, id)
+redis.call('ZADD', KEYS[10], string.format('%.17g', tonumber(ARGV[6]) + seq), id)
+redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'submitted',
+  'time', ARGV[7], 'attempt', ARGV[4])
+return {'new', claim(), seq}
+"""
 
 
 def task_is_live(task: Task) -> bool:

@@ -8,25 +8,37 @@ a password change or an admin's revocation take effect at once.
 from __future__ import annotations
 
 import functools
+import json
 import secrets
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jwt
-from flask import Blueprint, g, request
+from flask import Blueprint, current_app, g, request
 
 from services.api.bodies import declared_schema, load, load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.schemas import TokenRequestSchema
+from shared import keys
 from shared.accounts import Accounts, User
 from shared.models import now_ms
+from shared.store import Expect
 from shared.throttle import LoginLimits, record_failure, retry_after
 
 bp = Blueprint("auth", __name__, url_prefix="/api/v1")
 
 ALGORITHM = "HS256"
 PUBLIC_ENDPOINTS = {"auth.login", "cluster.healthz", "cluster.metrics", "openapi.spec", "static"}
+# The endpoints whose writes hold to the token check (`submit_expectations`),
+# so they may use one remembered for VERIFIED_TOKEN_SECONDS.
+CONDITIONAL_ENDPOINTS = frozenset({"jobs.submit", "jobs.submit_for_user", "jobs_v2.submit"})
+VERIFIED_TOKEN_SECONDS = 10.0
+VERIFIED_TOKENS_MAX = 10_000
+VERIFIED_EXTENSION = "pai.verified_tokens"
 
 
 def accounts() -> Accounts:
@@ -57,7 +69,15 @@ def _claims(token: str) -> dict[str, Any]:
 
 
 def authenticate() -> None:
-    """Before every API request: resolve the bearer token to a user in `g`."""
+    """Before every API request: resolve the bearer token to a user in `g`.
+
+    A submit may use a check of the same token this process made within
+    VERIFIED_TOKEN_SECONDS instead of reading Redis again: its write then
+    holds to what that check read (`submit_expectations`), in the same
+    atomic step, so a token revoked, a password changed or a user deleted or
+    changed meanwhile writes nothing and the submit checks the token afresh
+    (`reverify`). Every other request reads Redis.
+    """
     if request.endpoint in PUBLIC_ENDPOINTS or not request.path.startswith("/api/"):
         return
     header = request.headers.get("Authorization", "")
@@ -66,12 +86,95 @@ def authenticate() -> None:
         raise ApiError("UnauthorizedUserError",
                        "log in first: send Authorization: Bearer <token> "
                        "(POST /api/v1/token gives one)", 401)
-    claims = _claims(token.strip())
+    token = token.strip()
+    verified = _verified_tokens()
+    if request.endpoint in CONDITIONAL_ENDPOINTS:
+        remembered = verified.get(token, time.time())
+        if remembered is not None:
+            g.user, g.claims, g.token_remembered = remembered.user, remembered.claims, True
+            return
+    _check_token(token, verified)
+
+
+def _check_token(token: str, verified: VerifiedTokens) -> None:
+    claims = _claims(token)
     user = accounts().user_for_token(claims["sub"], claims["jti"], int(claims["iat_ms"]),
                                      claims.get("uid"))
     if user is None:
+        verified.forget(token)
         raise ApiError("UnauthorizedUserError", "the token was revoked; log in again", 401)
-    g.user, g.claims = user, claims
+    verified.put(token, user, claims, time.time())
+    g.user, g.claims, g.token_remembered = user, claims, False
+
+
+def reverify() -> None:
+    """Check this request's token against Redis now (401 if it no longer
+    holds): after a submit's expectations failed."""
+    _, _, token = request.headers.get("Authorization", "").partition(" ")
+    _check_token(token.strip(), _verified_tokens())
+
+
+def submit_expectations() -> list[Expect]:
+    """What a submit's write must find unchanged when this request's token
+    check was remembered rather than read: the user's identity, admin flag
+    and VCs as read, the token not revoked, no revocation of all the user's
+    tokens since it was issued. Empty when the check read Redis just now."""
+    if not g.get("token_remembered"):
+        return []
+    user, claims = current_user(), g.claims
+    record = keys.user(claims["sub"])
+    return [
+        Expect.field_equals(record, "uid", user.uid),
+        Expect.field_equals(record, "admin", "1" if user.admin else "0"),
+        Expect.field_equals(record, "virtual_clusters", json.dumps(user.virtual_clusters)),
+        Expect.key_absent(keys.revoked_token(claims["jti"])),
+        Expect.number_below(keys.user_token_epoch(claims["sub"]), int(claims["iat_ms"])),
+    ]
+
+
+@dataclass(frozen=True)
+class _Verified:
+    user: User
+    claims: dict[str, Any]
+    until: float  # wall clock seconds: never past the token's own expiry
+
+
+class VerifiedTokens:
+    """Tokens this process checked against Redis lately, for submits only
+    (see `authenticate`). Bounded; a lock because threads may serve requests."""
+
+    def __init__(self, seconds: float = VERIFIED_TOKEN_SECONDS,
+                 limit: int = VERIFIED_TOKENS_MAX) -> None:
+        self.seconds, self.limit = seconds, limit
+        self._tokens: dict[str, _Verified] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token: str, now: float) -> _Verified | None:
+        with self._lock:
+            found = self._tokens.get(token)
+            if found is not None and found.until <= now:
+                del self._tokens[token]
+                return None
+            return found
+
+    def put(self, token: str, user: User, claims: dict[str, Any], now: float) -> None:
+        until = min(now + self.seconds, float(claims["exp"]))
+        with self._lock:
+            if len(self._tokens) >= self.limit:
+                self._tokens = {t: v for t, v in self._tokens.items() if v.until > now}
+                if len(self._tokens) >= self.limit:
+                    self._tokens.clear()
+            self._tokens[token] = _Verified(user, claims, until)
+
+    def forget(self, token: str) -> None:
+        with self._lock:
+            self._tokens.pop(token, None)
+
+
+def _verified_tokens() -> VerifiedTokens:
+    found: VerifiedTokens = current_app.extensions.setdefault(VERIFIED_EXTENSION,
+                                                              VerifiedTokens())
+    return found
 
 
 def current_user() -> User:

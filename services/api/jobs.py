@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import random
 import time
@@ -10,12 +11,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
-from flask import Blueprint, Response, current_app, request, stream_with_context
+from flask import Blueprint, Response, current_app, g, request, stream_with_context
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.api import sse
-from services.api.auth import current_user, require_self_or_admin
+from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
 from services.api.bodies import load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
 from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
@@ -25,19 +26,19 @@ from services.api.render import job_detail, job_summary
 from services.api.schemas import MAX_TAIL, StopRequestSchema
 from services.api.storage import check_job_storage
 from shared import keys, logfiles
-from shared.accounts import DEFAULT_VC, Accounts, User
+from shared.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
 from shared.archive import diagnostics_of
 from shared.capabilities import refused_capabilities
 from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, ValidatedConfig, shown_config, validate_job_config
 from shared.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
-from shared.lifecycle import claim_pass_request, delete_job, request_stop, submit_job
+from shared.lifecycle import delete_job, queue_new_job, request_stop
 from shared.models import Job, JobSpec, Node, job_id_of
 from shared.priority import PriorityClass
 from shared.retention import remove_logs
 from shared.states import JobState
 from shared.storage import task_log_parts
-from shared.store import JobConflict
+from shared.store import Expect, ExpectationFailed, JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
@@ -48,6 +49,10 @@ KEEPALIVE_SECONDS = 15
 # Feasibility at submit is judged against nodes read at most this long ago.
 NODES_FRESH_SECONDS = 1.0
 NODES_EXTENSION = "pai.known_nodes"
+# A submit decides on a VC record read at most this long ago by this
+# process; its write holds to it (`_vc_for_submit`).
+VC_FRESH_SECONDS = 10.0
+VCS_EXTENSION = "pai.known_vcs"
 # The stored config's key for a v2 job's submission as it may be shown back.
 V2_SUBMISSION = "protocolV2"
 
@@ -129,11 +134,11 @@ def submit_v2() -> tuple[dict[str, Any], int]:
     return _submit(current_user().username, body)
 
 
-def _check_vc(username: str, vc_name: str, gpus: int, priority: str) -> User:
+def _check_vc(username: str, vc_name: str, vc: VirtualCluster | None, gpus: int,
+              priority: str) -> User:
     """The VC exists, the user may use it, and it can ever run the job (a VC
     that does not borrow runs only what its guarantee holds); the job's owner."""
     accounts = Accounts(platform().store)
-    vc = accounts.get_vc(vc_name)
     if vc is None:
         raise ApiError("NoVirtualClusterError", f"virtual cluster {vc_name} does not exist",
                        400, fields={"virtualCluster": [f"no virtual cluster {vc_name}"]})
@@ -158,9 +163,8 @@ def _check_vc(username: str, vc_name: str, gpus: int, priority: str) -> User:
     return owner
 
 
-def _check_capabilities(spec: JobSpec) -> None:
+def _check_capabilities(spec: JobSpec, vc: VirtualCluster | None) -> None:
     """A job gets a capability beyond the default set only where an admin allowed it."""
-    vc = Accounts(platform().store).get_vc(spec.virtual_cluster)
     refused = refused_capabilities(spec.capabilities, vc.allowed_capabilities if vc else [])
     if refused:
         raise ApiError("ForbiddenCapabilityError",
@@ -169,6 +173,38 @@ def _check_capabilities(spec: JobSpec) -> None:
                        fields={"extras.capabilities": [
                            f"not allowed in virtual cluster {spec.virtual_cluster}: {c}"
                            for c in refused]})
+
+
+def _vc_for_submit(name: str, remembered: bool,
+                   capabilities: bool) -> tuple[VirtualCluster | None, list[Expect]]:
+    """The VC a submit decides on, and what its write must find unchanged.
+
+    With `remembered`, a VC read by this process within VC_FRESH_SECONDS
+    serves, and the write holds to the fields the checks use (so a VC
+    deleted, recreated or changed meanwhile writes nothing: the submit
+    decides again on fresh reads). A VC not found is always read again.
+    """
+    cache = current_app.extensions.setdefault(VCS_EXTENSION, {})
+    now = time.monotonic()
+    found = cache.get(name) if remembered else None
+    g.vc_remembered = found is not None and found[1] > now
+    if found is None or not g.vc_remembered:
+        vc = Accounts(platform().store).get_vc(name)
+        if vc is not None:
+            cache[name] = (vc, now + VC_FRESH_SECONDS)
+        return vc, []
+    vc = found[0]
+    record = keys.vc(vc.name)
+    expected = [
+        Expect.field_equals(record, "created_ms", str(vc.created_ms)),
+        Expect.field_equals(record, "borrowing", "1" if vc.borrowing else "0"),
+        Expect.field_equals(record, "gpu_quota",
+                            "" if vc.gpu_quota is None else str(vc.gpu_quota)),
+    ]
+    if capabilities:
+        expected.append(Expect.field_equals(record, "allowed_capabilities",
+                                            json.dumps(sorted(set(vc.allowed_capabilities)))))
+    return vc, expected
 
 
 def _known_nodes() -> list[Node]:
@@ -188,6 +224,28 @@ def _known_nodes() -> list[Node]:
 
 
 def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
+    """Decide on what this process remembers (the token check, the VC) with
+    the write holding to it (services/api/auth.py `authenticate`). What is
+    not written does not hold to anything, so a refusal decided on
+    remembered records, and a dry run, are decided again on fresh reads: a
+    VC granted a moment ago is usable, a revoked token answers 401."""
+    if request.args.get("dryRun", "").lower() not in ("1", "true"):
+        try:
+            return _submit_decided(username, body, remembered=True)
+        except ExpectationFailed:
+            pass
+        except ApiError as error:
+            # a 409 comes from the write itself, once everything held
+            if error.status == 409 or not (g.get("token_remembered")
+                                           or g.get("vc_remembered")):
+                raise
+    if g.get("token_remembered"):
+        reverify()  # 401 if the token no longer holds
+    return _submit_decided(username, body, remembered=False)
+
+
+def _submit_decided(username: str, body: Any,
+                    remembered: bool) -> tuple[dict[str, Any], int]:
     username = username.lower()  # user names are case-insensitive
     caller = require_self_or_admin(username, "submit jobs")
     pai = platform()
@@ -204,11 +262,12 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
             from None
     check_job_storage(validated.config, caller)
     spec = JobSpec.from_config(validated.config)
-    owner = _check_vc(username, spec.virtual_cluster,
+    vc, expected = _vc_for_submit(spec.virtual_cluster, remembered, bool(spec.capabilities))
+    owner = _check_vc(username, spec.virtual_cluster, vc,
                       sum(r.gpu_number * r.task_number for r in spec.task_roles),
                       spec.priority_class)
     if spec.capabilities:
-        _check_capabilities(spec)
+        _check_capabilities(spec, vc)
     reasons = infeasible_reasons(spec, _known_nodes())
     if reasons:
         raise ApiError("InvalidJobConfigError", "the job can never run on this cluster", 400,
@@ -223,11 +282,16 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
     if request.args.get("dryRun", "").lower() in ("1", "true"):
         return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
     try:
-        job = submit_job(pai.store, username, stored, user_id=owner.uid)
+        # One round trip: the job, its indexes, its queue place, its event and
+        # the scheduler's pass flag (shared/store.py `insert_job`).
+        queued = queue_new_job(pai.store, username, stored, user_id=owner.uid,
+                               expectations=[*submit_expectations(), *expected]
+                               if remembered else [])
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None
+    job = queued.job
     try:
-        if claim_pass_request(pai.store):
+        if queued.pass_claimed:
             pai.messenger.schedule()
     except (RedisError, OperationalError) as error:
         # The job is stored and queued: the scheduler's periodic pass places

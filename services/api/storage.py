@@ -118,7 +118,10 @@ def check_job_storage(config: dict[str, Any], caller: User) -> None:
     not mount. Admins may name any folder under a storage root (as a Slurm
     or OpenPAI admin may), never the platform's own log tree."""
     pai = platform()
-    shares = () if caller.admin else load_shares(pai.store)
+    # Shares matter only for a non-admin's read-only folders: a job naming
+    # none (most) costs no read of them.
+    wants_shares = not caller.admin and any(config.get(k) for k in storage.READ_ONLY_FIELDS)
+    shares = load_shares(pai.store) if wants_shares else ()
     who = Caller(caller.username, tuple(caller.virtual_clusters), caller.admin, shares)
     found = storage.refusals(config, pai.settings.storage_roots, who,
                              pai.settings.platform_dirs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import redis
 from shared import keys
 from shared.lifecycle import request_stop, submit_job
 from shared.models import Allocation, Attempt, Gpu, Job, Node, Task, job_id_of
+from shared.priority import PriorityClass, queue_order
 from shared.states import JobState, TaskState
 from shared.store import MAX_TRANSACTION_RETRIES, Contention, JobConflict, Pipe, Store
 
@@ -161,6 +163,89 @@ def test_job_record_round_trips_optional_fields(store: Store, redis_client: redi
         pipe.execute()
     assert store.get_job(job.id) == job
     assert redis_client.zscore(keys.state_jobs("FAILED"), job.id) == 5
+
+
+# ------------------------------------------- the one-round-trip create
+
+
+def _new_job(name: str, *, created_ms: int = 1_000, priority: str = "test",
+             vc: str = "default") -> tuple[Job, dict[str, Any], list[Task], Attempt]:
+    cfg = config(name, vc=vc)
+    job = Job(id=job_id_of("alice", name), username="alice", name=name, virtual_cluster=vc,
+              created_ms=created_ms, version=1, gpus=2, user_id="uid-1", priority=priority)
+    tasks = [Task(role="ps", index=0), Task(role="worker", index=0),
+             Task(role="worker", index=1)]
+    return job, cfg, tasks, Attempt(index=0, created_ms=created_ms)
+
+
+@pytest.mark.parametrize("priority", ["prod", "test", "oppo"])
+def test_insert_job_writes_the_record_indexes_queue_places_and_event(
+        store: Store, redis_client: redis.Redis, priority: str) -> None:
+    """The script writes what `write_job`, `enqueue` and `add_event` write:
+    read back through the store's own readers, not the script's keys."""
+    submit_job(store, "bob", config("earlier"))  # the sequence is shared
+    job, cfg, tasks, attempt = _new_job("one", priority=priority, vc="research")
+    stored, claimed = store.insert_job(job, cfg, tasks, attempt)
+    assert not claimed and redis_client.get(keys.PASS_REQUESTED) is None
+    assert stored.queue_seq == 2
+    assert store.get_job(job.id) == stored
+    assert store.get_config(job.id) == cfg
+    assert store.get_tasks(job.id, 0) == sorted(tasks, key=lambda t: (t.role, t.index))
+    assert store.get_attempts(job.id) == [attempt]
+    for index in (keys.JOBS, keys.user_jobs("alice"), keys.vc_jobs("research"),
+                  keys.state_jobs("WAITING")):
+        assert redis_client.zscore(index, job.id) == 1_000, index
+    assert redis_client.zscore(keys.QUEUE, job.id) == 2
+    assert redis_client.zscore(keys.vc_queue("research"), job.id) == \
+        queue_order(PriorityClass.parse(priority), 2)
+    events = store.get_events(job.id)
+    assert [(e["kind"], e["attempt"]) for e in events] == [("submitted", 0)]
+    assert isinstance(events[0]["time"], int)
+
+
+def test_insert_job_claims_the_pass_flag_only_when_nobody_holds_it(
+        store: Store, redis_client: redis.Redis) -> None:
+    first = store.insert_job(*_new_job("a"), pass_request_ms=5_000)
+    second = store.insert_job(*_new_job("b"), pass_request_ms=5_000)
+    assert (first[1], second[1]) == (True, False)
+    assert 0 < redis_client.pttl(keys.PASS_REQUESTED) <= 5_000
+    redis_client.delete(keys.PASS_REQUESTED)  # the scheduler's pass took it
+    assert store.insert_job(*_new_job("c"), pass_request_ms=5_000)[1] is True
+
+
+def test_insert_job_replayed_finds_its_own_job_and_writes_nothing_twice(
+        store: Store, redis_client: redis.Redis) -> None:
+    """A submit sent again after its reply was lost: its own job back, with
+    its queue place, and still one event, one queue entry, one sequence."""
+    job, cfg, tasks, attempt = _new_job("replayed")
+    first, _ = store.insert_job(dataclasses.replace(job), cfg, tasks, attempt)
+    redis_client.delete(keys.PASS_REQUESTED)
+    again, claimed = store.insert_job(dataclasses.replace(job), cfg, tasks, attempt,
+                                      pass_request_ms=1_000)
+    assert again == first and claimed  # the lost reply's wake-up is sent now
+    assert int(redis_client.get(keys.QUEUE_SEQ)) == first.queue_seq
+    assert len(store.get_events(job.id)) == 1
+    assert store.queued_job_ids() == [job.id]
+
+
+@pytest.mark.parametrize("change", ["another config", "another submit time"])
+def test_insert_job_of_a_taken_name_is_a_conflict_that_changes_nothing(
+        store: Store, redis_client: redis.Redis, change: str) -> None:
+    job, cfg, tasks, attempt = _new_job("taken")
+    first, _ = store.insert_job(dataclasses.replace(job), cfg, tasks, attempt)
+    if change == "another config":
+        cfg = {**cfg, "jobEnvs": {"X": "1"}}
+    else:
+        job = dataclasses.replace(job, created_ms=job.created_ms + 1)
+    with pytest.raises(JobConflict):
+        store.insert_job(job, cfg, [Task(role="other", index=0)], attempt,
+                         pass_request_ms=1_000)
+    assert store.get_job(first.id) == first
+    assert store.get_config(first.id) == config("taken", vc="default")
+    assert [t.role for t in store.get_tasks(first.id, 0)] == ["ps", "worker", "worker"]
+    assert int(redis_client.get(keys.QUEUE_SEQ)) == first.queue_seq
+    assert len(store.get_events(first.id)) == 1
+    assert redis_client.get(keys.PASS_REQUESTED) is None
 
 
 # ------------------------------------------------------------- listing

@@ -243,7 +243,8 @@ def test_default_secret_allowed_in_dev_mode() -> None:
 
 INT_SETTINGS = ["PAI_API_PORT", "PAI_NODE_VIRTUAL_GPUS", "PAI_NODE_CPUS",
                 "PAI_NODE_MEMORY_MB", "PAI_MONITOR_PORT", "PAI_LOG_MAX_LINES",
-                "PAI_API_FOLLOWS_PER_USER", "PAI_API_WORKER_CONNECTIONS"]
+                "PAI_API_FOLLOWS_PER_USER", "PAI_API_WORKER_CONNECTIONS",
+                "PAI_API_WORKERS"]
 
 
 @pytest.mark.parametrize("name", INT_SETTINGS)
