@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from shared.priority import MAX_LAS_QUEUE
 from shared.storage import default_log_dir
 
 DEFAULT_SECRET = "pai-dev-secret-change-me-before-production"
@@ -129,6 +130,8 @@ def _thresholds(env: Mapping[str, str], name: str,
                           f"got {raw!r}") from None
     if any(v <= 0 for v in values) or list(values) != sorted(set(values)):
         raise ConfigError(f"{name} must be positive and increasing, got {raw!r}")
+    if len(values) > MAX_LAS_QUEUE:
+        raise ConfigError(f"{name} takes at most {MAX_LAS_QUEUE} thresholds, got {len(values)}")
     return values
 
 

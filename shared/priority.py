@@ -36,10 +36,17 @@ CLASS_NAMES = tuple(c.label for c in sorted(PriorityClass, reverse=True))
 # Queue sequences are counters far below this; a class step is worth more
 # than any of them, and the sum stays an exact float (Redis scores).
 _CLASS_STEP = float(2 ** 44)
+# Least-attained-service queues within a class (services/scheduler/policy.py
+# `Las`): a queue step is worth more than any sequence, 16 of them less than
+# a class step.
+_LAS_STEP = float(2 ** 40)
+MAX_LAS_QUEUE = 15
 
 
-def queue_order(priority: PriorityClass, queue_seq: int) -> float:
+def queue_order(priority: PriorityClass, queue_seq: int, las_queue: int = 0) -> float:
     """A job's place in its VC's queue, lower first: higher classes first,
-    then submit order (a preempted or retried job keeps its `queue_seq`, so it
-    goes back to its old position)."""
-    return (PriorityClass.PROD - priority) * _CLASS_STEP + queue_seq
+    then lower least-attained-service queues, then submit order (a preempted
+    or retried job keeps its `queue_seq`, so it goes back to its old position
+    among the jobs of its queue)."""
+    return (PriorityClass.PROD - priority) * _CLASS_STEP \
+        + min(max(las_queue, 0), MAX_LAS_QUEUE) * _LAS_STEP + queue_seq

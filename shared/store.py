@@ -132,6 +132,7 @@ class Store:
     def __init__(self, client: redis.Redis) -> None:
         self.r: Any = client
         self._names: NameIndex | None = None
+        self._create_job: Any = None  # the registered _CREATE_JOB, on first use
 
     @property
     def names(self) -> NameIndex:
@@ -139,7 +140,6 @@ class Store:
         if self._names is None:
             self._names = NameIndex(self.r)
         return self._names
-        self._create_job: Any = None  # the registered _CREATE_JOB, on first use
 
     @classmethod
     def from_url(cls, url: str) -> Store:

@@ -48,7 +48,7 @@ from shared.models import (
     parse_attempt_task_key,
     task_key,
 )
-from shared.priority import PriorityClass
+from shared.priority import PriorityClass, queue_order
 from shared.states import JobState, TaskState
 from shared.store import Store, task_is_live
 
@@ -157,6 +157,22 @@ class Scheduler:
                     attempts[-1].created_ms if attempts[-1] is not None else 0)
         return {q.job_id: self._attained[q.job_id, q.seq, q.attempt] for q in queue
                 if (q.job_id, q.seq, q.attempt) in self._attained}
+
+    def _place_in_las_queues(self, queue: list[JobRequest], attained: dict[str, Attained],
+                             now: int) -> None:
+        """Keep each VC's queue index in the order the policy places jobs, so
+        the API's `position` counts what goes first: a job that has attained
+        service sits in its least-attained-service queue (only such jobs can
+        be anywhere but in the first). XX: a job dequeued meanwhile stays out."""
+        if not attained:
+            return
+        pipe = self.store.r.pipeline(transaction=False)
+        for request in queue:
+            seen = attained.get(request.job_id)
+            if seen is not None:
+                pipe.zadd(keys.vc_queue(request.vc), {request.job_id: queue_order(
+                    request.priority, request.seq, self.las.queue_of(seen, now))}, xx=True)
+        pipe.execute()
 
     def _records(self, ids: list[str]) -> list[Job | None]:
         pipe = self.store.r.pipeline(transaction=False)
@@ -279,8 +295,9 @@ class Scheduler:
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
-        plan = policy.plan(cluster, queue, running, policies, now, self._load_attained(queue),
-                           self.las)
+        attained = self._load_attained(queue)
+        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las)
+        self._place_in_las_queues(queue, attained, now)
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
         placed_by_vc: Counter[str] = Counter()

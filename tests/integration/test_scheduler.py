@@ -538,3 +538,34 @@ def test_attained_service_comes_from_the_attempt_records(
     started = {name for name, (job_id, attempt) in ids.items()
                if store.get_tasks(job_id, attempt)[0].state == TaskState.LAUNCHING}
     assert started == {first}
+
+
+@pytest.mark.parametrize(("waited_hours", "order"), [
+    pytest.param(0, ["fresh", "served"], id="a much-served job waits behind a new one"),
+    pytest.param(3, ["served", "fresh"], id="after its wait lifted it, at its submit place"),
+])
+def test_the_queue_index_positions_follow_least_attained_service(
+        store: Store, scheduler: Scheduler, waited_hours: int, order: list[str]) -> None:
+    """`position` (the VC queue index's rank) counts the jobs the policy
+    places first: a retried job that attained much sits behind new work."""
+    add_node(store, gpus=4)
+    served = submit_job(store, "alice", config("served", gpus=4, retry=1))
+    scheduler.run_pass()
+    mark_task_running(store, served.id, 0, "main", 0, "c1")
+    ran = store.read_attempt(store.r, served.id, 0) or pytest.fail()
+    ran.started_ms = now_ms() - 2 * 3_600_000  # 8 GPU-hours: the second queue
+    store.r.hset(keys.job_attempts(served.id), "0", json.dumps(ran.to_dict()))
+    assert (report := record_task_exit(store, served.id, 0, "main", 0, exit_code=1)) \
+        and report.retried
+    if waited_hours:
+        retry = store.read_attempt(store.r, served.id, 1) or pytest.fail()
+        retry.created_ms = now_ms() - waited_hours * 3_600_000
+        store.r.hset(keys.job_attempts(served.id), "1", json.dumps(retry.to_dict()))
+    fresh = submit_job(store, "bob", config("fresh", gpus=4))
+    blocker = submit_job(store, "carol", {**config("blocker", gpus=4), "jobPriorityClass": "prod"})
+
+    scheduler.task_ended(served.id, 0, "main", 0)  # frees the GPUs: the prod job takes them
+
+    assert store.get_tasks(blocker.id, 0)[0].state == TaskState.LAUNCHING
+    ids = {served.id: "served", fresh.id: "fresh"}
+    assert [ids[i] for i in store.r.zrange(keys.vc_queue("default"), 0, -1)] == order
