@@ -151,6 +151,8 @@ class Store:
                 if replayed is not None:
                     return replayed
                 raise JobConflict(f"job {job.name} already exists for user {job.username}")
+            if pipe.exists(archive_key):  # a compacted job keeps its record there
+                raise JobConflict(f"job {job.name} already exists for user {job.username}")
             job.queue_seq = int(pipe.incr(keys.QUEUE_SEQ))
             pipe.multi()
             pipe.set(keys.job_config(job.id), stored_config)
@@ -164,7 +166,8 @@ class Store:
             self.add_event(pipe, job.id, "submitted", attempt=attempt.index)
             return job
 
-        return self.transact(write, job_key)
+        archive_key = keys.job_archive(job.id)
+        return self.transact(write, job_key, archive_key)
 
     def enqueue(self, pipe: Pipe, job: Job) -> None:
         """Queue the job for placement: in the queue the scheduler reads, and
@@ -192,9 +195,17 @@ class Store:
         pipe.hset(keys.job(job.id), mapping=job.to_fields())
 
     def read_job(self, reader: Reader, job_id: str) -> Job | None:
+        """The job's record: its hash, or once compacted its archive's.
+
+        A compacted job has no hash (shared/retention.py): it never changes
+        again but by going away, and every write of a new record under its
+        id writes the hash, so a transaction that watches the hash (and
+        re-reads here) still sees every change that matters to it."""
         fields = reader.hgetall(keys.job(job_id))
-        # a compacted record leaves out its id, which its key says (shared/retention.py)
-        return Job.from_fields({"id": job_id, **fields}) if fields else None
+        if fields:
+            # a compacted record leaves out its id, which its key says
+            return Job.from_fields({"id": job_id, **fields})
+        return _archived_job(job_id, self.read_archive(reader, job_id))
 
     def get_job(self, job_id: str) -> Job | None:
         return self.read_job(self.r, job_id)
@@ -350,11 +361,29 @@ class Store:
         return matched if wanted is None else matched[:wanted]
 
     def _jobs(self, ids: Sequence[str]) -> list[Job]:
+        found = self.read_jobs(ids)
+        return [found[i] for i in ids if i in found]
+
+    def read_jobs(self, ids: Sequence[str]) -> dict[str, Job]:
+        """The records of the jobs that exist among `ids`, in two round trips
+        at most: the hashes, then the archives of the compacted ones."""
+        if not ids:
+            return {}
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id))
-        return [Job.from_fields({"id": i, **f}) for i, f in zip(ids, pipe.execute(), strict=True)
-                if f] if ids else []
+        found = {i: Job.from_fields({"id": i, **f})
+                 for i, f in zip(ids, pipe.execute(), strict=True) if f}
+        compacted = [i for i in ids if i not in found]
+        if compacted:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in compacted:
+                pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
+            for job_id, blob in zip(compacted, pipe.execute(), strict=True):
+                job = _archived_job(job_id, Archive.decode(blob) if blob else None)
+                if job is not None:
+                    found[job_id] = job
+        return found
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
@@ -539,6 +568,14 @@ class Store:
         """The task reached a final state, or does not exist at all."""
         task = self.get_task(job_id, attempt, role, index)
         return task is None or task.state.is_final
+
+
+def _archived_job(job_id: str, archive: Archive | None) -> Job | None:
+    """A compacted job's record from its archive; None without one, or from
+    a version 1 archive (its record is a hash of its own)."""
+    if archive is None or archive.record is None:
+        return None
+    return Job.from_fields({"id": job_id, **archive.record})
 
 
 def _own_lost_write(pipe: Pipe, job: Job, stored_config: str) -> Job | None:
