@@ -151,6 +151,17 @@ class Archive:
             record=data.get("r"),
         )
 
+    @staticmethod
+    def record_of(blob: bytes) -> dict[str, str] | None:
+        """Only the record of an encoded archive (None in version 1): what a
+        listing needs, at half the cost of `decode` (no task or attempt is
+        built)."""
+        dictionary = _DICTIONARIES.get(blob[:1])
+        if dictionary is None:
+            raise ValueError(f"unknown archive version {blob[:1]!r}")
+        record: dict[str, str] | None = json.loads(_decompress(blob[1:], dictionary)).get("r")
+        return record
+
     def has_task(self, attempt: int, role: str, index: int) -> bool:
         """Every attempt runs every task of the config (a retry starts them all again)."""
         if not 0 <= attempt <= self.last_attempt:

@@ -380,9 +380,9 @@ class Store:
             for job_id in compacted:
                 pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
             for job_id, blob in zip(compacted, pipe.execute(), strict=True):
-                job = _archived_job(job_id, Archive.decode(blob) if blob else None)
-                if job is not None:
-                    found[job_id] = job
+                record = Archive.record_of(blob) if blob else None
+                if record is not None:
+                    found[job_id] = Job.from_fields({"id": job_id, **record})
         return found
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:

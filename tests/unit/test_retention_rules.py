@@ -77,12 +77,13 @@ def test_an_archive_with_the_jobs_record_reads_back_as_it_was_written() -> None:
                                "user_id": "uid-alice", "exit_code": "0"})
 
     assert Archive.decode(original.encode()) == original
+    assert Archive.record_of(original.encode()) == original.record
 
 
 def test_an_archive_of_version_1_still_reads_without_a_record() -> None:
     decoded = Archive.decode(V1_BLOB)
 
-    assert decoded.record is None
+    assert decoded.record is None and Archive.record_of(V1_BLOB) is None
     assert decoded.config["jobName"] == "mnist" and decoded.logs_filed
     assert [(a.index, a.state, a.completed_ms) for a in decoded.attempts] == \
         [(0, "SUCCEEDED", 200)]
@@ -93,6 +94,8 @@ def test_an_archive_of_version_1_still_reads_without_a_record() -> None:
 def test_an_archive_of_another_version_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown archive version"):
         Archive.decode(b"\x07" + archive().encode()[1:])
+    with pytest.raises(ValueError, match="unknown archive version"):
+        Archive.record_of(b"\x07" + archive().encode()[1:])
 
 
 @given(st.dictionaries(st.text(max_size=8), st.text(max_size=40), max_size=6),
