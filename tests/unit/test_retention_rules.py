@@ -80,6 +80,15 @@ def test_an_archive_with_the_jobs_record_reads_back_as_it_was_written() -> None:
     assert Archive.record_of(original.encode()) == original.record
 
 
+@given(st.dictionaries(st.sampled_from(["state", "version", "created_ms", "exit_diagnostics",
+                                        "user_id", "priority", "virtual_cluster"]),
+                       st.text(max_size=80), max_size=7))
+def test_any_record_reads_back_whole_and_alone(record: dict[str, str]) -> None:
+    blob = archive(record=record).encode()
+
+    assert Archive.decode(blob).record == record == Archive.record_of(blob)
+
+
 def test_an_archive_of_version_1_still_reads_without_a_record() -> None:
     decoded = Archive.decode(V1_BLOB)
 
