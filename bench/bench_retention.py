@@ -102,6 +102,13 @@ def planned_config(index: int) -> tuple[str, dict[str, Any], int, JobState]:
     return user, config, attempts, state
 
 
+def user_uid(user: str) -> str:
+    """The user's id as accounts.py gives one (`secrets.token_hex(12)`), the
+    same in every run: 24 hex digits that do not compress, as in a real
+    record."""
+    return random.Random(f"{SEED}:{user}").randbytes(12).hex()
+
+
 def _validated(user: str, raw: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = validate_job_config(raw, username=user, storage_roots=()).config
     return config
@@ -143,7 +150,7 @@ def drive_through_lifecycle(store: Store, index: int) -> str:
     rng = random.Random(index)
     user, raw, attempts, state = planned_config(index)
     raw["retryCount"] = attempts - 1
-    job = submit_job(store, user, _validated(user, raw), user_id=f"uid-{user}")
+    job = submit_job(store, user, _validated(user, raw), user_id=user_uid(user))
     spec = JobSpec.from_config(store.get_config(job.id) or {})
     for attempt in range(attempts):
         current = store.get_job(job.id)
@@ -181,7 +188,7 @@ def _write_finished(store: Store, pipe: Any, index: int) -> None:
     job = Job(id=job_id_of(user, spec.name), username=user, name=spec.name,
               virtual_cluster=spec.virtual_cluster, created_ms=created, version=1,
               gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles),
-              user_id=f"uid-{user}", priority=spec.priority_class, queue_seq=index + 1)
+              user_id=user_uid(user), priority=spec.priority_class, queue_seq=index + 1)
     pipe.set(keys.job_config(job.id), json.dumps(config, separators=(",", ":")))
     pipe.zadd(keys.JOBS, {job.id: created})
     pipe.zadd(keys.user_jobs(user), {job.id: created})
