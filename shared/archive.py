@@ -64,14 +64,24 @@ _DICTIONARY = (
     b'"attempt":0,"state":"SUCCEEDED","retried":false},{"kind":"stop-requested","time":17,'
     b'"state":"STOPPING"}],"s":[],"f":true}'
 )
-# Version 2 adds the record's words, last: deflate reaches the end of its
-# dictionary cheapest, and every archive has a record.
+# Version 2 adds the record's words, and the attempts, tasks and record laid
+# out as `encode` writes them (the monitor's diagnostics among them), last:
+# deflate reaches the end of its dictionary cheapest.
 _DICTIONARY_V2 = _DICTIONARY + (
     b',"n":1,"r":{"virtual_cluster":"default","state":"SUCCEEDED","version":"18",'
     b'"created_ms":"17","completed_ms":"17","attempt":"1","retries":"1",'
     b'"platform_retries":"1","execution_type":"STOP","exit_code":"0","exit_diagnostics":"",'
     b'"gpus":"1","started_ms":"17","user_id":"uid-","priority":"prod","preemptions":"1",'
     b'"retry_after_ms":"17","state":"FAILED","state":"STOPPED"}}'
+    b'"a":[{"index":0,"state":"SUCCEEDED","created_ms":17,"started_ms":17,"completed_ms":17,'
+    b'"exit_code":0,"reason":"all tasks completed"}],"t":[{"role":"worker","index":0,'
+    b'"state":"SUCCEEDED","node":"","ip":"10.","gpus":[0,1,2,3,4,5,6,7],'
+    b'"ports":{"default":[15000]},"container_id":"","exit_code":0,"launched_ms":17,'
+    b'"started_ms":17,"completed_ms":17},{"role":"main","index":0,"state":"FAILED",'
+    b'"exit_code":1,"diagnostics":"exit code 137 (killed by SIGKILL)","exit_code":1,'
+    b'"diagnostics":"exit code 1"}],"e":[],"s":[],"f":false,"n":0,"r":{"virtual_cluster":'
+    b'"default","state":"SUCCEEDED","version":"18","created_ms":"17","completed_ms":"17",'
+    b'"exit_code":"0","gpus":"1","started_ms":"17","user_id":"","priority":"prod"}}'
 )
 _DICTIONARIES = {_V1: _DICTIONARY, _VERSION: _DICTIONARY_V2}
 
