@@ -6,7 +6,10 @@ excluded, as the target says), then the retention sweep's compaction runs
 over every one of them (shared/retention.py `compact_job`), and Redis's own
 count of its memory (MEMORY STATS `total.allocated`, INFO's `used_memory`)
 is read before and after. Then 10,000 more jobs are added and compacted:
-the growth they cause is the cost of one more job at that size.
+the growth they cause is the cost of one more job at that size. Where the
+compacted bytes go is broken down by kind of key (MEMORY USAGE: the jobs'
+archives and any record hash, each job index), so the next saving is
+looked for where the bytes are.
 
 The records are written with the platform's writers: a sample of the jobs
 goes through the lifecycle itself (submit, placement, starts, exits, with
@@ -29,7 +32,7 @@ from typing import Any
 
 import redis
 
-from bench import Figure, Figures, throwaway_redis
+from bench import Figure, Figures, Table, throwaway_redis
 from shared import keys, retention
 from shared.jobspec import validate_job_config
 from shared.lifecycle import (
@@ -99,6 +102,13 @@ def planned_config(index: int) -> tuple[str, dict[str, Any], int, JobState]:
     return user, config, attempts, state
 
 
+def user_uid(user: str) -> str:
+    """The user's id as accounts.py gives one (`secrets.token_hex(12)`), the
+    same in every run: 24 hex digits that do not compress, as in a real
+    record."""
+    return random.Random(f"{SEED}:{user}").randbytes(12).hex()
+
+
 def _validated(user: str, raw: dict[str, Any]) -> dict[str, Any]:
     config: dict[str, Any] = validate_job_config(raw, username=user, storage_roots=()).config
     return config
@@ -140,7 +150,7 @@ def drive_through_lifecycle(store: Store, index: int) -> str:
     rng = random.Random(index)
     user, raw, attempts, state = planned_config(index)
     raw["retryCount"] = attempts - 1
-    job = submit_job(store, user, _validated(user, raw), user_id=f"uid-{user}")
+    job = submit_job(store, user, _validated(user, raw), user_id=user_uid(user))
     spec = JobSpec.from_config(store.get_config(job.id) or {})
     for attempt in range(attempts):
         current = store.get_job(job.id)
@@ -178,7 +188,7 @@ def _write_finished(store: Store, pipe: Any, index: int) -> None:
     job = Job(id=job_id_of(user, spec.name), username=user, name=spec.name,
               virtual_cluster=spec.virtual_cluster, created_ms=created, version=1,
               gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles),
-              user_id=f"uid-{user}", priority=spec.priority_class, queue_seq=index + 1)
+              user_id=user_uid(user), priority=spec.priority_class, queue_seq=index + 1)
     pipe.set(keys.job_config(job.id), json.dumps(config, separators=(",", ":")))
     pipe.zadd(keys.JOBS, {job.id: created})
     pipe.zadd(keys.user_jobs(user), {job.id: created})
@@ -283,11 +293,58 @@ def job_bytes(r: redis.Redis, job_ids: Sequence[str]) -> float:
     return total / max(1, len(job_ids))
 
 
+def key_kind(key: str) -> str:
+    """Which part of the platform's data a key is, for `memory_by_kind`."""
+    if key == keys.JOBS:
+        return "index: all jobs"
+    for prefix, kind in ((keys.user_jobs(""), "index: per user"),
+                         (keys.vc_jobs(""), "index: per VC"),
+                         (keys.state_jobs(""), "index: per state")):
+        head, _, tail = prefix.partition("::")
+        if key.startswith(head + ":") and key.endswith(":" + tail):
+            return kind
+    if key.startswith(keys.job("")):
+        rest = key.removeprefix(keys.job(""))
+        return "job: " + (rest.rpartition(":")[2] if ":" in rest else "record hash")
+    return "other"
+
+
+def memory_by_kind(r: redis.Redis, jobs: int) -> Table:
+    """MEMORY USAGE summed by kind of key, per job; and how many such keys
+    (with their encoding, which decides their cost) there are."""
+    total: dict[str, int] = {}
+    count: dict[str, int] = {}
+    encodings: dict[str, set[str]] = {}
+    batch: list[str] = []
+
+    def measure() -> None:
+        pipe = r.pipeline(transaction=False)
+        for key in batch:
+            pipe.memory_usage(key, samples=0)
+            pipe.object("encoding", key)
+        replies = pipe.execute()
+        for n, key in enumerate(batch):
+            kind = key_kind(key)
+            total[kind] = total.get(kind, 0) + int(replies[2 * n] or 0)
+            count[kind] = count.get(kind, 0) + 1
+            encodings.setdefault(kind, set()).add(str(replies[2 * n + 1]))
+        batch.clear()
+
+    for key in r.scan_iter(count=1000):
+        batch.append(key)
+        if len(batch) == 1000:
+            measure()
+    measure()
+    return {kind: {"keys": count[kind], "bytes/job": round(total[kind] / jobs, 1),
+                   "encoding": "/".join(sorted(encodings[kind]))}
+            for kind in sorted(total, key=lambda k: -total[k])}
+
+
 def run() -> Figures:
     jobs = int(os.environ.get("PAI_BENCH_JOBS", JOBS))
     more = max(1, jobs // 10) if jobs != JOBS else MORE
     workers = max(1, min(4, os.cpu_count() or 1))
-    figures: dict[str, Figure] = {"jobs": jobs}
+    figures: dict[str, Figure | Table] = {"jobs": jobs}
     with throwaway_redis() as url:
         r = redis.Redis.from_url(url, decode_responses=True)
         store = Store(r)
@@ -314,6 +371,8 @@ def run() -> Figures:
         before = used_memory(r) - base
         compacted = compact_all(url, workers)
         after = used_memory(r) - base
+        # the lifecycle's sample and its twins are there too
+        figures["compacted, by kind of key (MEMORY USAGE)"] = memory_by_kind(r, jobs + 2 * SAMPLE)
         fill(url, jobs, jobs + more, workers)
         grown_before = used_memory(r) - base
         compact_all(url, workers)

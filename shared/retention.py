@@ -9,14 +9,17 @@ repeatable after a kill -9 at any point:
 1. Compact: PAI_RETENTION_COMPACT_AFTER_SECONDS after a job finished, each
    task attempt's log file in the log tree is made whole from its stream
    (shared/logfiles.py) and the stream leaves Redis; the config, attempts,
-   the last attempt's tasks and a summary of the events fold into one
-   compressed archive (shared/archive.py) and their keys go; the record
-   drops what only a live job uses. The API reads the same job before and
-   after (shared/store.py falls back to the archive; logs come from files).
+   the last attempt's tasks, a summary of the events and the record (less
+   what only a live job uses) fold into one compressed archive
+   (shared/archive.py) and their keys go, the record's hash too. The API
+   reads the same job before and after (shared/store.py falls back to the
+   archive; logs come from files).
 2. Expire: finished jobs older than PAI_RETENTION_DAYS go with every key
    they had, their index entries and their log files.
 3. Repair: a bounded walk over the finished jobs' indexes enrolls any that
-   finished without reaching the sweep's list (jobs from before it existed).
+   finished without reaching the sweep's list (jobs from before it existed),
+   and any compacted into a version 1 archive with its record beside it:
+   compaction folds that record in.
 
 A job that is not final is never touched: each step re-reads it under
 WATCH and gives up unless it is final.
@@ -28,7 +31,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 
@@ -95,8 +98,10 @@ def sweep(store: Store, settings: Settings, now: int | None = None) -> SweepRepo
 def enroll_finished(store: Store, batch: int) -> int:
     """Walk `batch` more jobs of each final state's index (oldest first, from
     where the last walk stopped, wrapping at the end) and enroll the ones
-    neither compacted nor waiting for it. ZADD NX: an enrolled job that was
-    compacted meanwhile is simply dropped from the list by `compact_job`."""
+    neither compacted nor waiting for it: those with a record hash (a
+    compacted job has none, but for a version 1 archive's). ZADD NX: an
+    enrolled job that was compacted meanwhile is simply dropped from the
+    list by `compact_job`."""
     enrolled = 0
     for state in FINAL_STATES:
         start = int(store.r.hget(keys.RETENTION_CURSOR, state.value) or 0)
@@ -105,13 +110,12 @@ def enroll_finished(store: Store, batch: int) -> int:
             pipe = store.r.pipeline(transaction=False)
             pipe.zmscore(keys.RETENTION_PENDING, ids)
             for job_id in ids:
-                pipe.exists(keys.job_archive(job_id))
                 pipe.hmget(keys.job(job_id), "completed_ms", "created_ms")
             pending, *replies = pipe.execute()
             missing = {}
             for n, job_id in enumerate(ids):
-                archived, (completed, created) = replies[2 * n], replies[2 * n + 1]
-                if pending[n] is None and not archived and (completed or created):
+                completed, created = replies[n]
+                if pending[n] is None and (completed or created):
                     missing[job_id] = int(completed or created)
             if missing:
                 enrolled += int(store.r.zadd(keys.RETENTION_PENDING, missing, nx=True))
@@ -124,14 +128,10 @@ def enroll_finished(store: Store, batch: int) -> int:
 
 
 def compacted_record(job: Job, attempts: Sequence[Attempt]) -> dict[str, str]:
-    """The record a finished job keeps: without the fields only a live job
-    uses, those at their default (`Job.from_fields` restores them), and its
-    diagnostics when its last attempt tells them (`archive.diagnostics_of`).
-
-    Short values only, so Redis keeps the hash in its compact encoding (a
-    value past `hash-max-listpack-value`, 64 bytes, such as a waiting
-    explanation, turns a hash into a table for good, at twice the memory):
-    the record is written anew, not trimmed."""
+    """The record a finished job keeps in its archive: without the fields
+    only a live job uses, those at their default (`Job.from_fields` restores
+    them), the id, user and name (the archive's key says them), and its
+    diagnostics when its last attempt tells them (`archive.diagnostics_of`)."""
     drop = set(RUNNING_ONLY_FIELDS) | {"id", "username", "name"}
     if told_by_attempts(job.state.value, job.exit_diagnostics, attempts):
         drop.add("exit_diagnostics")
@@ -143,15 +143,25 @@ def compacted_record(job: Job, attempts: Sequence[Attempt]) -> dict[str, str]:
 def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
     """Fold a finished job into its archive and move its logs to files; False
     when there was nothing to do (not final, gone, done already), and then
-    the job leaves the sweep's list."""
-    job_key = keys.job(job_id)
+    the job leaves the sweep's list. A job compacted into a version 1
+    archive, its record a hash beside it, gets the record folded in."""
+    job_key, archive_key = keys.job(job_id), keys.job_archive(job_id)
 
     def decide(pipe: Pipe) -> bool:
         job = store.read_job(pipe, job_id)
-        if job is None or not job.state.is_final or pipe.exists(keys.job_archive(job_id)):
+        earlier = store.read_archive(pipe, job_id) if job is not None else None
+        if job is None or not job.state.is_final or (
+                earlier is not None and earlier.record is not None):
             pipe.multi()
             pipe.zrem(keys.RETENTION_PENDING, job_id)
             return False
+        if earlier is not None:
+            pipe.multi()
+            pipe.set(archive_key, replace(
+                earlier, record=compacted_record(job, earlier.attempts)).encode())
+            pipe.delete(job_key)
+            pipe.zrem(keys.RETENTION_PENDING, job_id)
+            return True
         task_keys = [keys.job_tasks(job_id, a) for a in range(job.attempt + 1)]
         pipe.watch(*task_keys)
         tasks = {a: store.read_tasks(pipe, job_id, a) for a in range(job.attempt + 1)}
@@ -172,17 +182,16 @@ def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
                                key=lambda t: (t.role, t.index))),
             events=summarize_events(store.read_events(pipe, job_id)),
             streams=tuple(task_ref(*ref) for ref in kept), logs_filed=bool(log_dir),
-            last_attempt=job.attempt)
+            last_attempt=job.attempt, record=compacted_record(job, attempts))
         pipe.multi()
-        pipe.set(keys.job_archive(job_id), archive.encode())
+        pipe.set(archive_key, archive.encode())
         pipe.delete(job_key, keys.job_config(job_id), keys.job_attempts(job_id),
                     keys.job_events(job_id), *task_keys,
                     *(keys.task_log(job_id, *ref) for ref in filed))
-        pipe.hset(job_key, mapping=compacted_record(job, attempts))
         pipe.zrem(keys.RETENTION_PENDING, job_id)
         return True
 
-    return store.transact(decide, job_key)
+    return store.transact(decide, job_key, archive_key)
 
 
 def _attempts(reader: Reader, job_id: str) -> list[Attempt]:
@@ -262,7 +271,7 @@ def expire_job(store: Store, job_id: str, log_dir: str | None, cutoff_ms: int) -
         forget_job(store, pipe, current, doomed)
         return True
 
-    return store.transact(decide, keys.job(job_id))
+    return store.transact(decide, keys.job(job_id), keys.job_archive(job_id))
 
 
 def remove_logs(log_dir: str | None, job_id: str) -> None:
@@ -299,13 +308,11 @@ def expire_due(store: Store, cutoff_ms: int, batch: int, log_dir: str | None) ->
                                                start=0, num=batch * EXPIRY_LOOKAHEAD)
         if not ids:
             continue
-        pipe = store.r.pipeline(transaction=False)
+        found = store.read_jobs(ids)
         for job_id in ids:
-            pipe.hget(keys.job(job_id), "completed_ms")
-        for job_id, completed in zip(ids, pipe.execute(), strict=True):
             if expired >= batch:
                 break
-            if completed and int(completed) >= cutoff_ms:
-                continue
-            expired += expire_job(store, job_id, log_dir, cutoff_ms)
+            job = found.get(job_id)
+            if job is not None and _expired(job, cutoff_ms):
+                expired += expire_job(store, job_id, log_dir, cutoff_ms)
     return expired

@@ -239,7 +239,8 @@ class Store:
             keys.job_attempts(job.id), keys.state_jobs(job.state), keys.JOBS,
             keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster), keys.QUEUE,
             keys.vc_queue(job.virtual_cluster), keys.job_events(job.id), keys.QUEUE_SEQ,
-            keys.PASS_REQUESTED, *(expect.key for expect in expectations)]
+            keys.PASS_REQUESTED, *(expect.key for expect in expectations),
+            keys.job_archive(job.id)]  # a compacted job keeps its record there
         if self._create_job is None:
             self._create_job = self.r.register_script(_CREATE_JOB)
         script = self._create_job
@@ -282,9 +283,17 @@ class Store:
         pipe.hset(keys.job(job.id), mapping=job.to_fields())
 
     def read_job(self, reader: Reader, job_id: str) -> Job | None:
+        """The job's record: its hash, or once compacted its archive's.
+
+        A compacted job has no hash (shared/retention.py): it never changes
+        again but by going away, and every write of a new record under its
+        id writes the hash, so a transaction that watches the hash (and
+        re-reads here) still sees every change that matters to it."""
         fields = reader.hgetall(keys.job(job_id))
-        # a compacted record leaves out its id, which its key says (shared/retention.py)
-        return Job.from_fields({"id": job_id, **fields}) if fields else None
+        if fields:
+            # a compacted record leaves out its id, which its key says
+            return Job.from_fields({"id": job_id, **fields})
+        return _archived_job(job_id, self.read_archive(reader, job_id))
 
     def get_job(self, job_id: str) -> Job | None:
         return self.read_job(self.r, job_id)
@@ -463,11 +472,29 @@ class Store:
         return matched if wanted is None else matched[:wanted]
 
     def _jobs(self, ids: Sequence[str]) -> list[Job]:
+        found = self.read_jobs(ids)
+        return [found[i] for i in ids if i in found]
+
+    def read_jobs(self, ids: Sequence[str]) -> dict[str, Job]:
+        """The records of the jobs that exist among `ids`, in two round trips
+        at most: the hashes, then the archives of the compacted ones."""
+        if not ids:
+            return {}
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hgetall(keys.job(job_id))
-        return [Job.from_fields({"id": i, **f}) for i, f in zip(ids, pipe.execute(), strict=True)
-                if f] if ids else []
+        found = {i: Job.from_fields({"id": i, **f})
+                 for i, f in zip(ids, pipe.execute(), strict=True) if f}
+        compacted = [i for i in ids if i not in found]
+        if compacted:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in compacted:
+                pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
+            for job_id, blob in zip(compacted, pipe.execute(), strict=True):
+                record = Archive.record_of(blob) if blob else None
+                if record is not None:
+                    found[job_id] = Job.from_fields({"id": job_id, **record})
+        return found
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
@@ -678,7 +705,8 @@ def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
 # with itself, not as a conflict. `#!lua` makes Redis treat it as a write up
 # front: a primary refusing writes (min-replicas-to-write) refuses it whole.
 # KEYS: job, config, tasks, attempts, state index, all jobs, user's jobs,
-#   VC's jobs, queue, VC's queue, events, queue sequence, pass flag.
+#   VC's jobs, queue, VC's queue, events, queue sequence, pass flag, then
+#   each expectation's key, then the job's archive.
 # ARGV: job id, created ms, config JSON, attempt index, attempt JSON, VC
 #   queue score without the sequence, event time, events bound, pass flag ms
 #   (0: leave it), number of task fields, number of expectations, then each
@@ -718,6 +746,9 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   return {'taken', 0}
 end
+if redis.call('EXISTS', KEYS[14 + expected]) == 1 then  -- compacted: its name is taken
+  return {'taken', 0}
+end
 local seq = redis.call('INCR', KEYS[12])
 local tasks_start = 12 + 3 * expected
 local tasks_end = tasks_start - 1 + 2 * tonumber(ARGV[10])
@@ -737,6 +768,14 @@ redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'submitted',
   'time', ARGV[7], 'attempt', ARGV[4])
 return {'new', claim(), seq}
 """
+
+
+def _archived_job(job_id: str, archive: Archive | None) -> Job | None:
+    """A compacted job's record from its archive; None without one, or from
+    a version 1 archive (its record is a hash of its own)."""
+    if archive is None or archive.record is None:
+        return None
+    return Job.from_fields({"id": job_id, **archive.record})
 
 
 def task_is_live(task: Task) -> bool:

@@ -214,14 +214,13 @@ def test_a_compacted_job_reads_the_same_through_the_api(client: FlaskClient, sto
     assert client.get("/api/v1/user/root/jobs/same/config").json == config
     assert client.get("/api/v1/jobs").json == listed
     assert client.get("/api/v1/user/root/jobs/same").json == detail
-    assert sorted(job_key_names(store.r, job_id)) == [keys.job(job_id),
-                                                      keys.job_archive(job_id)]
+    assert job_key_names(store.r, job_id) == [keys.job_archive(job_id)]  # the record in it
 
 
-def test_a_failed_job_that_waited_keeps_a_compact_record_and_reads_the_same(
+def test_a_failed_job_that_waited_keeps_its_record_in_the_archive_and_reads_the_same(
         client: FlaskClient, store: Store, settings: Settings) -> None:
     """A waiting explanation (past Redis's 64-byte compact value) turned the
-    record into a hash table: compaction writes it anew, compact again."""
+    record into a hash table: compaction folds what is left into the archive."""
     job_id = submit(client, "waited")
     assert set_waiting(store, job_id, "no node has a free GPU", "{\"reason\": \"" + "x" * 200 +
                        "\"}")
@@ -234,10 +233,92 @@ def test_a_failed_job_that_waited_keeps_a_compact_record_and_reads_the_same(
 
     compact_all(store, settings)
 
-    assert store.r.object("encoding", keys.job(job_id)) == "listpack"
+    assert job_key_names(store.r, job_id) == [keys.job_archive(job_id)]
     status = detail["taskRoles"]["main"]["taskStatuses"][0]
     status["containerId"] = status["containerId"][:12]  # Docker's short id, once compacted
     assert client.get("/api/v1/user/root/jobs/waited").json == detail
+
+
+LISTINGS = [
+    {}, {"withTotalCount": "true"}, {"state": "STOPPED", "withTotalCount": "true"},
+    {"state": "WAITING"}, {"username": "root", "limit": "2"},
+    {"username": "root", "offset": "2", "limit": "2", "withTotalCount": "true"},
+    {"vc": "default", "state": "STOPPED", "offset": "1", "limit": "2"},
+    {"keyword": "mix-00", "withTotalCount": "true"}, {"keyword": "mix", "offset": "4"},
+    {"username": "nobody"},
+]
+
+
+def test_a_listing_reads_the_same_whichever_of_its_jobs_are_compacted(
+        client: FlaskClient, store: Store, settings: Settings) -> None:
+    """Filters, paging, totals and order over live, compacted and uncompacted
+    finished jobs: the compacted records come from the archives."""
+    names = [f"mix-{n:03d}" for n in range(7)]
+    for n, name in enumerate(names):
+        if n % 3 == 2:
+            submit(client, name)  # still waiting
+        else:
+            finished(client, store, settings, name, lines=1)
+    before = [(query, client.get("/api/v1/jobs", query_string=query).json)
+              for query in LISTINGS]
+    own = client.get("/api/v1/user/root/jobs").json
+
+    for name in names[:4]:  # two compacted, two not, one waiting
+        retention.compact_job(store, f"root~{name}", settings.task_log_dir)
+
+    assert [keys.job(f"root~{name}") in job_key_names(store.r, f"root~{name}")
+            for name in names] == [False, False, True, False, True, True, True]
+    assert [(query, client.get("/api/v1/jobs", query_string=query).json)
+            for query in LISTINGS] == before
+    assert client.get("/api/v1/user/root/jobs").json == own
+    assert len(before[2][1]["data"]) == before[2][1]["totalCount"] == 5  # not a vacuous page
+
+
+def test_the_name_of_a_compacted_job_stays_taken_until_it_is_deleted(
+        client: FlaskClient, store: Store, settings: Settings) -> None:
+    """Its record is no longer a hash of its own: a submit must not take the
+    name over (a second record beside the first, the first one's archive
+    read as the new job's)."""
+    job_id = finished(client, store, settings, "taken", lines=1)
+    compact_all(store, settings)
+    kept = store.r.dump(keys.job_archive(job_id))
+    job = {"jobName": "taken", "image": "busybox", "taskRoles": [
+        {"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128, "gpuNumber": 0,
+         "command": "true"}]}
+
+    assert client.post("/api/v1/jobs", json=job).status_code == 409
+
+    assert job_key_names(store.r, job_id) == [keys.job_archive(job_id)]
+    assert store.r.dump(keys.job_archive(job_id)) == kept
+    assert client.delete("/api/v1/user/root/jobs/taken").status_code == 200
+    assert client.post("/api/v1/jobs", json=job).status_code == 202
+
+
+def test_a_job_compacted_with_its_record_beside_the_archive_reads_the_same_and_is_folded(
+        client: FlaskClient, store: Store, settings: Settings) -> None:
+    """Jobs compacted before the record moved into the archive (a version 1
+    archive and a record hash): read as they are, then folded by the sweep."""
+    job_id = finished(client, store, settings, "earlier", lines=3)
+    compact_all(store, settings)
+    archive = store.read_archive(store.r, job_id)
+    assert archive is not None and archive.record is not None
+    pipe = store.r.pipeline()
+    pipe.set(keys.job_archive(job_id), replace(archive, record=None).encode())
+    pipe.hset(keys.job(job_id), mapping=archive.record)
+    pipe.execute()
+    detail = client.get("/api/v1/user/root/jobs/earlier").json
+    listed = client.get("/api/v1/jobs", query_string={"state": "STOPPED"}).json
+    log = text(client, job_id)
+
+    report = compact_all(store, settings)
+
+    assert (report.enrolled, report.compacted) == (1, 1)
+    assert job_key_names(store.r, job_id) == [keys.job_archive(job_id)]
+    assert store.read_archive(store.r, job_id) == archive
+    assert client.get("/api/v1/user/root/jobs/earlier").json == detail
+    assert client.get("/api/v1/jobs", query_string={"state": "STOPPED"}).json == listed
+    assert text(client, job_id) == log
+    assert compact_all(store, settings) == retention.SweepReport()  # nothing more to do
 
 
 # ---------------------------------------------------------------- expiry and delete
@@ -328,7 +409,7 @@ def test_a_sweep_killed_half_way_then_run_again_converges(
 
     assert store.r.zcard(keys.RETENTION_PENDING) == 0
     for job_id in jobs:
-        assert job_key_names(store.r, job_id) == [keys.job(job_id), keys.job_archive(job_id)]
+        assert job_key_names(store.r, job_id) == [keys.job_archive(job_id)]
         assert text(client, job_id, tail="100000").splitlines() == \
             [f"line {n} of {job_id}" for n in range(1, 301)]
 
@@ -386,7 +467,7 @@ def test_a_job_that_finished_before_the_sweep_existed_is_found_and_compacted(
     report = compact_all(store, settings)
 
     assert (report.enrolled, report.compacted) == (1, 1)
-    assert job_key_names(store.r, job_id) == [keys.job(job_id), keys.job_archive(job_id)]
+    assert job_key_names(store.r, job_id) == [keys.job_archive(job_id)]
 
 
 def test_a_link_planted_where_a_filed_log_lies_is_never_followed(
