@@ -93,8 +93,8 @@ def ensure_tree(log_dir: str, group: int | None) -> None:
         if group is None:
             safefs.own(fd, modes.dir_mode, None)  # just made: undo the umask
             return
-        if info.st_gid == group and stat.S_IMODE(info.st_mode) == modes.dir_mode:
-            return
+        if info.st_gid == group and stat.S_IMODE(info.st_mode) & 0o777 == modes.dir_mode & 0o777:
+            return  # (setgid aside: root without CAP_FSETID outside the group loses it)
         if os.geteuid() not in (0, info.st_uid):
             return
         _bring_over(log_dir, modes)
