@@ -80,10 +80,12 @@ def finished_job(settings: Settings, store: Store, name: str, *, to_file: bool) 
     return job_id
 
 
-def as_pai(redis_server: str, root: Path, group: int | None, job_id: str) -> dict[str, Any]:
+def as_pai(redis_server: str, root: Path, group: int | None, job_id: str, *,
+           remove: bool = False) -> dict[str, Any]:
     """In a forked child running as uid/gid 10001 with no other group (the
     interpreter lives under /root, out of its reach, so no new process): the
-    scheduler's retention sweep, then the API's read of the filed log."""
+    scheduler's retention sweep, then the API's read of the filed log, and
+    with `remove` the API's removal of the job's logs (a user's delete)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -103,8 +105,10 @@ def as_pai(redis_server: str, root: Path, group: int | None, job_id: str) -> dic
                 read = "ok"
             except PermissionError:
                 lines, read = [], "denied"
+            removed = logfiles.remove_job_logs(settings.task_log_dir or "", job_id) \
+                if remove else False
             os.write(write_end, json.dumps({"compacted": report.compacted, "read": read,
-                                            "lines": lines}).encode())
+                                            "lines": lines, "removed": removed}).encode())
             code = 0
         except BaseException:
             traceback.print_exc()
@@ -136,12 +140,13 @@ def test_with_the_group_the_unprivileged_sweep_files_and_reads_the_logs_root_wro
     assert mode_and_group(tree) == (0o2770, PAI)
     assert mode_and_group(root_file.parent) == (0o2770, PAI)
 
-    result = as_pai(redis_server, storage_root, PAI, written)
+    result = as_pai(redis_server, storage_root, PAI, written, remove=True)
 
     assert result["read"] == "ok"
     assert result["lines"] == [f"line {n} of {written}" for n in (58, 59, 60)]
     assert result["compacted"] == 1
     assert not redis_client.exists(keys.task_log(written, 0, "main", 0))  # filed: out of Redis
+    assert result["removed"] and not (tree / written).exists()  # a user's delete, by the API
 
 
 def test_with_the_group_the_unprivileged_sweep_files_a_new_log_in_the_tree(
