@@ -108,8 +108,8 @@ def _bring_over(log_dir: str, modes: TreeModes) -> None:
     modes, following no link (fwalk holds each folder open; a file is opened
     without following a link and changed through its descriptor)."""
     count = 0
-    for _path, _dirs, files, dir_fd in os.fwalk(log_dir, follow_symlinks=False):
-        if _path != log_dir:
+    for path, _dirs, files, dir_fd in os.fwalk(log_dir, follow_symlinks=False):
+        if path != log_dir:
             safefs.own(dir_fd, modes.dir_mode, modes.group)
         for name in files:
             try:
