@@ -288,6 +288,10 @@ class Settings:
     # PAI_LOG_DIR: the platform's own tree of full task logs; empty means
     # `<first storage root>/.pai-logs` (see task_log_dir).
     log_dir: str = ""
+    # PAI_LOG_GROUP: a numeric group id the log tree belongs to (folders 2770,
+    # files 0660) so the unprivileged api and scheduler read and file logs in
+    # it; None: root's own (0750, 0640). shared/logfiles.py `TreeModes`.
+    log_group: int | None = None
 
     @property
     def task_log_dir(self) -> str | None:
@@ -403,6 +407,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         container_pids_limit=_int(env, "PAI_CONTAINER_PIDS_LIMIT",
                                   defaults.container_pids_limit) or 0,
         log_dir=_log_dir(env),
+        log_group=_int(env, "PAI_LOG_GROUP", None),
         api_follows_per_user=_int(env, "PAI_API_FOLLOWS_PER_USER",
                                   defaults.api_follows_per_user)
         or defaults.api_follows_per_user,

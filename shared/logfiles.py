@@ -12,17 +12,29 @@ A file can miss lines the stream has: a monitor killed between the two
 writes loses that batch from the file, and a file whose write failed stays
 short. `plan_repair` decides, from counts alone, how to make the file whole
 before its stream goes; `make_whole` does it.
+
+Who may read and write the tree: the node agent writes it as root, the api
+and scheduler run unprivileged (uid 10001 in the image). Without
+PAI_LOG_GROUP the tree is root's own (folders 0750, files 0640); with it,
+every folder is made group-owned by that group with mode 2770 (setgid:
+what is made inside keeps the group) and every file 0660, by every writer
+alike (`TreeModes`). Nothing is ever readable by others: users' logs are
+theirs. `ensure_tree` makes the tree's own folder, and brings a tree made
+by an earlier version (or without the setting) over to the group once.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from shared import safefs
 from shared.storage import task_log_parts
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 CUT_PREFIX = "[pai: log cut at "
@@ -40,6 +52,79 @@ def dropped_marker(count: int) -> str:
 
 def _encode(lines: Sequence[str]) -> bytes:
     return "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- the tree's access
+
+
+@dataclass(frozen=True)
+class TreeModes:
+    """How the log tree's folders and files are made: root's own without a
+    group, shared with the group `group` (PAI_LOG_GROUP) with one."""
+
+    group: int | None = None
+
+    @property
+    def dir_mode(self) -> int:
+        return 0o750 if self.group is None else 0o2770
+
+    @property
+    def file_mode(self) -> int:
+        return 0o640 if self.group is None else 0o660
+
+
+def ensure_tree(log_dir: str, group: int | None) -> None:
+    """Make the tree's own folder, never its parents (under a storage root
+    that is not mounted, a local folder must not appear in its place). With
+    a group, a tree whose own folder is not yet the group's (made by an
+    earlier version, or before the setting) is brought over whole: every
+    folder and file in it, then its own folder last, so a run cut short is
+    done again by the next. Only root or the tree's owner can; anyone else
+    leaves it as it is (and a write that needs it fails, loudly, later)."""
+    modes = TreeModes(group)
+    try:
+        os.mkdir(log_dir, modes.dir_mode)
+    except FileExistsError:
+        if group is None:
+            return
+    fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if group is None:
+            safefs.own(fd, modes.dir_mode, None)  # just made: undo the umask
+            return
+        if info.st_gid == group and stat.S_IMODE(info.st_mode) & 0o777 == modes.dir_mode & 0o777:
+            return  # (setgid aside: root without CAP_FSETID outside the group loses it)
+        if os.geteuid() not in (0, info.st_uid):
+            return
+        _bring_over(log_dir, modes)
+        safefs.own(fd, modes.dir_mode, group)
+    finally:
+        os.close(fd)
+
+
+def _bring_over(log_dir: str, modes: TreeModes) -> None:
+    """Give every folder and plain file below `log_dir` the tree's group and
+    modes, following no link (fwalk holds each folder open; a file is opened
+    without following a link and changed through its descriptor)."""
+    count = 0
+    for path, _dirs, files, dir_fd in os.fwalk(log_dir, follow_symlinks=False):
+        if path != log_dir:
+            safefs.own(dir_fd, modes.dir_mode, modes.group)
+        for name in files:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             dir_fd=dir_fd)
+            except OSError:
+                continue  # a link, or gone
+            try:
+                info = os.fstat(fd)
+                if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+                    safefs.own(fd, modes.file_mode, modes.group)
+                    count += 1
+            finally:
+                os.close(fd)
+    log.info("the log tree %s now belongs to group %s (%d files)", log_dir, modes.group, count)
 
 
 # ---------------------------------------------------------------- deciding
@@ -174,10 +259,11 @@ def _first_lines(log_dir: str, parts: Sequence[str], count: int) -> Iterator[byt
 
 
 def make_whole(log_dir: str, job_id: str, attempt: int, role: str, index: int,
-               stream_lines: Sequence[str], added: int) -> Repair:
+               stream_lines: Sequence[str], added: int, group: int | None = None) -> Repair:
     """Make a task's log file hold its whole log before the stream goes:
-    `stream_lines` are the lines the stream keeps, of `added` ever shipped.
-    Idempotent: a file made whole is kept as it is the next time."""
+    `stream_lines` are the lines the stream keeps, of `added` ever shipped;
+    what it makes belongs to `group` (TreeModes). Idempotent: a file made
+    whole is kept as it is the next time."""
     parts = task_log_parts(job_id, attempt, role, index)
     last = tail(log_dir, parts, 1)
     if last and last[0].startswith(CUT_PREFIX):
@@ -189,11 +275,12 @@ def make_whole(log_dir: str, job_id: str, attempt: int, role: str, index: int,
                          tail_matches=matches)
     if repair.keep:
         return repair
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(log_dir, 0o750)  # the tree's own folder, never its parents (logfile.py)
+    ensure_tree(log_dir, group)
+    modes = TreeModes(group)
     prefix = list(_first_lines(log_dir, parts, repair.prefix)) if repair.prefix else []
     marker = [_encode([dropped_marker(repair.dropped)])] if repair.dropped else []
-    safefs.replace(log_dir, parts, [*prefix, *marker, _encode(stream_lines)])
+    safefs.replace(log_dir, parts, [*prefix, *marker, _encode(stream_lines)],
+                   dir_mode=modes.dir_mode, file_mode=modes.file_mode, group=group)
     return repair
 
 

@@ -84,7 +84,8 @@ def sweep(store: Store, settings: Settings, now: int | None = None) -> SweepRepo
     for job_id in due:
         if time.monotonic() > stop_at:
             break
-        compacted += compact_job(store, job_id, settings.task_log_dir)
+        compacted += compact_job(store, job_id, settings.task_log_dir,
+                                 group=settings.log_group)
     expired = 0
     if settings.retention_days > 0:
         expired = expire_due(store, now - settings.retention_days * DAY_MS, batch,
@@ -140,7 +141,8 @@ def compacted_record(job: Job, attempts: Sequence[Attempt]) -> dict[str, str]:
             or (name not in drop and value != _DEFAULT_FIELDS.get(name))}
 
 
-def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
+def compact_job(store: Store, job_id: str, log_dir: str | None,
+                group: int | None = None) -> bool:
     """Fold a finished job into its archive and move its logs to files; False
     when there was nothing to do (not final, gone, done already), and then
     the job leaves the sweep's list. A job compacted into a version 1
@@ -172,7 +174,8 @@ def compact_job(store: Store, job_id: str, log_dir: str | None) -> bool:
         if log_dir and refs:
             pipe.watch(*(keys.task_log(job_id, *ref) for ref in refs))  # a late line: again
             for ref in refs:
-                (filed if _file_log(pipe, log_dir, job_id, *ref) else kept).append(ref)
+                (filed if _file_log(pipe, log_dir, job_id, *ref, group=group)
+                 else kept).append(ref)
         raw_config = pipe.get(keys.job_config(job_id))
         attempts = tuple(sorted(_attempts(pipe, job_id), key=lambda a: a.index))
         archive = Archive(
@@ -200,7 +203,7 @@ def _attempts(reader: Reader, job_id: str) -> list[Attempt]:
 
 
 def _file_log(reader: Reader, log_dir: str, job_id: str, attempt: int, role: str,
-              index: int) -> bool:
+              index: int, group: int | None = None) -> bool:
     """Make the task's log file whole from its stream: True when the stream
     may go (the file has it all, or there is no stream), False when the file
     cannot be written (the stream then stays, and the log with it)."""
@@ -213,7 +216,7 @@ def _file_log(reader: Reader, log_dir: str, job_id: str, attempt: int, role: str
     added = max(kept, int(info.get("entries-added") or kept))
     lines = [fields.get("l", "") for _id, fields in reader.xrange(key)]
     try:
-        logfiles.make_whole(log_dir, job_id, attempt, role, index, lines, added)
+        logfiles.make_whole(log_dir, job_id, attempt, role, index, lines, added, group)
     except OSError as error:
         log.warning("cannot file the log of %s %s[%d] (attempt %d): it stays in Redis (%s)",
                     job_id, role, index, attempt, error)

@@ -9,6 +9,11 @@ each component relative to the previous one with `O_NOFOLLOW | O_DIRECTORY`,
 creating missing ones with `mkdir(dir_fd=...)`, so a link anywhere below the
 start makes the walk fail (ELOOP or ENOTDIR) instead of leading elsewhere.
 The file at the end is opened the same way and must be a regular file.
+
+A `group` given to the writers makes every folder and file they create
+belong to that group, with exactly the mode asked for: the log tree is
+written by root on the nodes and by the unprivileged api and scheduler
+(PAI_LOG_GROUP, shared/logfiles.py `TreeModes`).
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ def _check_name(name: str) -> None:
 
 @contextmanager
 def open_dir(start: str, parts: Sequence[str], *, create: bool = False,
-             mode: int = 0o755) -> Iterator[int]:
+             mode: int = 0o755, group: int | None = None) -> Iterator[int]:
     """A descriptor of `start/parts...`, reached without following a link
     below `start` (`start` itself is trusted and may be one). With `create`,
-    missing components are made with `mode` (exactly: the umask is undone).
+    missing components are made with `mode` (exactly: the umask is undone)
+    and, with `group`, owned by that group.
     Raises UnsafePath for a link or a non-folder on the way, FileNotFoundError
     for a missing component without `create`, and OSError otherwise."""
     for part in parts:
@@ -49,14 +55,23 @@ def open_dir(start: str, parts: Sequence[str], *, create: bool = False,
     try:
         for part in parts:
             parent, fd = fd, -1
-            fd = _step(parent, part, create, mode)  # closes parent, even on failure
+            fd = _step(parent, part, create, mode, group)  # closes parent, even on failure
         yield fd
     finally:
         if fd >= 0:
             os.close(fd)
 
 
-def _step(parent: int, name: str, create: bool, mode: int) -> int:
+def own(fd: int, mode: int, group: int | None) -> None:
+    """Give what `fd` opens exactly `mode` and, when given, the group `group`.
+    The group first: a change of group may clear a setgid bit, the mode then
+    sets it again (and the umask, which cut the mode at creation, is undone)."""
+    if group is not None and os.fstat(fd).st_gid != group:
+        os.fchown(fd, -1, group)
+    os.fchmod(fd, mode)
+
+
+def _step(parent: int, name: str, create: bool, mode: int, group: int | None) -> int:
     """Open `name` in `parent` (closing `parent`), creating it if asked."""
     try:
         for _ in range(2):  # a second try only if someone made it between our calls
@@ -70,7 +85,11 @@ def _step(parent: int, name: str, create: bool, mode: int) -> int:
             except FileExistsError:
                 continue
             child = os.open(name, _DIR_FLAGS, dir_fd=parent)
-            os.fchmod(child, mode)  # mkdir's mode is cut by the umask
+            try:
+                own(child, mode, group)  # mkdir's mode is cut by the umask
+            except BaseException:
+                os.close(child)
+                raise
             return child
         raise FileExistsError(errno.EEXIST, f"{name} keeps changing")
     except OSError as error:
@@ -83,28 +102,46 @@ def _step(parent: int, name: str, create: bool, mode: int) -> int:
 
 
 def append(start: str, parts: Sequence[str], data: bytes, *, dir_mode: int = 0o750,
-           file_mode: int = 0o640) -> None:
-    """Append `data` to the file `start/parts...`, creating it and its folders,
-    without following a link anywhere below `start`. A planted FIFO, device
-    or hard-linked file is refused, never written through."""
+           file_mode: int = 0o640, group: int | None = None) -> None:
+    """Append `data` to the file `start/parts...`, creating it (with
+    `file_mode` and `group`) and its folders (`dir_mode`, `group`), without
+    following a link anywhere below `start`. A planted FIFO, device or
+    hard-linked file is refused, never written through."""
     *folders, name = parts
     _check_name(name)
-    with open_dir(start, folders, create=True, mode=dir_mode) as parent:
-        try:
-            fd = os.open(name, _APPEND_FLAGS, file_mode, dir_fd=parent)
-        except OSError as error:
-            if error.errno in (errno.ELOOP, errno.ENXIO):
-                raise UnsafePath(error.errno, f"{name} is a symbolic link or a pipe") from None
-            raise
+    with open_dir(start, folders, create=True, mode=dir_mode, group=group) as parent:
+        fd, created = _open_append(parent, name, file_mode)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             raise UnsafePath(errno.EPERM, f"{name} is not a plain file of its own")
+        if created:
+            own(fd, file_mode, group)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def _open_append(parent: int, name: str, mode: int) -> tuple[int, bool]:
+    """(descriptor, whether this call created the file) of `name` in `parent`,
+    opened for appending without following a link."""
+    try:
+        for _ in range(2):  # a second try only if it went between our calls
+            try:
+                return os.open(name, _APPEND_FLAGS | os.O_EXCL, mode, dir_fd=parent), True
+            except FileExistsError:
+                pass
+            try:
+                return os.open(name, _APPEND_FLAGS & ~os.O_CREAT, dir_fd=parent), False
+            except FileNotFoundError:
+                continue
+        raise FileExistsError(errno.EEXIST, f"{name} keeps changing")
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENXIO):
+            raise UnsafePath(error.errno, f"{name} is a symbolic link or a pipe") from None
+        raise
 
 
 def real_dir(start: str, parts: Sequence[str], *, create: bool = False,
@@ -140,19 +177,20 @@ def open_file(start: str, parts: Sequence[str]) -> Iterator[int]:
 
 
 def replace(start: str, parts: Sequence[str], chunks: Iterable[bytes], *,
-            dir_mode: int = 0o750, file_mode: int = 0o640) -> None:
+            dir_mode: int = 0o750, file_mode: int = 0o640, group: int | None = None) -> None:
     """Write `start/parts...` anew from `chunks`: into a fresh file beside it,
     renamed over it at the end, so a reader (or a crash) sees the old file or
     the new one, never half of one. No link below `start` is followed."""
     *folders, name = parts
     _check_name(name)
     temp = f".{name}.{os.getpid()}.tmp"
-    with open_dir(start, folders, create=True, mode=dir_mode) as parent:
+    with open_dir(start, folders, create=True, mode=dir_mode, group=group) as parent:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp, dir_fd=parent)  # left by a writer that died
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      file_mode, dir_fd=parent)
         try:
+            own(fd, file_mode, group)
             for chunk in chunks:
                 view = memoryview(chunk)
                 while view:

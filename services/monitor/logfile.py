@@ -19,14 +19,13 @@ so a planted `logs` link made the monitor append to any host file.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
 
 from shared import safefs
 from shared.containers import TaskRef
-from shared.logfiles import cut_marker
+from shared.logfiles import TreeModes, cut_marker, ensure_tree
 from shared.storage import task_log_parts
 
 log = logging.getLogger(__name__)
@@ -55,8 +54,10 @@ class TaskLogFile:
     error, since the stream in Redis still has the lines. Past `max_bytes`
     (PAI_LOG_MAX_BYTES_PER_TASK) it stops, after one line saying so."""
 
-    def __init__(self, log_dir: str, ref: TaskRef, max_bytes: int = 0) -> None:
+    def __init__(self, log_dir: str, ref: TaskRef, max_bytes: int = 0,
+                 group: int | None = None) -> None:
         self.log_dir = log_dir
+        self.modes = TreeModes(group)  # PAI_LOG_GROUP: the api and scheduler read it too
         self.parts = log_file_parts(ref)
         self.path = os.path.join(log_dir, *self.parts)
         self.max_bytes = max_bytes
@@ -68,14 +69,15 @@ class TaskLogFile:
         if self.failed or self.cut or not lines:
             return
         try:
-            _ensure_tree(self.log_dir)
+            ensure_tree(self.log_dir, self.modes.group)
             if self.size is None:  # a restarted monitor goes on from what the file has
                 self.size = _size(self.log_dir, self.parts)
                 self.cut = bool(self.max_bytes) and self.size >= self.max_bytes
                 if self.cut:
                     return
             data, self.cut = within_cap(lines, self.size, self.max_bytes)
-            safefs.append(self.log_dir, self.parts, data)
+            safefs.append(self.log_dir, self.parts, data, dir_mode=self.modes.dir_mode,
+                          file_mode=self.modes.file_mode, group=self.modes.group)
             self.size += len(data)
         except OSError as error:
             self.failed = True
@@ -90,9 +92,3 @@ def _size(log_dir: str, parts: Sequence[str]) -> int:
     except FileNotFoundError:
         return 0
 
-
-def _ensure_tree(log_dir: str) -> None:
-    """Make the log tree's own folder, but not its parents: under a storage root
-    that is not mounted, a local folder must not appear in its place."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(log_dir, 0o750)

@@ -97,8 +97,10 @@ class LogShipper:
     def __init__(self, store: Store, container: Container, ref: TaskRef, max_lines: int,
                  batch_lines: int = FLUSH_LINES, log_dir: str | None = None,
                  max_file_bytes: int = 0,
-                 on_pending: Callable[[LogShipper], None] | None = None) -> None:
+                 on_pending: Callable[[LogShipper], None] | None = None,
+                 log_group: int | None = None) -> None:
         self.store, self.container, self.ref = store, container, ref
+        self.log_group = log_group
         self._on_pending = on_pending
         self.log_dir, self.max_file_bytes = log_dir, max_file_bytes
         self.task_name = describe(ref)
@@ -182,7 +184,8 @@ class LogShipper:
 
     def _open_log_file(self) -> TaskLogFile | None:
         """The full log's file in the platform's log tree, if there is one."""
-        return TaskLogFile(self.log_dir, self.ref, self.max_file_bytes) if self.log_dir else None
+        return TaskLogFile(self.log_dir, self.ref, self.max_file_bytes,
+                           self.log_group) if self.log_dir else None
 
     def _load_cursor(self) -> bool:
         failures = 0
@@ -293,8 +296,9 @@ class LogShipping:
 
     def __init__(self, store: Store, max_lines: int, flush_seconds: float = FLUSH_SECONDS,
                  batch_lines: int = FLUSH_LINES, log_dir: str | None = None,
-                 max_file_bytes: int = 0) -> None:
+                 max_file_bytes: int = 0, log_group: int | None = None) -> None:
         self.store, self.max_lines, self.log_dir = store, max_lines, log_dir
+        self.log_group = log_group
         self.max_file_bytes = max_file_bytes
         self.flush_seconds, self.batch_lines = flush_seconds, batch_lines
         self._shippers: dict[str, LogShipper] = {}
@@ -320,7 +324,8 @@ class LogShipping:
             if shipper is not None:
                 shipper.abandon()  # what it could not write, the new one reads again
             shipper = LogShipper(self.store, container, ref, self.max_lines, self.batch_lines,
-                                 self.log_dir, self.max_file_bytes, on_pending=self._queued)
+                                 self.log_dir, self.max_file_bytes, on_pending=self._queued,
+                                 log_group=self.log_group)
             self._shippers[key] = shipper
             shipper.start()
             if self._flusher is None and not self._stop.is_set():

@@ -97,7 +97,8 @@ class Monitor:
         self.settings, self.store, self.messenger = settings, store, messenger
         self.docker, self.node = docker_client, node_name
         self.shipping = LogShipping(store, settings.log_max_lines, log_dir=settings.task_log_dir,
-                                    max_file_bytes=settings.log_max_bytes_per_task)
+                                    max_file_bytes=settings.log_max_bytes_per_task,
+                                    log_group=settings.log_group)
         self._dispatch = KeyedDispatcher(HANDLER_THREADS)
         self._events_lock = threading.Lock()
         self._events_stream: Any = None

@@ -27,6 +27,7 @@ import random
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import time
 import uuid
@@ -41,6 +42,7 @@ import requests
 import yaml
 
 from bench.live_platform import wait_for
+from shared.storage import task_log_parts
 
 pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -308,6 +310,22 @@ def test_hello_world_succeeds_through_the_api(stack: Stack) -> None:
     assert "Hello from hello-world, task main[0] on 127.0.0.1:" in log
     # The output folder is on the host, where the job container's bind mount put it.
     assert (stack.storage / ADMIN[0] / "hello-world" / "output").is_dir()
+    # Its full log, written by the node agent (root) into the log tree, belongs
+    # to the group pai (PAI_LOG_GROUP): the api (user pai) reads it, the
+    # scheduler (user pai) may file logs beside it; others get nothing.
+    log_file = stack.storage.joinpath(".pai-logs", *task_log_parts(
+        f"{ADMIN[0]}~hello-world", 0, "main", 0))
+    wait_for(lambda: log_file.is_file() and b"Hello from" in log_file.read_bytes(),
+             timeout=30, interval=0.5, what="hello-world's log file in the log tree")
+    info = log_file.stat()
+    assert (info.st_gid, stat.S_IMODE(info.st_mode)) == (10001, 0o660)
+    assert stat.S_IMODE(log_file.parent.stat().st_mode) == 0o2770
+    read = stack.service("api").exec_run(["cat", str(log_file)], user="pai")
+    assert read.exit_code == 0, read.output
+    assert b"Hello from hello-world, task main[0]" in read.output
+    writable = stack.service("scheduler").exec_run(["test", "-w", str(log_file.parent)],
+                                                   user="pai")
+    assert writable.exit_code == 0, "the scheduler may not file logs in the tree"
 
 
 def test_prometheus_scrapes_the_stack_and_loads_the_rules(stack: Stack) -> None:
