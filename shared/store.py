@@ -753,8 +753,11 @@ local seq = redis.call('INCR', KEYS[12])
 local tasks_start = 12 + 3 * expected
 local tasks_end = tasks_start - 1 + 2 * tonumber(ARGV[10])
 redis.call('SET', KEYS[2], ARGV[3])
-if tasks_end >= tasks_start then
-  redis.call('HSET', KEYS[3], unpack(ARGV, tasks_start, tasks_end))
+local at = tasks_start  -- in pieces: Lua unpacks at most about 8,000 values at once
+while at <= tasks_end do
+  local last = math.min(at + 1999, tasks_end)
+  redis.call('HSET', KEYS[3], unpack(ARGV, at, last))
+  at = last + 1
 end
 redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
 redis.call('HSET', KEYS[1], 'queue_seq', seq, unpack(ARGV, tasks_end + 1, #ARGV))

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from shared import keys
+from shared.jobspec import MAX_TOTAL_TASKS
 from shared.lifecycle import request_stop, submit_job
 from shared.models import Allocation, Attempt, Gpu, Job, Node, Task, job_id_of
 from shared.priority import PriorityClass, queue_order
@@ -201,6 +202,14 @@ def test_insert_job_writes_the_record_indexes_queue_places_and_event(
     events = store.get_events(job.id)
     assert [(e["kind"], e["attempt"]) for e in events] == [("submitted", 0)]
     assert isinstance(events[0]["time"], int)
+
+
+def test_insert_job_of_the_most_tasks_a_job_may_have(store: Store) -> None:
+    """MAX_TOTAL_TASKS tasks: more fields than one Lua call can unpack."""
+    job, cfg, _tasks, attempt = _new_job("wide")
+    tasks = [Task(role="worker", index=i) for i in range(MAX_TOTAL_TASKS)]
+    stored, _claimed = store.insert_job(job, cfg, tasks, attempt)
+    assert len(store.get_tasks(stored.id, 0)) == MAX_TOTAL_TASKS
 
 
 def test_insert_job_claims_the_pass_flag_only_when_nobody_holds_it(
