@@ -430,7 +430,10 @@ def test_a_multi_task_job_succeeds_when_every_task_has(rig: Rig) -> None:
     for index in range(3):
         assert rig.task(job_id, index).state == TaskState.SUCCEEDED
         assert rig.log(job_id, index) == [f"task {index}"]
-    assert [args for name, args in rig.messages() if name == ATTEMPT_ENDED] == [[job_id, 0]]
+    # told after the transaction that ended the attempt: it may trail the state
+    ended = wait_for(lambda: [args for name, args in rig.messages() if name == ATTEMPT_ENDED],
+                     "the attempt-ended message")
+    assert ended == [[job_id, 0]]
 
 
 
