@@ -372,7 +372,7 @@ def read_spend(r: Any, budgets: Mapping[str, Budget], held: Sequence[Allocation]
     for a in mine:
         pipe.hget(keys.job_tasks(a.job_id, a.attempt), task_key(a.role, a.index))
     replies = pipe.execute()
-    recorded = [row for day, raw in zip(days, replies, strict=True)
+    recorded = [row for day, raw in zip(days, replies[:len(days)], strict=True)
                 for row in parse_day(day, raw)]
     tasks = [Task.from_dict(json.loads(raw)) if raw else None for raw in replies[len(days):]]
     running = day_rows(running_intervals(zip(mine, tasks, strict=True), now_ms))
