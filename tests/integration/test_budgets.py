@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import redis
+from flask.testing import FlaskClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.scheduler.service import Scheduler
 from shared import usage
@@ -187,3 +189,18 @@ def test_a_budget_that_is_not_a_finite_number_is_400(admin: AuthedClient, raw: s
                      content_type="application/json")
     assert error_of(resp, 400) == "BadRequestError"
     assert admin.get("/api/v1/virtual-clusters/research").status_code == 404
+
+
+def test_metrics_show_each_budget_and_its_spend(store: Store, flask_client: FlaskClient) -> None:
+    budgeted(store, "oppo")
+    used_today(store.r, "research", 9 * 60)
+
+    resp = flask_client.get("/metrics")
+
+    assert resp.status_code == 200
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(resp.get_data(as_text=True))
+               for s in family.samples if s.name.startswith("pai_vc_gpu_hours")}
+    where = (("period", "week"), ("vc", "research"))
+    assert samples == {("pai_vc_gpu_hours_budget", where): 10.0,
+                       ("pai_vc_gpu_hours_spent", where): 9.0}
