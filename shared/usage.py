@@ -230,6 +230,13 @@ def rollup_field(user: str, vc: str, job: str, resource: str) -> str:
     return json.dumps([user, vc, job, resource], separators=(",", ":"))
 
 
+def vc_total_field(vc: str) -> str:
+    """A day hash's field of one VC's GPU-milliseconds that day, what a
+    budget's spend reads (HMGET, not the whole day). Three elements, so
+    reports (parse_day) skip it."""
+    return json.dumps(["vc", vc, "gpu"], separators=(",", ":"))
+
+
 def record_interval(pipe: Any, interval: Interval) -> None:
     """Queue the interval's recording on `pipe` (inside the caller's MULTI):
     its record, its per-day roll-ups and the Prometheus counters, all or
@@ -241,6 +248,9 @@ def record_interval(pipe: Any, interval: Interval) -> None:
             if amount:
                 record_keys.append(keys.usage_day(row.day))
                 args += [rollup_field(row.user, row.vc, row.job, resource), amount, "i"]
+        if row.gpu_ms:
+            record_keys.append(keys.usage_day(row.day))
+            args += [vc_total_field(row.vc), row.gpu_ms, "i"]
     labels = {"user": interval.user, "vc": interval.vc}
     per_unit = (interval.gpus, interval.cpus, interval.memory_mb)
     for metric, units in zip(COUNTERS, per_unit, strict=True):
@@ -358,22 +368,25 @@ def spend(rows: Iterable[DayUsage], budgets: Mapping[str, Budget],
 def read_spend(r: Any, budgets: Mapping[str, Budget], held: Sequence[Allocation],
                now_ms: int) -> dict[str, Spend]:
     """Each budgeted VC's spend this period: its recorded days, plus its
-    tasks holding allocations now up to `now_ms`. One round trip: the day
-    hashes from the earliest period start to today (at most a month's), and
-    the tasks of the budgeted VCs' allocations among `held`."""
+    tasks holding allocations now up to `now_ms`. One round trip: each day's
+    per-VC totals (vc_total_field) from the earliest period start to today
+    (at most 31 HMGETs of one field per budgeted VC), and the tasks of the
+    budgeted VCs' allocations among `held`."""
     if not budgets:
         return {}
     days = days_between(min(period_first_day(b.period, now_ms) for b in budgets.values()),
                         day_of(now_ms))
+    vcs = sorted(budgets)
     mine = [a for a in held if a.vc in budgets]
     pipe = r.pipeline(transaction=False)
     for day in days:
-        pipe.hgetall(keys.usage_day(day))
+        pipe.hmget(keys.usage_day(day), [vc_total_field(vc) for vc in vcs])
     for a in mine:
         pipe.hget(keys.job_tasks(a.job_id, a.attempt), task_key(a.role, a.index))
     replies = pipe.execute()
-    recorded = [row for day, raw in zip(days, replies[:len(days)], strict=True)
-                for row in parse_day(day, raw)]
+    recorded = [DayUsage(day, "", vc, "", gpu_ms=int(total))
+                for day, totals in zip(days, replies[:len(days)], strict=True)
+                for vc, total in zip(vcs, totals, strict=True) if total is not None]
     tasks = [Task.from_dict(json.loads(raw)) if raw else None for raw in replies[len(days):]]
     running = day_rows(running_intervals(zip(mine, tasks, strict=True), now_ms))
     return spend(merge_rows(recorded, running), budgets, now_ms)

@@ -81,6 +81,32 @@ def test_spend_counts_the_recorded_days_and_running_tasks_up_to_now(store: Store
     assert spent["default"].gpu_ms == 0 and not spent["default"].exhausted
 
 
+def test_the_spend_read_is_the_usage_report_of_the_vc(store: Store) -> None:
+    today = usage.day_start_ms(usage.day_of(now_ms()))
+    spans = [usage.Interval("alice~a", 0, "main", 0, "alice", "research", today - 2 * 3600_000,
+                            today + 3600_000, 2, 1, 128),  # crosses midnight into today
+             usage.Interval("bob~b", 1, "main", 3, "bob", "research", today, today + 60_000,
+                            5, 1, 128),
+             usage.Interval("bob~c", 0, "main", 0, "bob", "default", today, today + 60_000,
+                            7, 1, 128)]
+    for _ in range(2):  # recorded twice (a redelivered exit): counted once
+        pipe = store.r.pipeline()
+        for span in spans:
+            usage.record_interval(pipe, span)
+        pipe.execute()
+    budgets = {"research": usage.Budget(1, "day"), "default": usage.Budget(1, "month")}
+
+    spent = usage.read_spend(store.r, budgets, [], now_ms())
+
+    for vc, first in (("research", usage.day_of(today)),
+                      ("default", usage.period_first_day("month", now_ms()))):
+        days = usage.days_between(first, usage.day_of(now_ms()))
+        rows = usage.report(usage.read_days(store.r, days), ["vc"],
+                            usage.Filter(days[0], days[-1], vc=vc))
+        assert spent[vc].gpu_ms == rows[0]["gpuSeconds"] * 1000
+    assert spent["research"].gpu_ms == 2 * 3600_000 + 5 * 60_000  # today's share only
+
+
 def test_a_spent_vc_that_waits_leaves_its_job_waiting_with_the_budget_reason(
         store: Store, scheduler: Scheduler) -> None:
     budgeted(store, "wait")
