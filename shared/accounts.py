@@ -23,6 +23,7 @@ from shared.models import now_ms
 from shared.names import canonical_name
 from shared.offload import OffLoopHasher
 from shared.store import Pipe, Store
+from shared.usage import Budget
 
 _hasher = OffLoopHasher()  # argon2 must not stall the API's gevent workers
 
@@ -76,6 +77,17 @@ class VirtualCluster:
     allowed_capabilities: list[str] = field(default_factory=list)
     # May its jobs run beyond its guarantee on GPUs no one else's guarantee uses?
     borrowing: bool = True
+    # GPU-hours its jobs may use per UTC period (None: no budget), and what
+    # they do once it is spent (shared/usage.py, docs/accounting.md)
+    gpu_hours_budget: float | None = None
+    budget_period: str = "month"
+    on_budget_exhausted: str = "oppo"
+
+    @property
+    def budget(self) -> Budget | None:
+        if self.gpu_hours_budget is None:
+            return None
+        return Budget(self.gpu_hours_budget, self.budget_period, self.on_budget_exhausted)
 
 
 def hash_password(password: str) -> str:
@@ -248,10 +260,14 @@ class Accounts:
 
     def _vc_from(self, fields: dict[str, str]) -> VirtualCluster:
         quota = fields.get("gpu_quota", "")
+        budget = fields.get("gpu_hours_budget", "")
         return VirtualCluster(fields["name"], int(quota) if quota != "" else None,
                               fields.get("description", ""), int(fields.get("created_ms") or 0),
                               json.loads(fields.get("allowed_capabilities") or "[]"),
-                              fields.get("borrowing", "1") == "1")
+                              fields.get("borrowing", "1") == "1",
+                              gpu_hours_budget=float(budget) if budget != "" else None,
+                              budget_period=fields.get("budget_period") or "month",
+                              on_budget_exhausted=fields.get("on_budget_exhausted") or "oppo")
 
     def get_vc(self, name: str) -> VirtualCluster | None:
         fields = self.r.hgetall(keys.vc(_key_name(name)))
@@ -281,7 +297,11 @@ class Accounts:
                 "name": vc.name, "gpu_quota": "" if vc.gpu_quota is None else str(vc.gpu_quota),
                 "description": vc.description, "created_ms": str(vc.created_ms),
                 "allowed_capabilities": json.dumps(sorted(set(vc.allowed_capabilities))),
-                "borrowing": "1" if vc.borrowing else "0"})
+                "borrowing": "1" if vc.borrowing else "0",
+                "gpu_hours_budget": "" if vc.gpu_hours_budget is None
+                else repr(vc.gpu_hours_budget),
+                "budget_period": vc.budget_period,
+                "on_budget_exhausted": vc.on_budget_exhausted})
             pipe.sadd(keys.VCS, vc.name)
             return vc
 

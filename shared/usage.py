@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import keys, telemetry
-from shared.models import Allocation, Task, attempt_task_key, split_job_id
+from shared.models import Allocation, Task, attempt_task_key, split_job_id, task_key
 
 DAY_MS = 24 * 3600 * 1000
 # What a report may be grouped by, in the order its rows' keys are shown.
@@ -230,6 +230,13 @@ def rollup_field(user: str, vc: str, job: str, resource: str) -> str:
     return json.dumps([user, vc, job, resource], separators=(",", ":"))
 
 
+def vc_total_field(vc: str) -> str:
+    """A day hash's field of one VC's GPU-milliseconds that day, what a
+    budget's spend reads (HMGET, not the whole day). Three elements, so
+    reports (parse_day) skip it."""
+    return json.dumps(["vc", vc, "gpu"], separators=(",", ":"))
+
+
 def record_interval(pipe: Any, interval: Interval) -> None:
     """Queue the interval's recording on `pipe` (inside the caller's MULTI):
     its record, its per-day roll-ups and the Prometheus counters, all or
@@ -241,6 +248,9 @@ def record_interval(pipe: Any, interval: Interval) -> None:
             if amount:
                 record_keys.append(keys.usage_day(row.day))
                 args += [rollup_field(row.user, row.vc, row.job, resource), amount, "i"]
+        if row.gpu_ms:
+            record_keys.append(keys.usage_day(row.day))
+            args += [vc_total_field(row.vc), row.gpu_ms, "i"]
     labels = {"user": interval.user, "vc": interval.vc}
     per_unit = (interval.gpus, interval.cpus, interval.memory_mb)
     for metric, units in zip(COUNTERS, per_unit, strict=True):
@@ -288,3 +298,95 @@ def read_days(r: Any, days: Sequence[str]) -> list[DayUsage]:
         pipe.hgetall(keys.usage_day(day))
     replies = pipe.execute() if days else []
     return [row for day, raw in zip(days, replies, strict=True) for row in parse_day(day, raw)]
+
+
+# ---------------------------------------------------------------- budgets
+
+# A VC's GPU-hour budget runs per UTC calendar period: a day, an ISO week
+# (Monday to Sunday) or a month.
+PERIODS = ("day", "week", "month")
+# What a VC's jobs do once it has spent its budget: run only as `oppo`
+# (borrowing idle GPUs, preemptible) or wait for the next period.
+ON_EXHAUSTED = ("oppo", "wait")
+HOUR_MS = 3600 * 1000
+
+
+def period_first_day(period: str, now_ms: int) -> str:
+    """The first UTC day of the period `now_ms` falls in."""
+    today = dt.datetime.fromtimestamp(now_ms // 1000, dt.UTC).date()
+    if period == "week":
+        today -= dt.timedelta(days=today.weekday())
+    elif period == "month":
+        today = today.replace(day=1)
+    elif period != "day":
+        raise ValueError(f"unknown budget period {period!r}; choose from {PERIODS}")
+    return today.isoformat()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A VC's GPU-hour budget per period, and what its jobs do once spent."""
+
+    gpu_hours: float
+    period: str = "month"
+    on_exhausted: str = "oppo"
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What a budgeted VC has used of its GPU-hour budget this period."""
+
+    vc: str
+    gpu_ms: int
+    budget: Budget
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_ms / HOUR_MS
+
+    @property
+    def exhausted(self) -> bool:
+        return self.gpu_ms >= self.budget.gpu_hours * HOUR_MS
+
+    def describe(self) -> str:
+        return (f"virtual cluster {self.vc} has used {self.gpu_hours:.2f} of its "
+                f"{self.budget.gpu_hours:g} GPU-hour budget this {self.budget.period}")
+
+
+def spend(rows: Iterable[DayUsage], budgets: Mapping[str, Budget],
+          now_ms: int) -> dict[str, Spend]:
+    """Each budgeted VC's GPU-milliseconds within its current period, from
+    day rows (recorded and running alike; see merge_rows)."""
+    first = {vc: period_first_day(b.period, now_ms) for vc, b in budgets.items()}
+    used = dict.fromkeys(budgets, 0)
+    for row in rows:
+        if row.vc in first and row.day >= first[row.vc]:
+            used[row.vc] += row.gpu_ms
+    return {vc: Spend(vc, used[vc], budget) for vc, budget in budgets.items()}
+
+
+def read_spend(r: Any, budgets: Mapping[str, Budget], held: Sequence[Allocation],
+               now_ms: int) -> dict[str, Spend]:
+    """Each budgeted VC's spend this period: its recorded days, plus its
+    tasks holding allocations now up to `now_ms`. One round trip: each day's
+    per-VC totals (vc_total_field) from the earliest period start to today
+    (at most 31 HMGETs of one field per budgeted VC), and the tasks of the
+    budgeted VCs' allocations among `held`."""
+    if not budgets:
+        return {}
+    days = days_between(min(period_first_day(b.period, now_ms) for b in budgets.values()),
+                        day_of(now_ms))
+    vcs = sorted(budgets)
+    mine = [a for a in held if a.vc in budgets]
+    pipe = r.pipeline(transaction=False)
+    for day in days:
+        pipe.hmget(keys.usage_day(day), [vc_total_field(vc) for vc in vcs])
+    for a in mine:
+        pipe.hget(keys.job_tasks(a.job_id, a.attempt), task_key(a.role, a.index))
+    replies = pipe.execute()
+    recorded = [DayUsage(day, "", vc, "", gpu_ms=int(total))
+                for day, totals in zip(days, replies[:len(days)], strict=True)
+                for vc, total in zip(vcs, totals, strict=True) if total is not None]
+    tasks = [Task.from_dict(json.loads(raw)) if raw else None for raw in replies[len(days):]]
+    running = day_rows(running_intervals(zip(mine, tasks, strict=True), now_ms))
+    return spend(merge_rows(recorded, running), budgets, now_ms)

@@ -211,8 +211,8 @@ def node_line(node: Mapping[str, Any]) -> str:
 def vcs_table(vcs: Mapping[str, Mapping[str, Any]]) -> Table:
     """Each VC's guarantee, what it uses (and of that, borrows) and its queue."""
     numbers = ("GUARANTEED", "GPUS USED", "BORROWED", "GPUS FREE", "RUNNING", "WAITING")
-    table = _table(None, ["NAME", *numbers, "BORROWS", "DESCRIPTION"], right=numbers,
-                   wrap=("DESCRIPTION",))
+    table = _table(None, ["NAME", *numbers, "BORROWS", "GPU-HOURS BUDGET", "DESCRIPTION"],
+                   right=numbers, wrap=("DESCRIPTION",))
     for name, vc in vcs.items():
         used = (vc.get("resourcesUsed") or {}).get("GPUs")
         table.add_row(_cell(name), _cell(vc.get("gpuGuaranteed", vc.get("gpuQuota"))),
@@ -221,8 +221,19 @@ def vcs_table(vcs: Mapping[str, Mapping[str, Any]]) -> Table:
                       _cell(vc.get("runningJobs")), _cell(vc.get("waitingJobs")),
                       _cell(None if vc.get("borrowing") is None
                             else "yes" if vc["borrowing"] else "no"),
-                      _cell(vc.get("description")))
+                      _cell(budget_cell(vc)), _cell(vc.get("description")))
     return table
+
+
+def budget_cell(vc: Mapping[str, Any]) -> str | None:
+    """'12.50/100 week, then wait': spent of the budget this period (none: None)."""
+    budget = vc.get("gpuHoursBudget")
+    if budget is None:
+        return None
+    spent = vc.get("gpuHoursSpent")
+    used = "?" if spent is None else f"{float(spent):,.2f}"
+    return (f"{used}/{float(budget):,g} {vc.get('budgetPeriod')}, "
+            f"then {vc.get('onBudgetExhausted')}")
 
 
 def _hours(seconds: Any) -> Text:

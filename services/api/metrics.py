@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,11 +36,11 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from shared import keys, telemetry
-from shared.accounts import DEFAULT_VC, Accounts
+from shared import keys, telemetry, usage
+from shared.accounts import DEFAULT_VC, Accounts, VirtualCluster
 from shared.cluster import held, held_by_vc, node_is_live
 from shared.config import Settings
-from shared.models import now_ms
+from shared.models import Allocation, now_ms
 from shared.states import JobState
 from shared.store import Store
 
@@ -185,6 +185,12 @@ class ClusterCollector(Collector):
             _gauge("pai_gpus_free", "GPUs of a node no task holds.", ("node",)),
             _gauge("pai_vc_gpu_quota",
                    "A virtual cluster's GPU quota, its guarantee (absent: none set).", ("vc",)),
+            _gauge("pai_vc_gpu_hours_budget",
+                   "A virtual cluster's GPU-hour budget per period (absent: none set).",
+                   ("vc", "period")),
+            _gauge("pai_vc_gpu_hours_spent",
+                   "GPU-hours a budgeted virtual cluster used this period, running tasks "
+                   "up to now.", ("vc", "period")),
             _gauge("pai_node_cpus_total", "CPUs a node offers.", ("node",)),
             _gauge("pai_node_cpus_allocated", "CPUs allocated to tasks on a node.", ("node",)),
             _gauge("pai_node_memory_bytes_total", "Memory a node offers.", ("node",)),
@@ -225,7 +231,8 @@ class ClusterCollector(Collector):
         for vc_record in vc_records:
             if vc_record.gpu_quota is not None:
                 families["pai_vc_gpu_quota"].add_metric([vc_record.name], vc_record.gpu_quota)
-        self._fill_nodes(families, now)
+        allocations = self._fill_nodes(families, now)
+        self._fill_budgets(families, vc_records, allocations, now)
         for name, beat in telemetry.scheduler_heartbeats(r).items():
             families["pai_scheduler_last_heartbeat_timestamp_seconds"].add_metric(
                 [name], beat / 1000)
@@ -236,7 +243,18 @@ class ClusterCollector(Collector):
                 [], self.settings.redis_maxmemory_bytes)
         families["pai_redis_up"].add_metric([], 1)
 
-    def _fill_nodes(self, families: dict[str, GaugeMetricFamily], now: int) -> None:
+    def _fill_budgets(self, families: dict[str, GaugeMetricFamily],
+                      vc_records: Sequence[VirtualCluster],
+                      allocations: Mapping[str, Sequence[Allocation]], now: int) -> None:
+        budgets = {vc.name: vc.budget for vc in vc_records if vc.budget is not None}
+        held = [a for allocs in allocations.values() for a in allocs]
+        for vc, spend in sorted(usage.read_spend(self.store.r, budgets, held, now).items()):
+            labels = [vc, spend.budget.period]
+            families["pai_vc_gpu_hours_budget"].add_metric(labels, spend.budget.gpu_hours)
+            families["pai_vc_gpu_hours_spent"].add_metric(labels, spend.gpu_hours)
+
+    def _fill_nodes(self, families: dict[str, GaugeMetricFamily],
+                    now: int) -> dict[str, list[Allocation]]:
         nodes = self.store.get_nodes()
         allocations = self.store.all_allocations([n.name for n in nodes])
         for node in nodes:
@@ -255,6 +273,7 @@ class ClusterCollector(Collector):
             families["pai_node_up"].add_metric([node.name], 1 if live else 0)
             families["pai_node_last_heartbeat_timestamp_seconds"].add_metric(
                 [node.name], node.heartbeat_ms / 1000)
+        return allocations
 
 
 class RecordedCollector(Collector):

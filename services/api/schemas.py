@@ -29,6 +29,7 @@ from shared.jobspec_v2 import JobConfigV2Schema
 from shared.names import INPUT_PATTERN
 from shared.priority import CLASS_NAMES
 from shared.states import JobState, TaskState
+from shared.usage import ON_EXHAUSTED, PERIODS
 
 MIN_PASSWORD, MAX_PASSWORD = 6, 256
 DEFAULT_EXPIRATION_S = 7 * 24 * 3600
@@ -172,7 +173,7 @@ class JobSummarySchema(Schema):
 
 class BlockerSchema(Schema):
     kind = fields.String(required=True, metadata={
-        "description": "quota, reservation, job, resources, nodes or gpuType"})
+        "description": "quota, budget, reservation, job, resources, nodes or gpuType"})
     name = fields.String(required=True)
 
 
@@ -379,6 +380,15 @@ class VirtualClusterSchema(Schema):
     waitingJobs = fields.Integer(required=True)
     runningJobs = fields.Integer(required=True)
     allowedCapabilities = fields.List(fields.String(), required=True)
+    gpuHoursBudget = fields.Float(required=True, allow_none=True, metadata={
+        "description": "GPU-hours its jobs may use per budgetPeriod (null: no budget)"})
+    budgetPeriod = fields.String(required=True, metadata={
+        "description": "day, week (ISO, from Monday) or month, UTC calendar periods"})
+    onBudgetExhausted = fields.String(required=True, metadata={
+        "description": "once spent, its jobs run only as oppo (`oppo`) or wait (`wait`)"})
+    gpuHoursSpent = fields.Float(required=True, allow_none=True, metadata={
+        "description": "GPU-hours used this period, running tasks up to now (null: no "
+                       "budget)"})
     queue = fields.List(fields.String(), metadata={
         "description": "one VC's view only: its waiting jobs in order (first 1000), "
                        "as user~name"})
@@ -395,6 +405,17 @@ class VirtualClusterPutSchema(_Request):
         fields.String(validate=validate.OneOf(sorted(GRANTABLE))), load_default=list,
         validate=validate.Length(max=len(GRANTABLE)),
         metadata={"description": "capabilities its jobs may ask for in extras.capabilities"})
+    gpuHoursBudget = fields.Float(
+        allow_none=True, load_default=None, allow_nan=False,
+        validate=validate.Range(min=0, max=1e9),
+        metadata={"description": "GPU-hours its jobs may use per budgetPeriod, or null "
+                                 "for no budget"})
+    budgetPeriod = fields.String(load_default="month", validate=validate.OneOf(PERIODS),
+                                 metadata={"description": "UTC calendar period of the "
+                                                          "budget"})
+    onBudgetExhausted = fields.String(
+        load_default="oppo", validate=validate.OneOf(ON_EXHAUSTED),
+        metadata={"description": "once spent: its jobs run only as oppo, or wait"})
 
 
 class NodeGpuSchema(Schema):

@@ -17,6 +17,7 @@ from shared.capabilities import capability_list_errors
 from shared.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_work, vc_policies
 from shared.models import now_ms
 from shared.states import JobState
+from shared.usage import Spend, read_spend
 
 bp = Blueprint("vcs", __name__, url_prefix="/api/v1")
 
@@ -52,6 +53,17 @@ def _guarantees(vcs: list[VirtualCluster]) -> dict[str, VcPolicy]:
                        {vc.name: vc.borrowing for vc in vcs}, gpus)
 
 
+def _spent(vcs: list[VirtualCluster]) -> dict[str, Spend]:
+    """What each budgeted VC among `vcs` has used this period, up to now."""
+    budgets = {vc.name: vc.budget for vc in vcs if vc.budget is not None}
+    if not budgets:
+        return {}
+    store = platform().store
+    held = [a for allocs in store.all_allocations(list(store.node_heartbeats())).values()
+            for a in allocs]
+    return read_spend(store.r, budgets, held, now_ms())
+
+
 def _views(vcs: list[VirtualCluster],
            every: list[VirtualCluster] | None = None) -> dict[str, dict[str, Any]]:
     """The views of `vcs`; `every` VC (read here unless given) sets the
@@ -64,6 +76,7 @@ def _views(vcs: list[VirtualCluster],
         for state in (JobState.WAITING, JobState.RUNNING):
             pipe.zintercard(2, [keys.vc_jobs(vc.name), keys.state_jobs(state)])
     counts = pipe.execute() if vcs else []
+    spent = _spent(vcs)
     views = {}
     for i, vc in enumerate(vcs):
         used = usage.get(vc.name, Held())
@@ -82,6 +95,10 @@ def _views(vcs: list[VirtualCluster],
             "waitingJobs": counts[2 * i],
             "runningJobs": counts[2 * i + 1],
             "allowedCapabilities": vc.allowed_capabilities,
+            "gpuHoursBudget": vc.gpu_hours_budget,
+            "budgetPeriod": vc.budget_period,
+            "onBudgetExhausted": vc.on_budget_exhausted,
+            "gpuHoursSpent": spent[vc.name].gpu_hours if vc.name in spent else None,
         }
     return views
 
@@ -147,7 +164,10 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
     try:
         accounts().put_vc(VirtualCluster(name, body["gpuQuota"], body["description"],
                                          allowed_capabilities=body["allowedCapabilities"],
-                                         borrowing=body["borrowing"]))
+                                         borrowing=body["borrowing"],
+                                         gpu_hours_budget=body["gpuHoursBudget"],
+                                         budget_period=body["budgetPeriod"],
+                                         on_budget_exhausted=body["onBudgetExhausted"]))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
     return _views([_vc_or_404(name)])[name], 200 if existed else 201

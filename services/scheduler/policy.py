@@ -32,6 +32,10 @@ What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
   guarantee by what it holds, it reserves (and preempts) only for its
   largest waiting task, and while some of its tasks wait it is not chosen
   as a victim (it is still queued; preemption takes placed jobs only).
+- **Budgets.** A VC that has spent its GPU-hour budget of the period
+  (`spent`, read by the service) holds no guarantee: its running work is
+  borrowed (preemptible), and its queued jobs either run only as `oppo`
+  (borrowing) or wait (`BudgetExhausted`), as the VC's setting says.
 - **Explanations.** Every job left waiting gets a reason code, a message,
   what blocks it and, when it can be known, an estimated start.
 
@@ -44,7 +48,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.scheduler.core import (
     Cluster,
@@ -60,6 +64,7 @@ from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
 from shared.config import Settings
 from shared.models import Allocation, TaskPlacement
 from shared.priority import PriorityClass
+from shared.usage import Spend
 
 # Reason codes of a waiting job (jobStatus.waiting.reason)
 NO_NODES = "NoNodes"
@@ -69,6 +74,7 @@ INSUFFICIENT = "InsufficientResources"
 RESERVED = "ReservedForOtherJob"
 PREEMPTING = "WaitingForPreemption"
 QUOTA = "QuotaExceeded"  # beyond its VC's guarantee, and the VC does not borrow
+BUDGET = "BudgetExhausted"  # its VC spent its GPU-hour budget, and its jobs wait
 
 NEVER = frozenset({NO_NODES, UNSCHEDULABLE, NO_GPU_TYPE})
 
@@ -264,21 +270,26 @@ class _Standing:
 
 def plan(cluster: Cluster, queue: Sequence[JobRequest], running: Sequence[RunningJob],
          vcs: Mapping[str, VcPolicy], now_ms: int,
-         attained: Mapping[str, Attained] | None = None, las: Las = DEFAULT_LAS) -> Plan:
+         attained: Mapping[str, Attained] | None = None, las: Las = DEFAULT_LAS,
+         spent: Mapping[str, Spend] | None = None) -> Plan:
     """One pass's decisions. `cluster` holds the free resources of the nodes
     that may take work (live, schedulable) and is used up as jobs are placed.
     `attained`: job id -> what a queued job has had (absent: a job that
-    never ran, waiting since its submit)."""
+    never ran, waiting since its submit). `spent`: VC -> its budget's spend
+    this period (only those exhausted matter)."""
+    exhausted = {vc: s for vc, s in (spent or {}).items() if s.exhausted}
     with paused_gc():
-        return _Pass(cluster, queue, running, vcs, now_ms, attained or {}, las).run()
+        return _Pass(cluster, queue, running, vcs, now_ms, attained or {}, las,
+                     exhausted).run()
 
 
 class _Pass:
     def __init__(self, cluster: Cluster, queue: Sequence[JobRequest],
                  running: Sequence[RunningJob], vcs: Mapping[str, VcPolicy],
                  now_ms: int, attained: Mapping[str, Attained] | None = None,
-                 las: Las = DEFAULT_LAS) -> None:
+                 las: Las = DEFAULT_LAS, exhausted: Mapping[str, Spend] | None = None) -> None:
         self.cluster = cluster
+        self.exhausted = exhausted or {}  # VCs that spent their budget: no guarantee
         self.attained = attained or {}
         self.las = las
         self.queue = queue
@@ -324,7 +335,8 @@ class _Pass:
             total = 0
             for r in sorted(jobs, key=lambda r: (-r.priority, r.mode != GUARANTEED,
                                                  r.started_ms, r.job_id)):
-                fits = r.priority != PriorityClass.OPPO and total + r.gpus <= guarantee
+                fits = r.priority != PriorityClass.OPPO and total + r.gpus <= guarantee \
+                    and vc not in self.exhausted
                 if fits:
                     kept.append(r)
                     total += r.gpus
@@ -360,7 +372,7 @@ class _Pass:
     def run(self) -> Plan:
         self._settle_standing()
         by_vc: dict[str, list[JobRequest]] = {}
-        for request in sorted(self.queue, key=self._order):
+        for request in sorted(map(self._within_budget, self.queue), key=self._order):
             by_vc.setdefault(request.vc, []).append(request)
         # Guaranteed work first, then what borrows: a job preempted to make
         # room is never placed again ahead of the job it made room for.
@@ -369,6 +381,29 @@ class _Pass:
         self._turns(borrowing, self._borrowing)
         self._positions(by_vc)
         return self.out
+
+    def _within_budget(self, request: JobRequest) -> JobRequest:
+        """The job as its VC's budget lets it run: a spent VC's job that is
+        to run only as oppo is weighed as oppo (borrowing, preemptible)."""
+        spent = self.exhausted.get(request.vc)
+        if spent is None or spent.budget.on_exhausted != "oppo" \
+                or request.priority == PriorityClass.OPPO:
+            return request
+        return replace(request, priority=PriorityClass.OPPO)
+
+    def _budget_wait(self, request: JobRequest, why: Waiting | None = None) -> Waiting:
+        """Why a spent VC's job waits: for the next period (`wait`, or a VC
+        that does not borrow), or as oppo for GPUs to borrow (`why`)."""
+        spent = self.exhausted[request.vc]
+        blocker = Blocker("budget", request.vc)
+        if why is None:
+            rest = "its jobs wait" if spent.budget.on_exhausted != "oppo" else \
+                "its jobs run only as oppo, on borrowed GPUs, and it does not borrow: they wait"
+            return Waiting(BUDGET, f"{spent.describe()}; {rest} for the next "
+                           f"{spent.budget.period}", (blocker,))
+        return Waiting(why.reason, spent.describe() + ", so it runs only as oppo, on "
+                       "borrowed GPUs: " + why.message, (*why.blocked_by, blocker),
+                       why.estimated_start_ms)
 
     def _level(self, request: JobRequest) -> int:
         """The job's LAS level as its attained service stands (not lifted by
@@ -406,6 +441,10 @@ class _Pass:
         for it if need be); else leave it for the borrowing turns. A VC's
         first job that does not start keeps the share of the guarantee it
         needs, so the VC's later jobs borrow instead of using it up."""
+        spent = self.exhausted.get(request.vc)
+        if spent is not None and spent.budget.on_exhausted != "oppo":
+            self.out.waiting[request.job_id] = self._budget_wait(request)
+            return False
         vc = self.standing.policy(request.vc)
         if request.vc not in self.deferring and self.standing.fits_guarantee(request, vc):
             why = self._try_place(request, GUARANTEED)
@@ -428,13 +467,16 @@ class _Pass:
     def _borrowing(self, request: JobRequest, first: bool) -> bool:
         """Place the job on GPUs no guaranteed work took this pass, if its VC
         borrows; the VC's first that does not fit reserves its nodes."""
+        spent = request.vc in self.exhausted
         if not self.standing.policy(request.vc).borrowing:
-            self.out.waiting[request.job_id] = self._quota_wait(request)
+            self.out.waiting[request.job_id] = self._budget_wait(request) if spent \
+                else self._quota_wait(request)
             return False
         why = self._try_place(request, BORROWED)
         if why is None:
             return True
-        self.out.waiting[request.job_id] = self._wait(request, why, False, first)
+        why = self._wait(request, why, False, first)
+        self.out.waiting[request.job_id] = self._budget_wait(request, why) if spent else why
         return False
 
     # ------------------------------------------------------------ placing

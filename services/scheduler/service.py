@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request
 from services.scheduler.policy import Attained, Las, Preemption, RunningJob
-from shared import gpuhealth, keys, retention, telemetry
+from shared import gpuhealth, keys, retention, telemetry, usage
 from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
@@ -296,7 +296,10 @@ class Scheduler:
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
         attained = self._load_attained(queue)
-        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las)
+        budgets = {vc.name: vc.budget for vc in vcs if vc.budget is not None}
+        spent = usage.read_spend(self.store.r, budgets,
+                                 [a for allocs in allocations.values() for a in allocs], now)
+        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las, spent)
         self._place_in_las_queues(queue, attained, now)
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))

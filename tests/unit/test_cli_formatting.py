@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from pai_cli.formatting import ago, elapsed, format_duration, format_mb, format_ports, format_time
+from pai_cli.views import budget_cell, vcs_table
 from pai_cli.waiting import WaitTimeout, exit_code_for, final_line, wait_until_final
 
 
@@ -90,3 +91,16 @@ def test_wait_gives_up_at_the_timeout() -> None:
                          sleep=clock.sleep, clock=lambda: clock.now)
     assert caught.value.status == {"state": "RUNNING"}
     assert clock.now == 5
+
+
+@pytest.mark.parametrize(("vc", "cell"), [
+    pytest.param({"gpuHoursBudget": None}, None, id="no budget"),
+    pytest.param({"gpuHoursBudget": 100.0, "gpuHoursSpent": 1234.5, "budgetPeriod": "week",
+                  "onBudgetExhausted": "wait"}, "1,234.50/100 week, then wait",
+                 id="spent past its budget"),
+    pytest.param({"gpuHoursBudget": 2.5, "gpuHoursSpent": 0, "budgetPeriod": "day",
+                  "onBudgetExhausted": "oppo"}, "0.00/2.5 day, then oppo", id="a fraction"),
+])
+def test_the_vcs_budget_column(vc: dict[str, Any], cell: str | None) -> None:
+    assert budget_cell(vc) == cell
+    assert "GPU-HOURS BUDGET" in [str(c.header) for c in vcs_table({"v": vc}).columns]
