@@ -391,9 +391,10 @@ class Store:
     def list_jobs(
         self, *, username: str | None = None, vc: str | None = None,
         state: str | None = None, keyword: str | None = None, offset: int = 0,
-        limit: int = 50, count_total: bool = True,
+        limit: int = 50, count_total: bool = True, oldest_first: bool = False,
     ) -> tuple[list[Job], int | None]:
-        """Jobs newest first, filtered through the index sets; and the total.
+        """Jobs newest first (`oldest_first`: by submit time the other way),
+        filtered through the index sets; and the total.
 
         One filter and no keyword is a plain range of its index. A keyword is
         looked up in the process's name index (nameindex.py), which answers
@@ -412,19 +413,23 @@ class Store:
             index_keys = [keys.JOBS]
         if len(index_keys) == 1 and not keyword:
             total = int(self.r.zcard(index_keys[0]))
-            ids = self.r.zrevrange(index_keys[0], offset, offset + limit - 1)
+            page = self.r.zrange if oldest_first else self.r.zrevrange
+            ids = page(index_keys[0], offset, offset + limit - 1)
             return self._jobs(ids), total
         wanted = offset + limit if not count_total else None
         sizes = [int(n) for n in self._pipeline_zcard(index_keys)]
         if keyword:
-            matches = self.names.search(keyword, limit=None if index_keys else wanted)
+            matches = self.names.search(
+                keyword, limit=None if index_keys or oldest_first else wanted)
+            if oldest_first:
+                matches.reverse()
             if not index_keys or len(matches) <= min(sizes):
                 matched = self._in_every(matches, index_keys, wanted)
                 return self._jobs(matched[offset:offset + limit]), \
                     len(matched) if count_total else None
         driver = index_keys[sizes.index(min(sizes))]
         others = [k for k in index_keys if k != driver]
-        matched = self._matching_ids(driver, others, keyword, wanted)
+        matched = self._matching_ids(driver, others, keyword, wanted, oldest_first=oldest_first)
         return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
 
     def _in_every(self, ids: Sequence[str], index_keys: Sequence[str], wanted: int | None,
@@ -451,12 +456,14 @@ class Store:
         return list(pipe.execute())
 
     def _matching_ids(self, driver: str, others: Sequence[str], keyword: str | None,
-                      wanted: int | None, chunk: int = 1000) -> list[str]:
+                      wanted: int | None, chunk: int = 1000, *,
+                      oldest_first: bool = False) -> list[str]:
         needle = keyword.lower() if keyword else None
         matched: list[str] = []
         start = 0
         while wanted is None or len(matched) < wanted:
-            ids = self.r.zrevrange(driver, start, start + chunk - 1)
+            ids = (self.r.zrange if oldest_first else self.r.zrevrange)(
+                driver, start, start + chunk - 1)
             if not ids:
                 break
             start += chunk

@@ -23,7 +23,7 @@ from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
-from services.api.schemas import MAX_TAIL, StopRequestSchema
+from services.api.schemas import LIST_ORDERS, MAX_TAIL, StopRequestSchema
 from services.api.storage import check_job_storage
 from shared import keys, logfiles
 from shared.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
@@ -311,7 +311,7 @@ def _submit_decided(username: str, body: Any,
 
 @bp.get("/jobs")
 def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
-    """Jobs newest first, filtered; a page with the total on request.
+    """Jobs newest first (or oldest first), filtered; a page with the total on request.
     ---
     get:
       errors: [400]
@@ -336,11 +336,14 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
     if state is not None and state not in JobState.__members__:
         raise ApiError("BadRequestError",
                        f"state is one of {', '.join(JobState.__members__)}")
+    order = args.get("order") or LIST_ORDERS[0]
+    if order not in LIST_ORDERS:
+        raise ApiError("BadRequestError", f"order is one of {', '.join(LIST_ORDERS)}")
     with_total = args.get("withTotalCount", "").lower() in ("1", "true")
     jobs, total = platform().store.list_jobs(
         username=args.get("username") or None, vc=args.get("vc") or None, state=state,
         keyword=args.get("keyword") or None, offset=offset, limit=limit,
-        count_total=with_total)
+        count_total=with_total, oldest_first=order == "asc")
     rows = [job_summary(j) for j in jobs]
     if with_total:
         return {"totalCount": total, "data": rows}

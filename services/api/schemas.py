@@ -274,6 +274,9 @@ class SubmitQuerySchema(Schema):
                             metadata={"description": "validate and answer 200; store nothing"})
 
 
+LIST_ORDERS = ("desc", "asc")  # by submit time: newest first, or oldest first
+
+
 class JobListQuerySchema(Schema):
     offset = fields.Integer(load_default=0, validate=validate.Range(min=0),
                             metadata={"description": "past the last job: an empty page"})
@@ -282,6 +285,8 @@ class JobListQuerySchema(Schema):
     username = fields.String()
     vc = fields.String(metadata={"description": "virtual cluster"})
     keyword = fields.String(metadata={"description": "part of the job name"})
+    order = fields.String(load_default="desc", validate=validate.OneOf(LIST_ORDERS), metadata={
+        "description": "by submit time: desc (newest first) or asc (oldest first)"})
     withTotalCount = fields.Boolean(
         load_default=False, metadata={"description": "answer {totalCount, data}, not a list"})
 

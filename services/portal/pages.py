@@ -18,6 +18,7 @@ DEFAULT_PAGE_SIZE = 20
 MAX_PAGE = 10**6  # past any real job count: the API's own offset bound stays far away
 
 # Columns the job table sorts by, and how (rows are the API's JobSummary).
+SORT_ACROSS_PAGES = "created"  # the API's own order (submit time), over every page
 JOB_SORTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "name": lambda row: row["name"],
     "user": lambda row: row["username"],

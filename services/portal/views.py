@@ -255,14 +255,20 @@ def job_list() -> ResponseReturnValue:
     filters = {"username": args.get("username", "").strip(), "vc": args.get("vc", "").strip(),
                "state": args.get("state", "").strip(), "keyword": args.get("keyword", "").strip()}
     paging = pages.paging_of(args)
+    sort, descending = args.get("sort", ""), args.get("order", "desc") != "asc"
+    # By submit time the API sorts every page (its index order); other
+    # columns sort the page shown.
+    across = sort in ("", pages.SORT_ACROSS_PAGES)
     answer = call("GET", "/api/v1/jobs", query={
         **{k: v for k, v in filters.items() if v}, "offset": paging.offset,
-        "limit": paging.size, "withTotalCount": "true"})
-    sort, descending = args.get("sort", ""), args.get("order", "desc") != "asc"
-    rows, error = [], None
+        "limit": paging.size, "withTotalCount": "true",
+        "order": "desc" if descending or not across else "asc"})
+    rows: list[dict[str, Any]] = []
+    error = None
     if answer.ok:
         paging = pages.Paging(paging.page, paging.size, int(answer.body["totalCount"]))
-        rows = pages.sorted_rows(answer.body["data"], sort, descending)
+        rows = answer.body["data"] if across else \
+            pages.sorted_rows(answer.body["data"], sort, descending)
     else:
         error = answer.message
     return render_template("jobs.html", rows=rows, error=error, filters=filters,

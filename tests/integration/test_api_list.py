@@ -144,6 +144,31 @@ def test_filters(alice: AuthedClient, mixed: Jobs, query: str, expected: list[st
     assert names(alice, query) == expected
 
 
+@pytest.mark.parametrize("query", [
+    "", "?username=alice", "?vc=vision", "?state=RUNNING", "?keyword=mnist",
+    "?username=bob&vc=vision", "?vc=vision&keyword=resnet",
+    "?username=alice&vc=default&state=RUNNING&keyword=bert",
+], ids=["all", "username", "vc", "state", "keyword", "username+vc", "vc+keyword", "all four"])
+def test_oldest_first_is_the_same_jobs_the_other_way(alice: AuthedClient, mixed: Jobs,
+                                                     query: str) -> None:
+    newest_first = names(alice, query)
+    joiner = "&" if query else "?"
+    assert names(alice, f"{query}{joiner}order=asc") == newest_first[::-1]
+    assert names(alice, f"{query}{joiner}order=desc") == newest_first
+
+
+def test_oldest_first_pages_from_the_oldest(alice: AuthedClient, mixed: Jobs) -> None:
+    assert names(alice, "?order=asc&limit=3") == ["mnist-1", "resnet-1", "MNIST-2"]
+    assert names(alice, "?order=asc&offset=3&limit=3") == ["bert-1", "resnet-2", "mnist-3"]
+    assert names(alice, "?order=asc&keyword=mnist&limit=2") == ["mnist-1", "MNIST-2"]
+
+
+@pytest.mark.parametrize("order", ["ascending", "ASC", "up"])
+def test_an_unknown_order_is_400(alice: AuthedClient, order: str) -> None:
+    resp = alice.get(f"/api/v1/jobs?order={order}")
+    assert error_of(resp, 400) == "BadRequestError"
+
+
 @pytest.mark.parametrize("state", ["waiting", "DONE", "Running", "0"])
 def test_an_unknown_state_is_400(alice: AuthedClient, state: str) -> None:
     resp = alice.get(f"/api/v1/jobs?state={state}")

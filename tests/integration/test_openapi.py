@@ -120,8 +120,9 @@ def test_parameters_are_typed(document: dict[str, Any]) -> None:
     listing = {p["name"]: p["schema"] for p in document["paths"]["/api/v1/jobs"]["get"]
                ["parameters"]}
     assert set(listing) == {"offset", "limit", "state", "username", "vc", "keyword",
-                            "withTotalCount"}
+                            "order", "withTotalCount"}
     assert "SUCCEEDED" in listing["state"]["enum"]
+    assert listing["order"]["enum"] == ["desc", "asc"]
     dry_run = document["paths"]["/api/v1/jobs"]["post"]["parameters"]
     assert [p["name"] for p in dry_run] == ["dryRun"]
 

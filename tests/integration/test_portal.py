@@ -14,8 +14,11 @@ import yaml
 from flask.testing import FlaskClient
 
 from services.api.app import create_app
+from services.portal import pages
 from shared.config import Settings
+from shared.models import now_ms
 from tests.integration.api_client import AuthedClient, config
+from tests.integration.test_api_auth import wait_past
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -165,6 +168,22 @@ def test_the_job_list_filters_through_the_api(browser: FlaskClient, alice: Authe
     assert "/jobs/alice/alpha" in keyword and "/jobs/bob/beta" not in keyword
     bad = browser.get("/jobs?state=NOPE")
     assert "state is one of WAITING" in bad.get_data(as_text=True)
+
+
+def test_sorting_by_submit_time_covers_every_page(browser: FlaskClient,
+                                                  alice: AuthedClient) -> None:
+    """Oldest first on page 1 is the oldest job of all, not the oldest of
+    the newest page (the API sorts by submit time; other columns sort the page)."""
+    size = pages.PAGE_SIZES[0]
+    for number in range(size + 1):  # one more than a page
+        assert alice.post("/api/v1/user/alice/jobs",
+                          json=config(f"job-{number}")).status_code == 202
+        wait_past(now_ms())  # distinct submit times: ties have no order to check
+    portal_login(browser, "alice")
+    oldest = browser.get(f"/jobs?sort=created&order=asc&size={size}").get_data(as_text=True)
+    newest = browser.get(f"/jobs?sort=created&order=desc&size={size}").get_data(as_text=True)
+    assert '/jobs/alice/job-0"' in oldest and f'/jobs/alice/job-{size}"' not in oldest
+    assert f'/jobs/alice/job-{size}"' in newest and '/jobs/alice/job-0"' not in newest
 
 
 def test_submit_shows_field_errors_and_a_dry_run_submits_nothing(
