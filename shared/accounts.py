@@ -76,6 +76,8 @@ class VirtualCluster:
     allowed_capabilities: list[str] = field(default_factory=list)
     # May its jobs run beyond its guarantee on GPUs no one else's guarantee uses?
     borrowing: bool = True
+    # What a job idling on its GPUs gets (shared/idle.py): "notify" or "stop".
+    idle_gpu_action: str = "notify"
 
 
 def hash_password(password: str) -> str:
@@ -251,7 +253,8 @@ class Accounts:
         return VirtualCluster(fields["name"], int(quota) if quota != "" else None,
                               fields.get("description", ""), int(fields.get("created_ms") or 0),
                               json.loads(fields.get("allowed_capabilities") or "[]"),
-                              fields.get("borrowing", "1") == "1")
+                              fields.get("borrowing", "1") == "1",
+                              fields.get("idle_gpu_action") or "notify")
 
     def get_vc(self, name: str) -> VirtualCluster | None:
         fields = self.r.hgetall(keys.vc(_key_name(name)))
@@ -281,7 +284,8 @@ class Accounts:
                 "name": vc.name, "gpu_quota": "" if vc.gpu_quota is None else str(vc.gpu_quota),
                 "description": vc.description, "created_ms": str(vc.created_ms),
                 "allowed_capabilities": json.dumps(sorted(set(vc.allowed_capabilities))),
-                "borrowing": "1" if vc.borrowing else "0"})
+                "borrowing": "1" if vc.borrowing else "0",
+                "idle_gpu_action": vc.idle_gpu_action})
             pipe.sadd(keys.VCS, vc.name)
             return vc
 

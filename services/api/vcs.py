@@ -75,6 +75,7 @@ def _views(vcs: list[VirtualCluster],
             "gpuQuota": vc.gpu_quota,
             "gpuGuaranteed": guarantee,
             "borrowing": vc.borrowing,
+            "idleGpuAction": vc.idle_gpu_action,
             "resourcesUsed": {"GPUs": len(used.gpus), "CPUs": used.cpus,
                               "memoryMB": used.memory_mb, "tasks": used.tasks},
             "gpuBorrowed": lent,
@@ -147,7 +148,8 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
     try:
         accounts().put_vc(VirtualCluster(name, body["gpuQuota"], body["description"],
                                          allowed_capabilities=body["allowedCapabilities"],
-                                         borrowing=body["borrowing"]))
+                                         borrowing=body["borrowing"],
+                                         idle_gpu_action=body["idleGpuAction"]))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
     return _views([_vc_or_404(name)])[name], 200 if existed else 201
