@@ -43,6 +43,7 @@ from shared.store import Expect, ExpectationFailed, JobConflict
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 
+MAX_IDLE_SHOWN = 200  # idle tasks listed at most, longest idle first
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
@@ -505,6 +506,32 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
     found = tasksamples.read(store.r, job.id, attempt, role, index, limit=query["limit"])
     return {"attempt": attempt, "intervalSeconds": platform().settings.task_sample_seconds,
             "samples": [sample.to_dict() for sample in found]}
+
+
+@bp.get("/idle-gpu-tasks")
+def idle_gpu_tasks() -> list[dict[str, Any]]:
+    """Running tasks holding GPUs they have not used for PAI_IDLE_GPU_SECONDS
+    (every GPU below PAI_IDLE_GPU_PERCENT), longest idle first; anyone signed
+    in sees them, as anyone sees the job list.
+    ---
+    get:
+      responses:
+        200:
+          content:
+            application/json: {schema: {type: array, items: IdleGpuTask}}
+    """
+    store, settings = platform().store, platform().settings
+    nodes = store.r.zrange(keys.NODES, 0, -1)
+    found = idle.flagged_on(store.r, nodes, now_ms(), int(settings.idle_gpu_seconds * 1000))
+    rows = []
+    for task in found[:MAX_IDLE_SHOWN]:
+        user, name = task.job_id.split("~", 1)
+        held = store.get_tasks(task.job_id, task.attempt)
+        gpus = next((t.gpus for t in held if t.role == task.role and t.index == task.index), [])
+        rows.append({"username": user, "jobName": name, "attempt": task.attempt,
+                     "taskRole": task.role, "taskIndex": task.index, "node": task.node,
+                     "gpus": list(gpus), "idleSince": task.since_ms})
+    return rows
 
 
 def _filed_in(job: Job, attempt: int, role: str, index: int) -> str | None:

@@ -254,6 +254,17 @@ class TaskSamplesSchema(Schema):
     samples = fields.List(fields.Nested(TaskSampleSchema), required=True)
 
 
+class IdleGpuTaskSchema(Schema):
+    username = fields.String(required=True)
+    jobName = fields.String(required=True)
+    attempt = fields.Integer(required=True)
+    taskRole = fields.String(required=True)
+    taskIndex = fields.Integer(required=True)
+    node = fields.String(required=True)
+    gpus = fields.List(fields.Integer(), required=True)
+    idleSince = _ms()
+
+
 class TaskRoleNameSchema(Schema):
     name = fields.String(required=True)
 
@@ -591,4 +602,5 @@ COMPONENTS: dict[str, type[Schema]] = {
     "NodePut": NodePutSchema,
     "UsageReport": UsageReportSchema,
     "TaskSamples": TaskSamplesSchema,
+    "IdleGpuTask": IdleGpuTaskSchema,
 }
