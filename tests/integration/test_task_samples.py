@@ -134,6 +134,10 @@ def test_an_idle_task_is_flagged_and_a_busy_one_is_not(rig: Rig) -> None:
     try:
         since = wait_for(flagged, "the idle task to be flagged")
         assert since <= now_ms()
+        listed = admin.get("/api/v1/idle-gpu-tasks").json
+        assert {"username": user, "jobName": name, "attempt": 0, "taskRole": "main",
+                "taskIndex": 0, "node": rig.node, "gpus": list(GPUS),
+                "idleSince": since} in listed
         tasksamples.set_virtual_utilization(rig.redis, rig.node, {0: 1.0, 1: 60.0})
         series = node.sample()  # one GPU in use: not idle any more
         assert not any(s.spec.name == "pai_task_gpu_idle_seconds" for s in series)
