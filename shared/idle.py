@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from shared import keys
+from shared.lifecycle import STOPPED_BY_PLATFORM
 from shared.models import Task, attempt_task_key, parse_attempt_task_key
 from shared.states import TaskState
 from shared.tasksamples import Sample
@@ -79,7 +80,7 @@ def decide(since_ms: int | None, samples: Iterable[Sample], now_ms: int,
 
 
 def stop_reason(since_ms: int, policy: IdlePolicy) -> str:
-    return (f"stopped by the platform: its GPUs stayed below {policy.percent:g}% "
+    return (f"{STOPPED_BY_PLATFORM}its GPUs stayed below {policy.percent:g}% "
             f"utilisation for {(policy.window_ms + policy.grace_ms) // 1000} s "
             f"(idle since {since_ms} ms; the VC's idleGpuAction is stop)")
 

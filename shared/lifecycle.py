@@ -164,7 +164,7 @@ def record_task_exit(
                 store.bump(job, JobState.STOPPED)
                 job.completed_ms = now_ms()
                 closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
-                                         job.exit_diagnostics or STOPPED_BY_USER, False)
+                                         stop_reason_of(job), False)
                 ended = True
         elif live:
             spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
@@ -315,11 +315,22 @@ def mark_task_running(
 
 
 STOPPED_BY_USER = "stopped by user"
+# The diagnostics of a stop the platform made (shared/idle.py) start so.
+STOPPED_BY_PLATFORM = "stopped by the platform: "
+
+
+def stop_reason_of(job: Job) -> str:
+    """Why a stopping job stops: the platform's reason it recorded, else the user's stop."""
+    if job.exit_diagnostics.startswith(STOPPED_BY_PLATFORM):
+        return job.exit_diagnostics
+    return STOPPED_BY_USER
 
 
 def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Job:
-    """STOP: the job goes STOPPING (or straight to STOPPED if nothing runs);
-    `reason` is its diagnostics (the platform stops idle jobs: shared/idle.py)."""
+    """STOP: the job goes STOPPING (or straight to STOPPED if nothing runs).
+    A `reason` starting STOPPED_BY_PLATFORM (idle GPUs: shared/idle.py)
+    becomes its diagnostics and its stop event's; a user's stop leaves both
+    as they were."""
     job_key = keys.job(job_id)
 
     def decide(pipe: Pipe) -> Job:
@@ -335,7 +346,9 @@ def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Jo
         previous = store.bump(job, JobState.STOPPING)
         job.execution_type = "STOP"
         job.waiting_reason = ""
-        job.exit_diagnostics = reason
+        platform = reason.startswith(STOPPED_BY_PLATFORM)
+        if platform:
+            job.exit_diagnostics = reason
         closed = None
         if all(t.state.is_final for t in tasks.values()):
             store.bump(job, JobState.STOPPED)
@@ -347,7 +360,8 @@ def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Jo
             store.write_attempt(pipe, job_id, closed)
         store.dequeue(pipe, job_id, job.virtual_cluster)
         store.write_job(pipe, job, previous)
-        store.add_event(pipe, job_id, "stop-requested", state=job.state, reason=reason)
+        store.add_event(pipe, job_id, "stop-requested", state=job.state,
+                        **({"reason": reason} if platform else {}))
         return job
 
     return store.transact(decide, job_key)
