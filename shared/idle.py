@@ -4,7 +4,7 @@ A task is idle from the first of an unbroken run of samples
 (shared/tasksamples.py) in which every GPU it holds is known and below
 PAI_IDLE_GPU_PERCENT. Once that run is PAI_IDLE_GPU_SECONDS long the task
 is flagged: job detail shows `idleSince`, the portal's home page lists it,
-the monitor counts it (pai_idle_gpu_tasks, pai_idle_gpu_flags_total). A VC
+the node exporter serves pai_task_gpu_idle_seconds for it. A VC
 whose `idleGpuAction` is `stop` has such a task's job stopped once it stayed
 idle a further PAI_IDLE_GPU_GRACE_SECONDS, through the normal stop path,
 with the reason in its diagnostics; `notify` (the default) only flags.
