@@ -36,7 +36,7 @@ from shared.lifecycle import delete_job, queue_new_job, request_stop
 from shared.models import Job, JobSpec, Node, job_id_of, now_ms
 from shared.priority import PriorityClass
 from shared.retention import remove_logs
-from shared.states import JobState
+from shared.states import JobState, TaskState
 from shared.storage import task_log_parts
 from shared.store import Expect, ExpectationFailed, JobConflict
 
@@ -526,11 +526,13 @@ def idle_gpu_tasks() -> list[dict[str, Any]]:
     rows = []
     for task in found[:MAX_IDLE_SHOWN]:
         user, name = task.job_id.split("~", 1)
-        held = store.get_tasks(task.job_id, task.attempt)
-        gpus = next((t.gpus for t in held if t.role == task.role and t.index == task.index), [])
+        held = next((t for t in store.get_tasks(task.job_id, task.attempt)
+                     if t.role == task.role and t.index == task.index), None)
+        if held is None or held.state != TaskState.RUNNING or held.node != task.node:
+            continue  # ended since its node's monitor last wrote (or that monitor is gone)
         rows.append({"username": user, "jobName": name, "attempt": task.attempt,
                      "taskRole": task.role, "taskIndex": task.index, "node": task.node,
-                     "gpus": list(gpus), "idleSince": task.since_ms})
+                     "gpus": list(held.gpus), "idleSince": task.since_ms})
     return rows
 
 
