@@ -125,6 +125,13 @@ def container_pids(top: Mapping[str, Any]) -> tuple[int, ...] | None:
     return tuple(sorted(pids))
 
 
+def _listed(containers: list[Container]) -> frozenset[str]:
+    """The attempt task keys of the task containers running now."""
+    refs = (task_ref_from_labels(c.labels) for c in containers)
+    return frozenset(attempt_task_key(r.job_id, r.attempt, r.role, r.index)
+                     for r in refs if r is not None)
+
+
 class NodeSampler:
     """Samples the node in the background; `latest` is what a scrape serves."""
 
@@ -171,7 +178,7 @@ class NodeSampler:
         tasks = [t for t in self._pool.map(sample, containers) if t is not None]
         series = node_series(self.node, gpus, tasks, virtual_gpus=self.virtual_gpus)
         if self._record_due(started):
-            series.extend(self.record(tasks, gpus))
+            series.extend(self.record(tasks, gpus, _listed(containers)))
         series.extend(fault_series(self.node, self._faults()))
         series.append(Series(SAMPLE_DURATION, (self.node,), time.monotonic() - started))
         series.append(Series(SAMPLE_TIME, (self.node,), time.time()))
@@ -245,28 +252,32 @@ class NodeSampler:
             return IdleAction.NOTIFY
         return IdleAction(found.idle_gpu_action)
 
-    def record(self, tasks: list[TaskSample], gpus: list[GpuSample] | None) -> list[Series]:
+    def record(self, tasks: list[TaskSample], gpus: list[GpuSample] | None,
+               listed: frozenset[str] = frozenset()) -> list[Series]:
         """Keep each task's sample in its stream and judge its GPUs idle or not,
-        in one pipeline; returns the idle tasks' series. Redis being away costs
-        this round's samples, nothing else."""
+        in one pipeline; returns the idle tasks' series. A task `listed` (its
+        container runs, by attempt task key) that could not be sampled keeps
+        its idle run as it was. Redis being away costs this round's samples,
+        nothing else."""
         now = now_ms()
         try:
-            return self._record(tasks, gpus, now)
+            return self._record(tasks, gpus, now, listed)
         except RedisError as error:
             log.warning("cannot keep the tasks' samples (%s): this round is lost", error)
             return []
 
     def _record(self, tasks: list[TaskSample], gpus: list[GpuSample] | None,
-                now: int) -> list[Series]:
+                now: int, listed: frozenset[str]) -> list[Series]:
         r, idle_key = self.store.r, keys.idle_tasks(self.node)
         utilization = self._gpu_utilization(gpus)
         previous = {k: int(v) for k, v in (r.hgetall(idle_key) or {}).items() if v.isdigit()}
         maxlen = tasksamples.max_samples(self.settings.task_sample_seconds,
                                          self.settings.task_sample_keep_seconds)
-        idle: dict[str, int] = {}
+        # running but not sampled this round (docker stats failed): nothing new to judge
+        idle: dict[str, int] = {key: previous[key] for key in listed if key in previous}
         series: list[Series] = []
         stops: list[tuple[TaskSample, Verdict]] = []
-        pipe = r.pipeline(transaction=False)
+        pipe = r.pipeline()  # MULTI: a reader never sees the idle hash half rewritten
         for task in tasks:
             job_id = f"{task.user}~{task.job_name}"
             key = attempt_task_key(job_id, task.attempt, task.role, task.index)
@@ -276,6 +287,7 @@ class NodeSampler:
             tasksamples.add(pipe, job_id, task.attempt, task.role, task.index, sample, maxlen)
             verdict = decide(previous.get(key), [sample], now, self._policy())
             if verdict.since_ms is None:
+                idle.pop(key, None)
                 continue
             idle[key] = verdict.since_ms
             if verdict.flagged:

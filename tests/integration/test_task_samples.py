@@ -20,7 +20,7 @@ from shared import keys, retention, tasksamples
 from shared.accounts import Accounts, VirtualCluster
 from shared.lifecycle import commit_placement, record_task_exit, submit_job
 from shared.messaging import STOP_JOB
-from shared.models import Gpu, Node, TaskPlacement, now_ms
+from shared.models import Gpu, Node, TaskPlacement, attempt_task_key, now_ms
 from shared.nvml import Nvml
 from shared.states import JobState
 from tests.integration.api_client import AuthedClient, error_of, new_user, signed_in
@@ -138,6 +138,10 @@ def test_an_idle_task_is_flagged_and_a_busy_one_is_not(rig: Rig) -> None:
         assert {"username": user, "jobName": name, "attempt": 0, "taskRole": "main",
                 "taskIndex": 0, "node": rig.node, "gpus": list(GPUS),
                 "idleSince": since} in listed
+        key = attempt_task_key(job_id, 0, "main", 0)
+        # a round whose docker stats failed for the running container keeps its run
+        node.record([], None, frozenset({key}))
+        assert rig.redis.hget(keys.idle_tasks(rig.node), key) == str(since)
         tasksamples.set_virtual_utilization(rig.redis, rig.node, {0: 1.0, 1: 60.0})
         series = node.sample()  # one GPU in use: not idle any more
         assert not any(s.spec.name == "pai_task_gpu_idle_seconds" for s in series)
