@@ -19,9 +19,10 @@ from services.monitor.exporter import NodeExporter
 from services.monitor.gpuhealth import GpuHealthWatch, stop_container
 from services.monitor.sampling import IdleStop
 from services.monitor.service import Monitor
+from shared import telemetry
 from shared.config import Settings, load_settings
 from shared.containers import TaskRef, docker_client
-from shared.lifecycle import request_stop
+from shared.lifecycle import LIVE_JOB_STATES, request_stop
 from shared.logs import setup_logging
 from shared.messaging import Messenger, make_celery
 from shared.states import JobState
@@ -84,9 +85,13 @@ def idle_stopper(store: Store, messenger: Messenger) -> IdleStop:
     executionType), its reason in the job's diagnostics and events."""
 
     def stop_idle(job_id: str, reason: str) -> None:
+        before = store.get_job(job_id)
+        if before is None or before.state not in LIVE_JOB_STATES:
+            return  # ended meanwhile, or already stopping
         job = request_stop(store, job_id, reason)
         if job.state == JobState.STOPPING:
             messenger.stop_job(job_id)
+        telemetry.record(store.r, telemetry.IDLE_GPU_STOPS, {"vc": job.virtual_cluster})
 
     return stop_idle
 

@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 from services.api.app import create_app
 from services.monitor.run import idle_stopper
 from services.monitor.sampling import NodeSampler, NvmlReader
-from shared import keys, retention, tasksamples
+from shared import keys, retention, tasksamples, telemetry
 from shared.accounts import Accounts, VirtualCluster
 from shared.lifecycle import commit_placement, record_task_exit, submit_job
 from shared.messaging import STOP_JOB
@@ -174,6 +174,8 @@ def test_an_idle_task_in_a_vc_that_stops_is_stopped_with_the_reason(rig: Rig) ->
     events = rig.store.get_events(job_id)
     assert any(e["kind"] == "stop-requested" and "idle" in str(e) for e in events)
     assert (STOP_JOB, [job_id]) in rig.messages()
+    stops = telemetry.IDLE_GPU_STOPS
+    assert rig.redis.hget(stops.key, telemetry.counter_field(stops, {"vc": "default"})) == "1"
     # the task's exit then ends the job STOPPED, the reason kept
     record_task_exit(rig.store, job_id, 0, "main", 0, exit_code=137)
     stopped = rig.store.get_job(job_id)
