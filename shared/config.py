@@ -56,6 +56,19 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _percent(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a percent, got {raw!r}") from None
+    if not 0 < value <= 100:
+        raise ConfigError(f"{name} must be above 0 and at most 100, got {raw!r}")
+    return value
+
+
 SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
               "g": 1000**3, "gb": 1024**3}
 
@@ -400,7 +413,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         task_sample_seconds=_seconds(env, "PAI_TASK_SAMPLE_SECONDS", defaults.task_sample_seconds),
         task_sample_keep_seconds=_seconds(env, "PAI_TASK_SAMPLE_KEEP_SECONDS",
                                           defaults.task_sample_keep_seconds),
-        idle_gpu_percent=_seconds(env, "PAI_IDLE_GPU_PERCENT", defaults.idle_gpu_percent),
+        idle_gpu_percent=_percent(env, "PAI_IDLE_GPU_PERCENT", defaults.idle_gpu_percent),
         idle_gpu_seconds=_seconds(env, "PAI_IDLE_GPU_SECONDS", defaults.idle_gpu_seconds),
         idle_gpu_grace_seconds=_seconds(env, "PAI_IDLE_GPU_GRACE_SECONDS",
                                         defaults.idle_gpu_grace_seconds),
