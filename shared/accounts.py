@@ -88,6 +88,8 @@ class VirtualCluster:
         if self.gpu_hours_budget is None:
             return None
         return Budget(self.gpu_hours_budget, self.budget_period, self.on_budget_exhausted)
+    # What a job idling on its GPUs gets (shared/idle.py): "notify" or "stop".
+    idle_gpu_action: str = "notify"
 
 
 def hash_password(password: str) -> str:
@@ -267,7 +269,8 @@ class Accounts:
                               fields.get("borrowing", "1") == "1",
                               gpu_hours_budget=float(budget) if budget != "" else None,
                               budget_period=fields.get("budget_period") or "month",
-                              on_budget_exhausted=fields.get("on_budget_exhausted") or "oppo")
+                              on_budget_exhausted=fields.get("on_budget_exhausted") or "oppo",
+                              idle_gpu_action=fields.get("idle_gpu_action") or "notify")
 
     def get_vc(self, name: str) -> VirtualCluster | None:
         fields = self.r.hgetall(keys.vc(_key_name(name)))
@@ -301,7 +304,8 @@ class Accounts:
                 "gpu_hours_budget": "" if vc.gpu_hours_budget is None
                 else repr(vc.gpu_hours_budget),
                 "budget_period": vc.budget_period,
-                "on_budget_exhausted": vc.on_budget_exhausted})
+                "on_budget_exhausted": vc.on_budget_exhausted,
+                "idle_gpu_action": vc.idle_gpu_action})
             pipe.sadd(keys.VCS, vc.name)
             return vc
 

@@ -56,6 +56,19 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _percent(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a percent, got {raw!r}") from None
+    if not 0 < value <= 100:
+        raise ConfigError(f"{name} must be above 0 and at most 100, got {raw!r}")
+    return value
+
+
 SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,
               "g": 1000**3, "gb": 1024**3}
 
@@ -265,6 +278,15 @@ class Settings:
     monitor_sample_seconds: float = 10.0
     # How often the monitor reads its GPUs' health (shared/gpuhealth.py).
     gpu_health_seconds: float = 5.0
+    # Per-task utilisation samples kept in Redis (shared/tasksamples.py):
+    # one every this many seconds, for at most so long per task attempt.
+    task_sample_seconds: float = 15.0
+    task_sample_keep_seconds: float = 2 * 86400.0
+    # Idle GPUs (shared/idle.py): every GPU of a task below this percent for
+    # this long flags it; a VC set to `stop` stops it after the grace.
+    idle_gpu_percent: float = 5.0
+    idle_gpu_seconds: float = 1800.0
+    idle_gpu_grace_seconds: float = 1800.0
     heartbeat_seconds: float = 5.0
     node_lost_seconds: float = 60.0
     launch_timeout_seconds: float = 120.0
@@ -392,6 +414,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         monitor_sample_seconds=_seconds(env, "PAI_MONITOR_SAMPLE_SECONDS",
                                         defaults.monitor_sample_seconds),
         gpu_health_seconds=_seconds(env, "PAI_GPU_HEALTH_SECONDS", defaults.gpu_health_seconds),
+        task_sample_seconds=_seconds(env, "PAI_TASK_SAMPLE_SECONDS", defaults.task_sample_seconds),
+        task_sample_keep_seconds=_seconds(env, "PAI_TASK_SAMPLE_KEEP_SECONDS",
+                                          defaults.task_sample_keep_seconds),
+        idle_gpu_percent=_percent(env, "PAI_IDLE_GPU_PERCENT", defaults.idle_gpu_percent),
+        idle_gpu_seconds=_seconds(env, "PAI_IDLE_GPU_SECONDS", defaults.idle_gpu_seconds),
+        idle_gpu_grace_seconds=_seconds(env, "PAI_IDLE_GPU_GRACE_SECONDS",
+                                        defaults.idle_gpu_grace_seconds),
         heartbeat_seconds=_seconds(env, "PAI_HEARTBEAT_SECONDS", defaults.heartbeat_seconds),
         node_lost_seconds=_seconds(env, "PAI_NODE_LOST_SECONDS", defaults.node_lost_seconds),
         launch_timeout_seconds=_seconds(env, "PAI_LAUNCH_TIMEOUT_SECONDS",

@@ -59,6 +59,17 @@ def task_log(job_id: str, attempt: int, role: str, index: int) -> str:
     return f"{PREFIX}log:{job_id}:{attempt}:{role}:{index}"
 
 
+def task_samples(job_id: str, attempt: int, role: str, index: int) -> str:
+    """Stream: one task attempt's utilisation samples, capped (shared/tasksamples.py)."""
+    return f"{PREFIX}samples:{job_id}:{attempt}:{role}:{index}"
+
+
+def idle_tasks(node: str) -> str:
+    """Hash: attempt task key -> ms since which its GPUs are idle (shared/idle.py),
+    for the node's running tasks; its monitor rewrites it every sample."""
+    return f"{PREFIX}node:{node}:idle-tasks"
+
+
 def user_jobs(username: str) -> str:
     return f"{PREFIX}user:{username}:jobs"
 
@@ -91,6 +102,12 @@ def gpu_fault_injections(name: str) -> str:
     """List: faults a test or drill injects into the node's virtual GPUs
     (shared/gpuhealth.py); its monitor takes them on its next round."""
     return f"{PREFIX}node:{name}:gpu-fault-injections"
+
+
+def virtual_gpu_utilization(name: str) -> str:
+    """Hash, a test hook: GPU index -> utilisation percent the node's virtual
+    GPUs report to its monitor (real GPUs report through NVML)."""
+    return f"{PREFIX}node:{name}:virtual-gpu-utilization"
 
 
 def node(name: str) -> str:

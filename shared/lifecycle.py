@@ -164,7 +164,7 @@ def record_task_exit(
                 store.bump(job, JobState.STOPPED)
                 job.completed_ms = now_ms()
                 closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
-                                         "stopped by user", False)
+                                         stop_reason_of(job), False)
                 ended = True
         elif live:
             spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
@@ -314,8 +314,23 @@ def mark_task_running(
     return store.transact(decide, job_key)
 
 
-def request_stop(store: Store, job_id: str) -> Job:
-    """STOP: the job goes STOPPING (or straight to STOPPED if nothing runs)."""
+STOPPED_BY_USER = "stopped by user"
+# The diagnostics of a stop the platform made (shared/idle.py) start so.
+STOPPED_BY_PLATFORM = "stopped by the platform: "
+
+
+def stop_reason_of(job: Job) -> str:
+    """Why a stopping job stops: the platform's reason it recorded, else the user's stop."""
+    if job.exit_diagnostics.startswith(STOPPED_BY_PLATFORM):
+        return job.exit_diagnostics
+    return STOPPED_BY_USER
+
+
+def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Job:
+    """STOP: the job goes STOPPING (or straight to STOPPED if nothing runs).
+    A `reason` starting STOPPED_BY_PLATFORM (idle GPUs: shared/idle.py)
+    becomes its diagnostics and its stop event's; a user's stop leaves both
+    as they were."""
     job_key = keys.job(job_id)
 
     def decide(pipe: Pipe) -> Job:
@@ -331,19 +346,22 @@ def request_stop(store: Store, job_id: str) -> Job:
         previous = store.bump(job, JobState.STOPPING)
         job.execution_type = "STOP"
         job.waiting_reason = ""
+        platform = reason.startswith(STOPPED_BY_PLATFORM)
+        if platform:
+            job.exit_diagnostics = reason
         closed = None
         if all(t.state.is_final for t in tasks.values()):
             store.bump(job, JobState.STOPPED)
             job.completed_ms = now_ms()
-            closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
-                                     "stopped by user", False)
+            closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None, reason, False)
         pipe.multi()
         store.write_tasks(pipe, job_id, job.attempt, waiting)
         if closed is not None:
             store.write_attempt(pipe, job_id, closed)
         store.dequeue(pipe, job_id, job.virtual_cluster)
         store.write_job(pipe, job, previous)
-        store.add_event(pipe, job_id, "stop-requested", state=job.state)
+        store.add_event(pipe, job_id, "stop-requested", state=job.state,
+                        **({"reason": reason} if platform else {}))
         return job
 
     return store.transact(decide, job_key)

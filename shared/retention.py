@@ -190,7 +190,8 @@ def compact_job(store: Store, job_id: str, log_dir: str | None,
         pipe.set(archive_key, archive.encode())
         pipe.delete(job_key, keys.job_config(job_id), keys.job_attempts(job_id),
                     keys.job_events(job_id), *task_keys,
-                    *(keys.task_log(job_id, *ref) for ref in filed))
+                    *(keys.task_log(job_id, *ref) for ref in filed),
+                    *(keys.task_samples(job_id, *ref) for ref in refs))
         pipe.zrem(keys.RETENTION_PENDING, job_id)
         return True
 
@@ -229,7 +230,7 @@ def _file_log(reader: Reader, log_dir: str, job_id: str, attempt: int, role: str
 
 def job_keys(store: Store, reader: Reader, job: Job) -> list[str]:
     """Every key a job has: its record, config, attempts, events, archive,
-    each attempt's tasks and every task attempt's log stream (for a
+    each attempt's tasks and every task attempt's log and sample streams (for a
     compacted job, every one its config could have had: a line shipped late
     may have made one again)."""
     found = [keys.job(job.id), keys.job_config(job.id), keys.job_attempts(job.id),
@@ -238,12 +239,14 @@ def job_keys(store: Store, reader: Reader, job: Job) -> list[str]:
         found.append(keys.job_tasks(job.id, attempt))
         for task in store.read_tasks(reader, job.id, attempt).values():
             found.append(keys.task_log(job.id, attempt, task.role, task.index))
+            found.append(keys.task_samples(job.id, attempt, task.role, task.index))
     archive = store.read_archive(reader, job.id)
     if archive is not None:
         for role in archive.config.get("taskRoles", ()):
             for index in range(int(role.get("taskNumber", 0))):
-                found.extend(keys.task_log(job.id, attempt, role["name"], index)
-                             for attempt in range(job.attempt + 1))
+                for attempt in range(job.attempt + 1):
+                    found.append(keys.task_log(job.id, attempt, role["name"], index))
+                    found.append(keys.task_samples(job.id, attempt, role["name"], index))
     return list(dict.fromkeys(found))
 
 

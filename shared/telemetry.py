@@ -103,9 +103,15 @@ TASK_EXECS = RecordedMetric(
     "Commands run in task containers through the exec API, by the user who ran them.",
     ("user",))
 
+IDLE_GPU_STOPS = RecordedMetric(
+    "pai_idle_gpu_stops", Kind.COUNTER,
+    "Jobs the platform stopped because their GPUs stayed idle (shared/idle.py), by virtual "
+    "cluster.", ("vc",))
+
 RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, PREEMPTIONS,
                                         SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS,
-                                        TASK_EXECS, GPU_SECONDS, CPU_SECONDS, MEMORY_MB_SECONDS)
+                                        TASK_EXECS, GPU_SECONDS, CPU_SECONDS, MEMORY_MB_SECONDS,
+                                        IDLE_GPU_STOPS)
 
 _SUM, _COUNT, _BUCKET = "sum", "count", "le="
 _SEP = "|"

@@ -17,15 +17,15 @@ from redis.exceptions import RedisError
 
 from services.api import sse
 from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
-from services.api.bodies import load_body, read_document, read_yaml, takes
+from services.api.bodies import load, load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
 from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
-from services.api.schemas import LIST_ORDERS, MAX_TAIL, StopRequestSchema
+from services.api.schemas import LIST_ORDERS, MAX_TAIL, StopRequestSchema, TaskSamplesQuerySchema
 from services.api.storage import check_job_storage
-from shared import keys, logfiles
+from shared import idle, keys, logfiles, tasksamples
 from shared.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
 from shared.archive import diagnostics_of
 from shared.capabilities import refused_capabilities
@@ -33,16 +33,17 @@ from shared.feasibility import infeasible_reasons
 from shared.jobspec import InvalidJobConfig, ValidatedConfig, shown_config, validate_job_config
 from shared.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
 from shared.lifecycle import delete_job, queue_new_job, request_stop
-from shared.models import Job, JobSpec, Node, job_id_of
+from shared.models import Job, JobSpec, Node, job_id_of, now_ms
 from shared.priority import PriorityClass
 from shared.retention import remove_logs
-from shared.states import JobState
+from shared.states import JobState, TaskState
 from shared.storage import task_log_parts
 from shared.store import Expect, ExpectationFailed, JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 
+MAX_IDLE_SHOWN = 200  # idle tasks listed at most, longest idle first
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
@@ -396,8 +397,11 @@ def detail(username: str, name: str) -> dict[str, Any]:
     attempts = store.get_attempts(job.id)
     # a compacted record leaves out what its last attempt tells (shared/archive.py)
     job.exit_diagnostics = diagnostics_of(job.state.value, job.exit_diagnostics, attempts)
-    return job_detail(job, roles, store.get_tasks(job.id, job.attempt), attempts,
-                      f"/api/v1/user/{username}/jobs/{name}", None if rank is None else rank + 1)
+    tasks = store.get_tasks(job.id, job.attempt)
+    flagged = idle.flagged_tasks(store.r, job.id, job.attempt, tasks, now_ms(),
+                                 int(platform().settings.idle_gpu_seconds * 1000))
+    return job_detail(job, roles, tasks, attempts, f"/api/v1/user/{username}/jobs/{name}",
+                      None if rank is None else rank + 1, flagged)
 
 
 @bp.get("/user/<username>/jobs/<name>/config")
@@ -481,6 +485,58 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
     text = "".join(line + "\n" for line in ([marker] if marker else [])
                    + [line for _, line in lines])
     return Response(text, mimetype="text/plain")
+
+
+@bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/samples")
+def task_samples(username: str, name: str, role: str, index: int) -> dict[str, Any]:
+    """A task attempt's CPU, memory and GPU use over time, as its node's monitor
+    sampled it (kept until the finished job is compacted); who may read its log.
+    ---
+    get:
+      errors: [400, 403, 404]
+      parameters:
+      - {in: query, schema: TaskSamplesQuerySchema}
+      responses: {200: TaskSamples}
+    """
+    job = get_job_or_404(username, name, owner_only=True, action="read the samples")
+    query = load(TaskSamplesQuerySchema(), request.args)
+    attempt = query.get("attempt", job.attempt)
+    if attempt > job.attempt:
+        raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    store = platform().store
+    if not store.task_exists(job.id, attempt, role, index):
+        raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
+    found = tasksamples.read(store.r, job.id, attempt, role, index, limit=query["limit"])
+    return {"attempt": attempt, "intervalSeconds": platform().settings.task_sample_seconds,
+            "samples": [sample.to_dict() for sample in found]}
+
+
+@bp.get("/idle-gpu-tasks")
+def idle_gpu_tasks() -> list[dict[str, Any]]:
+    """Running tasks holding GPUs they have not used for PAI_IDLE_GPU_SECONDS
+    (every GPU below PAI_IDLE_GPU_PERCENT), longest idle first; anyone signed
+    in sees them, as anyone sees the job list.
+    ---
+    get:
+      responses:
+        200:
+          content:
+            application/json: {schema: {type: array, items: IdleGpuTask}}
+    """
+    store, settings = platform().store, platform().settings
+    nodes = store.r.zrange(keys.NODES, 0, -1)
+    found = idle.flagged_on(store.r, nodes, now_ms(), int(settings.idle_gpu_seconds * 1000))
+    rows = []
+    for task in found[:MAX_IDLE_SHOWN]:
+        user, name = task.job_id.split("~", 1)
+        held = next((t for t in store.get_tasks(task.job_id, task.attempt)
+                     if t.role == task.role and t.index == task.index), None)
+        if held is None or held.state != TaskState.RUNNING or held.node != task.node:
+            continue  # ended since its node's monitor last wrote (or that monitor is gone)
+        rows.append({"username": user, "jobName": name, "attempt": task.attempt,
+                     "taskRole": task.role, "taskIndex": task.index, "node": task.node,
+                     "gpus": list(held.gpus), "idleSince": task.since_ms})
+    return rows
 
 
 def _filed_in(job: Job, attempt: int, role: str, index: int) -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.models import Attempt, Job, Task
@@ -37,7 +37,7 @@ def _sub_state(job: Job) -> str:
     return job.state.value
 
 
-def task_status(task: Task, log_url: str) -> dict[str, Any]:
+def task_status(task: Task, log_url: str, idle_since: int | None = None) -> dict[str, Any]:
     ports: dict[str, Any] = {}
     for label, values in task.ports.items():
         ports[label] = values[0] if label == "default" and values else ",".join(
@@ -57,6 +57,7 @@ def task_status(task: Task, log_url: str) -> dict[str, Any]:
         "startedTime": task.started_ms,
         "completedTime": task.completed_ms,
         "retries": task.retries,
+        "idleSince": idle_since,
     }
 
 
@@ -92,12 +93,15 @@ def waiting_view(job: Job, position: int | None) -> dict[str, Any] | None:
 
 def job_detail(job: Job, role_order: Sequence[str], tasks: Sequence[Task],
                attempts: Sequence[Attempt], base_url: str,
-               position: int | None = None) -> dict[str, Any]:
-    """`GET /user/<u>/jobs/<name>`: status, the current attempt's tasks, attempts."""
+               position: int | None = None,
+               idle: Mapping[tuple[str, int], int] | None = None) -> dict[str, Any]:
+    """`GET /user/<u>/jobs/<name>`: status, the current attempt's tasks,
+    attempts; `idle`: (role, index) -> idleSince of the tasks flagged idle."""
     roles: dict[str, Any] = {}
     for role in role_order:
         statuses = [
-            task_status(t, f"{base_url}/tasks/{role}/{t.index}/log?attempt={job.attempt}")
+            task_status(t, f"{base_url}/tasks/{role}/{t.index}/log?attempt={job.attempt}",
+                        (idle or {}).get((t.role, t.index)))
             for t in sorted(tasks, key=lambda t: t.index) if t.role == role
         ]
         roles[role] = {"taskRoleStatus": {"name": role}, "taskStatuses": statuses}

@@ -228,6 +228,42 @@ class TaskStatusSchema(Schema):
     retries = fields.Integer(required=True, metadata={
         "description": "times this task was started again by itself after a failure "
                        "(its role's taskRetryCount), within this attempt"})
+    idleSince = fields.Integer(required=True, allow_none=True, metadata={
+        **_MS, "description": "set while every GPU of the running task has stayed below "
+                              "PAI_IDLE_GPU_PERCENT for PAI_IDLE_GPU_SECONDS: since when"})
+
+
+class TaskSamplesQuerySchema(Schema):
+    attempt = fields.Integer(validate=validate.Range(min=0),
+                             metadata={"description": "default: the job's current attempt"})
+    limit = fields.Integer(load_default=2000, validate=validate.Range(min=1, max=20_000),
+                           metadata={"description": "the last samples to send"})
+
+
+class TaskSampleSchema(Schema):
+    time = _ms()
+    cpuPercent = fields.Float(required=True, allow_none=True,
+                              metadata={"description": "100 = one core busy"})
+    memoryBytes = fields.Integer(required=True, allow_none=True)
+    gpuPercent = fields.List(fields.Float(allow_none=True), required=True, metadata={
+        "description": "each allocated GPU's utilisation, in the task's GPU order"})
+
+
+class TaskSamplesSchema(Schema):
+    attempt = fields.Integer(required=True)
+    intervalSeconds = fields.Float(required=True)
+    samples = fields.List(fields.Nested(TaskSampleSchema), required=True)
+
+
+class IdleGpuTaskSchema(Schema):
+    username = fields.String(required=True)
+    jobName = fields.String(required=True)
+    attempt = fields.Integer(required=True)
+    taskRole = fields.String(required=True)
+    taskIndex = fields.Integer(required=True)
+    node = fields.String(required=True)
+    gpus = fields.List(fields.Integer(), required=True)
+    idleSince = _ms()
 
 
 class TaskRoleNameSchema(Schema):
@@ -377,6 +413,8 @@ class VirtualClusterSchema(Schema):
         "description": "the guarantee in force now"})
     borrowing = fields.Boolean(required=True, metadata={
         "description": "may its jobs run beyond the guarantee on idle GPUs"})
+    idleGpuAction = fields.String(required=True, metadata={
+        "description": "what a job idling on its GPUs gets: notify (flagged) or stop"})
     resourcesUsed = fields.Nested(ResourcesUsedSchema, required=True)
     gpuBorrowed = fields.Integer(required=True, metadata={
         "description": "GPUs its jobs hold beyond the guarantee (preemptible)"})
@@ -405,6 +443,10 @@ class VirtualClusterPutSchema(_Request):
                            metadata={"description": "GPUs guaranteed, or null for none"})
     borrowing = fields.Boolean(load_default=True, metadata={
         "description": "may its jobs borrow GPUs beyond the guarantee"})
+    idleGpuAction = fields.String(load_default="notify", validate=validate.OneOf(
+        ["notify", "stop"]), metadata={
+        "description": "a job whose GPUs stay idle: notify (flag it) or stop it after "
+                       "PAI_IDLE_GPU_GRACE_SECONDS more"})
     description = fields.String(load_default="", validate=validate.Length(max=1024))
     allowedCapabilities = fields.List(
         fields.String(validate=validate.OneOf(sorted(GRANTABLE))), load_default=list,
@@ -585,4 +627,6 @@ COMPONENTS: dict[str, type[Schema]] = {
     "Node": NodeSchema,
     "NodePut": NodePutSchema,
     "UsageReport": UsageReportSchema,
+    "TaskSamples": TaskSamplesSchema,
+    "IdleGpuTask": IdleGpuTaskSchema,
 }

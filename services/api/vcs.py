@@ -88,6 +88,7 @@ def _views(vcs: list[VirtualCluster],
             "gpuQuota": vc.gpu_quota,
             "gpuGuaranteed": guarantee,
             "borrowing": vc.borrowing,
+            "idleGpuAction": vc.idle_gpu_action,
             "resourcesUsed": {"GPUs": len(used.gpus), "CPUs": used.cpus,
                               "memoryMB": used.memory_mb, "tasks": used.tasks},
             "gpuBorrowed": lent,
@@ -167,7 +168,8 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
                                          borrowing=body["borrowing"],
                                          gpu_hours_budget=body["gpuHoursBudget"],
                                          budget_period=body["budgetPeriod"],
-                                         on_budget_exhausted=body["onBudgetExhausted"]))
+                                         on_budget_exhausted=body["onBudgetExhausted"],
+                                         idle_gpu_action=body["idleGpuAction"]))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
     return _views([_vc_or_404(name)])[name], 200 if existed else 201

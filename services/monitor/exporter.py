@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from services.monitor.nodemetrics import NODE_SERIES, Series, SeriesSpec, Type
-from services.monitor.sampling import NodeSampler, NvmlReader
+from services.monitor.sampling import IdleStop, NodeSampler, NvmlReader
 from shared.config import Settings
 from shared.store import Store
 
@@ -61,10 +61,11 @@ class NodeExporter:
     """The sampler, its registry and the HTTP server that serves it."""
 
     def __init__(self, settings: Settings, store: Store, docker_client: docker.DockerClient,
-                 nvml: NvmlReader | None = None) -> None:
+                 nvml: NvmlReader | None = None, stop_idle: IdleStop | None = None) -> None:
         self.settings = settings
         self.nvml = nvml or NvmlReader()
-        self.sampler = NodeSampler(settings, store, docker_client, self.nvml)
+        self.sampler = NodeSampler(settings, store, docker_client, self.nvml,
+                                   stop_idle=stop_idle)
         self.registry = build_registry(self.sampler.latest)
         self._server: WSGIServer | None = None
 

@@ -60,6 +60,10 @@ TASK_MEMORY = SeriesSpec("pai_task_memory_bytes", Type.GAUGE,
                          TASK_LABELS)
 TASK_GPU_UTILIZATION = SeriesSpec("pai_task_gpu_utilization_percent", Type.GAUGE,
                                   "Utilization of each GPU assigned to a task.", TASK_GPU_LABELS)
+TASK_GPU_IDLE = SeriesSpec("pai_task_gpu_idle_seconds", Type.GAUGE,
+                           "How long every GPU of a task flagged idle has stayed below "
+                           "PAI_IDLE_GPU_PERCENT (shared/idle.py); absent while not flagged.",
+                           TASK_LABELS)
 GPU_UNHEALTHY = SeriesSpec("pai_gpu_unhealthy", Type.GAUGE,
                            "1 for each GPU of the node marked unhealthy, with why (XID, ECC, "
                            "pages, thermal: docs/monitoring.md); absent while healthy.",
@@ -76,7 +80,7 @@ SAMPLE_TIME = SeriesSpec("pai_monitor_last_sample_timestamp_seconds", Type.GAUGE
 NODE_SERIES: tuple[SeriesSpec, ...] = (
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_TEMPERATURE, GPU_POWER,
     GPU_ECC_ERRORS, GPU_EXTERNAL, TASK_CPU, TASK_MEMORY, TASK_GPU_UTILIZATION, NVML_UP,
-    SAMPLE_DURATION, SAMPLE_TIME, GPU_UNHEALTHY,
+    SAMPLE_DURATION, SAMPLE_TIME, GPU_UNHEALTHY, TASK_GPU_IDLE,
 )
 
 
@@ -166,7 +170,7 @@ def _gpu_series(node: str, gpu: GpuSample) -> list[Series]:
     return series
 
 
-def _task_labels(node: str, task: TaskSample) -> tuple[str, ...]:
+def task_labels(node: str, task: TaskSample) -> tuple[str, ...]:
     return (node, task.user, task.job_name, task.role, str(task.index), str(task.attempt),
             task.vc)
 
@@ -194,7 +198,7 @@ def node_series(node: str, gpus: Sequence[GpuSample] | None, tasks: Sequence[Tas
     """
     series: list[Series] = [Series(NVML_UP, (node,), 0.0 if gpus is None else 1.0)]
     for task in tasks:
-        labels = _task_labels(node, task)
+        labels = task_labels(node, task)
         if task.cpu_percent is not None:
             series.append(Series(TASK_CPU, labels, task.cpu_percent))
         if task.memory_bytes is not None:
@@ -211,7 +215,7 @@ def node_series(node: str, gpus: Sequence[GpuSample] | None, tasks: Sequence[Tas
             held = by_index.get(index)
             if held is not None and held.utilization_percent is not None:
                 series.append(Series(TASK_GPU_UTILIZATION,
-                                     (*_task_labels(node, task), str(index), held.uuid),
+                                     (*task_labels(node, task), str(index), held.uuid),
                                      held.utilization_percent))
     series.extend(_external_series(node, gpus, tasks))
     return series

@@ -17,11 +17,15 @@ import docker
 
 from services.monitor.exporter import NodeExporter
 from services.monitor.gpuhealth import GpuHealthWatch, stop_container
+from services.monitor.sampling import IdleStop
 from services.monitor.service import Monitor
+from shared import telemetry
 from shared.config import Settings, load_settings
 from shared.containers import TaskRef, docker_client
+from shared.lifecycle import LIVE_JOB_STATES, request_stop
 from shared.logs import setup_logging
 from shared.messaging import Messenger, make_celery
+from shared.states import JobState
 from shared.store import Store
 
 log = logging.getLogger("pai.monitor")
@@ -76,10 +80,26 @@ def node_threads(monitor: Monitor, stop: threading.Event, since: float,
     return threads
 
 
-def start_exporter(settings: Settings, store: Store,
-                   client: docker.DockerClient) -> NodeExporter | None:
+def idle_stopper(store: Store, messenger: Messenger) -> IdleStop:
+    """Stop a job idling on its GPUs as a user's stop does (the API's
+    executionType), its reason in the job's diagnostics and events."""
+
+    def stop_idle(job_id: str, reason: str) -> None:
+        before = store.get_job(job_id)
+        if before is None or before.state not in LIVE_JOB_STATES:
+            return  # ended meanwhile, or already stopping
+        job = request_stop(store, job_id, reason)
+        if job.state == JobState.STOPPING:
+            messenger.stop_job(job_id)
+        telemetry.record(store.r, telemetry.IDLE_GPU_STOPS, {"vc": job.virtual_cluster})
+
+    return stop_idle
+
+
+def start_exporter(settings: Settings, store: Store, client: docker.DockerClient,
+                   stop_idle: IdleStop | None = None) -> NodeExporter | None:
     """The node's /metrics; the monitor's lifecycle work goes on without it."""
-    exporter = NodeExporter(settings, store, client)
+    exporter = NodeExporter(settings, store, client, stop_idle=stop_idle)
     try:
         exporter.serve()
     except OSError as error:
@@ -97,7 +117,7 @@ def main() -> int:
     messenger = Messenger(make_celery(settings, name="pai-monitor"))
     client = docker_client(settings)
     monitor = Monitor(settings, store, messenger, client, settings.node_name)
-    exporter = start_exporter(settings, store, client)
+    exporter = start_exporter(settings, store, client, idle_stopper(store, messenger))
 
     stop = threading.Event()
 

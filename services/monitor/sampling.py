@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -26,6 +26,7 @@ from requests.exceptions import RequestException
 from services.monitor.nodemetrics import (
     SAMPLE_DURATION,
     SAMPLE_TIME,
+    TASK_GPU_IDLE,
     GpuSample,
     Series,
     TaskSample,
@@ -34,17 +35,24 @@ from services.monitor.nodemetrics import (
     memory_bytes,
     needs_pids,
     node_series,
+    task_labels,
 )
-from shared import gpuhealth
+from shared import gpuhealth, keys, tasksamples
+from shared.accounts import Accounts
 from shared.config import Settings
 from shared.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
-from shared.models import Allocation, attempt_task_key, split_job_id
+from shared.idle import IdleAction, IdlePolicy, Verdict, decide, stop_reason
+from shared.models import Allocation, attempt_task_key, now_ms, split_job_id
 from shared.nvml import Nvml, text
 from shared.store import Store
 
 log = logging.getLogger(__name__)
 
 STATS_WORKERS = 4  # containers sampled at once: docker stats is slow, the engine is shared
+
+# Stop a job idling on its GPUs: job id and the diagnostics reason (run.py
+# wires it to the normal stop path).
+IdleStop = Callable[[str, str], None]
 
 
 class NvmlReader:
@@ -117,17 +125,28 @@ def container_pids(top: Mapping[str, Any]) -> tuple[int, ...] | None:
     return tuple(sorted(pids))
 
 
+def _listed(containers: list[Container]) -> frozenset[str]:
+    """The attempt task keys of the task containers running now."""
+    refs = (task_ref_from_labels(c.labels) for c in containers)
+    return frozenset(attempt_task_key(r.job_id, r.attempt, r.role, r.index)
+                     for r in refs if r is not None)
+
+
 class NodeSampler:
     """Samples the node in the background; `latest` is what a scrape serves."""
 
     def __init__(self, settings: Settings, store: Store, docker_client: docker.DockerClient,
-                 nvml: NvmlReader, workers: int = STATS_WORKERS) -> None:
+                 nvml: NvmlReader, workers: int = STATS_WORKERS,
+                 stop_idle: IdleStop | None = None) -> None:
         self.settings, self.store, self.docker, self.nvml = settings, store, docker_client, nvml
         self.node = settings.node_name
         self.virtual_gpus = settings.node_virtual_gpus is not None
+        self.stop_idle = stop_idle
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pai-stats")
         self._lock = threading.Lock()
         self._latest: list[Series] = []
+        self._recorded_at: float | None = None  # monotonic time of the last samples kept
+        self._stopped: set[str] = set()  # task attempts whose job was stopped for idling
 
     def latest(self) -> list[Series]:
         with self._lock:
@@ -140,7 +159,8 @@ class NodeSampler:
                 self.sample()
             except Exception:
                 log.exception("sampling the node failed; serving the previous round")
-            stop.wait(self.settings.monitor_sample_seconds)
+            stop.wait(min(self.settings.monitor_sample_seconds,
+                          self.settings.task_sample_seconds))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -157,6 +177,8 @@ class NodeSampler:
                          with_pids=needs_pids(gpus, self.virtual_gpus))
         tasks = [t for t in self._pool.map(sample, containers) if t is not None]
         series = node_series(self.node, gpus, tasks, virtual_gpus=self.virtual_gpus)
+        if self._record_due(started):
+            series.extend(self.record(tasks, gpus, _listed(containers)))
         series.extend(fault_series(self.node, self._faults()))
         series.append(Series(SAMPLE_DURATION, (self.node,), time.monotonic() - started))
         series.append(Series(SAMPLE_TIME, (self.node,), time.time()))
@@ -200,3 +222,98 @@ class NodeSampler:
             index=ref.index, attempt=ref.attempt, vc=labels.get(LABEL_VC, ""),
             cpu_percent=cpu_percent(stats), memory_bytes=memory_bytes(stats), pids=pids,
             gpus=alloc.gpus if alloc is not None else ())
+
+    # ------------------------------------------------ samples and idle GPUs
+
+    def _record_due(self, now: float) -> bool:
+        if (self._recorded_at is not None
+                and now - self._recorded_at < self.settings.task_sample_seconds):
+            return False
+        self._recorded_at = now
+        return True
+
+    def _gpu_utilization(self, gpus: list[GpuSample] | None) -> dict[int, float | None]:
+        if self.virtual_gpus:
+            try:
+                return dict(tasksamples.virtual_utilization(self.store.r, self.node))
+            except RedisError as error:
+                log.warning("cannot read the virtual GPUs' utilisation (%s)", error)
+                return {}
+        return {gpu.index: gpu.utilization_percent for gpu in gpus or ()}
+
+    def _policy(self, action: IdleAction = IdleAction.NOTIFY) -> IdlePolicy:
+        s = self.settings
+        return IdlePolicy(percent=s.idle_gpu_percent, window_ms=int(s.idle_gpu_seconds * 1000),
+                          grace_ms=int(s.idle_gpu_grace_seconds * 1000), action=action)
+
+    def _vc_action(self, vc: str) -> IdleAction:
+        found = Accounts(self.store).get_vc(vc) if vc else None
+        if found is None or found.idle_gpu_action not in tuple(IdleAction):
+            return IdleAction.NOTIFY
+        return IdleAction(found.idle_gpu_action)
+
+    def record(self, tasks: list[TaskSample], gpus: list[GpuSample] | None,
+               listed: frozenset[str] = frozenset()) -> list[Series]:
+        """Keep each task's sample in its stream and judge its GPUs idle or not,
+        in one pipeline; returns the idle tasks' series. A task `listed` (its
+        container runs, by attempt task key) that could not be sampled keeps
+        its idle run as it was. Redis being away costs this round's samples,
+        nothing else."""
+        now = now_ms()
+        try:
+            return self._record(tasks, gpus, now, listed)
+        except RedisError as error:
+            log.warning("cannot keep the tasks' samples (%s): this round is lost", error)
+            return []
+
+    def _record(self, tasks: list[TaskSample], gpus: list[GpuSample] | None,
+                now: int, listed: frozenset[str]) -> list[Series]:
+        r, idle_key = self.store.r, keys.idle_tasks(self.node)
+        utilization = self._gpu_utilization(gpus)
+        previous = {k: int(v) for k, v in (r.hgetall(idle_key) or {}).items() if v.isdigit()}
+        maxlen = tasksamples.max_samples(self.settings.task_sample_seconds,
+                                         self.settings.task_sample_keep_seconds)
+        # running but not sampled this round (docker stats failed): nothing new to judge
+        idle: dict[str, int] = {key: previous[key] for key in listed if key in previous}
+        series: list[Series] = []
+        stops: list[tuple[TaskSample, Verdict]] = []
+        pipe = r.pipeline()  # MULTI: a reader never sees the idle hash half rewritten
+        for task in tasks:
+            job_id = f"{task.user}~{task.job_name}"
+            key = attempt_task_key(job_id, task.attempt, task.role, task.index)
+            sample = tasksamples.Sample(
+                time_ms=now, cpu_percent=task.cpu_percent, memory_bytes=task.memory_bytes,
+                gpu_percent=tasksamples.task_gpu_percent(task.gpus, utilization))
+            tasksamples.add(pipe, job_id, task.attempt, task.role, task.index, sample, maxlen)
+            verdict = decide(previous.get(key), [sample], now, self._policy())
+            if verdict.since_ms is None:
+                idle.pop(key, None)
+                continue
+            idle[key] = verdict.since_ms
+            if verdict.flagged:
+                series.append(Series(TASK_GPU_IDLE, task_labels(self.node, task),
+                                     (now - verdict.since_ms) / 1000.0))
+                stops.append((task, verdict))
+        pipe.delete(idle_key)
+        if idle:
+            pipe.hset(idle_key, mapping={k: str(v) for k, v in idle.items()})
+        pipe.execute()
+        for task, verdict in stops:
+            self._maybe_stop(task, verdict, now)
+        return series
+
+    def _maybe_stop(self, task: TaskSample, verdict: Verdict, now: int) -> None:
+        """Stop the job of a flagged task whose VC says so, once its grace is over."""
+        if self.stop_idle is None or verdict.since_ms is None:
+            return
+        job_id = f"{task.user}~{task.job_name}"
+        key = attempt_task_key(job_id, task.attempt, task.role, task.index)
+        if key in self._stopped:
+            return
+        policy = self._policy(self._vc_action(task.vc))
+        if not decide(verdict.since_ms, [], now, policy).stop:
+            return
+        log.warning("job %s: task %s[%d] idle on its GPUs since %d ms; stopping it",
+                    job_id, task.role, task.index, verdict.since_ms)
+        self.stop_idle(job_id, stop_reason(verdict.since_ms, policy))
+        self._stopped.add(key)

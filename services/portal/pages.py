@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -142,3 +142,110 @@ def vc_rows(vcs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
                      "borrowing": vc["borrowing"], "waiting": vc["waitingJobs"],
                      "running": vc["runningJobs"], "description": vc.get("description") or ""})
     return rows
+
+
+# ------------------------------------------------------------ usage charts
+
+CHART_WIDTH, CHART_HEIGHT = 600, 160  # the SVG's own units; CSS scales it
+CHART_POINTS = 120  # points drawn per line (and rows in the table fallback)
+CHART_TASKS = 8  # tasks charted per job, the first by role and index
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ChartLine:
+    label: str  # "role[index]"
+    points: str  # SVG polyline points; "" when it has no value at all
+    values: tuple[float | None, ...]  # one per chart time
+
+
+@dataclass(frozen=True)
+class Chart:
+    key: str
+    title: str
+    unit: str
+    top: float  # the value at the top edge
+    times: tuple[int, ...]  # ms, the table fallback's rows
+    lines: tuple[ChartLine, ...]
+
+    @property
+    def description(self) -> str:
+        if not self.times:
+            return f"{self.title}: no samples yet."
+        return (f"{self.title} of {len(self.lines)} task(s) from {self.times[0]} to "
+                f"{self.times[-1]} ms since the epoch; the top of the chart is "
+                f"{self.top:g} {self.unit}.")
+
+
+def _gpu_mean(sample: Mapping[str, Any]) -> float | None:
+    known = [p for p in sample.get("gpuPercent") or () if p is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _memory_mib(sample: Mapping[str, Any]) -> float | None:
+    value = sample.get("memoryBytes")
+    return None if value is None else value / MIB
+
+
+METRICS: tuple[tuple[str, str, str, Callable[[Mapping[str, Any]], float | None]], ...] = (
+    ("gpu", "GPU utilisation (mean of the task's GPUs)", "%", _gpu_mean),
+    ("cpu", "CPU use (100 = one core)", "%", lambda s: s.get("cpuPercent")),
+    ("memory", "Memory use", "MiB", _memory_mib),
+)
+
+
+def _buckets(times: list[int], count: int) -> list[tuple[int, int]]:
+    """At most `count` equal time spans covering [first, last]: (start, end) ms."""
+    first, last = times[0], times[-1]
+    if last == first:
+        return [(first, last)]
+    step = (last - first) / count
+    return [(first + int(i * step), first + int((i + 1) * step)) for i in range(count)]
+
+
+def usage_charts(samples: Mapping[str, Sequence[Mapping[str, Any]]],
+                 points: int = CHART_POINTS) -> list[Chart]:
+    """A chart per metric (GPU, CPU, memory) with a line per task, from the
+    API's samples (task label -> samples, oldest first). Each line is the
+    mean of its samples in up to `points` equal time spans; a span with none
+    leaves a gap in the table and is skipped by the line."""
+    every = sorted({int(s["time"]) for rows in samples.values() for s in rows})
+    charts = []
+    for key, title, unit, value_of in METRICS:
+        if not every:
+            charts.append(Chart(key, title, unit, 100.0 if unit == "%" else 1.0, (), ()))
+            continue
+        spans = _buckets(every, points)
+        series: list[tuple[str, list[float | None]]] = []
+        for label, rows in samples.items():
+            values: list[float | None] = []
+            for n, (start, end) in enumerate(spans):
+                last = n == len(spans) - 1
+                inside = [v for s in rows
+                          if start <= int(s["time"]) < end or (last and int(s["time"]) == end)
+                          for v in (value_of(s),) if v is not None]
+                values.append(sum(inside) / len(inside) if inside else None)
+            series.append((label, values))
+        peak = max((v for _, vs in series for v in vs if v is not None), default=0.0)
+        top = max(100.0, peak) if unit == "%" else max(1.0, peak * 1.1)
+        times = tuple(start for start, _ in spans)
+        lines = tuple(ChartLine(label, _polyline(values, top), tuple(values))
+                      for label, values in series)
+        charts.append(Chart(key, title, unit, top, times, lines))
+    return charts
+
+
+def _polyline(values: Sequence[float | None], top: float) -> str:
+    count = len(values)
+    coords = []
+    for n, value in enumerate(values):
+        if value is None:
+            continue
+        x = CHART_WIDTH * n / (count - 1) if count > 1 else CHART_WIDTH / 2
+        y = CHART_HEIGHT - CHART_HEIGHT * min(value, top) / top
+        coords.append(f"{x:.1f},{y:.1f}")
+    return " ".join(coords)
+
+
+def idle_minutes(since_ms: int, now_ms: int) -> int:
+    return max(0, (now_ms - since_ms) // 60_000)

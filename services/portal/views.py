@@ -46,6 +46,7 @@ from services.api import auth, jobs
 from services.api.errors import ApiError
 from services.portal import pages
 from shared.config import Settings
+from shared.models import now_ms
 from shared.states import JobState
 
 bp = Blueprint("portal", __name__, template_folder="templates", static_folder="static",
@@ -71,6 +72,7 @@ def init_app(app: Flask, settings: Settings) -> None:
                       SESSION_COOKIE_SAMESITE="Lax",
                       SESSION_COOKIE_SECURE=settings.portal_secure_cookie)
     app.jinja_env.filters["when"] = _when
+    app.jinja_env.globals["idle_minutes"] = pages.idle_minutes
     app.register_blueprint(bp)
 
 
@@ -242,8 +244,11 @@ def home() -> ResponseReturnValue:
     waiting = call("GET", "/api/v1/jobs", query={
         "state": JobState.WAITING.value, "limit": WAITING_SHOWN,
         "offset": pages.oldest_offset(waiting_total, WAITING_SHOWN)})
+    idle = call("GET", "/api/v1/idle-gpu-tasks")
     return render_template(
         "home.html", counts=counts,
+        idle=idle.body if idle.ok else [], idle_error=None if idle.ok else idle.message,
+        now=now_ms(),
         vcs=pages.vc_rows(vcs.body) if vcs.ok else [], vc_error=None if vcs.ok else vcs.message,
         mine=mine.body if mine.ok else [],
         waiting=list(reversed(waiting.body)) if waiting.ok else [])
@@ -315,7 +320,24 @@ def job_page(username: str, name: str) -> ResponseReturnValue:
     return render_template("job.html", job=job, username=username, status=job["jobStatus"],
                            final=JobState(job["jobStatus"]["state"]).is_final,
                            config=shown, config_error=None if config.ok else config.message,
-                           may_act=mine)
+                           may_act=mine, charts=_charts(username, name, job) if mine else None,
+                           chart_size=(pages.CHART_WIDTH, pages.CHART_HEIGHT))
+
+
+def _charts(username: str, name: str, job: dict[str, Any]) -> list[pages.Chart]:
+    """The job's use over time from its tasks' samples (the monitor keeps them
+    until the finished job is compacted), for the first few tasks."""
+    attempt = job["jobStatus"]["attemptIndex"]
+    tasks = [(role, t["taskIndex"]) for role, r in job["taskRoles"].items()
+             for t in r["taskStatuses"]][:pages.CHART_TASKS]
+    samples = {}
+    for role, index in tasks:
+        answer = call("GET", _job_path(username, name, f"/tasks/{quote(role, safe='')}/"
+                                                       f"{index}/samples"),
+                      query={"attempt": attempt})
+        if answer.ok and answer.body["samples"]:
+            samples[f"{role}[{index}]"] = answer.body["samples"]
+    return pages.usage_charts(samples)
 
 
 @bp.post("/jobs/<username>/<name>/stop")

@@ -109,6 +109,9 @@ def test_a_running_jobs_log_arrives_live_and_the_stop_button_stops_it(
     # a job's output is text on the page, never markup
     expect(page.locator("#log-text")).to_contain_text("<img src=x onerror=alert(1)>")
     expect(page.locator("#log-text img")).to_have_count(0)
+    # the use charts are drawn on the server: an image with a title, and a table
+    for key in ("gpu", "cpu", "memory"):
+        expect(page.locator(f"#chart-{key} svg[role=img] title")).to_have_count(1)
     shot(page, "job-running")
 
     page.locator("#stop").click()
@@ -167,6 +170,7 @@ def test_the_job_list_filters_and_the_overview_pages_show_the_cluster(
 
     page.goto("/")
     expect(page.get_by_role("heading", name="My recent jobs")).to_be_visible()
+    expect(page.get_by_role("heading", name="GPUs allocated but idle")).to_be_visible()
     expect(page.locator("main")).to_contain_text(f"{prefix}-b")
     shot(page, "home")
     page.goto("/nodes")

@@ -254,3 +254,19 @@ def test_the_guarantee_counts_gpus_over_every_role(alice: AuthedClient) -> None:
 def test_a_job_needing_exactly_the_quota_is_accepted(alice: AuthedClient) -> None:
     resp = alice.post("/api/v1/user/alice/jobs", json=gpu_job("fits", "vision", tasks=2, gpus=2))
     assert resp.status_code == 202
+
+
+def test_an_admin_chooses_what_idle_gpu_jobs_get_per_vc(admin: AuthedClient,
+                                                        alice: AuthedClient) -> None:
+    created = admin.put("/api/v1/virtual-clusters/lab", json={"gpuQuota": 1})
+    assert created.status_code == 201 and created.json["idleGpuAction"] == "notify"
+    changed = admin.put("/api/v1/virtual-clusters/lab",
+                        json={"gpuQuota": 1, "idleGpuAction": "stop"})
+    assert changed.status_code == 200 and changed.json["idleGpuAction"] == "stop"
+    assert admin.get("/api/v1/virtual-clusters/lab").json["idleGpuAction"] == "stop"
+    refused = admin.put("/api/v1/virtual-clusters/lab",
+                        json={"gpuQuota": 1, "idleGpuAction": "kill"})
+    assert error_of(refused, 400) == "BadRequestError"
+    assert admin.get("/api/v1/virtual-clusters/lab").json["idleGpuAction"] == "stop"
+    assert alice.put("/api/v1/virtual-clusters/lab",
+                     json={"gpuQuota": 1, "idleGpuAction": "notify"}).status_code == 403

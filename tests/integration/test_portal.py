@@ -10,13 +10,17 @@ import json
 import re
 
 import pytest
+import redis
 import yaml
 from flask.testing import FlaskClient
 
 from services.api.app import create_app
 from services.portal import pages
+from shared import keys, tasksamples
 from shared.config import Settings
-from shared.models import now_ms
+from shared.lifecycle import commit_placement, mark_task_running
+from shared.models import Gpu, Node, TaskPlacement, attempt_task_key, now_ms
+from shared.store import Store
 from tests.integration.api_client import AuthedClient, config
 from tests.integration.test_api_auth import wait_past
 
@@ -274,3 +278,60 @@ def test_the_portal_works_under_openpais_rest_server_prefix(browser: FlaskClient
     assert resp.headers["Location"] == "/rest-server/jobs"
     assert 'href="/rest-server/portal/static/portal.css"' in \
         browser.get("/rest-server/jobs").get_data(as_text=True)
+
+
+def test_the_job_page_charts_its_samples_and_home_lists_idle_gpus(
+        browser: FlaskClient, alice: AuthedClient, redis_client: redis.Redis) -> None:
+    node, store = "portal-node", Store(redis_client)
+    store.register_node(Node(name=node, ip="127.0.0.1", cpus=8, memory_mb=8192,
+                             gpus=[Gpu(index=0), Gpu(index=1)]))
+    busy = config("busy")
+    busy["taskRoles"][0].update(taskNumber=1, gpuNumber=2)
+    submitted = alice.post("/api/v1/user/alice/jobs", json=busy)
+    assert submitted.status_code == 202, submitted.json
+    job_id, start = "alice~busy", now_ms() - 3_600_000
+    pipe = redis_client.pipeline()
+    for n in range(3):  # as the node's monitor writes them
+        tasksamples.add(pipe, job_id, 0, "main", 0, tasksamples.Sample(
+            start + n * 15_000, 50.0 + n, 100 * 1024 * 1024, (0.0, 2.0 * n)), maxlen=100)
+    pipe.execute()
+    job = store.get_job(job_id)
+    assert job is not None  # placed and started, as the scheduler and the monitor would
+    assert commit_placement(store, job_id, version=job.version, attempt=0, launch_deadline_ms=0,
+                            placements=[TaskPlacement("main", 0, node, "127.0.0.1", (0, 1), 1,
+                                                      128, {"default": [15000]})])
+    assert mark_task_running(store, job_id, 0, "main", 0, "c" * 64)
+    # as the node's monitor flags it; and a stale flag of a task that is not running
+    redis_client.hset(keys.idle_tasks(node), mapping={
+        attempt_task_key(job_id, 0, "main", 0): str(start),
+        attempt_task_key("alice~gone", 0, "main", 0): str(start)})
+    portal_login(browser, "alice")
+
+    page = browser.get("/jobs/alice/busy").get_data(as_text=True)
+
+    for key in ("gpu", "cpu", "memory"):
+        assert f'id="chart-{key}"' in page and f'<title id="chart-{key}-title">' in page
+        assert f'id="chart-{key}-desc"' in page
+    assert page.count("<polyline") == 3
+    assert "main[0] (%)" in page and "main[0] (MiB)" in page  # the table fallback
+    assert "100.0" in page  # 100 MiB in the memory table
+    home = browser.get("/").get_data(as_text=True)
+    idle = home.split('id="idle"', 1)[1].split("</section>", 1)[0]
+    assert "/jobs/alice/busy" in idle and node in idle and "main[0]" in idle
+    assert "0, 1" in idle and "alice/gone" not in idle
+    task = alice.get("/api/v1/user/alice/jobs/busy").json["taskRoles"]["main"]["taskStatuses"][0]
+    assert task["idleSince"] == start
+    assert "(60 min)" in idle or "(61 min)" in idle
+
+
+def test_another_user_sees_no_chart_of_a_job_whose_samples_the_api_refuses(
+        browser: FlaskClient, alice: AuthedClient, redis_client: redis.Redis) -> None:
+    alice.post("/api/v1/user/alice/jobs", json=config("private"))
+    pipe = redis_client.pipeline()
+    tasksamples.add(pipe, "alice~private", 0, "main", 0,
+                    tasksamples.Sample(now_ms(), 1.0, 1, (50.0,)), maxlen=10)
+    pipe.execute()
+    portal_login(browser, "bob")
+    page = browser.get("/jobs/alice/private").get_data(as_text=True)
+    assert 'id="usage"' not in page and "<polyline" not in page
+    assert browser.get("/").status_code == 200

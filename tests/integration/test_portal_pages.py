@@ -114,3 +114,45 @@ def test_job_ref(text: str, ref: tuple[str, str] | None) -> None:
 @pytest.mark.parametrize(("total", "count", "offset"), [(0, 5, 0), (3, 5, 0), (12, 5, 7)])
 def test_oldest_offset(total: int, count: int, offset: int) -> None:
     assert pages.oldest_offset(total, count) == offset
+
+
+def _sample(time: int, cpu: float | None = None, memory: int | None = None,
+            gpus: tuple[float | None, ...] = ()) -> dict[str, Any]:
+    return {"time": time, "cpuPercent": cpu, "memoryBytes": memory, "gpuPercent": list(gpus)}
+
+
+@pytest.mark.parametrize(("samples", "points", "key", "expected"), [
+    pytest.param({}, 4, "gpu", ((), ()), id="no-samples-no-lines"),
+    pytest.param({"a[0]": [_sample(0, gpus=(10.0, 30.0))]}, 4, "gpu",
+                 ((0,), (("a[0]", (20.0,)),)), id="one-sample-mean-of-gpus"),
+    pytest.param({"a[0]": [_sample(0, cpu=10.0), _sample(100, cpu=30.0)]}, 2, "cpu",
+                 ((0, 50), (("a[0]", (10.0, 30.0)),)), id="two-spans"),
+    pytest.param({"a[0]": [_sample(0, cpu=10.0), _sample(10, cpu=30.0), _sample(100, cpu=5.0)]},
+                 2, "cpu", ((0, 50), (("a[0]", (20.0, 5.0)),)), id="a-span-averages"),
+    pytest.param({"a[0]": [_sample(0, cpu=1.0), _sample(100, cpu=3.0)],
+                  "b[0]": [_sample(100, cpu=7.0)]}, 2, "cpu",
+                 ((0, 50), (("a[0]", (1.0, 3.0)), ("b[0]", (None, 7.0)))),
+                 id="a-task-without-samples-in-a-span-has-a-gap"),
+    pytest.param({"a[0]": [_sample(0, gpus=(None,))]}, 4, "gpu",
+                 ((0,), (("a[0]", (None,)),)), id="unknown-gpus-are-gaps"),
+    pytest.param({"a[0]": [_sample(0, memory=2 * 1024 * 1024)]}, 4, "memory",
+                 ((0,), (("a[0]", (2.0,)),)), id="memory-in-mib"),
+])
+def test_usage_charts(samples: dict[str, list[dict[str, Any]]], points: int, key: str,
+                      expected: tuple[tuple[int, ...], tuple[tuple[str, tuple[Any, ...]], ...]]
+                      ) -> None:
+    chart = next(c for c in pages.usage_charts(samples, points) if c.key == key)
+    times, lines = expected
+    assert chart.times == times
+    assert tuple((line.label, line.values) for line in chart.lines) == lines
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.floats(0, 1000)), min_size=1, max_size=50))
+def test_every_point_is_inside_the_chart(rows: list[tuple[int, float]]) -> None:
+    samples = {"a[0]": [_sample(t, cpu=c, gpus=(c,)) for t, c in sorted(rows)]}
+    for chart in pages.usage_charts(samples):
+        assert len(chart.times) <= pages.CHART_POINTS
+        for line in chart.lines:
+            for point in line.points.split():
+                x, y = (float(v) for v in point.split(","))
+                assert 0 <= x <= pages.CHART_WIDTH and 0 <= y <= pages.CHART_HEIGHT

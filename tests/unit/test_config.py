@@ -348,3 +348,30 @@ def test_the_password_setting_goes_into_a_sentinel_url_with_every_host_kept() ->
     assert target is not None
     assert (target.username, target.password) == ("pai", "se cret")
     assert "se cret" not in repr(target)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    pytest.param({}, (15.0, 172800.0, 5.0, 1800.0, 1800.0), id="defaults"),
+    pytest.param({"PAI_TASK_SAMPLE_SECONDS": "5", "PAI_TASK_SAMPLE_KEEP_SECONDS": "3600",
+                  "PAI_IDLE_GPU_PERCENT": "1.5", "PAI_IDLE_GPU_SECONDS": "600",
+                  "PAI_IDLE_GPU_GRACE_SECONDS": "60"}, (5.0, 3600.0, 1.5, 600.0, 60.0),
+                 id="set"),
+])
+def test_task_sample_and_idle_gpu_settings(env: dict[str, str],
+                                           expected: tuple[float, ...]) -> None:
+    s = load_settings(env)
+    assert (s.task_sample_seconds, s.task_sample_keep_seconds, s.idle_gpu_percent,
+            s.idle_gpu_seconds, s.idle_gpu_grace_seconds) == expected
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"PAI_IDLE_GPU_PERCENT": "0"}, "PAI_IDLE_GPU_PERCENT must be above 0 and at most 100"),
+    ({"PAI_IDLE_GPU_PERCENT": "101"}, "PAI_IDLE_GPU_PERCENT must be above 0 and at most 100"),
+    ({"PAI_IDLE_GPU_PERCENT": "five"}, "PAI_IDLE_GPU_PERCENT must be a percent"),
+    ({"PAI_TASK_SAMPLE_SECONDS": "0"}, "PAI_TASK_SAMPLE_SECONDS must be positive"),
+    ({"PAI_IDLE_GPU_SECONDS": "-1"}, "PAI_IDLE_GPU_SECONDS must be positive"),
+])
+def test_bad_idle_gpu_settings_are_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_settings(env)
+    assert message in str(error.value)

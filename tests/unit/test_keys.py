@@ -61,6 +61,11 @@ LITERAL_KEYS = [
     pytest.param(keys.usage_day("2026-11-25"), "pai:usage:day:2026-11-25", id="usage_day"),
     pytest.param(keys.usage_records("2026-11-25"), "pai:usage:records:2026-11-25",
                  id="usage_records"),
+    pytest.param(keys.task_samples(JOB, 1, "worker", 3), "pai:samples:alice~mnist:1:worker:3",
+                 id="task_samples"),
+    pytest.param(keys.idle_tasks("gpu-01"), "pai:node:gpu-01:idle-tasks", id="idle_tasks"),
+    pytest.param(keys.virtual_gpu_utilization("gpu-01"),
+                 "pai:node:gpu-01:virtual-gpu-utilization", id="virtual_gpu_utilization"),
     pytest.param(keys.recorded_metric("pai_task_exits"), "pai:metric:pai_task_exits",
                  id="recorded_metric"),
 ]
