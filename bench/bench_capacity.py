@@ -59,6 +59,7 @@ WARMUP = 20
 CONNECT_SECONDS = 120.0
 LOAD_NICE = 10
 FOLLOWED = "followed"
+CPU_WINDOW_SECONDS = 10.0  # the API's CPU measured over this, without and with the load
 
 
 class Followers:
@@ -235,6 +236,41 @@ def _attack(address: tuple[str, int], token: str, redis_url: str, nice: int,
         writer.close()
 
 
+def tree_cpu_seconds(root: int) -> float:
+    """User + system CPU seconds so far of a process and its descendants
+    (gunicorn's master and its workers), from /proc."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return sum(cpu.get(pid, 0.0) for pid in tree)
+
+
+def api_cpu_share(pai: Platform) -> float:
+    """The API's CPU over CPU_WINDOW_SECONDS with no request of ours, as a
+    share of one core."""
+    root = pai.processes.pid("api")
+    before = tree_cpu_seconds(root)
+    time.sleep(CPU_WINDOW_SECONDS)
+    return (tree_cpu_seconds(root) - before) / CPU_WINDOW_SECONDS
+
+
 def run() -> Figures:
     calls = int(os.environ.get("PAI_BENCH_CAPACITY_CALLS", CALLS))
     nice = int(os.environ.get("PAI_BENCH_LOAD_NICE", LOAD_NICE))
@@ -249,6 +285,7 @@ def run() -> Figures:
             extra_env={"PAI_API_FOLLOWS_PER_USER": str(FOLLOWERS)}) as pai:
         pai.submit_accepted(pai.config(FOLLOWED, "sleep 3600"))
         idle = _timed(pai, calls)
+        quiet_cpu = api_cpu_share(pai)
 
         where = urlsplit(pai.url)
         address = (where.hostname or "127.0.0.1", where.port or 80)
@@ -263,6 +300,12 @@ def run() -> Figures:
             problem = ours.recv()
             if problem:
                 raise BenchError(problem)
+            loaded_cpu = api_cpu_share(pai)
+            figures["api CPU, no requests, % of a core"] = round(100 * quiet_cpu, 1)
+            figures["api CPU with the followers, lines and slow-loris, % of a core"] = \
+                round(100 * loaded_cpu, 1)
+            figures["api CPU the load adds, % of a core (goal <= 10)"] = \
+                round(100 * (loaded_cpu - quiet_cpu), 1)
             loaded = _timed(pai, calls)
             figures["load average under load"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
             stop_ours.send("stop")
