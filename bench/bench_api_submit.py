@@ -280,25 +280,10 @@ def floor_app() -> Any:
 
 def serve_floor() -> None:
     """The floor under pai-api's own server: run as `python -c` after gevent's
-    patching, exactly as services/api/run.py serves the API."""
-    from gunicorn.app.base import BaseApplication
+    patching, served exactly as services/api/run.py serves the API."""
+    from services.api.run import serve
 
-    from services.api.serving import BodyDeadline, gunicorn_options
-    from shared.config import load_settings
-    from shared.logs import setup_logging
-
-    settings = load_settings()
-    setup_logging("api", settings.log_level, settings.log_format)
-
-    class Gunicorn(BaseApplication):
-        def load_config(self) -> None:
-            for key, value in gunicorn_options(settings).items():
-                self.cfg.set(key, value)
-
-        def load(self) -> Any:
-            return BodyDeadline(floor_app(), settings.api_read_timeout_seconds)
-
-    Gunicorn().run()
+    serve(lambda _settings: floor_app())
 
 
 FLOOR_COMMAND = ("from gevent import monkey; monkey.patch_all(); "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
@@ -43,30 +43,28 @@ def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     return value
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: float, what: str,
+            valid: Callable[[float], bool], rule: str) -> float:
+    """A float setting (`default` when unset), refused unless `valid`."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ConfigError(f"{name} must be positive, got {raw!r}")
+        raise ConfigError(f"{name} must be {what}, got {raw!r}") from None
+    if not valid(value):
+        raise ConfigError(f"{name} must be {rule}, got {raw!r}")
     return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    return _number(env, name, default, "a number of seconds", lambda v: v > 0, "positive")
 
 
 def _percent(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a percent, got {raw!r}") from None
-    if not 0 < value <= 100:
-        raise ConfigError(f"{name} must be above 0 and at most 100, got {raw!r}")
-    return value
+    return _number(env, name, default, "a percent", lambda v: 0 < v <= 100,
+                   "above 0 and at most 100")
 
 
 SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000**2, "mb": 1024**2,

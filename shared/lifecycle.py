@@ -367,6 +367,19 @@ def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Jo
     return store.transact(decide, job_key)
 
 
+def _bind_task(task: Task, placement: TaskPlacement, launched_ms: int) -> bool:
+    """A waiting task takes its place (LAUNCHING on the placement's node, GPUs
+    and ports); False, leaving it as it is, when it no longer waits. Both
+    commit paths (one gang, a batch) bind a task by this one rule."""
+    if task.state != TaskState.WAITING:
+        return False
+    _move_task(task, TaskState.LAUNCHING)
+    task.node, task.ip, task.gpus, task.ports = \
+        placement.node, placement.ip, list(placement.gpus), placement.ports
+    task.launched_ms = launched_ms
+    return True
+
+
 def commit_placement(
     store: Store, job_id: str, *, version: int, attempt: int,
     placements: Sequence[TaskPlacement], launch_deadline_ms: int, mode: str = "",
@@ -420,11 +433,8 @@ def commit_placement(
         changed = []
         for p in placements:
             task = tasks[task_key(p.role, p.index)]
-            if task.state != TaskState.WAITING:
+            if not _bind_task(task, p, launched):
                 return False
-            _move_task(task, TaskState.LAUNCHING)
-            task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
-            task.launched_ms = launched
             changed.append(task)
         previous = store.bump(job)
         job.waiting_reason, job.waiting, job.mode = "", "", mode
@@ -631,11 +641,8 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
     new: dict[str, str] = {}
     for p in placements:
         task = tasks[task_key(p.role, p.index)]
-        if task.state != TaskState.WAITING:
+        if not _bind_task(task, p, launched):
             return None
-        _move_task(task, TaskState.LAUNCHING)
-        task.node, task.ip, task.gpus, task.ports = p.node, p.ip, list(p.gpus), p.ports
-        task.launched_ms = launched
         new[task.key] = _record_json(task)
     job_id, attempt, vc = commit.job_id, commit.attempt, commit.vc
     parts: dict[str, dict[str, Any]] = {}

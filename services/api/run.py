@@ -2,13 +2,17 @@
 
 services/api/serving.py says why gevent and what bounds every client. gevent
 patches the stdlib (sockets, ssl, threading) in place, which only works for
-modules imported after it: so this module imports nothing at the top, and
-`main` patches before it imports gunicorn, Redis or the app.
+modules imported after it: so this module imports nothing at the top that
+gevent patches, and `main` patches before it imports gunicorn, Redis or the app.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.config import Settings
 
 
 def main() -> None:
@@ -16,9 +20,17 @@ def main() -> None:
 
     monkey.patch_all()
 
+    from services.api.app import create_app
+
+    serve(create_app)
+
+
+def serve(make_app: Callable[[Settings], Any]) -> None:
+    """Serve `make_app(settings)` as pai-api is served: gunicorn with the
+    settings' options, every request under the body deadline. Call it after
+    gevent has patched the stdlib (as `main` does)."""
     from gunicorn.app.base import BaseApplication
 
-    from services.api.app import create_app
     from services.api.serving import BodyDeadline, gunicorn_options
     from shared.config import load_settings
     from shared.logs import setup_logging
@@ -32,7 +44,7 @@ def main() -> None:
                 self.cfg.set(key, value)
 
         def load(self) -> Any:
-            return BodyDeadline(create_app(settings), settings.api_read_timeout_seconds)
+            return BodyDeadline(make_app(settings), settings.api_read_timeout_seconds)
 
     Gunicorn().run()
 
