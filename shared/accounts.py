@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,11 +95,18 @@ class VirtualCluster:
     # (Accounts.set_user_budget), not by put_vc; once spent, their jobs do
     # as on_budget_exhausted says.
     user_gpu_hours_budgets: dict[str, float] = field(default_factory=dict)
+    # The budget of every other user within the VC (None: none); put_vc sets it.
+    default_user_gpu_hours_budget: float | None = None
 
-    def user_budgets(self) -> dict[tuple[str, str], Budget]:
-        """(VC, user) -> that user's budget here."""
-        return {(self.name, user): Budget(hours, self.budget_period, self.on_budget_exhausted)
-                for user, hours in sorted(self.user_gpu_hours_budgets.items())}
+    def user_budgets(self, users: Iterable[str] = ()) -> dict[tuple[str, str], Budget]:
+        """(VC, user) -> that user's budget here: every user given their own,
+        and those of `users` the default covers."""
+        hours = dict(self.user_gpu_hours_budgets)
+        if self.default_user_gpu_hours_budget is not None:
+            for user in users:
+                hours.setdefault(user, self.default_user_gpu_hours_budget)
+        return {(self.name, user): Budget(h, self.budget_period, self.on_budget_exhausted)
+                for user, h in sorted(hours.items())}
 
 
 def hash_password(password: str) -> str:
@@ -280,6 +287,7 @@ class Accounts:
                  user_budgets: dict[str, str] | None = None) -> VirtualCluster:
         quota = fields.get("gpu_quota", "")
         budget = fields.get("gpu_hours_budget", "")
+        default = fields.get("default_user_gpu_hours_budget", "")
         return VirtualCluster(fields["name"], int(quota) if quota != "" else None,
                               fields.get("description", ""), int(fields.get("created_ms") or 0),
                               json.loads(fields.get("allowed_capabilities") or "[]"),
@@ -290,7 +298,9 @@ class Accounts:
                               idle_gpu_action=fields.get("idle_gpu_action") or "notify",
                               user_gpu_hours_budgets={
                                   user: float(hours)
-                                  for user, hours in (user_budgets or {}).items()})
+                                  for user, hours in (user_budgets or {}).items()},
+                              default_user_gpu_hours_budget=float(default)
+                              if default != "" else None)
 
     def get_vc(self, name: str) -> VirtualCluster | None:
         pipe = self.r.pipeline(transaction=False)
@@ -355,6 +365,9 @@ class Accounts:
                 else repr(vc.gpu_hours_budget),
                 "budget_period": vc.budget_period,
                 "on_budget_exhausted": vc.on_budget_exhausted,
+                "default_user_gpu_hours_budget": ""
+                if vc.default_user_gpu_hours_budget is None
+                else repr(vc.default_user_gpu_hours_budget),
                 "idle_gpu_action": vc.idle_gpu_action})
             pipe.sadd(keys.VCS, vc.name)
             return vc

@@ -40,7 +40,7 @@ from shared import keys, telemetry, usage
 from shared.accounts import DEFAULT_VC, Accounts, VirtualCluster
 from shared.cluster import held, held_by_vc, node_is_live
 from shared.config import Settings
-from shared.models import Allocation, now_ms
+from shared.models import Allocation, now_ms, split_job_id
 from shared.states import JobState
 from shared.store import Store
 
@@ -254,9 +254,11 @@ class ClusterCollector(Collector):
                       allocations: Mapping[str, Sequence[Allocation]], now: int) -> None:
         budgets: dict[usage.Owner, usage.Budget] = {
             (vc.name, ""): vc.budget for vc in vc_records if vc.budget is not None}
-        for record in vc_records:  # users given their own budget only: bounded label sets
-            budgets.update(record.user_budgets())
         held = [a for allocs in allocations.values() for a in allocs]
+        for record in vc_records:  # bounded label sets: users given their own budget,
+            # and the VC's default for those holding GPUs in it now
+            budgets.update(record.user_budgets(
+                {split_job_id(a.job_id)[0] for a in held if a.vc == record.name}))
         for (vc, user), spend in sorted(usage.read_spends(self.store.r, budgets, held,
                                                           now).items()):
             kind = "user" if user else "vc"

@@ -414,6 +414,8 @@ class UserBudgetSchema(Schema):
         "description": "GPU-hours the user's jobs in the VC used this period, running "
                        "tasks up to now"})
     exhausted = fields.Boolean(required=True)
+    default = fields.Boolean(required=True, metadata={
+        "description": "the VC's defaultUserGpuHoursBudget, not one of the user's own"})
 
 
 class VirtualClusterSchema(Schema):
@@ -445,6 +447,9 @@ class VirtualClusterSchema(Schema):
     gpuHoursSpent = fields.Float(required=True, allow_none=True, metadata={
         "description": "GPU-hours used this period, running tasks up to now (null: no "
                        "budget)"})
+    defaultUserGpuHoursBudget = fields.Float(required=True, allow_none=True, metadata={
+        "description": "GPU-hours per budgetPeriod of each user in it without a budget of "
+                       "their own (null: none)"})
     userBudgets = fields.List(fields.Nested(UserBudgetSchema), required=True,
                               metadata={"description": "users' own GPU-hour budgets in it "
                                                        "(an admin sees all, a user their own)"})
@@ -486,6 +491,11 @@ class VirtualClusterPutSchema(_Request):
     onBudgetExhausted = fields.String(
         load_default="oppo", validate=validate.OneOf(ON_EXHAUSTED),
         metadata={"description": "once spent: its jobs run only as oppo, or wait"})
+    defaultUserGpuHoursBudget = fields.Float(
+        allow_none=True, load_default=None, allow_nan=False,
+        validate=validate.Range(min=0, max=1e9),
+        metadata={"description": "GPU-hours per budgetPeriod of each user in it without a "
+                                 "budget of their own (PUT .../budgets/<user>), or null"})
 
 
 class NodeGpuSchema(Schema):

@@ -120,14 +120,18 @@ def get_usage() -> Any:
 
 
 def _budgets(user: str | None, vc: str | None, now: int) -> list[dict[str, Any]]:
-    """The users' own budgets the report covers (`user`'s, or everyone's for
-    an admin's report of all users; of `vc` only, if given), with their
-    spend this period."""
-    budgets = {owner: budget for record in accounts().list_vcs()
-               for owner, budget in record.user_budgets().items()
-               if user in (None, owner[1]) and vc in (None, owner[0])}
+    """The users' budgets the report covers, with their spend this period:
+    `user`'s (their own, or a VC's default for them where they may submit),
+    or, for an admin's report of all users, every budget given to a user;
+    of `vc` only, if given."""
+    account = accounts().get_user(user) if user is not None else None
+    records = {record.name: record for record in accounts().list_vcs()
+               if vc in (None, record.name)}
+    budgets = {owner: budget for record in records.values()
+               for owner, budget in record.user_budgets(
+                   [account.username] if account is not None and account.may_use(record.name)
+                   else []).items() if user in (None, owner[1])}
     if not budgets:
         return []
-    held = _allocations(user)
-    spends = usage.read_spends(platform().store.r, budgets, held, now)
-    return [budget_view(spends[owner]) for owner in sorted(budgets)]
+    spends = usage.read_spends(platform().store.r, budgets, _allocations(user), now)
+    return [budget_view(spends[owner], records[owner[0]]) for owner in sorted(budgets)]

@@ -59,7 +59,7 @@ def _spent(vcs: list[VirtualCluster]) -> dict[Owner, Spend]:
     budgets: dict[Owner, Budget] = {(vc.name, ""): vc.budget for vc in vcs
                                     if vc.budget is not None}
     for vc in vcs:
-        budgets.update(_visible(vc.user_budgets()))
+        budgets.update(_visible(vc))
     if not budgets:
         return {}
     store = platform().store
@@ -68,17 +68,23 @@ def _spent(vcs: list[VirtualCluster]) -> dict[Owner, Spend]:
     return read_spends(store.r, budgets, held, now_ms())
 
 
-def _visible(budgets: dict[Owner, Budget]) -> dict[Owner, Budget]:
-    """The users' budgets the caller may see: all for an admin, else their own."""
+def _visible(vc: VirtualCluster) -> dict[Owner, Budget]:
+    """The users' budgets of `vc` the caller may see: an admin every budget
+    given to a user, anyone else their own (or the VC's default for them, if
+    they may use the VC)."""
     me = current_user()
-    return budgets if me.admin else {o: b for o, b in budgets.items() if o[1] == me.username}
+    if me.admin:
+        return vc.user_budgets()
+    mine = vc.user_budgets([me.username] if me.may_use(vc.name) else [])
+    return {owner: b for owner, b in mine.items() if owner[1] == me.username}
 
 
-def budget_view(spend: Spend) -> dict[str, Any]:
+def budget_view(spend: Spend, vc: VirtualCluster) -> dict[str, Any]:
     """A user's budget within a VC as the API shows it (UserBudget)."""
     return {"vc": spend.vc, "user": spend.user, "gpuHoursBudget": spend.budget.gpu_hours,
             "budgetPeriod": spend.budget.period, "onBudgetExhausted": spend.budget.on_exhausted,
-            "gpuHoursSpent": spend.gpu_hours, "exhausted": spend.exhausted}
+            "gpuHoursSpent": spend.gpu_hours, "exhausted": spend.exhausted,
+            "default": spend.user not in vc.user_gpu_hours_budgets}
 
 
 def _views(vcs: list[VirtualCluster],
@@ -118,8 +124,8 @@ def _views(vcs: list[VirtualCluster],
             "onBudgetExhausted": vc.on_budget_exhausted,
             "gpuHoursSpent": spent[(vc.name, "")].gpu_hours
             if (vc.name, "") in spent else None,
-            "userBudgets": [budget_view(spent[owner])
-                            for owner in _visible(vc.user_budgets())],
+            "defaultUserGpuHoursBudget": vc.default_user_gpu_hours_budget,
+            "userBudgets": [budget_view(spent[owner], vc) for owner in _visible(vc)],
         }
     return views
 
@@ -189,6 +195,8 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
                                          gpu_hours_budget=body["gpuHoursBudget"],
                                          budget_period=body["budgetPeriod"],
                                          on_budget_exhausted=body["onBudgetExhausted"],
+                                         default_user_gpu_hours_budget=body[
+                                             "defaultUserGpuHoursBudget"],
                                          idle_gpu_action=body["idleGpuAction"]))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
@@ -214,13 +222,21 @@ def delete_vc(name: str) -> dict[str, Any]:
     return {"message": f"virtual cluster {name} deleted"}
 
 
-def _user_budget_view(vc: str, user: str) -> dict[str, Any]:
-    view = _views([_vc_or_404(vc)])[vc]
-    for budget in view["userBudgets"]:
-        if budget["user"] == user:
-            return dict(budget)
-    raise ApiError("NoUserBudgetError",
-                   f"user {user} has no budget of their own in virtual cluster {vc}", 404)
+def _user_budget_view(name: str, user: str) -> dict[str, Any]:
+    """`user`'s budget in the VC, their own or the VC's default (if they exist
+    and may use the VC), with its spend."""
+    vc = _vc_or_404(name)
+    account = accounts().get_user(user)
+    covered = [user] if account is not None and account.may_use(vc.name) else []
+    budget = vc.user_budgets(covered).get((vc.name, user))
+    if budget is None:
+        raise ApiError("NoUserBudgetError",
+                       f"user {user} has no budget in virtual cluster {vc.name}", 404)
+    store = platform().store
+    held = [a for allocs in store.all_allocations(list(store.node_heartbeats())).values()
+            for a in allocs]
+    spent = read_spends(store.r, {(vc.name, user): budget}, held, now_ms())
+    return budget_view(spent[(vc.name, user)], vc)
 
 
 @bp.get("/virtual-clusters/<name>/budgets")

@@ -46,6 +46,7 @@ from shared.models import (
     attempt_task_key,
     now_ms,
     parse_attempt_task_key,
+    split_job_id,
     task_key,
 )
 from shared.priority import PriorityClass, queue_order
@@ -296,7 +297,7 @@ class Scheduler:
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
         attained = self._load_attained(queue)
-        spent, user_spent = self._spent(vcs, allocations, now)
+        spent, user_spent = self._spent(vcs, allocations, queue, now)
         plan = policy.plan(cluster, queue, running, policies, now, attained, self.las, spent,
                            user_spent)
         self._place_in_las_queues(queue, attained, now)
@@ -354,13 +355,20 @@ class Scheduler:
         return stats
 
     def _spent(self, vcs: list[VirtualCluster], allocations: dict[str, list[Allocation]],
-               now: int) -> tuple[dict[str, usage.Spend], dict[usage.Owner, usage.Spend]]:
-        """This period's spend of each VC's budget, and of each user's own
-        budget within a VC: one read for the pass, of the budgeted only."""
+               queue: list[JobRequest], now: int,
+               ) -> tuple[dict[str, usage.Spend], dict[usage.Owner, usage.Spend]]:
+        """This period's spend of each VC's budget, and of each user's budget
+        within a VC (their own, or the VC's default for the users with work
+        queued or running in it): one read for the pass, of the budgeted only."""
         budgets: dict[usage.Owner, usage.Budget] = {
             (vc.name, ""): vc.budget for vc in vcs if vc.budget is not None}
+        users: dict[str, set[str]] = {}
+        if any(vc.default_user_gpu_hours_budget is not None for vc in vcs):
+            for vc_name, job_id in [(r.vc, r.job_id) for r in queue] + [
+                    (a.vc, a.job_id) for allocs in allocations.values() for a in allocs]:
+                users.setdefault(vc_name, set()).add(split_job_id(job_id)[0])
         for vc in vcs:
-            budgets.update(vc.user_budgets())
+            budgets.update(vc.user_budgets(users.get(vc.name, ())))
         spends = usage.read_spends(self.store.r, budgets,
                                    [a for allocs in allocations.values() for a in allocs], now)
         return ({vc: s for (vc, user), s in spends.items() if not user},

@@ -153,6 +153,27 @@ def test_a_users_spend_is_their_usage_in_the_vc_running_tasks_included(store: St
     assert rows[0]["gpuSeconds"] * 1000 == 90 * MINUTE
 
 
+def test_the_vcs_default_budget_holds_a_user_without_one_of_their_own(
+        store: Store, scheduler: Scheduler) -> None:
+    accounts = Accounts(store)
+    accounts.put_vc(VirtualCluster("research", 4, budget_period="week",
+                                   on_budget_exhausted="wait",
+                                   default_user_gpu_hours_budget=5))
+    accounts.create_user("bob", "secret-pw", virtual_clusters=["research"])
+    accounts.set_user_budget("research", "bob", 100)  # his own, above the default
+    used_today(store.r, "alice", "research", 6 * 60)  # 6 of the default 5
+    used_today(store.r, "bob", "research", 6 * 60)  # 6 of his 100
+    late = submit_job(store, "alice", config("late"))
+    other = submit_job(store, "bob", config("other"))
+
+    scheduler.run_pass()
+
+    waiting = store.get_job(late.id) or pytest.fail()
+    assert json.loads(waiting.waiting)["reason"] == "UserBudgetExhausted"
+    assert waiting.waiting_reason.startswith("user alice has used 6.00 of their 5 GPU-hour")
+    assert (store.get_job(other.id) or pytest.fail()).mode == "guaranteed"
+
+
 # ------------------------------------------------------------------- API
 
 def test_an_admin_gives_a_user_a_budget_and_both_see_it_spent(
@@ -169,7 +190,8 @@ def test_an_admin_gives_a_user_a_budget_and_both_see_it_spent(
                      json={"gpuHoursBudget": 20}).status_code == 201
     used_today(redis_client, "alice", "research", 3 * 60)
     mine = {"vc": "research", "user": "alice", "gpuHoursBudget": 10.0, "budgetPeriod": "week",
-            "onBudgetExhausted": "wait", "gpuHoursSpent": 3.0, "exhausted": False}
+            "onBudgetExhausted": "wait", "gpuHoursSpent": 3.0, "exhausted": False,
+            "default": False}
 
     view = admin.get("/api/v1/virtual-clusters/research").json
     assert [b["user"] for b in view["userBudgets"]] == ["alice", "bob"]
@@ -201,6 +223,39 @@ def test_an_admin_gives_a_user_a_budget_and_both_see_it_spent(
                     404) == "NoUserBudgetError"
     assert error_of(alice.get("/api/v1/virtual-clusters/research/budgets/alice"),
                     404) == "NoUserBudgetError"
+
+
+def test_the_default_budget_is_shown_with_the_vc_and_to_each_user(
+        flask_client: FlaskClient, admin: AuthedClient, redis_client: redis.Redis) -> None:
+    resp = admin.put("/api/v1/virtual-clusters/research",
+                     json={"gpuQuota": 4, "defaultUserGpuHoursBudget": 5})
+    assert resp.status_code == 201, resp.json
+    assert (resp.json["defaultUserGpuHoursBudget"], resp.json["userBudgets"]) == (5.0, [])
+    alice = new_user(flask_client, admin, "alice")
+    assert admin.put("/api/v1/user/alice/virtualClusters",
+                     json={"virtualClusters": ["default", "research"]}).status_code == 200
+    used_today(redis_client, "alice", "research", 60)
+    hers = {"vc": "research", "user": "alice", "gpuHoursBudget": 5.0, "budgetPeriod": "month",
+            "onBudgetExhausted": "oppo", "gpuHoursSpent": 1.0, "exhausted": False,
+            "default": True}
+
+    assert alice.get("/api/v1/virtual-clusters/research").json["userBudgets"] == [hers]
+    assert admin.get("/api/v1/virtual-clusters/research/budgets/alice").json == hers
+    assert alice.get("/api/v1/usage").json["budgets"] == [hers]
+    # her own budget replaces the default for her
+    admin.put("/api/v1/virtual-clusters/research/budgets/alice", json={"gpuHoursBudget": 50})
+    own = alice.get("/api/v1/virtual-clusters/research/budgets/alice").json
+    assert (own["gpuHoursBudget"], own["default"]) == (50.0, False)
+    # a user who may not use the VC has no budget in it
+    bob = new_user(flask_client, admin, "bob")
+    assert bob.get("/api/v1/virtual-clusters/research").json["userBudgets"] == []
+    assert error_of(admin.get("/api/v1/virtual-clusters/research/budgets/bob"),
+                    404) == "NoUserBudgetError"
+    for bad in (-1, "five", 1e10):
+        resp = admin.put("/api/v1/virtual-clusters/research",
+                         json={"gpuQuota": 4, "defaultUserGpuHoursBudget": bad})
+        assert error_of(resp, 400) == "BadRequestError"
+        assert list(resp.json["fields"]) == ["defaultUserGpuHoursBudget"]
 
 
 def test_only_an_admin_sets_a_budget_and_a_user_reads_only_their_own(

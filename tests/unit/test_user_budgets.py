@@ -272,3 +272,21 @@ def test_a_spent_user_who_runs_as_oppo_is_a_user_who_submitted_oppo(world: World
     submitted = plan(cluster, as_oppo, running, vcs, NOW, attained)
     assert decisions(held, "alice") == decisions(submitted, "alice")
     assert placed(held) == placed(submitted)
+
+
+@pytest.mark.parametrize(("own", "default", "users", "expected"), [
+    pytest.param({"alice": 3.0}, None, ["bob"], {"alice": 3.0},
+                 id="without a default only users given their own"),
+    pytest.param({"alice": 3.0}, 5.0, ["alice", "bob"], {"alice": 3.0, "bob": 5.0},
+                 id="the default covers the users asked about without their own"),
+    pytest.param({}, 5.0, [], {}, id="the default alone names no one"),
+    pytest.param({"alice": 0.0}, 5.0, ["alice"], {"alice": 0.0},
+                 id="a user's own budget of 0 is theirs, not the default"),
+])
+def test_the_budgets_of_a_vcs_users(own: dict[str, float], default: float | None,
+                                    users: list[str], expected: dict[str, float]) -> None:
+    from shared.accounts import VirtualCluster
+    vc = VirtualCluster("research", 4, budget_period="day", on_budget_exhausted="wait",
+                        user_gpu_hours_budgets=own, default_user_gpu_hours_budget=default)
+    assert vc.user_budgets(users) == {("research", user): Budget(hours, "day", "wait")
+                                      for user, hours in expected.items()}
