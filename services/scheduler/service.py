@@ -358,17 +358,23 @@ class Scheduler:
                queue: list[JobRequest], now: int,
                ) -> tuple[dict[str, usage.Spend], dict[usage.Owner, usage.Spend]]:
         """This period's spend of each VC's budget, and of each user's budget
-        within a VC (their own, or the VC's default for the users with work
-        queued or running in it): one read for the pass, of the budgeted only."""
+        within a VC (their own, or the VC's default) for the users with work
+        queued or running in it, the only ones the plan weighs: one read for
+        the pass, of the budgeted only."""
         budgets: dict[usage.Owner, usage.Budget] = {
             (vc.name, ""): vc.budget for vc in vcs if vc.budget is not None}
-        users: dict[str, set[str]] = {}
-        if any(vc.default_user_gpu_hours_budget is not None for vc in vcs):
-            for vc_name, job_id in [(r.vc, r.job_id) for r in queue] + [
-                    (a.vc, a.job_id) for allocs in allocations.values() for a in allocs]:
-                users.setdefault(vc_name, set()).add(split_job_id(job_id)[0])
-        for vc in vcs:
-            budgets.update(vc.user_budgets(users.get(vc.name, ())))
+        if any(vc.user_gpu_hours_budgets or vc.default_user_gpu_hours_budget is not None
+               for vc in vcs):
+            active = {(r.vc, split_job_id(r.job_id)[0]) for r in queue} | {
+                (a.vc, split_job_id(a.job_id)[0]) for allocs in allocations.values()
+                for a in allocs}
+            users: dict[str, list[str]] = {}
+            for vc_name, user in active:
+                users.setdefault(vc_name, []).append(user)
+            for vc in vcs:
+                budgets.update((owner, budget) for owner, budget
+                               in vc.user_budgets(users.get(vc.name, ())).items()
+                               if owner in active)
         spends = usage.read_spends(self.store.r, budgets,
                                    [a for allocs in allocations.values() for a in allocs], now)
         return ({vc: s for (vc, user), s in spends.items() if not user},

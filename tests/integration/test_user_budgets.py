@@ -124,6 +124,21 @@ def test_spending_a_users_budget_demotes_their_running_work(
     assert (store.get_job(mine.id) or pytest.fail()).mode == "borrowed"
 
 
+def test_the_pass_reads_the_budgets_of_users_with_work_only(
+        store: Store, scheduler: Scheduler) -> None:
+    research_with_budget(store, "wait")  # alice
+    research_with_budget(store, "wait", user="bob")  # bob: no work anywhere
+    research_with_budget(store, "wait", user="carol")  # carol: work in default only
+    submit_job(store, "alice", config("queued"))
+    submit_job(store, "carol", config("elsewhere", vc="default"))
+    queue, _ = scheduler._queue()
+    vcs = Accounts(store).list_vcs()
+
+    _, user_spent = scheduler._spent(vcs, store.all_allocations(["n1"]), queue, now_ms())
+
+    assert list(user_spent) == [("research", "alice")]
+
+
 def test_a_users_spend_is_their_usage_in_the_vc_running_tasks_included(store: Store) -> None:
     used_today(store.r, "alice", "research", 90)
     used_today(store.r, "bob", "research", 30)
