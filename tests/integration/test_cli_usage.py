@@ -21,9 +21,11 @@ from tests.integration.test_cli_nodes import api, pai_as, run  # noqa: F401 (api
 
 pytestmark = pytest.mark.redis
 
-MIDNIGHT = usage.day_start_ms("2026-03-10")
+# A midnight 30 days ago: inside the default report span, and kept by retention.
+MIDNIGHT = usage.day_start_ms(usage.day_of(now_ms())) - 30 * 24 * 3600 * 1000
+DAY1, DAY2 = usage.day_of(MIDNIGHT - 1), usage.day_of(MIDNIGHT)
 HOUR = 3600 * 1000
-SPAN = ("--from", "2026-03-09", "--to", "2026-03-10")
+SPAN = ("--from", DAY1, "--to", DAY2)
 
 
 @pytest.fixture
@@ -51,8 +53,8 @@ def test_usage_table_json_and_csv(api: tuple[str, Flask], tmp_path: Path) -> Non
                             *SPAN).stdout)
     assert answer["groupBy"] == ["day", "user"]
     assert [(r["day"], r["user"], r["gpuSeconds"]) for r in answer["rows"]] == [
-        ("2026-03-09", "alice", 7200.0), ("2026-03-10", "alice", 7200.0),
-        ("2026-03-10", "root", 3600.0)]
+        (DAY1, "alice", 7200.0), (DAY2, "alice", 7200.0),
+        (DAY2, "root", 3600.0)]
     table = list(csv.reader(io.StringIO(run(root, "usage", "-b", "vc", "-o", "csv",
                                             *SPAN).stdout)))
     assert table == [["vc", "gpuSeconds", "cpuSeconds", "memoryMbSeconds"],
