@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +90,23 @@ class VirtualCluster:
         return Budget(self.gpu_hours_budget, self.budget_period, self.on_budget_exhausted)
     # What a job idling on its GPUs gets (shared/idle.py): "notify" or "stop".
     idle_gpu_action: str = "notify"
+    # Each user's own GPU-hours per budget_period within the VC (Slurm's
+    # GrpTRESMins on a user's association), set one at a time
+    # (Accounts.set_user_budget), not by put_vc; once spent, their jobs do
+    # as on_budget_exhausted says.
+    user_gpu_hours_budgets: dict[str, float] = field(default_factory=dict)
+    # The budget of every other user within the VC (None: none); put_vc sets it.
+    default_user_gpu_hours_budget: float | None = None
+
+    def user_budgets(self, users: Iterable[str] = ()) -> dict[tuple[str, str], Budget]:
+        """(VC, user) -> that user's budget here: every user given their own,
+        and those of `users` the default covers."""
+        hours = dict(self.user_gpu_hours_budgets)
+        if self.default_user_gpu_hours_budget is not None:
+            for user in users:
+                hours.setdefault(user, self.default_user_gpu_hours_budget)
+        return {(self.name, user): Budget(h, self.budget_period, self.on_budget_exhausted)
+                for user, h in sorted(hours.items())}
 
 
 def hash_password(password: str) -> str:
@@ -232,7 +249,13 @@ class Accounts:
         pipe.delete(keys.user(name))
         pipe.srem(keys.USERS, name)
         pipe.set(keys.user_token_epoch(name), now_ms())
-        return bool(pipe.execute()[0])
+        deleted = bool(pipe.execute()[0])
+        # Their budgets go too: a user created later under the name starts without.
+        pipe = self.r.pipeline(transaction=False)
+        for vc in self.r.smembers(keys.VCS):
+            pipe.hdel(keys.vc_user_budgets(vc), name)
+        pipe.execute()
+        return deleted
 
     # ---------------------------------------------------------------- tokens
 
@@ -260,9 +283,11 @@ class Accounts:
 
     # ------------------------------------------------------ virtual clusters
 
-    def _vc_from(self, fields: dict[str, str]) -> VirtualCluster:
+    def _vc_from(self, fields: dict[str, str],
+                 user_budgets: dict[str, str] | None = None) -> VirtualCluster:
         quota = fields.get("gpu_quota", "")
         budget = fields.get("gpu_hours_budget", "")
+        default = fields.get("default_user_gpu_hours_budget", "")
         return VirtualCluster(fields["name"], int(quota) if quota != "" else None,
                               fields.get("description", ""), int(fields.get("created_ms") or 0),
                               json.loads(fields.get("allowed_capabilities") or "[]"),
@@ -270,18 +295,53 @@ class Accounts:
                               gpu_hours_budget=float(budget) if budget != "" else None,
                               budget_period=fields.get("budget_period") or "month",
                               on_budget_exhausted=fields.get("on_budget_exhausted") or "oppo",
-                              idle_gpu_action=fields.get("idle_gpu_action") or "notify")
+                              idle_gpu_action=fields.get("idle_gpu_action") or "notify",
+                              user_gpu_hours_budgets={
+                                  user: float(hours)
+                                  for user, hours in (user_budgets or {}).items()},
+                              default_user_gpu_hours_budget=float(default)
+                              if default != "" else None)
 
     def get_vc(self, name: str) -> VirtualCluster | None:
-        fields = self.r.hgetall(keys.vc(_key_name(name)))
-        return self._vc_from(fields) if fields else None
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.vc(_key_name(name)))
+        pipe.hgetall(keys.vc_user_budgets(_key_name(name)))
+        fields, budgets = pipe.execute()
+        return self._vc_from(fields, budgets) if fields else None
 
     def list_vcs(self) -> list[VirtualCluster]:
         names = sorted(self.r.smembers(keys.VCS))
         pipe = self.r.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(keys.vc(name))
-        return [self._vc_from(f) for f in pipe.execute() if f]
+            pipe.hgetall(keys.vc_user_budgets(name))
+        replies = pipe.execute() if names else []
+        return [self._vc_from(f, b) for f, b in zip(replies[::2], replies[1::2], strict=True)
+                if f]
+
+    def set_user_budget(self, vc: str, username: str, gpu_hours: float) -> bool:
+        """Give a user their own GPU-hour budget within a VC, compare-and-set
+        on both records: the VC and the user must exist when it lands (a
+        budget racing either's deletion is refused, NoSuchAccount). True if
+        the user had no budget there before."""
+        vc_key, user_key = keys.vc(_key_name(vc)), keys.user(_key_name(username))
+        budgets = keys.vc_user_budgets(_key_name(vc))
+
+        def write(pipe: Pipe) -> bool:
+            if not pipe.exists(vc_key):
+                raise NoSuchAccount(f"virtual cluster {vc} does not exist")
+            if not pipe.exists(user_key):
+                raise NoSuchAccount(f"user {username} does not exist")
+            new = not pipe.hexists(budgets, _key_name(username))
+            pipe.multi()
+            pipe.hset(budgets, _key_name(username), repr(float(gpu_hours)))
+            return new
+
+        return self.store.transact(write, vc_key, user_key, budgets)
+
+    def delete_user_budget(self, vc: str, username: str) -> bool:
+        """Take a user's own budget within a VC away; False if there was none."""
+        return bool(self.r.hdel(keys.vc_user_budgets(_key_name(vc)), _key_name(username)))
 
     def put_vc(self, vc: VirtualCluster) -> VirtualCluster:
         """Create or change a VC, compare-and-set on its record: two admins
@@ -305,6 +365,9 @@ class Accounts:
                 else repr(vc.gpu_hours_budget),
                 "budget_period": vc.budget_period,
                 "on_budget_exhausted": vc.on_budget_exhausted,
+                "default_user_gpu_hours_budget": ""
+                if vc.default_user_gpu_hours_budget is None
+                else repr(vc.default_user_gpu_hours_budget),
                 "idle_gpu_action": vc.idle_gpu_action})
             pipe.sadd(keys.VCS, vc.name)
             return vc
@@ -318,7 +381,7 @@ class Accounts:
         landed before is in the users' records the sweep reads after."""
         name = _key_name(name)
         pipe = self.r.pipeline()
-        pipe.delete(keys.vc(name))
+        pipe.delete(keys.vc(name), keys.vc_user_budgets(name))
         pipe.srem(keys.VCS, name)
         pipe.execute()
         for user in self.list_users():

@@ -43,6 +43,24 @@ def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     return value
 
 
+# A usage day must outlive the longest budget period (a month), or a budget
+# would not see its whole period.
+MIN_USAGE_RETENTION_DAYS = 32
+
+
+def usage_retention_days(env: Mapping[str, str] | None = None) -> int:
+    """PAI_USAGE_RETENTION_DAYS (default 400: last calendar year's usage is
+    still whole through January, for yearly chargeback); 0 keeps usage for
+    ever. Read by the usage write itself (shared/usage.py), which runs deep
+    in shared/lifecycle.py where no Settings reach, so it has its own reader."""
+    env = os.environ if env is None else env
+    days = _int(env, "PAI_USAGE_RETENTION_DAYS", 400) or 0
+    if 0 < days < MIN_USAGE_RETENTION_DAYS:
+        raise ConfigError(f"PAI_USAGE_RETENTION_DAYS must be 0 (for ever) or at least "
+                          f"{MIN_USAGE_RETENTION_DAYS} (a budget's longest period), got {days}")
+    return days
+
+
 def _number(env: Mapping[str, str], name: str, default: float, what: str,
             valid: Callable[[float], bool], rule: str) -> float:
     """A float setting (`default` when unset), refused unless `valid`."""
@@ -329,6 +347,9 @@ class Settings:
     retention_days: int = 90
     retention_compact_after_seconds: float = 600.0
     retention_batch: int = 200
+    # Usage day roll-ups and records (shared/usage.py) expire this many days
+    # after their day ended (0: kept for ever); see usage_retention_days.
+    usage_retention_days: int = 400
     # A task attempt's log file stops growing here, with one line saying so (0: no cap).
     log_max_bytes_per_task: int = 1024**3
     # Redis's maxmemory as the operator set it (redis-server gets the same
@@ -455,6 +476,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                                                  defaults.retention_compact_after_seconds),
         retention_batch=_int(env, "PAI_RETENTION_BATCH", defaults.retention_batch)
         or defaults.retention_batch,
+        usage_retention_days=usage_retention_days(env),
         log_max_bytes_per_task=parse_size("PAI_LOG_MAX_BYTES_PER_TASK",
                                           env["PAI_LOG_MAX_BYTES_PER_TASK"])
         if env.get("PAI_LOG_MAX_BYTES_PER_TASK", "").strip()

@@ -188,6 +188,18 @@ def usage_records(day: str) -> str:
     return f"{PREFIX}usage:records:{day}"
 
 
+# Hash: where the retention sweep's walk over the usage keys is (`cursor`),
+# and the PAI_USAGE_RETENTION_DAYS its last whole walk enforced (`enforced`).
+USAGE_RETENTION = PREFIX + "usage:retention"
+USAGE_KEYS = PREFIX + "usage:*"  # SCAN pattern of every usage key
+
+
+def vc_user_budgets(vc_name: str) -> str:
+    """Hash: username -> GPU-hours per the VC's budgetPeriod, each user's own
+    budget within the VC (shared/accounts.py)."""
+    return f"{PREFIX}vc:{vc_name}:user-budgets"
+
+
 # -- metrics --------------------------------------------------------------
 
 

@@ -16,7 +16,10 @@ repeatable after a kill -9 at any point:
    archive; logs come from files).
 2. Expire: finished jobs older than PAI_RETENTION_DAYS go with every key
    they had, their index entries and their log files.
-3. Repair: a bounded walk over the finished jobs' indexes enrolls any that
+3. Usage: a bounded walk over the usage day keys (shared/usage.py) gives
+   those written before their writes set an expiry, or under another
+   PAI_USAGE_RETENTION_DAYS, the expiry the setting asks for.
+4. Repair: a bounded walk over the finished jobs' indexes enrolls any that
    finished without reaching the sweep's list (jobs from before it existed),
    and any compacted into a version 1 archive with its record beside it:
    compaction folds that record in.
@@ -35,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import redis
 
-from shared import keys, logfiles
+from shared import keys, logfiles, usage
 from shared.archive import (
     RUNNING_ONLY_FIELDS,
     Archive,
@@ -57,6 +60,9 @@ DAY_MS = 24 * 3600 * 1000
 # jobs of each final state (jobs created long ago but finished lately wait there).
 EXPIRY_LOOKAHEAD = 4
 SWEEP_SECONDS = 2.0
+# The usage walk looks at this many keys per job of the batch each sweep (a
+# SCAN step: cheap, the keys are only given an expiry).
+USAGE_SCAN_PER_JOB = 10
 _DEFAULT_FIELDS = Job(id="", username="", name="", virtual_cluster="default").to_fields()
 # The id, user and name are in the record's key (Store.read_job puts them back).
 _REQUIRED_FIELDS = frozenset({"state"})
@@ -67,6 +73,7 @@ class SweepReport:
     enrolled: int = 0
     compacted: int = 0
     expired: int = 0
+    usage_keys: int = 0  # usage day keys given their expiry
 
 
 def sweep(store: Store, settings: Settings, now: int | None = None) -> SweepReport:
@@ -90,7 +97,9 @@ def sweep(store: Store, settings: Settings, now: int | None = None) -> SweepRepo
     if settings.retention_days > 0:
         expired = expire_due(store, now - settings.retention_days * DAY_MS, batch,
                              settings.task_log_dir)
-    return SweepReport(enrolled, compacted, expired)
+    usage_keys = usage.enforce_retention(store.r, settings.usage_retention_days,
+                                         USAGE_SCAN_PER_JOB * batch)
+    return SweepReport(enrolled, compacted, expired, usage_keys)
 
 
 # ------------------------------------------------------------------ repair

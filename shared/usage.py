@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys, telemetry
+from shared import config, keys, telemetry
 from shared.models import Allocation, Task, attempt_task_key, split_job_id, task_key
 
 DAY_MS = 24 * 3600 * 1000
@@ -208,13 +208,16 @@ def report(rows: Iterable[DayUsage], by: Sequence[str], keep: Filter) -> list[di
 # twice (a redelivered exit, a repair re-running) counts it once.
 # KEYS[1]: the record hash; ARGV[1], ARGV[2]: the record's key and JSON.
 # Then, per increment i: KEYS[i + 1] the hash, ARGV the field, the amount,
-# and "i" (HINCRBY) or "f" (HINCRBYFLOAT).
+# and "i" (HINCRBY) or "f" (HINCRBYFLOAT); or, for a key's expiry, any field,
+# the instant (ms) and "x" (PEXPIREAT: the retention, set by the write).
 RECORD_ONCE = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 for i = 1, #KEYS - 1 do
   local field, amount, kind = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
   if kind == 'f' then
     redis.call('HINCRBYFLOAT', KEYS[i + 1], field, amount)
+  elseif kind == 'x' then
+    redis.call('PEXPIREAT', KEYS[i + 1], amount)
   else
     redis.call('HINCRBY', KEYS[i + 1], field, amount)
   end
@@ -237,20 +240,95 @@ def vc_total_field(vc: str) -> str:
     return json.dumps(["vc", vc, "gpu"], separators=(",", ":"))
 
 
-def record_interval(pipe: Any, interval: Interval) -> None:
+def vc_user_total_field(vc: str, user: str) -> str:
+    """A day hash's field of one user's GPU-milliseconds in one VC that day,
+    what a user's budget reads. Five elements, so reports skip it."""
+    return json.dumps(["vc", vc, "user", user, "gpu"], separators=(",", ":"))
+
+
+def expires_at_ms(day: str, retention_days: int) -> int | None:
+    """When a day's usage keys go: `retention_days` after the day ended
+    (None: retention 0, kept for ever)."""
+    return day_start_ms(day) + (retention_days + 1) * DAY_MS if retention_days else None
+
+
+def retained_from(now_ms: int, retention_days: int) -> str | None:
+    """The oldest day whose usage is still kept (None: every day is)."""
+    return day_of(now_ms - retention_days * DAY_MS) if retention_days else None
+
+
+def day_of_key(key: str) -> str | None:
+    """The day of a usage day or records key (None: not one of those)."""
+    day = key.rpartition(":")[2]
+    try:
+        day_start_ms(day)
+    except ValueError:
+        return None
+    return day if key in (keys.usage_day(day), keys.usage_records(day)) else None
+
+
+def enforce_retention(r: Any, retention_days: int, count: int) -> int:
+    """One bounded step of the walk that gives every usage key the expiry
+    `retention_days` asks for (keys written before writes set it, or under
+    another setting): one SCAN of `count` and two pipelines. A day already
+    past its retention goes at once (PEXPIREAT in the past). Once a whole
+    walk has enforced this setting it does nothing until the setting
+    changes; the walk's place is in Redis, so a restart carries on. Returns
+    how many keys this step changed."""
+    state = r.hgetall(keys.USAGE_RETENTION)
+    setting = str(retention_days)
+    if state.get("enforced") == setting:
+        return 0
+    cursor = int(state.get("cursor") or 0) if state.get("walking") == setting else 0
+    cursor, found = r.scan(cursor, match=keys.USAGE_KEYS, count=count)
+    days = {key: day for key in found if (day := day_of_key(key)) is not None}
+    pipe = r.pipeline(transaction=False)
+    for key in days:
+        pipe.pexpiretime(key)
+    now = pipe.execute() if days else []
+    touched = 0
+    for (key, day), expires in zip(days.items(), now, strict=True):
+        at = expires_at_ms(day, retention_days)
+        if expires == -2 or expires == (at if at is not None else -1):
+            continue  # gone meanwhile, or already as the setting says
+        if at is None:
+            pipe.persist(key)
+        else:
+            pipe.pexpireat(key, at)
+        touched += 1
+    walked = {"enforced": setting} if int(cursor) == 0 else {}
+    pipe.hset(keys.USAGE_RETENTION, mapping={"cursor": str(cursor), "walking": setting,
+                                             **walked})
+    pipe.execute()
+    return touched
+
+
+def record_interval(pipe: Any, interval: Interval, retention_days: int | None = None) -> None:
     """Queue the interval's recording on `pipe` (inside the caller's MULTI):
     its record, its per-day roll-ups and the Prometheus counters, all or
-    nothing, and only the first time this interval's key is recorded."""
-    record_keys = [keys.usage_records(day_of(interval.start_ms))]
+    nothing, and only the first time this interval's key is recorded. Each
+    day key it writes gets its expiry (`retention_days`, by default
+    PAI_USAGE_RETENTION_DAYS) in the same script."""
+    if retention_days is None:
+        retention_days = config.usage_retention_days()
+    first_day = day_of(interval.start_ms)
+    record_keys = [keys.usage_records(first_day)]
     args: list[str | int | float] = [interval.key, interval.to_json()]
+    expiring = {keys.usage_records(first_day): expires_at_ms(first_day, retention_days)}
     for row in day_rows([interval]):
         for (resource, _), amount in zip(RESOURCES, row.amounts(), strict=True):
             if amount:
                 record_keys.append(keys.usage_day(row.day))
                 args += [rollup_field(row.user, row.vc, row.job, resource), amount, "i"]
         if row.gpu_ms:
-            record_keys.append(keys.usage_day(row.day))
-            args += [vc_total_field(row.vc), row.gpu_ms, "i"]
+            record_keys += [keys.usage_day(row.day)] * 2
+            args += [vc_total_field(row.vc), row.gpu_ms, "i",
+                     vc_user_total_field(row.vc, row.user), row.gpu_ms, "i"]
+        expiring[keys.usage_day(row.day)] = expires_at_ms(row.day, retention_days)
+    for key, at in expiring.items():
+        if at is not None:
+            record_keys.append(key)
+            args += ["", at, "x"]
     labels = {"user": interval.user, "vc": interval.vc}
     per_unit = (interval.gpus, interval.cpus, interval.memory_mb)
     for metric, units in zip(COUNTERS, per_unit, strict=True):
@@ -332,13 +410,19 @@ class Budget:
     on_exhausted: str = "oppo"
 
 
+# Whose budget: (vc, user), the user "" for the VC as a whole.
+Owner = tuple[str, str]
+
+
 @dataclass(frozen=True)
 class Spend:
-    """What a budgeted VC has used of its GPU-hour budget this period."""
+    """What a budgeted VC (or one user within it) has used of its GPU-hour
+    budget this period."""
 
     vc: str
     gpu_ms: int
     budget: Budget
+    user: str = ""  # "": the VC's budget, for every user's jobs in it
 
     @property
     def gpu_hours(self) -> float:
@@ -349,44 +433,72 @@ class Spend:
         return self.gpu_ms >= self.budget.gpu_hours * HOUR_MS
 
     def describe(self) -> str:
+        if self.user:
+            return (f"user {self.user} has used {self.gpu_hours:.2f} of their "
+                    f"{self.budget.gpu_hours:g} GPU-hour budget in virtual cluster {self.vc} "
+                    f"this {self.budget.period}")
         return (f"virtual cluster {self.vc} has used {self.gpu_hours:.2f} of its "
                 f"{self.budget.gpu_hours:g} GPU-hour budget this {self.budget.period}")
+
+
+def _used(rows: Iterable[DayUsage], budgets: Mapping[Owner, Budget],
+          now_ms: int) -> dict[Owner, int]:
+    """Each owner's GPU-milliseconds within its current period: a row counts
+    for its VC's budget and for its user's budget in that VC."""
+    first = {owner: period_first_day(b.period, now_ms) for owner, b in budgets.items()}
+    used = dict.fromkeys(budgets, 0)
+    for row in rows:
+        for owner in {(row.vc, ""), (row.vc, row.user)}:
+            if owner in first and row.day >= first[owner]:
+                used[owner] += row.gpu_ms
+    return used
 
 
 def spend(rows: Iterable[DayUsage], budgets: Mapping[str, Budget],
           now_ms: int) -> dict[str, Spend]:
     """Each budgeted VC's GPU-milliseconds within its current period, from
     day rows (recorded and running alike; see merge_rows)."""
-    first = {vc: period_first_day(b.period, now_ms) for vc, b in budgets.items()}
-    used = dict.fromkeys(budgets, 0)
-    for row in rows:
-        if row.vc in first and row.day >= first[row.vc]:
-            used[row.vc] += row.gpu_ms
-    return {vc: Spend(vc, used[vc], budget) for vc, budget in budgets.items()}
+    used = _used(rows, {(vc, ""): b for vc, b in budgets.items()}, now_ms)
+    return {vc: Spend(vc, used[(vc, "")], budget) for vc, budget in budgets.items()}
 
 
 def read_spend(r: Any, budgets: Mapping[str, Budget], held: Sequence[Allocation],
                now_ms: int) -> dict[str, Spend]:
-    """Each budgeted VC's spend this period: its recorded days, plus its
-    tasks holding allocations now up to `now_ms`. One round trip: each day's
-    per-VC totals (vc_total_field) from the earliest period start to today
-    (at most 31 HMGETs of one field per budgeted VC), and the tasks of the
-    budgeted VCs' allocations among `held`."""
+    """Each budgeted VC's spend this period (read_spends)."""
+    read = read_spends(r, {(vc, ""): b for vc, b in budgets.items()}, held, now_ms)
+    return {vc: s for (vc, _), s in read.items()}
+
+
+def read_spends(r: Any, budgets: Mapping[Owner, Budget], held: Sequence[Allocation],
+                now_ms: int) -> dict[Owner, Spend]:
+    """Each budget's spend this period, a VC's (user "") or a user's within a
+    VC: its recorded days, plus its tasks holding allocations now up to
+    `now_ms`. One round trip: each day's totals (vc_total_field,
+    vc_user_total_field: one field per budget and day, at most 31 days)
+    from the earliest period start to today, and the tasks of the budgeted
+    allocations among `held`."""
     if not budgets:
         return {}
     days = days_between(min(period_first_day(b.period, now_ms) for b in budgets.values()),
                         day_of(now_ms))
-    vcs = sorted(budgets)
-    mine = [a for a in held if a.vc in budgets]
+    owners = sorted(budgets)
+    fields = [vc_user_total_field(vc, user) if user else vc_total_field(vc)
+              for vc, user in owners]
+    mine = [a for a in held
+            if (a.vc, "") in budgets or (a.vc, split_job_id(a.job_id)[0]) in budgets]
     pipe = r.pipeline(transaction=False)
     for day in days:
-        pipe.hmget(keys.usage_day(day), [vc_total_field(vc) for vc in vcs])
+        pipe.hmget(keys.usage_day(day), fields)
     for a in mine:
         pipe.hget(keys.job_tasks(a.job_id, a.attempt), task_key(a.role, a.index))
     replies = pipe.execute()
-    recorded = [DayUsage(day, "", vc, "", gpu_ms=int(total))
-                for day, totals in zip(days, replies[:len(days)], strict=True)
-                for vc, total in zip(vcs, totals, strict=True) if total is not None]
     tasks = [Task.from_dict(json.loads(raw)) if raw else None for raw in replies[len(days):]]
-    running = day_rows(running_intervals(zip(mine, tasks, strict=True), now_ms))
-    return spend(merge_rows(recorded, running), budgets, now_ms)
+    used = _used(day_rows(running_intervals(zip(mine, tasks, strict=True), now_ms)),
+                 budgets, now_ms)
+    first = [period_first_day(budgets[owner].period, now_ms) for owner in owners]
+    for day, totals in zip(days, replies[:len(days)], strict=True):
+        for owner, since, total in zip(owners, first, totals, strict=True):
+            if total is not None and day >= since:
+                used[owner] += int(total)
+    return {(vc, user): Spend(vc, used[(vc, user)], budgets[(vc, user)], user)
+            for vc, user in owners}

@@ -250,3 +250,18 @@ def usage_table(rows: Sequence[Mapping[str, Any]], by: Sequence[str]) -> Table:
                       _hours(row.get("cpuSeconds")),
                       _hours(None if memory is None else float(memory) / 1024))
     return table
+
+
+def user_budgets_table(budgets: Sequence[Mapping[str, Any]]) -> Table:
+    """Users' own budgets within VCs: spent of the budget this period, then what."""
+    numbers = ("SPENT", "BUDGET")
+    table = _table(None, ["VC", "USER", *numbers, "PERIOD", "ONCE SPENT"], right=numbers)
+    for budget in budgets:
+        spent = budget.get("gpuHoursSpent")
+        table.add_row(_cell(budget.get("vc")), _cell(budget.get("user")),
+                      _cell(None if spent is None else f"{float(spent):,.2f}"),
+                      _cell(f"{float(budget.get('gpuHoursBudget') or 0):,g}"),
+                      _cell(budget.get("budgetPeriod")),
+                      _cell(("spent: " if budget.get("exhausted") else "")
+                            + str(budget.get("onBudgetExhausted"))))
+    return table

@@ -40,7 +40,7 @@ from shared import keys, telemetry, usage
 from shared.accounts import DEFAULT_VC, Accounts, VirtualCluster
 from shared.cluster import held, held_by_vc, node_is_live
 from shared.config import Settings
-from shared.models import Allocation, now_ms
+from shared.models import Allocation, now_ms, split_job_id
 from shared.states import JobState
 from shared.store import Store
 
@@ -191,6 +191,12 @@ class ClusterCollector(Collector):
             _gauge("pai_vc_gpu_hours_spent",
                    "GPU-hours a budgeted virtual cluster used this period, running tasks "
                    "up to now.", ("vc", "period")),
+            _gauge("pai_user_gpu_hours_budget",
+                   "A user's own GPU-hour budget per period within a virtual cluster (only "
+                   "users given one).", ("vc", "user", "period")),
+            _gauge("pai_user_gpu_hours_spent",
+                   "GPU-hours a user with their own budget used in the virtual cluster this "
+                   "period, running tasks up to now.", ("vc", "user", "period")),
             _gauge("pai_node_cpus_total", "CPUs a node offers.", ("node",)),
             _gauge("pai_node_cpus_allocated", "CPUs allocated to tasks on a node.", ("node",)),
             _gauge("pai_node_memory_bytes_total", "Memory a node offers.", ("node",)),
@@ -246,12 +252,20 @@ class ClusterCollector(Collector):
     def _fill_budgets(self, families: dict[str, GaugeMetricFamily],
                       vc_records: Sequence[VirtualCluster],
                       allocations: Mapping[str, Sequence[Allocation]], now: int) -> None:
-        budgets = {vc.name: vc.budget for vc in vc_records if vc.budget is not None}
+        budgets: dict[usage.Owner, usage.Budget] = {
+            (vc.name, ""): vc.budget for vc in vc_records if vc.budget is not None}
         held = [a for allocs in allocations.values() for a in allocs]
-        for vc, spend in sorted(usage.read_spend(self.store.r, budgets, held, now).items()):
-            labels = [vc, spend.budget.period]
-            families["pai_vc_gpu_hours_budget"].add_metric(labels, spend.budget.gpu_hours)
-            families["pai_vc_gpu_hours_spent"].add_metric(labels, spend.gpu_hours)
+        for record in vc_records:  # bounded label sets: users given their own budget,
+            # and the VC's default for those holding GPUs in it now
+            budgets.update(record.user_budgets(
+                {split_job_id(a.job_id)[0] for a in held if a.vc == record.name}))
+        for (vc, user), spend in sorted(usage.read_spends(self.store.r, budgets, held,
+                                                          now).items()):
+            kind = "user" if user else "vc"
+            labels: list[str] = [vc, user, spend.budget.period] if user \
+                else [vc, spend.budget.period]
+            families[f"pai_{kind}_gpu_hours_budget"].add_metric(labels, spend.budget.gpu_hours)
+            families[f"pai_{kind}_gpu_hours_spent"].add_metric(labels, spend.gpu_hours)
 
     def _fill_nodes(self, families: dict[str, GaugeMetricFamily],
                     now: int) -> dict[str, list[Allocation]]:

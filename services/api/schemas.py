@@ -173,7 +173,7 @@ class JobSummarySchema(Schema):
 
 class BlockerSchema(Schema):
     kind = fields.String(required=True, metadata={
-        "description": "quota, budget, reservation, job, resources, nodes or gpuType"})
+        "description": "quota, budget, userBudget, reservation, job, resources, nodes or gpuType"})
     name = fields.String(required=True)
 
 
@@ -403,6 +403,21 @@ class ResourcesUsedSchema(Schema):
     tasks = fields.Integer(required=True)
 
 
+class UserBudgetSchema(Schema):
+    vc = fields.String(required=True)
+    user = fields.String(required=True)
+    gpuHoursBudget = fields.Float(required=True, metadata={
+        "description": "GPU-hours the user's jobs in the VC may use per budgetPeriod"})
+    budgetPeriod = fields.String(required=True, metadata={"description": "the VC's"})
+    onBudgetExhausted = fields.String(required=True, metadata={"description": "the VC's"})
+    gpuHoursSpent = fields.Float(required=True, metadata={
+        "description": "GPU-hours the user's jobs in the VC used this period, running "
+                       "tasks up to now"})
+    exhausted = fields.Boolean(required=True)
+    default = fields.Boolean(required=True, metadata={
+        "description": "the VC's defaultUserGpuHoursBudget, not one of the user's own"})
+
+
 class VirtualClusterSchema(Schema):
     name = fields.String(required=True)
     description = fields.String(required=True)
@@ -432,9 +447,22 @@ class VirtualClusterSchema(Schema):
     gpuHoursSpent = fields.Float(required=True, allow_none=True, metadata={
         "description": "GPU-hours used this period, running tasks up to now (null: no "
                        "budget)"})
+    defaultUserGpuHoursBudget = fields.Float(required=True, allow_none=True, metadata={
+        "description": "GPU-hours per budgetPeriod of each user in it without a budget of "
+                       "their own (null: none)"})
+    userBudgets = fields.List(fields.Nested(UserBudgetSchema), required=True,
+                              metadata={"description": "users' own GPU-hour budgets in it "
+                                                       "(an admin sees all, a user their own)"})
     queue = fields.List(fields.String(), metadata={
         "description": "one VC's view only: its waiting jobs in order (first 1000), "
                        "as user~name"})
+
+
+class UserBudgetPutSchema(_Request):
+    gpuHoursBudget = fields.Float(
+        required=True, allow_nan=False, validate=validate.Range(min=0, max=1e9),
+        metadata={"description": "GPU-hours the user's jobs in the VC may use per the VC's "
+                                 "budgetPeriod (0: spent from the start)"})
 
 
 class VirtualClusterPutSchema(_Request):
@@ -463,6 +491,11 @@ class VirtualClusterPutSchema(_Request):
     onBudgetExhausted = fields.String(
         load_default="oppo", validate=validate.OneOf(ON_EXHAUSTED),
         metadata={"description": "once spent: its jobs run only as oppo, or wait"})
+    defaultUserGpuHoursBudget = fields.Float(
+        allow_none=True, load_default=None, allow_nan=False,
+        validate=validate.Range(min=0, max=1e9),
+        metadata={"description": "GPU-hours per budgetPeriod of each user in it without a "
+                                 "budget of their own (PUT .../budgets/<user>), or null"})
 
 
 class NodeGpuSchema(Schema):
@@ -597,6 +630,14 @@ class UsageReportSchema(Schema):
     groupBy = fields.List(fields.String(), required=True)
     asOf = _ms()
     rows = fields.List(fields.Nested(UsageRowSchema), required=True)
+    retainedFrom = fields.String(required=True, allow_none=True, metadata={
+        "description": "the oldest day still kept (PAI_USAGE_RETENTION_DAYS; null: all)"})
+    trimmed = fields.Boolean(required=True, metadata={
+        "description": "the span asked for starts before retainedFrom: the rows cover "
+                       "only the days still kept"})
+    budgets = fields.List(fields.Nested(UserBudgetSchema), required=True, metadata={
+        "description": "the reported user's own budgets and what they spent this period "
+                       "(every user's, for an admin's report without `user`)"})
 
 
 # Component name -> schema; views' docstrings refer to these names.
@@ -622,8 +663,10 @@ COMPONENTS: dict[str, type[Schema]] = {
     "StopAccepted": StopAcceptedSchema,
     "ExecRequest": ExecRequestSchema,
     "ExecResult": ExecResultSchema,
+    "UserBudget": UserBudgetSchema,  # before the schemas that nest it
     "VirtualCluster": VirtualClusterSchema,
     "VirtualClusterPut": VirtualClusterPutSchema,
+    "UserBudgetPut": UserBudgetPutSchema,
     "Node": NodeSchema,
     "NodePut": NodePutSchema,
     "UsageReport": UsageReportSchema,

@@ -6,18 +6,18 @@ from typing import Any
 
 from flask import Blueprint
 
-from services.api.auth import accounts, admin_only
+from services.api.auth import accounts, admin_only, current_user
 from services.api.bodies import load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
-from services.api.schemas import VirtualClusterPutSchema
+from services.api.schemas import UserBudgetPutSchema, VirtualClusterPutSchema
 from shared import keys
-from shared.accounts import DEFAULT_VC, AccountError, VirtualCluster
+from shared.accounts import DEFAULT_VC, AccountError, NoSuchAccount, VirtualCluster
 from shared.capabilities import capability_list_errors
 from shared.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_work, vc_policies
 from shared.models import now_ms
 from shared.states import JobState
-from shared.usage import Spend, read_spend
+from shared.usage import Budget, Owner, Spend, read_spends
 
 bp = Blueprint("vcs", __name__, url_prefix="/api/v1")
 
@@ -53,15 +53,38 @@ def _guarantees(vcs: list[VirtualCluster]) -> dict[str, VcPolicy]:
                        {vc.name: vc.borrowing for vc in vcs}, gpus)
 
 
-def _spent(vcs: list[VirtualCluster]) -> dict[str, Spend]:
-    """What each budgeted VC among `vcs` has used this period, up to now."""
-    budgets = {vc.name: vc.budget for vc in vcs if vc.budget is not None}
+def _spent(vcs: list[VirtualCluster]) -> dict[Owner, Spend]:
+    """What each budget of `vcs` (a VC's, user "", and its users' own that
+    the caller may see) has used this period, up to now: one read."""
+    budgets: dict[Owner, Budget] = {(vc.name, ""): vc.budget for vc in vcs
+                                    if vc.budget is not None}
+    for vc in vcs:
+        budgets.update(_visible(vc))
     if not budgets:
         return {}
     store = platform().store
     held = [a for allocs in store.all_allocations(list(store.node_heartbeats())).values()
             for a in allocs]
-    return read_spend(store.r, budgets, held, now_ms())
+    return read_spends(store.r, budgets, held, now_ms())
+
+
+def _visible(vc: VirtualCluster) -> dict[Owner, Budget]:
+    """The users' budgets of `vc` the caller may see: an admin every budget
+    given to a user, anyone else their own (or the VC's default for them, if
+    they may use the VC)."""
+    me = current_user()
+    if me.admin:
+        return vc.user_budgets()
+    mine = vc.user_budgets([me.username] if me.may_use(vc.name) else [])
+    return {owner: b for owner, b in mine.items() if owner[1] == me.username}
+
+
+def budget_view(spend: Spend, vc: VirtualCluster) -> dict[str, Any]:
+    """A user's budget within a VC as the API shows it (UserBudget)."""
+    return {"vc": spend.vc, "user": spend.user, "gpuHoursBudget": spend.budget.gpu_hours,
+            "budgetPeriod": spend.budget.period, "onBudgetExhausted": spend.budget.on_exhausted,
+            "gpuHoursSpent": spend.gpu_hours, "exhausted": spend.exhausted,
+            "default": spend.user not in vc.user_gpu_hours_budgets}
 
 
 def _views(vcs: list[VirtualCluster],
@@ -99,7 +122,10 @@ def _views(vcs: list[VirtualCluster],
             "gpuHoursBudget": vc.gpu_hours_budget,
             "budgetPeriod": vc.budget_period,
             "onBudgetExhausted": vc.on_budget_exhausted,
-            "gpuHoursSpent": spent[vc.name].gpu_hours if vc.name in spent else None,
+            "gpuHoursSpent": spent[(vc.name, "")].gpu_hours
+            if (vc.name, "") in spent else None,
+            "defaultUserGpuHoursBudget": vc.default_user_gpu_hours_budget,
+            "userBudgets": [budget_view(spent[owner], vc) for owner in _visible(vc)],
         }
     return views
 
@@ -169,6 +195,8 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
                                          gpu_hours_budget=body["gpuHoursBudget"],
                                          budget_period=body["budgetPeriod"],
                                          on_budget_exhausted=body["onBudgetExhausted"],
+                                         default_user_gpu_hours_budget=body[
+                                             "defaultUserGpuHoursBudget"],
                                          idle_gpu_action=body["idleGpuAction"]))
     except AccountError as error:
         raise ApiError("BadRequestError", str(error)) from None
@@ -192,3 +220,95 @@ def delete_vc(name: str) -> dict[str, Any]:
                        f"virtual cluster {name} still has waiting or running jobs", 409)
     accounts().delete_vc(name)
     return {"message": f"virtual cluster {name} deleted"}
+
+
+def _user_budget_view(name: str, user: str) -> dict[str, Any]:
+    """`user`'s budget in the VC, their own or the VC's default (if they exist
+    and may use the VC), with its spend."""
+    vc = _vc_or_404(name)
+    account = accounts().get_user(user)
+    covered = [user] if account is not None and account.may_use(vc.name) else []
+    budget = vc.user_budgets(covered).get((vc.name, user))
+    if budget is None:
+        raise ApiError("NoUserBudgetError",
+                       f"user {user} has no budget in virtual cluster {vc.name}", 404)
+    store = platform().store
+    held = [a for allocs in store.all_allocations(list(store.node_heartbeats())).values()
+            for a in allocs]
+    spent = read_spends(store.r, {(vc.name, user): budget}, held, now_ms())
+    return budget_view(spent[(vc.name, user)], vc)
+
+
+@bp.get("/virtual-clusters/<name>/budgets")
+def list_user_budgets(name: str) -> list[dict[str, Any]]:
+    """Users' own GPU-hour budgets in a VC, with what each spent this period
+    (an admin sees every user's, a user their own).
+    ---
+    get:
+      errors: [404]
+      responses:
+        200:
+          content:
+            application/json:
+              schema: {type: array, items: {$ref: '#/components/schemas/UserBudget'}}
+    """
+    budgets: list[dict[str, Any]] = _views([_vc_or_404(name)])[name]["userBudgets"]
+    return budgets
+
+
+@bp.get("/virtual-clusters/<name>/budgets/<user>")
+def get_user_budget(name: str, user: str) -> dict[str, Any]:
+    """One user's own GPU-hour budget in a VC and its spend (an admin, or that user).
+    ---
+    get:
+      errors: [403, 404]
+      responses: {200: UserBudget}
+    """
+    me = current_user()
+    if not me.admin and user.lower() != me.username:
+        raise ApiError("ForbiddenUserError", "only an admin may read another user's budget",
+                       403)
+    return _user_budget_view(name, user.lower())
+
+
+@bp.put("/virtual-clusters/<name>/budgets/<user>")
+@admin_only
+@takes(UserBudgetPutSchema())
+def put_user_budget(name: str, user: str) -> tuple[dict[str, Any], int]:
+    """Give a user their own GPU-hour budget within a VC (admin only): per the
+    VC's budgetPeriod; once spent, their jobs there do as its
+    onBudgetExhausted says.
+    ---
+    put:
+      errors: [404]
+      responses:
+        200:
+          description: changed
+          content: {application/json: {schema: UserBudget}}
+        201:
+          description: created
+          content: {application/json: {schema: UserBudget}}
+    """
+    body = load_body()
+    try:
+        new = accounts().set_user_budget(name, user, body["gpuHoursBudget"])
+    except NoSuchAccount as error:
+        code = "NoVirtualClusterError" if str(error).startswith("virtual") else "NoUserError"
+        raise ApiError(code, str(error), 404) from None
+    return _user_budget_view(name.lower(), user.lower()), 201 if new else 200
+
+
+@bp.delete("/virtual-clusters/<name>/budgets/<user>")
+@admin_only
+def delete_user_budget(name: str, user: str) -> dict[str, Any]:
+    """Take a user's own budget within a VC away (admin only); the VC's own stays.
+    ---
+    delete:
+      errors: [404]
+      responses: {200: Message}
+    """
+    _vc_or_404(name)
+    if not accounts().delete_user_budget(name, user):
+        raise ApiError("NoUserBudgetError",
+                       f"user {user} has no budget of their own in virtual cluster {name}", 404)
+    return {"message": f"the budget of user {user} in virtual cluster {name} is deleted"}

@@ -35,7 +35,11 @@ What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
 - **Budgets.** A VC that has spent its GPU-hour budget of the period
   (`spent`, read by the service) holds no guarantee: its running work is
   borrowed (preemptible), and its queued jobs either run only as `oppo`
-  (borrowing) or wait (`BudgetExhausted`), as the VC's setting says.
+  (borrowing) or wait (`BudgetExhausted`), as the VC's setting says. A
+  user who has spent their own budget within a VC (`user_spent`) is held
+  the same way (`UserBudgetExhausted`), their jobs only: the VC's other
+  users keep its guarantee, and a job of theirs waiting on its budget is
+  not its VC's head (it neither reserves nor holds the others back).
 - **Explanations.** Every job left waiting gets a reason code, a message,
   what blocks it and, when it can be known, an estimated start.
 
@@ -62,7 +66,7 @@ from services.scheduler.core import (
 )
 from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
 from shared.config import Settings
-from shared.models import Allocation, TaskPlacement
+from shared.models import Allocation, TaskPlacement, split_job_id
 from shared.priority import PriorityClass
 from shared.usage import Spend
 
@@ -75,6 +79,7 @@ RESERVED = "ReservedForOtherJob"
 PREEMPTING = "WaitingForPreemption"
 QUOTA = "QuotaExceeded"  # beyond its VC's guarantee, and the VC does not borrow
 BUDGET = "BudgetExhausted"  # its VC spent its GPU-hour budget, and its jobs wait
+USER_BUDGET = "UserBudgetExhausted"  # its user spent their budget in the VC, and waits
 
 NEVER = frozenset({NO_NODES, UNSCHEDULABLE, NO_GPU_TYPE})
 
@@ -271,25 +276,30 @@ class _Standing:
 def plan(cluster: Cluster, queue: Sequence[JobRequest], running: Sequence[RunningJob],
          vcs: Mapping[str, VcPolicy], now_ms: int,
          attained: Mapping[str, Attained] | None = None, las: Las = DEFAULT_LAS,
-         spent: Mapping[str, Spend] | None = None) -> Plan:
+         spent: Mapping[str, Spend] | None = None,
+         user_spent: Mapping[tuple[str, str], Spend] | None = None) -> Plan:
     """One pass's decisions. `cluster` holds the free resources of the nodes
     that may take work (live, schedulable) and is used up as jobs are placed.
     `attained`: job id -> what a queued job has had (absent: a job that
     never ran, waiting since its submit). `spent`: VC -> its budget's spend
-    this period (only those exhausted matter)."""
+    this period (only those exhausted matter); `user_spent`: (VC, user) ->
+    that user's own budget's spend in the VC, alike."""
     exhausted = {vc: s for vc, s in (spent or {}).items() if s.exhausted}
+    users = {owner: s for owner, s in (user_spent or {}).items() if s.exhausted}
     with paused_gc():
         return _Pass(cluster, queue, running, vcs, now_ms, attained or {}, las,
-                     exhausted).run()
+                     exhausted, users).run()
 
 
 class _Pass:
     def __init__(self, cluster: Cluster, queue: Sequence[JobRequest],
                  running: Sequence[RunningJob], vcs: Mapping[str, VcPolicy],
                  now_ms: int, attained: Mapping[str, Attained] | None = None,
-                 las: Las = DEFAULT_LAS, exhausted: Mapping[str, Spend] | None = None) -> None:
+                 las: Las = DEFAULT_LAS, exhausted: Mapping[str, Spend] | None = None,
+                 users_exhausted: Mapping[tuple[str, str], Spend] | None = None) -> None:
         self.cluster = cluster
         self.exhausted = exhausted or {}  # VCs that spent their budget: no guarantee
+        self.users_exhausted = users_exhausted or {}  # (VC, user) alike, their jobs only
         self.attained = attained or {}
         self.las = las
         self.queue = queue
@@ -336,7 +346,7 @@ class _Pass:
             for r in sorted(jobs, key=lambda r: (-r.priority, r.mode != GUARANTEED,
                                                  r.started_ms, r.job_id)):
                 fits = r.priority != PriorityClass.OPPO and total + r.gpus <= guarantee \
-                    and vc not in self.exhausted
+                    and self._spent_on(r.job_id, vc) is None
                 if fits:
                     kept.append(r)
                     total += r.gpus
@@ -385,22 +395,35 @@ class _Pass:
     def _within_budget(self, request: JobRequest) -> JobRequest:
         """The job as its VC's budget lets it run: a spent VC's job that is
         to run only as oppo is weighed as oppo (borrowing, preemptible)."""
-        spent = self.exhausted.get(request.vc)
+        spent = self._spent_on(request.job_id, request.vc)
         if spent is None or spent.budget.on_exhausted != "oppo" \
                 or request.priority == PriorityClass.OPPO:
             return request
         return replace(request, priority=PriorityClass.OPPO)
 
+    def _spent_on(self, job_id: str, vc: str) -> Spend | None:
+        """The spent budget that holds the job: its VC's, else its user's in the VC."""
+        spent = self.exhausted.get(vc)
+        if spent is None and self.users_exhausted:
+            spent = self.users_exhausted.get((vc, split_job_id(job_id)[0]))
+        return spent
+
     def _budget_wait(self, request: JobRequest, why: Waiting | None = None) -> Waiting:
-        """Why a spent VC's job waits: for the next period (`wait`, or a VC
-        that does not borrow), or as oppo for GPUs to borrow (`why`)."""
-        spent = self.exhausted[request.vc]
-        blocker = Blocker("budget", request.vc)
+        """Why a spent VC's (or user's) job waits: for the next period
+        (`wait`, or a VC that does not borrow), or as oppo for GPUs to
+        borrow (`why`)."""
+        spent = self._spent_on(request.job_id, request.vc)
+        assert spent is not None
+        blocker = Blocker("userBudget", spent.user) if spent.user \
+            else Blocker("budget", request.vc)
         if why is None:
-            rest = "its jobs wait" if spent.budget.on_exhausted != "oppo" else \
-                "its jobs run only as oppo, on borrowed GPUs, and it does not borrow: they wait"
-            return Waiting(BUDGET, f"{spent.describe()}; {rest} for the next "
-                           f"{spent.budget.period}", (blocker,))
+            whose = "their" if spent.user else "its"
+            rest = f"{whose} jobs wait" if spent.budget.on_exhausted != "oppo" else \
+                (f"{whose} jobs run only as oppo, on borrowed GPUs, and virtual cluster "
+                 f"{request.vc} does not borrow: they wait")
+            return Waiting(USER_BUDGET if spent.user else BUDGET,
+                           f"{spent.describe()}; {rest} for the next {spent.budget.period}",
+                           (blocker,))
         return Waiting(why.reason, spent.describe() + ", so it runs only as oppo, on "
                        "borrowed GPUs: " + why.message, (*why.blocked_by, blocker),
                        why.estimated_start_ms)
@@ -441,10 +464,12 @@ class _Pass:
         for it if need be); else leave it for the borrowing turns. A VC's
         first job that does not start keeps the share of the guarantee it
         needs, so the VC's later jobs borrow instead of using it up."""
-        spent = self.exhausted.get(request.vc)
+        spent = self._spent_on(request.job_id, request.vc)
         if spent is not None and spent.budget.on_exhausted != "oppo":
             self.out.waiting[request.job_id] = self._budget_wait(request)
-            return False
+            # A user's budget holds back that user's jobs only: the VC's
+            # next job is still its first (it may reserve, hold the guarantee).
+            return bool(spent.user)
         vc = self.standing.policy(request.vc)
         if request.vc not in self.deferring and self.standing.fits_guarantee(request, vc):
             why = self._try_place(request, GUARANTEED)
@@ -467,7 +492,7 @@ class _Pass:
     def _borrowing(self, request: JobRequest, first: bool) -> bool:
         """Place the job on GPUs no guaranteed work took this pass, if its VC
         borrows; the VC's first that does not fit reserves its nodes."""
-        spent = request.vc in self.exhausted
+        spent = self._spent_on(request.job_id, request.vc) is not None
         if not self.standing.policy(request.vc).borrowing:
             self.out.waiting[request.job_id] = self._budget_wait(request) if spent \
                 else self._quota_wait(request)

@@ -21,7 +21,7 @@ from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request
 from services.scheduler.policy import Attained, Las, Preemption, RunningJob
 from shared import gpuhealth, keys, retention, telemetry, usage
-from shared.accounts import Accounts
+from shared.accounts import Accounts, VirtualCluster
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
 from shared.lifecycle import (
@@ -46,6 +46,7 @@ from shared.models import (
     attempt_task_key,
     now_ms,
     parse_attempt_task_key,
+    split_job_id,
     task_key,
 )
 from shared.priority import PriorityClass, queue_order
@@ -296,10 +297,9 @@ class Scheduler:
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
         attained = self._load_attained(queue)
-        budgets = {vc.name: vc.budget for vc in vcs if vc.budget is not None}
-        spent = usage.read_spend(self.store.r, budgets,
-                                 [a for allocs in allocations.values() for a in allocs], now)
-        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las, spent)
+        spent, user_spent = self._spent(vcs, allocations, queue, now)
+        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las, spent,
+                           user_spent)
         self._place_in_las_queues(queue, attained, now)
         deadline = now + int(self.settings.launch_timeout_seconds * 1000)
         stats = PassStats(waiting=len(plan.waiting))
@@ -353,6 +353,32 @@ class Scheduler:
             log.info("pass: %d placed, %d waiting, %d preempted, %.1f ms", stats.placed,
                      stats.waiting, len(plan.preempt), stats.seconds * 1000)
         return stats
+
+    def _spent(self, vcs: list[VirtualCluster], allocations: dict[str, list[Allocation]],
+               queue: list[JobRequest], now: int,
+               ) -> tuple[dict[str, usage.Spend], dict[usage.Owner, usage.Spend]]:
+        """This period's spend of each VC's budget, and of each user's budget
+        within a VC (their own, or the VC's default) for the users with work
+        queued or running in it, the only ones the plan weighs: one read for
+        the pass, of the budgeted only."""
+        budgets: dict[usage.Owner, usage.Budget] = {
+            (vc.name, ""): vc.budget for vc in vcs if vc.budget is not None}
+        if any(vc.user_gpu_hours_budgets or vc.default_user_gpu_hours_budget is not None
+               for vc in vcs):
+            active = {(r.vc, split_job_id(r.job_id)[0]) for r in queue} | {
+                (a.vc, split_job_id(a.job_id)[0]) for allocs in allocations.values()
+                for a in allocs}
+            users: dict[str, list[str]] = {}
+            for vc_name, user in active:
+                users.setdefault(vc_name, []).append(user)
+            for vc in vcs:
+                budgets.update((owner, budget) for owner, budget
+                               in vc.user_budgets(users.get(vc.name, ())).items()
+                               if owner in active)
+        spends = usage.read_spends(self.store.r, budgets,
+                                   [a for allocs in allocations.values() for a in allocs], now)
+        return ({vc: s for (vc, user), s in spends.items() if not user},
+                {owner: s for owner, s in spends.items() if owner[1]})
 
     def _drain(self, running: list[RunningJob], flags: dict[str, NodeFlags], now: int) -> None:
         """Jobs with a task on a draining node are preempted (requeued,

@@ -63,3 +63,43 @@ def test_a_spent_vcs_job_runs_borrowed_as_oppo(platform: Platform,
         done = platform.wait_state(name)
         assert (done["jobStatus"]["state"], done["jobStatus"]["mode"]) == ("SUCCEEDED",
                                                                            "borrowed")
+
+
+def test_a_user_who_spent_their_budget_waits_while_another_runs_guaranteed(
+        platform: Platform, unique: Callable[[str], str]) -> None:
+    vc, hers, theirs = unique("ubudget"), unique("hers"), unique("theirs")
+    admin = platform.env["PAI_ADMIN_USER"]
+    with budgeted_vc(platform, vc, gpuQuota=1, onBudgetExhausted="wait") as url:
+        assert platform.admin.put(f"{url}/budgets/alice", json={"gpuHoursBudget": 0},
+                                  timeout=30).status_code == 201
+        platform.submit_accepted(platform.config(hers, "sleep 1", gpus=1, virtualCluster=vc))
+
+        def waits_for_her_budget() -> dict[str, Any] | None:
+            waiting = platform.detail(hers)["jobStatus"].get("waiting") or {}
+            return waiting if waiting.get("reason") == "UserBudgetExhausted" else None
+
+        waiting = wait_for(waits_for_her_budget, 60, "alice's job to wait for her budget")
+        assert (f"user alice has used 0.00 of their 0 GPU-hour budget in virtual cluster "
+                f"{vc}") in waiting["message"]
+        assert {"kind": "userBudget", "name": "alice"} in waiting["blockedBy"]
+
+        # another user of the VC (the admin, without a budget) runs on its guarantee
+        resp = platform.admin.post(f"{platform.url}/api/v1/user/{admin}/jobs", timeout=30,
+                                   json=platform.config(theirs, "sleep 1", gpus=1,
+                                                        virtualCluster=vc))
+        assert resp.status_code == 202, resp.text
+
+        def finished() -> dict[str, Any] | None:
+            detail: dict[str, Any] = platform.admin.get(
+                f"{platform.url}/api/v1/user/{admin}/jobs/{theirs}", timeout=30).json()
+            return detail if detail["jobStatus"]["state"] == "SUCCEEDED" else None
+
+        done = wait_for(finished, 120, "the other user's job to succeed")
+        assert done["jobStatus"]["mode"] == "guaranteed"
+        assert platform.detail(hers)["jobStatus"]["state"] == "WAITING"
+
+        assert platform.admin.put(f"{url}/budgets/alice", json={"gpuHoursBudget": 100},
+                                  timeout=30).status_code == 200
+        assert platform.wait_state(hers)["jobStatus"]["state"] == "SUCCEEDED"
+        spent = platform.admin.get(f"{url}/budgets/alice", timeout=30).json()
+        assert spent["gpuHoursSpent"] > 0  # her run counts against her budget

@@ -14,14 +14,16 @@ import redis
 
 from shared import keys, telemetry, usage
 from shared.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
-from shared.models import Gpu, Node, TaskPlacement
+from shared.models import Gpu, Node, TaskPlacement, now_ms
 from shared.store import Store
 from tests.integration.api_client import AuthedClient
 
 pytestmark = pytest.mark.redis
 
 DEADLINE_MS = 2**41
-MIDNIGHT = usage.day_start_ms("2026-03-10")
+# A midnight 30 days ago: inside the default report span, and kept by retention.
+MIDNIGHT = usage.day_start_ms(usage.day_of(now_ms())) - 30 * 24 * 3600 * 1000
+DAY1, DAY2 = usage.day_of(MIDNIGHT - 1), usage.day_of(MIDNIGHT)
 HOUR = 3600 * 1000
 
 
@@ -118,12 +120,12 @@ def test_recording_the_same_interval_twice_counts_it_once(redis_client: redis.Re
     span = interval(MIDNIGHT - HOUR, MIDNIGHT + HOUR)
     write(redis_client, span)
     write(redis_client, span, span)
-    assert [r.gpu_ms for r in recorded(redis_client, "2026-03-09")] == [2 * HOUR]
-    assert [r.gpu_ms for r in recorded(redis_client, "2026-03-10")] == [2 * HOUR]
+    assert [r.gpu_ms for r in recorded(redis_client, DAY1)] == [2 * HOUR]
+    assert [r.gpu_ms for r in recorded(redis_client, DAY2)] == [2 * HOUR]
     assert counters(redis_client)["pai_gpu_seconds"] == {("alice", "default"): 4 * 3600.0}
     # the same task placed again later (a job deleted and submitted again) is new usage
     write(redis_client, interval(MIDNIGHT + 2 * HOUR, MIDNIGHT + 3 * HOUR))
-    assert [r.gpu_ms for r in recorded(redis_client, "2026-03-10")] == [4 * HOUR]
+    assert [r.gpu_ms for r in recorded(redis_client, DAY2)] == [4 * HOUR]
 
 
 # ------------------------------------------------------------------ the API
@@ -144,7 +146,7 @@ def history(redis_client: redis.Redis, alice: AuthedClient, bob: AuthedClient) -
           interval(MIDNIGHT + HOUR, MIDNIGHT + 2 * HOUR, vc="research", job="alice~c", gpus=4))
 
 
-SPAN = {"from": "2026-03-09", "to": "2026-03-10"}
+SPAN = {"from": DAY1, "to": DAY2}
 
 
 @pytest.mark.usefixtures("history")
@@ -158,13 +160,13 @@ def test_an_admin_sees_everyone_grouped_as_asked(admin: AuthedClient) -> None:
         ("default", 4 * 3600.0), ("research", 5 * 3600.0)]
     assert [(r["day"], r["user"], r["gpuSeconds"])
             for r in rows_of(admin, groupBy="day,user", **SPAN)] == [
-        ("2026-03-09", "alice", 2 * 3600.0), ("2026-03-10", "alice", 6 * 3600.0),
-        ("2026-03-10", "bob", 3600.0)]
+        (DAY1, "alice", 2 * 3600.0), (DAY2, "alice", 6 * 3600.0),
+        (DAY2, "bob", 3600.0)]
     assert [r["job"] for r in rows_of(admin, groupBy="job", vc="research", **SPAN)] == [
         "alice~c", "bob~b"]
     assert rows_of(admin, user="Bob", **SPAN)[0]["user"] == "bob"  # names fold to lowercase
-    assert rows_of(admin, **{"from": "2026-03-10", "to": "2026-03-10", "groupBy": "day"}) == [
-        {"day": "2026-03-10", "gpuSeconds": 7 * 3600.0, "cpuSeconds": 12 * 3600.0,
+    assert rows_of(admin, **{"from": DAY2, "to": DAY2, "groupBy": "day"}) == [
+        {"day": DAY2, "gpuSeconds": 7 * 3600.0, "cpuSeconds": 12 * 3600.0,
          "memoryMbSeconds": 3000 * 3600.0}]
 
 
@@ -212,8 +214,8 @@ def test_a_running_task_counts_up_to_now(store: Store, admin: AuthedClient) -> N
 @pytest.mark.parametrize("query", [
     pytest.param({"groupBy": "node"}, id="unknown dimension"),
     pytest.param({"groupBy": ","}, id="no dimension"),
-    pytest.param({"from": "2026-03-10", "to": "2026-03-09"}, id="from after to"),
-    pytest.param({"from": "2020-01-01", "to": "2026-03-09"}, id="span too long"),
+    pytest.param({"from": DAY2, "to": DAY1}, id="from after to"),
+    pytest.param({"from": "2020-01-01", "to": DAY1}, id="span too long"),
     pytest.param({"from": "yesterday"}, id="not a date"),
     pytest.param({"format": "xlsx"}, id="unknown format"),
     pytest.param({"user": "../etc"}, id="not a user name"),
