@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
+import shlex
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,9 +28,15 @@ from typing import Any
 import docker
 import pytest
 import redis
+from click.testing import CliRunner, Result
 from cryptography.hazmat.primitives import serialization
+from flask.testing import FlaskClient
+from werkzeug.serving import make_server
 
-from bench import free_port
+from pai_cli.logins import Cluster, Logins, save
+from pai_cli.main import cli
+from services.api.app import create_app
+from services.api.auth import issue_token
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
 from services.scheduler.service import Scheduler
@@ -43,6 +52,8 @@ from tests.integration.api_client import AuthedClient, error_of
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 WAIT_SECONDS = 30
+RANGE_PORTS = 10
+DAY_S = 24 * 3600
 # Container names follow job ids, and other sessions share the Docker engine:
 # a name of this session's own.
 JOB = f"sshme-{uuid.uuid4().hex[:8]}"
@@ -50,15 +61,36 @@ URL = f"/api/v1/user/alice/jobs/{JOB}"
 SSH_CLIENT = shutil.which("ssh")
 
 
+def port_range_above_ephemeral() -> int:
+    """The first of RANGE_PORTS free ports above the kernel's ephemeral range:
+    no client socket of this host (the API's own test server included) takes
+    one of them meanwhile, and other tests' nodes allocate below."""
+    low_bound = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[1]) + 1
+    for _ in range(100):
+        low = random.randrange(low_bound, 65536 - RANGE_PORTS)
+        if all(_free(port) for port in range(low, low + RANGE_PORTS)):
+            return low
+    pytest.fail(f"no {RANGE_PORTS} free ports above {low_bound}")
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture
 def settings(redis_server: str, redis_client: redis.Redis, tmp_path: Path,
              docker_client: docker.DockerClient) -> Iterator[Settings]:
     node = f"node-{uuid.uuid4().hex[:8]}"
-    low = free_port()  # a range of our own, away from other tests' task ports
+    low = port_range_above_ephemeral()
     yield Settings(redis_url=redis_server, node_name=node, node_ip="127.0.0.1",
                    storage_roots=(str(tmp_path),), docker_host=os.environ.get("DOCKER_HOST"),
                    admin_user="root", admin_password="root-password",
-                   port_range=(low, min(low + 20, 65535)))
+                   port_range=(low, low + RANGE_PORTS - 1))
     for container in docker_client.containers.list(
             all=True, filters={"label": f"{LABEL_NODE}={node}"}):
         container.remove(force=True)
@@ -363,3 +395,64 @@ def test_a_refused_submit_leaves_no_key(alice: AuthedClient, redis_client: redis
                     409) == "ConflictJobError"
 
     assert redis_client.exists(keys.job_ssh_key(f"alice~{JOB}")) == 0
+
+
+# ------------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def api_url(settings: Settings) -> Iterator[str]:
+    """The API over HTTP on a free 127.0.0.1 port, for the CLI."""
+    server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)
+
+
+def cli_config(api_url: str, flask_client: FlaskClient, tmp_path: Path) -> Path:
+    with flask_client.application.app_context():
+        token, expires = issue_token("alice", DAY_S)
+    config = tmp_path / "cli" / "config.yaml"
+    logins = Logins()
+    logins.put(Cluster("test", api_url, "alice", token, False, expires))
+    save(config, logins)
+    return config
+
+
+def pai(config: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), env={"PAI_CONFIG": str(config),
+                                                     "PAI_CLUSTER": None})
+
+
+def test_pai_ssh_logs_in_and_print_shows_a_command_that_does(
+        ssh_job: str, api_url: str, flask_client: FlaskClient, launcher: Launcher,
+        tmp_path: Path) -> None:
+    wait_listening(ssh_port(launcher.store, ssh_job))
+    config = cli_config(api_url, flask_client, tmp_path)
+
+    done = pai(config, "ssh", JOB, "--", "touch", "/tmp/pai-ssh-was-here")
+
+    assert done.exit_code == 0, done.output
+    assert in_container(launcher, ssh_job, "ls /tmp/pai-ssh-was-here").strip() \
+        == "/tmp/pai-ssh-was-here"
+    folder = config.parent / "ssh"
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    [known] = list(folder.glob("*.known_hosts"))  # this job's host key, remembered
+    assert " ssh-ed25519 " in known.read_text()
+    assert not list(folder.glob("key-*"))  # the key file went with the session
+
+    printed = pai(config, "ssh", JOB, "main", "0", "--print")
+    assert printed.exit_code == 0, printed.output
+    argv = shlex.split(printed.stdout)
+    key = Path(argv[argv.index("-i") + 1])
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+    again = subprocess.run([*argv, "-o", "BatchMode=yes", "true"], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert again.returncode == 0, again.stderr  # the host key it knows still matches
+
+    wrong = pai(config, "ssh", JOB, "main", "3")
+    assert (wrong.exit_code, wrong.stderr) == (1, "error: role main has tasks 0..0\n")
