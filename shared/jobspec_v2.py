@@ -371,7 +371,7 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     ignored += _known(defaults, _V2DefaultsSchema(), "defaults.")
     extras = dict(job.get("extras") or {})
     plugin = ssh.v2_plugin_parameters(extras.get(ssh.V2_PLUGINS))
-    if plugin is not None:  # the ssh plugin is acted on; other plugins are not
+    if plugin is not None and _asks_for_ssh(plugin[1]):  # acted on; other plugins are not
         position, config["ssh"] = plugin
         plugins = extras.pop(ssh.V2_PLUGINS)
         ignored += [f"extras.{ssh.V2_PLUGINS}.{at}" for at in range(len(plugins))
@@ -396,6 +396,15 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     return ConvertedConfig(config=validated.config, ignored=ignored + validated.ignored,
                            notes=notes + validated.notes, shown=shown_submission(raw),
                            secrets=tuple(v for v in secrets.values() if v))
+
+
+def _asks_for_ssh(parameters: Any) -> bool:
+    """Whether the ssh plugin's parameters ask for a key (or are wrong, which
+    the v1 rules then name); a plugin asking for none is stored only."""
+    try:
+        return ssh.normalized(parameters) is not None
+    except ssh.InvalidSshRequest:
+        return True
 
 
 def _dict_path(path: str) -> str:

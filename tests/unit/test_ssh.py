@@ -89,6 +89,13 @@ STORED = [
 ]
 
 
+def test_a_v2_ssh_plugin_asking_for_no_key_is_stored_only() -> None:
+    converted = convert_v2(v2([{"plugin": "ssh", "parameters": {"jobssh": False}}]),
+                           username="alice", storage_roots=["/data"])
+    assert "ssh" not in converted.config
+    assert "extras.com.microsoft.pai.runtimeplugin" in converted.ignored
+
+
 @pytest.mark.parametrize(("raw", "stored"), [pytest.param(r, s, id=i) for i, r, s in STORED])
 def test_v1_and_v2_store_one_ssh_field(raw: dict[str, Any], stored: Any) -> None:
     config = load(raw)
