@@ -45,18 +45,34 @@ if [ ! -x {sshd} ]; then
   say "SSH is not available in this task: its image has no {sshd} (install openssh-server)"
   exit {missing}
 fi
+if [ -s {pid} ] && kill -0 "$(cat {pid})" 2>/dev/null; then
+  echo "{prefix} sshd runs already"; exit 0  # a start message delivered again
+fi
+rm -f {pid}
 mkdir -p /run/sshd && chmod 0755 /run/sshd || exit 1
 ssh-keygen -A >/dev/null || {{ say "SSH is not available: ssh-keygen -A failed"; exit 1; }}
-{sshd} -p {port} -o PasswordAuthentication=no -o KbdInteractiveAuthentication=no \
-  -o PermitRootLogin=prohibit-password -o UsePAM=no \
+{sshd} -p {port} -o PidFile={pid} -o PasswordAuthentication=no \
+  -o KbdInteractiveAuthentication=no -o PermitRootLogin=prohibit-password -o UsePAM=no \
   || {{ say "SSH is not available: sshd did not start"; exit 1; }}
+# sshd goes to the background before it listens, and writes its pid file once it does
+waited=0
+until [ -s {pid} ]; do
+  waited=$((waited + 1))
+  if [ "$waited" -gt {polls} ]; then
+    say "SSH is not available: sshd did not listen on port {port} (is it taken?)"; exit 1
+  fi
+  sleep 0.1
+done
 say "sshd listens on port {port} (root, by key only)"
 """
+PID_FILE = "/run/sshd.pid"
+LISTEN_POLLS = 100  # of 0.1 s: how long sshd may take to listen
 
 
 def sshd_script(port: int) -> str:
     """The shell script one exec runs to start sshd on `port`."""
-    return _SCRIPT.format(prefix=LOG_PREFIX, sshd=SSHD, missing=NO_SSHD_EXIT, port=int(port))
+    return _SCRIPT.format(prefix=LOG_PREFIX, sshd=SSHD, missing=NO_SSHD_EXIT, port=int(port),
+                          pid=PID_FILE, polls=LISTEN_POLLS)
 
 
 def keys_archive(authorized_keys: str, mtime: float | None = None) -> bytes:

@@ -110,9 +110,10 @@ def config(image: str, **extra: Any) -> dict[str, Any]:
 
 
 def run_ssh_job(client: AuthedClient, launcher: Launcher, settings: Settings,
-                body: dict[str, Any]) -> str:
+                body: dict[str, Any], *, starts: int = 1) -> str:
     """Submit through the API, place with a real scheduler pass, start on the
-    launcher's node, and mark the task RUNNING; the job's id."""
+    launcher's node (`starts` times: a start message delivered again), and
+    mark the task RUNNING; the job's id."""
     resp = client.post("/api/v1/jobs", json=body)
     assert resp.status_code == 202, resp.json
     store = launcher.store
@@ -120,7 +121,8 @@ def run_ssh_job(client: AuthedClient, launcher: Launcher, settings: Settings,
     job_id = f"alice~{body['jobName']}"
     task = store.get_task(job_id, 0, "main", 0)
     assert task is not None and task.node == launcher.node.name, task
-    launcher.start_task(job_id, 0, "main", 0)
+    for _ in range(starts):
+        launcher.start_task(job_id, 0, "main", 0)
     container = launcher.runtime.find(TaskRef(job_id, 0, "main", 0))
     assert container is not None and container.status == "running"
     assert mark_task_running(store, job_id, 0, "main", 0, str(container.id))
@@ -456,3 +458,48 @@ def test_pai_ssh_logs_in_and_print_shows_a_command_that_does(
 
     wrong = pai(config, "ssh", JOB, "main", "3")
     assert (wrong.exit_code, wrong.stderr) == (1, "error: role main has tasks 0..0\n")
+
+
+def test_a_start_delivered_again_starts_no_second_sshd(
+        alice: AuthedClient, launcher: Launcher, settings: Settings, ssh_test_image: str,
+        redis_client: redis.Redis) -> None:
+    job_id = run_ssh_job(alice, launcher, settings, config(ssh_test_image, ssh=True), starts=2)
+    wait_listening(ssh_port(launcher.store, job_id))
+
+    first, again = events_of(redis_client, job_id, "ssh")
+    assert first["started"] and "listens on port" in first["message"]
+    assert again["started"] and again["message"] == "sshd runs already"
+    assert in_container(launcher, job_id, "ls -l /proc/*/exe 2>/dev/null | "
+                        "grep -c /usr/sbin/sshd").strip() == "1"
+
+
+def test_a_taken_ssh_port_is_said_and_the_job_runs_on(
+        alice: AuthedClient, launcher: Launcher, settings: Settings, ssh_test_image: str,
+        redis_client: redis.Redis) -> None:
+    assert alice.post("/api/v1/jobs", json=config(ssh_test_image, ssh=True)).status_code == 202
+    Scheduler(settings, launcher.store, Messenger(make_celery(settings))).run_pass()
+    job_id = f"alice~{JOB}"
+    port = ssh_port(launcher.store, job_id)
+    squatters = []
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        squatter = socket.socket(family, socket.SOCK_STREAM)
+        if family == socket.AF_INET6:
+            squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        squatter.bind((address, port))
+        squatter.listen()
+        squatters.append(squatter)
+    try:
+        launcher.start_task(job_id, 0, "main", 0)
+    finally:
+        for squatter in squatters:
+            squatter.close()
+
+    [event] = events_of(redis_client, job_id, "ssh")
+    assert event["started"] is False
+    assert event["message"] == f"SSH is not available: sshd did not listen on port {port} " \
+                               "(is it taken?)"
+    container = launcher.runtime.find(TaskRef(job_id, 0, "main", 0))
+    assert container is not None
+    container.reload()
+    assert container.status == "running"
+    assert "did not listen on port" in container.logs().decode()
