@@ -15,8 +15,8 @@ The launcher writes the public keys into each task's container as
 /root/.ssh/authorized_keys before the container starts, and starts the
 image's sshd on the task's `ssh` port (services/launcher/ssh.py).
 
-No IO here except the three Redis calls on the key (`store_key`,
-`discard_key`, `read_key`).
+No IO here but the Redis calls on the key (`store_key`, `discard_key`,
+`read_key`, and `key_kept` around a submit's write).
 """
 
 from __future__ import annotations
