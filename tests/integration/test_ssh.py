@@ -503,3 +503,33 @@ def test_a_taken_ssh_port_is_said_and_the_job_runs_on(
     container.reload()
     assert container.status == "running"
     assert "did not listen on port" in container.logs().decode()
+
+
+def test_a_v2_job_with_the_ssh_plugin_gets_its_key_pair(alice: AuthedClient,
+                                                        test_image: str) -> None:
+    v2 = f"""
+protocolVersion: 2
+name: {JOB}
+type: job
+prerequisites:
+  - {{name: img, type: dockerimage, uri: "{test_image}"}}
+taskRoles:
+  main:
+    dockerImage: img
+    resourcePerInstance: {{cpu: 1, memoryMB: 256}}
+    commands: [sleep 60]
+extras:
+  com.microsoft.pai.runtimeplugin:
+    - plugin: ssh
+      parameters: {{jobssh: true}}
+"""
+    resp = alice.post("/api/v2/jobs", data=v2, headers={"Content-Type": "text/yaml"})
+    assert resp.status_code == 202, resp.json
+    assert resp.json["ignoredFields"] == []  # the plugin is acted on
+
+    answer = alice.get(f"{URL}/ssh").json
+
+    assert answer["containers"] == []  # nothing runs yet
+    serialization.load_ssh_private_key(answer["keyPair"]["privateKey"].encode(), password=None)
+    shown = alice.get(f"{URL}/config").get_data(as_text=True)
+    assert "jobssh" in shown and "PRIVATE KEY" not in shown
