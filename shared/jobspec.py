@@ -27,7 +27,7 @@ from marshmallow import (
     validates_schema,
 )
 
-from shared import storage
+from shared import ssh, storage
 from shared.capabilities import capability_list_errors
 from shared.priority import CLASS_NAMES, DEFAULT_CLASS
 from shared.storage import StoragePathError
@@ -180,6 +180,19 @@ class _EnvVars(fields.Field):
         return dict(value)
 
 
+class _Ssh(fields.Field):
+    """OpenPAI's SSH into the tasks (shared/ssh.py): `true`, or the ssh
+    runtime plugin's parameters `{jobssh, userssh: {type, value}}`; loaded
+    as the one stored form (`ssh.normalized`), None for no SSH."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Mapping[str, Any] | None,
+                     **kwargs: Any) -> dict[str, Any] | None:
+        try:
+            return ssh.normalized(value)
+        except ssh.InvalidSshRequest as error:
+            raise ValidationError(str(error)) from None
+
+
 def _path_field() -> fields.String:
     return fields.String(validate=validate.Length(max=MAX_PATH_CHARS))
 
@@ -288,6 +301,11 @@ class _JobSchema(_StrictSchema):
                                               "SIGKILL when preempted (held to the admin's "
                                               "maximum)"})
     extras = fields.Dict(load_default=dict)
+    ssh = _Ssh(allow_none=True, metadata={
+        "description": "SSH into the tasks: true (a key pair made for the job, read at "
+                       "GET .../ssh), or {jobssh: bool, userssh: {type: custom, value: "
+                       "<your public key>}} as OpenPAI's ssh plugin takes them; every task "
+                       "gets a port labelled ssh"})
     taskRoles = _BoundedList(fields.Nested(_TaskRoleSchema), required=True,
                              min_items=1, max_items=MAX_TASK_ROLES)
 
@@ -327,6 +345,14 @@ class _JobSchema(_StrictSchema):
         if known > MAX_TOTAL_TASKS:
             errors.setdefault("taskRoles", {})["_schema"] = [
                 f"A job may have at most {MAX_TOTAL_TASKS} tasks in all, not {known}."]
+        if data.get("ssh"):  # the platform allocates the `ssh` port of every task
+            for index, role in enumerate(roles):
+                for at, port in enumerate(role.get("portList") or []):
+                    if port and port.get("label") == ssh.PORT_LABEL:
+                        errors.setdefault("taskRoles", {}).setdefault(index, {}).setdefault(
+                            "portList", {})[at] = {"label": [
+                                f"'{ssh.PORT_LABEL}' is the SSH port the platform gives "
+                                "every task of an SSH job."]}
         kill_all = data.get("killAllOnCompletedTaskNumber")
         if roles and None not in counts and kill_all is not None and kill_all > known:
             errors["killAllOnCompletedTaskNumber"] = [
@@ -451,6 +477,8 @@ def validate_job_config(
         raise _rejected(errors)
     for role in config["taskRoles"]:
         role.setdefault("shmMB", min(DEFAULT_SHM_MB, role["memoryMB"]))
+    if config.get("ssh") is None:
+        config.pop("ssh", None)  # `false`: no SSH, stored as nothing
     ignored = ["authFile"] if "authFile" in config else []
     ignored += [f"jobEnvs.{name}" for name in IGNORED_ENVS if name in config["jobEnvs"]]
     notes = [f"{key} {config[key]} is outside every storage root: passed to the job in "

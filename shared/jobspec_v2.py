@@ -20,6 +20,7 @@ from typing import Any
 
 from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate
 
+from shared import ssh
 from shared.jobspec import (
     MAX_COMMAND_CHARS,
     MAX_CPUS,
@@ -369,6 +370,12 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
         config["virtualCluster"] = defaults["virtualCluster"]
     ignored += _known(defaults, _V2DefaultsSchema(), "defaults.")
     extras = dict(job.get("extras") or {})
+    plugin = ssh.v2_plugin_parameters(extras.get(ssh.V2_PLUGINS))
+    if plugin is not None and _asks_for_ssh(plugin[1]):  # acted on; other plugins are not
+        position, config["ssh"] = plugin
+        plugins = extras.pop(ssh.V2_PLUGINS)
+        ignored += [f"extras.{ssh.V2_PLUGINS}.{at}" for at in range(len(plugins))
+                    if at != position]
     acted = {}
     for key in ("hivedScheduler", "capabilities", "gangAllocation"):
         if key in extras:
@@ -389,6 +396,15 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     return ConvertedConfig(config=validated.config, ignored=ignored + validated.ignored,
                            notes=notes + validated.notes, shown=shown_submission(raw),
                            secrets=tuple(v for v in secrets.values() if v))
+
+
+def _asks_for_ssh(parameters: Any) -> bool:
+    """Whether the ssh plugin's parameters ask for a key (or are wrong, which
+    the v1 rules then name); a plugin asking for none is stored only."""
+    try:
+        return ssh.normalized(parameters) is not None
+    except ssh.InvalidSshRequest:
+        return True
 
 
 def _dict_path(path: str) -> str:
@@ -426,7 +442,8 @@ _V1_TO_V2 = {"jobName": "name", "image": "prerequisites", "retryCount": "jobRetr
              "portList": "resourcePerInstance.ports", "shmMB": "extraContainerOptions.shmMB",
              "minFailedTaskCount": "completion.minFailedInstances",
              "minSucceededTaskCount": "completion.minSucceededInstances",
-             "taskRetryCount": "taskRetryCount"}
+             "taskRetryCount": "taskRetryCount",
+             "ssh": f"extras.{ssh.V2_PLUGINS}.{ssh.V2_PLUGIN}.parameters"}
 
 
 def _v2_path(path: str, roles: list[dict[str, Any]]) -> str:

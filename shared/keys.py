@@ -48,6 +48,12 @@ def job_events(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:events"
 
 
+def job_ssh_key(job_id: str) -> str:
+    """String: the private key of a job that asked for SSH (shared/ssh.py);
+    read only by GET .../ssh, never shown anywhere else."""
+    return f"{PREFIX}job:{job_id}:ssh-key"
+
+
 def job_archive(job_id: str) -> str:
     """String (binary): a finished job's compacted config, attempts, last
     tasks and event summary (shared/archive.py)."""

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.ssh import PORT_LABEL as SSH_PORT_LABEL
+from shared.ssh import SshAccess, access_of
 from shared.states import JobState, TaskState
 
 
@@ -97,6 +99,8 @@ class JobSpec:
     gang_allocation: bool = True
     # imageAuth: a registry login (username, password, registryuri) for the pull
     image_auth: dict[str, str] | None = None
+    # SSH into the tasks (shared/ssh.py): every role then has an `ssh` port
+    ssh: SshAccess | None = None
 
     @property
     def total_tasks(self) -> int:
@@ -110,6 +114,9 @@ class JobSpec:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> JobSpec:
+        access = access_of(config)
+        # An SSH job's tasks get their `ssh` port as if each role had asked for it.
+        ssh_ports = (PortSpec(SSH_PORT_LABEL, 0, 1),) if access else ()
         roles = tuple(
             TaskRoleSpec(
                 name=r["name"],
@@ -121,7 +128,7 @@ class JobSpec:
                 shm_mb=int(r.get("shmMB", 64)),
                 ports=tuple(
                     PortSpec(p["label"], int(p.get("beginAt", 0)), int(p["portNumber"]))
-                    for p in r.get("portList") or ()),
+                    for p in r.get("portList") or ()) + ssh_ports,
                 min_failed_task_count=r.get("minFailedTaskCount"),
                 min_succeeded_task_count=r.get("minSucceededTaskCount"),
                 task_retry_count=int(r.get("taskRetryCount") or 0),
@@ -146,6 +153,7 @@ class JobSpec:
             unmounted_dirs=tuple(config.get("unmountedDirs") or ()),
             gang_allocation=(config.get("extras") or {}).get("gangAllocation") is not False,
             image_auth=dict(config["imageAuth"]) if config.get("imageAuth") else None,
+            ssh=access,
         )
 
 

@@ -103,6 +103,11 @@ TASK_EXECS = RecordedMetric(
     "Commands run in task containers through the exec API, by the user who ran them.",
     ("user",))
 
+TASK_SSH_KEY_READS = RecordedMetric(
+    "pai_task_ssh_key_reads", Kind.COUNTER,
+    "Reads of SSH jobs' private keys through the API (GET .../ssh), by the user who read "
+    "them.", ("user",))
+
 IDLE_GPU_STOPS = RecordedMetric(
     "pai_idle_gpu_stops", Kind.COUNTER,
     "Jobs the platform stopped because their GPUs stayed idle (shared/idle.py), by virtual "
@@ -111,7 +116,7 @@ IDLE_GPU_STOPS = RecordedMetric(
 RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, PREEMPTIONS,
                                         SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS,
                                         TASK_EXECS, GPU_SECONDS, CPU_SECONDS, MEMORY_MB_SECONDS,
-                                        IDLE_GPU_STOPS)
+                                        IDLE_GPU_STOPS, TASK_SSH_KEY_READS)
 
 _SUM, _COUNT, _BUCKET = "sum", "count", "le="
 _SEP = "|"

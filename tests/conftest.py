@@ -32,6 +32,8 @@ from shared.redisacl import Credentials, ensure_credentials
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_IMAGE = "pai-test/busybox:latest"
 BUILD_TEST_IMAGE = REPO_ROOT / "scripts" / "build-test-image.sh"
+SSH_TEST_IMAGE = "pai-test/sshd:latest"
+BUILD_SSH_TEST_IMAGE = REPO_ROOT / "scripts" / "build-ssh-test-image.sh"
 SESSION_LABEL = "pai.test.session"
 
 
@@ -209,3 +211,18 @@ def test_image(docker_client: docker.DockerClient) -> str:
             pytest.fail(f"could not build {TEST_IMAGE}:\n{result.stderr}", pytrace=False)
         docker_client.images.get(TEST_IMAGE)
     return TEST_IMAGE
+
+
+@pytest.fixture(scope="session")
+def ssh_test_image(docker_client: docker.DockerClient) -> str:
+    """`pai-test/sshd:latest` (Debian with openssh-server), built when missing:
+    a debootstrap the first time (about a minute), then from its cached tarball."""
+    try:
+        docker_client.images.get(SSH_TEST_IMAGE)
+    except ImageNotFound:
+        result = subprocess.run(["bash", str(BUILD_SSH_TEST_IMAGE), SSH_TEST_IMAGE],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            pytest.fail(f"could not build {SSH_TEST_IMAGE}:\n{result.stderr}", pytrace=False)
+        docker_client.images.get(SSH_TEST_IMAGE)
+    return SSH_TEST_IMAGE

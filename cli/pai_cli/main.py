@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from pai_cli.api import ApiError, Unreachable
-from pai_cli.commands import auth, cluster, execs, jobs, logs, usage
+from pai_cli.commands import auth, cluster, execs, jobs, logs, ssh, usage
 from pai_cli.jobfile import JobFileError
 from pai_cli.logins import LoginsError, config_path
 from pai_cli.session import CliError, Session, expired_message
@@ -74,6 +74,7 @@ def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
     then:        pai submit job.json --wait
                  pai jobs; pai status NAME; pai logs NAME -f
                  pai exec NAME -- COMMAND...
+                 pai ssh NAME (a job submitted with "ssh": true)
     """
     ctx.obj = Session(config_path=config_file or config_path(os.environ),
                       cluster_name=cluster_name, user=user)
@@ -83,6 +84,7 @@ for command in (auth.login, auth.logout, auth.use, jobs.submit, jobs.list_jobs, 
                 logs.logs, execs.exec_command, jobs.stop, jobs.wait, jobs.show_config,
                 cluster.nodes, cluster.vcs, usage.usage):
     cli.add_command(command)
+cli.add_command(ssh.ssh_command_line)
 
 
 def main(argv: list[str] | None = None) -> None:

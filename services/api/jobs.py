@@ -25,7 +25,7 @@ from services.api.platform import platform
 from services.api.render import job_detail, job_summary
 from services.api.schemas import LIST_ORDERS, MAX_TAIL, StopRequestSchema, TaskSamplesQuerySchema
 from services.api.storage import check_job_storage
-from shared import idle, keys, logfiles, tasksamples
+from shared import idle, keys, logfiles, ssh, tasksamples
 from shared.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
 from shared.archive import diagnostics_of
 from shared.capabilities import refused_capabilities
@@ -285,9 +285,10 @@ def _submit_decided(username: str, body: Any,
     try:
         # One round trip: the job, its indexes, its queue place, its event and
         # the scheduler's pass flag (shared/store.py `insert_job`).
-        queued = queue_new_job(pai.store, username, stored, user_id=owner.uid,
-                               expectations=[*submit_expectations(), *expected]
-                               if remembered else [])
+        with ssh.key_kept(pai.store.r, job_id_of(username, spec.name), spec.ssh):
+            queued = queue_new_job(pai.store, username, stored, user_id=owner.uid,
+                                   expectations=[*submit_expectations(), *expected]
+                                   if remembered else [])
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None
     job = queued.job

@@ -393,6 +393,36 @@ class ExecResultSchema(Schema):
         "description": "the command outlived timeoutSec and was killed"})
 
 
+# ---------------------------------------------------------------- ssh
+
+
+class SshContainerSchema(Schema):
+    id = fields.String(required=True, metadata={"description": "<role>-<index>"})
+    sshIp = fields.String(required=True, metadata={"description": "the node's IP"})
+    sshPort = fields.String(required=True, metadata={
+        "description": "the task's ssh port (a string, as OpenPAI answers it)"})
+
+
+class SshKeyPairSchema(Schema):
+    folderPath = fields.String(required=True, metadata={
+        "description": "where the key files are served (OpenPAI: an HDFS folder)"})
+    publicKeyFileName = fields.String(required=True)
+    privateKeyFileName = fields.String(required=True)
+    privateKeyDirectDownloadLink = fields.String(required=True, metadata={
+        "description": "GET it with your token: the private key as text"})
+    publicKey = fields.String(required=True)
+    privateKey = fields.String(required=True, metadata={
+        "description": "the job's private key, OpenSSH format (`ssh -i` takes it)"})
+
+
+class SshInfoSchema(Schema):
+    """OpenPAI's answer at GET .../ssh: the running tasks' sshd addresses and
+    the job's key pair (null when the job authorizes only the user's key)."""
+
+    containers = fields.List(fields.Nested(SshContainerSchema), required=True)
+    keyPair = fields.Nested(SshKeyPairSchema, required=True, allow_none=True)
+
+
 # ---------------------------------------------------------------- cluster
 
 
@@ -664,6 +694,7 @@ COMPONENTS: dict[str, type[Schema]] = {
     "ExecRequest": ExecRequestSchema,
     "ExecResult": ExecResultSchema,
     "UserBudget": UserBudgetSchema,  # before the schemas that nest it
+    "SshInfo": SshInfoSchema,
     "VirtualCluster": VirtualClusterSchema,
     "VirtualClusterPut": VirtualClusterPutSchema,
     "UserBudgetPut": UserBudgetPutSchema,

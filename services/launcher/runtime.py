@@ -15,7 +15,7 @@ import select
 import signal
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from docker.types import DeviceRequest, Mount
 from docker.utils import socket as docker_socket
 
 from services.launcher.mounts import TaskSetupError, plan_storage
-from shared import execs
+from shared import execs, ssh
 from shared.capabilities import dropped_capabilities
 from shared.config import Settings
 from shared.containers import TaskRef, task_labels
@@ -72,8 +72,11 @@ class DockerRuntime:
     def start(
         self, ref: TaskRef, spec: JobSpec, username: str, vc: str, task: Task,
         env: Mapping[str, str], node: Node,
+        prepare: Callable[[str], None] | None = None,
     ) -> str:
-        """Create and start the task's container, or return the one there is.
+        """Create and start the task's container, or return the one there is;
+        `prepare` (if any) gets the container's id after it is created and
+        before it starts (a repeated launch: before a created one starts).
 
         It creates first and looks for an existing container only when the
         name is taken (a repeated launch): a launch costs Docker two calls
@@ -88,7 +91,7 @@ class DockerRuntime:
         except TaskSetupError:
             existing = self.find(ref)  # launched before the storage went away
             if existing is not None:
-                return self._started(existing)
+                return self._started(existing, prepare)
             raise
         role = spec.role(ref.role)
         host_config = self.client.api.create_host_config(
@@ -117,10 +120,10 @@ class DockerRuntime:
             if error.status_code == NAME_CONFLICT:
                 existing = self.find(ref)  # a repeated or concurrent launch made it
                 if existing is not None:
-                    return self._started(existing)
+                    return self._started(existing, prepare)
             raise TaskSetupError(f"Docker refused the container: {_explain(error)}") from None
         log.info("created %s for %s", ref.container_name, ref)
-        return self._start_created(container_id)
+        return self._start_created(container_id, prepare)
 
     def _create(self, image: str, command: list[str], options: dict[str, Any],
                 auth: Mapping[str, str] | None = None) -> str:
@@ -136,14 +139,18 @@ class DockerRuntime:
         except ImageNotFound:
             raise ImageUnavailable(f"image {image} vanished right after its pull") from None
 
-    def _started(self, container: Container) -> str:
+    def _started(self, container: Container,
+                 prepare: Callable[[str], None] | None = None) -> str:
         """Start a container that was created but never started; its id."""
         if container.status != "created":
             return str(container.id)
-        return self._start_created(str(container.id))
+        return self._start_created(str(container.id), prepare)
 
-    def _start_created(self, container_id: str) -> str:
+    def _start_created(self, container_id: str,
+                       prepare: Callable[[str], None] | None = None) -> str:
         try:
+            if prepare is not None:
+                prepare(container_id)
             self.client.api.start(container_id)
         except NotFound:
             return container_id  # removed meanwhile: its exit was handled elsewhere
@@ -165,10 +172,14 @@ class DockerRuntime:
           images that start as root and drop to a user still work;
         - the job's `extras.capabilities` added back: the API admitted them
           only because the VC's admin-set allow-list names them;
+        - SYS_CHROOT back for a job that asked for SSH: the image's sshd
+          chroots its pre-authentication child (shared/ssh.py);
         - a pids limit, so a fork bomb stops inside its container;
         - `--init`: PID 1 forwards the stop signal and reaps zombies.
         """
         requested = set(spec.capabilities)
+        if spec.ssh is not None:  # sshd's privilege separation chroots (shared/ssh.py)
+            requested |= set(ssh.CAPABILITIES)
         return {
             "privileged": False,
             "security_opt": [NO_NEW_PRIVILEGES],

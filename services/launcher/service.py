@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
@@ -26,6 +26,8 @@ from services.launcher.environment import (
 )
 from services.launcher.mounts import TaskSetupError
 from services.launcher.runtime import DockerRuntime, ImageUnavailable
+from services.launcher.ssh import SshdOutcome, install_keys, start_sshd
+from shared import ssh
 from shared.accounts import Accounts
 from shared.capabilities import refused_capabilities
 from shared.completion import NON_RETRYABLE_PREFIX
@@ -34,7 +36,7 @@ from shared.containers import LABEL_NODE, TaskRef
 from shared.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.lifecycle import LIVE_JOB_STATES, record_task_exit
 from shared.messaging import Messenger
-from shared.models import JobSpec, Node, now_ms, task_key
+from shared.models import JobSpec, Node, Task, now_ms, task_key
 from shared.states import JobState, TaskState
 from shared.store import Store, task_is_live
 
@@ -114,7 +116,8 @@ class Launcher:
                                    default_fs_uri=self.settings.default_fs_uri,
                                    renumbered_gpus=self.node.nvidia_runtime, attempt=attempt)
             container_id = self.runtime.start(ref, spec, job.username, job.virtual_cluster,
-                                              task, env, self.node)
+                                              task, env, self.node,
+                                              prepare=self._ssh_keys(job_id, spec))
         except IncompletePlacement as error:
             # A platform bug, not the user's: leave the task to the launch lease.
             log.error("not starting %s: %s", what, error)
@@ -128,6 +131,39 @@ class Launcher:
             self._settle(ref, EXIT_SETUP_FAILED, str(error))
             return
         log.info("started %s in container %s", what, container_id[:12])
+        if spec.ssh is not None:
+            self._start_sshd(ref, task, container_id)
+
+    # ------------------------------------------------------------------ ssh
+
+    def _ssh_keys(self, job_id: str, spec: JobSpec) -> Callable[[str], None] | None:
+        """For an SSH job: what writes its authorized keys into a task's
+        container before it starts (services/launcher/ssh.py)."""
+        if spec.ssh is None:
+            return None
+        pair = ssh.read_key(self.store.r, job_id) if spec.ssh.job_key else None
+        if spec.ssh.job_key and pair is None:
+            log.error("job %s asked for SSH but has no key pair: only the user's key (if "
+                      "any) is authorized", job_id)
+        text = ssh.authorized_keys(spec.ssh, pair.public_key if pair else None)
+        return lambda container_id: install_keys(self.runtime.client.api, container_id, text)
+
+    def _start_sshd(self, ref: TaskRef, task: Task, container_id: str) -> None:
+        """Start the image's sshd on the task's `ssh` port, and say how it went
+        in the job's events (the task's log says it too)."""
+        ports = task.ports.get(ssh.PORT_LABEL) or []
+        port = ports[0] if ports else None
+        if port is None:
+            outcome = SshdOutcome(False, "sshd not started: the task has no ssh port")
+        else:
+            outcome = start_sshd(self.runtime.client.api, container_id, port)
+        what = f"{ref.job_id} attempt {ref.attempt} {ref.role}[{ref.index}]"
+        (log.info if outcome.started else log.warning)("ssh in %s: %s", what, outcome.message)
+        pipe = self.store.r.pipeline(transaction=False)
+        self.store.add_event(pipe, ref.job_id, "ssh", attempt=ref.attempt, role=ref.role,
+                             index=ref.index, started=outcome.started, port=port,
+                             message=outcome.message)
+        pipe.execute()
 
     def _revoked_capabilities(self, spec: JobSpec) -> list[str]:
         """What the job asks for beyond the default set that its VC's allow-list

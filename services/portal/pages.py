@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+
+from shared import ssh
 
 PAGE_SIZES = (20, 50, 100)
 DEFAULT_PAGE_SIZE = 20
@@ -249,3 +252,48 @@ def _polyline(values: Sequence[float | None], top: float) -> str:
 
 def idle_minutes(since_ms: int, now_ms: int) -> int:
     return max(0, (now_ms - since_ms) // 60_000)
+
+
+# ------------------------------------------------------------------- debug
+
+
+@dataclass(frozen=True)
+class DebugCommand:
+    """How to get a shell in one running task, as the CLI takes it."""
+
+    task: str  # "role[index]"
+    exec: str  # pai exec ... -- sh
+    ssh: str | None  # pai ssh ..., for a job that asked for SSH
+
+
+def asks_for_ssh(config: Mapping[str, Any] | None) -> bool:
+    """Whether a config as GET .../config shows it asks for SSH: v1's `ssh`,
+    or a v2 submission's ssh runtime plugin asking for a key."""
+    if not config:
+        return False
+    if config.get("protocolVersion") in (2, "2"):
+        found = ssh.v2_plugin_parameters((config.get("extras") or {}).get(ssh.V2_PLUGINS))
+        try:
+            return found is not None and ssh.normalized(found[1]) is not None
+        except ssh.InvalidSshRequest:
+            return False
+    return ssh.access_of(dict(config)) is not None
+
+
+def debug_commands(job: Mapping[str, Any], owner: str, viewer: str,
+                   with_ssh: bool) -> list[DebugCommand]:
+    """The `pai exec` (and `pai ssh`) command of every running task of a job
+    detail; `--user` when the viewer (an admin) is not the owner. Commands
+    only: the page never carries the job's key."""
+    user = [] if owner == viewer else ["--user", owner]
+    found = []
+    for role, status in (job.get("taskRoles") or {}).items():
+        for task in status.get("taskStatuses") or []:
+            if task.get("taskState") != "RUNNING":
+                continue
+            where = [job["name"], role, str(task["taskIndex"])]
+            found.append(DebugCommand(
+                task=f"{role}[{task['taskIndex']}]",
+                exec=shlex.join(["pai", "exec", *user, *where, "--", "sh"]),
+                ssh=shlex.join(["pai", "ssh", *user, *where]) if with_ssh else None))
+    return found

@@ -317,7 +317,11 @@ def job_page(username: str, name: str) -> ResponseReturnValue:
             else json.dumps(config.body, indent=2)
     job = answer.body
     mine = g.portal_user.admin or g.portal_user.username == username
+    debug = pages.debug_commands(job, username, g.portal_user.username,
+                                 pages.asks_for_ssh(config.body if config.ok else None)) \
+        if mine else []
     return render_template("job.html", job=job, username=username, status=job["jobStatus"],
+                           debug=debug,
                            final=JobState(job["jobStatus"]["state"]).is_final,
                            config=shown, config_error=None if config.ok else config.message,
                            may_act=mine, charts=_charts(username, name, job) if mine else None,

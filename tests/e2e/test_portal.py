@@ -109,6 +109,10 @@ def test_a_running_jobs_log_arrives_live_and_the_stop_button_stops_it(
     # a job's output is text on the page, never markup
     expect(page.locator("#log-text")).to_contain_text("<img src=x onerror=alert(1)>")
     expect(page.locator("#log-text img")).to_have_count(0)
+    # the Debug section: the command that gets a shell in the running task
+    page.locator("#debug-toggle").click()
+    expect(page.locator(".debug-exec")).to_have_text(f"pai exec {name} main 0 -- sh")
+    expect(page.locator(".debug-ssh")).to_have_count(0)  # the job did not ask for SSH
     # the use charts are drawn on the server: an image with a title, and a table
     for key in ("gpu", "cpu", "memory"):
         expect(page.locator(f"#chart-{key} svg[role=img] title")).to_have_count(1)

@@ -335,3 +335,34 @@ def test_another_user_sees_no_chart_of_a_job_whose_samples_the_api_refuses(
     page = browser.get("/jobs/alice/private").get_data(as_text=True)
     assert 'id="usage"' not in page and "<polyline" not in page
     assert browser.get("/").status_code == 200
+
+
+def test_the_job_page_shows_debug_commands_never_the_key(
+        browser: FlaskClient, alice: AuthedClient, bob: AuthedClient,
+        redis_client: redis.Redis) -> None:
+    store = Store(redis_client)
+    store.register_node(Node(name="dbg-node", ip="127.0.0.1", cpus=8, memory_mb=8192))
+    body = config("shell")
+    body["ssh"] = True
+    assert alice.post("/api/v1/user/alice/jobs", json=body).status_code == 202
+    job = store.get_job("alice~shell")
+    assert job is not None
+    assert commit_placement(store, job.id, version=job.version, attempt=0, launch_deadline_ms=0,
+                            placements=[TaskPlacement("main", index, "dbg-node", "127.0.0.1",
+                                                      (), 1, 128, {"default": [15000 + index],
+                                                                   "ssh": [15100 + index]})
+                                        for index in range(2)])
+    assert mark_task_running(store, job.id, 0, "main", 1, "c" * 64)
+    private = alice.get("/api/v1/user/alice/jobs/shell/ssh").json["keyPair"]["privateKey"]
+    portal_login(browser, "alice")
+
+    page = browser.get("/jobs/alice/shell").get_data(as_text=True)
+
+    debug = page.split('id="debug"', 1)[1].split("</section>", 1)[0]
+    assert "pai exec shell main 1 -- sh" in debug and "pai ssh shell main 1" in debug
+    assert "main 0" not in debug  # only running tasks
+    body_of_key = "".join(private.splitlines()[1:-1])
+    assert body_of_key[:40] not in page and "PRIVATE KEY" not in page
+    other = alice.client.application.test_client()
+    portal_login(other, "bob")
+    assert 'id="debug"' not in other.get("/jobs/alice/shell").get_data(as_text=True)

@@ -156,3 +156,40 @@ def test_every_point_is_inside_the_chart(rows: list[tuple[int, float]]) -> None:
             for point in line.points.split():
                 x, y = (float(v) for v in point.split(","))
                 assert 0 <= x <= pages.CHART_WIDTH and 0 <= y <= pages.CHART_HEIGHT
+
+
+DETAIL = {"name": "mnist", "taskRoles": {
+    "worker": {"taskStatuses": [{"taskIndex": 0, "taskState": "RUNNING"},
+                                {"taskIndex": 1, "taskState": "WAITING"}]},
+    "ps": {"taskStatuses": [{"taskIndex": 0, "taskState": "RUNNING"}]}}}
+
+
+@pytest.mark.parametrize(("viewer", "with_ssh", "rows"), [
+    ("alice", False, [("worker[0]", "pai exec mnist worker 0 -- sh", None),
+                      ("ps[0]", "pai exec mnist ps 0 -- sh", None)]),
+    ("alice", True, [("worker[0]", "pai exec mnist worker 0 -- sh", "pai ssh mnist worker 0"),
+                     ("ps[0]", "pai exec mnist ps 0 -- sh", "pai ssh mnist ps 0")]),
+    ("root", True, [("worker[0]", "pai exec --user alice mnist worker 0 -- sh",
+                     "pai ssh --user alice mnist worker 0"),
+                    ("ps[0]", "pai exec --user alice mnist ps 0 -- sh",
+                     "pai ssh --user alice mnist ps 0")]),
+])
+def test_debug_commands_for_running_tasks(viewer: str, with_ssh: bool,
+                                          rows: list[tuple[str, str, str | None]]) -> None:
+    found = pages.debug_commands(DETAIL, "alice", viewer, with_ssh)
+    assert [(d.task, d.exec, d.ssh) for d in found] == rows
+
+
+@pytest.mark.parametrize(("config", "asks"), [
+    (None, False),
+    ({"jobName": "a"}, False),
+    ({"jobName": "a", "ssh": {"jobssh": True}}, True),
+    ({"protocolVersion": 2, "extras": {"com.microsoft.pai.runtimeplugin": [
+        {"plugin": "ssh", "parameters": {"jobssh": True}}]}}, True),
+    ({"protocolVersion": "2", "extras": {"com.microsoft.pai.runtimeplugin": [
+        {"plugin": "ssh"}]}}, False),
+    ({"protocolVersion": 2, "extras": {"com.microsoft.pai.runtimeplugin": [
+        {"plugin": "ssh", "parameters": {"jobssh": "maybe"}}]}}, False),
+])
+def test_asks_for_ssh_reads_both_protocols(config: dict[str, Any] | None, asks: bool) -> None:
+    assert pages.asks_for_ssh(config) is asks

@@ -127,8 +127,11 @@ IGNORED = [
         "name": "img", "type": "dockerimage", "uri": "busybox:1",
         "auth": {"username": "u", "password": "p", "email": "u@x"}}]),
      ["prerequisites.0.auth.email"]),
-    ("runtime-plugin", job(extras={"com.microsoft.pai.runtimeplugin": [{"plugin": "ssh"}]}),
-     ["extras.com.microsoft.pai.runtimeplugin"]),
+    ("runtime-plugin", job(extras={"com.microsoft.pai.runtimeplugin": [
+        {"plugin": "tensorboard"}]}), ["extras.com.microsoft.pai.runtimeplugin"]),
+    ("runtime-plugin-beside-ssh", job(extras={"com.microsoft.pai.runtimeplugin": [
+        {"plugin": "ssh", "parameters": {"jobssh": True}}, {"plugin": "tensorboard"}]}),
+     ["extras.com.microsoft.pai.runtimeplugin.1"]),
     ("unknown-top-level", job(somethingNew=1), ["somethingNew"]),
     ("hived-other-keys", job(extras={"hivedScheduler": {"jobPriorityClass": "test",
                                                         "taskRoles": {}}}),

@@ -36,6 +36,7 @@ LITERAL_KEYS = [
     pytest.param(keys.job_attempts(JOB), "pai:job:alice~mnist:attempts", id="job_attempts"),
     pytest.param(keys.job_events(JOB), "pai:job:alice~mnist:events", id="job_events"),
     pytest.param(keys.job_archive(JOB), "pai:job:alice~mnist:archive", id="job_archive"),
+    pytest.param(keys.job_ssh_key(JOB), "pai:job:alice~mnist:ssh-key", id="job_ssh_key"),
     pytest.param(keys.task_log(JOB, 1, "worker", 3), "pai:log:alice~mnist:1:worker:3",
                  id="task_log"),
     pytest.param(keys.user_jobs("alice"), "pai:user:alice:jobs", id="user_jobs"),
