@@ -39,6 +39,13 @@ def launcher_queue(node: str) -> str:
     return f"launcher.{node}"
 
 
+def broker_queue_key(queue: str) -> str:
+    """The Redis list in which kombu's Redis transport keeps the messages of
+    `queue` not yet taken by a worker (the default priority's; pai sends
+    none other): its length is how many wait."""
+    return queue
+
+
 # An unacknowledged message (its worker was killed) comes back after this
 # long; the periodic reconcile repairs sooner than that.
 VISIBILITY_TIMEOUT_SECONDS = 300

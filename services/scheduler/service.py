@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kombu.exceptions import OperationalError
@@ -20,7 +23,7 @@ from redis.exceptions import RedisError
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request
 from services.scheduler.policy import Attained, Las, Preemption, RunningJob
-from shared import gpuhealth, keys, retention, telemetry, usage
+from shared import gpuhealth, keys, messaging, retention, telemetry, usage
 from shared.accounts import Accounts
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
@@ -34,7 +37,6 @@ from shared.lifecycle import (
     renew_stale_launch,
     set_mode,
     set_waiting_many,
-    take_pass_request,
 )
 from shared.messaging import Messenger
 from shared.models import (
@@ -57,6 +59,59 @@ log = logging.getLogger("pai.scheduler")
 DIRTY = keys.PREFIX + "scheduler:dirty"
 MAX_PASSES_PER_CALL = 50
 LOCK_SECONDS = 60
+# Pass requests a worker may leave to the scheduler messages behind them
+# (`request_pass(deferrable=True)`) before it passes anyway
+MAX_DEFERRED = 64
+PASS_BEGUN, PASS_HELD, PASS_DEFERRED = 1, 0, 2  # what _BEGIN_PASS answers
+PASS_AGAIN = 1  # what _END_PASS answers when asked again during the pass
+
+# A pass request, in one step: the pass-request flag is taken (the pass reads
+# the queue after this: the next submit must ask again, see
+# lifecycle.take_pass_request); with ARGV[3] = "1" and messages waiting in the
+# scheduler's broker queue (KEYS[4]), the work is only marked (DEFERRED);
+# else the lock is taken (BEGUN, the dirty flag cleared: this pass sees it
+# all) or, held by another, the work marked for its holder (HELD).
+# With ARGV[4] = "1" it does nothing unless the dirty flag is set.
+# KEYS: lock, dirty flag, pass-request flag, broker queue
+# ARGV: token, lock ms, "1" to defer while messages wait, "1" only if dirty
+_BEGIN_PASS = """
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('DEL', KEYS[3])
+if ARGV[3] == '1' and redis.call('LLEN', KEYS[4]) > 0 then
+  redis.call('SET', KEYS[2], '1')
+  return 2
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+redis.call('SET', KEYS[2], '1')
+return 0
+"""
+# After a pass, in one step: asked again meanwhile (the dirty flag) -> clear
+# it, keep (or retake) the lock, pass again (1); else let the lock go (0).
+# With ARGV[2] = "0" the lock is let go whatever the flag (which stays). A
+# lock that expired during the pass and that another took is left to that
+# holder, which sees the flag (-1). Atomic with _BEGIN_PASS, so a request is
+# either seen here or takes the free lock itself: none is lost.
+# KEYS: lock, dirty flag, pass-request flag; ARGV: token, lock ms (or "0")
+_END_PASS = """
+local mine = redis.call('GET', KEYS[1]) == ARGV[1]
+if ARGV[2] == '0' then
+  if mine then redis.call('DEL', KEYS[1]) end
+  return 0
+end
+if not mine and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return -1
+end
+if redis.call('DEL', KEYS[2]) == 1 then
+  redis.call('DEL', KEYS[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+redis.call('DEL', KEYS[1])
+return 0
+"""
 STOP_RESEND_MS = 15_000
 # What the policy needs of a placed job's record (see _running)
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
@@ -90,32 +145,65 @@ class Scheduler:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self.las = Las.from_settings(settings)
+        self._deferred = 0  # pass requests left to the messages behind them, in a row
+        self._requested = False  # the message being handled asked for a pass
 
     # ------------------------------------------------------------ passes
 
-    def request_pass(self) -> None:
-        """Run passes until nothing asked for one; or leave it to the holder."""
-        r = self.store.r
-        pipe = r.pipeline(transaction=False)
-        take_pass_request(pipe)  # before the pass that reads the queue
-        pipe.set(DIRTY, "1")
-        pipe.execute()
+    def request_pass(self, *, deferrable: bool = False, if_dirty: bool = False) -> None:
+        """Run passes until nothing asked for one; or leave it to the holder.
+
+        Two round trips around the passes (`_BEGIN_PASS`, `_END_PASS`): a
+        request while another pass holds the lock only marks work to do, and
+        the holder, before it lets go, passes again for all such requests at
+        once. `deferrable` (a trigger taken from this worker's queue): when
+        more scheduler messages wait behind this one, only mark the work and
+        leave the pass to the last of them (`message`), so N task exits that
+        arrive together cost one pass, not N; at most MAX_DEFERRED times in a
+        row, so a queue that never empties still gets its passes. `if_dirty`:
+        only if a pass was asked for and has not run yet.
+        """
+        self._requested = True
+        defer = deferrable and self._deferred < MAX_DEFERRED
+        token = uuid.uuid4().hex
+        began = int(self.store.run_script(_BEGIN_PASS, [
+            keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED,
+            messaging.broker_queue_key(messaging.SCHEDULER_QUEUE)],
+            [token, str(LOCK_SECONDS * 1000), "1" if defer else "0", "1" if if_dirty else "0"]))
+        if began == PASS_DEFERRED:
+            self._deferred += 1
+            return
+        self._deferred = 0
+        if began != PASS_BEGUN:
+            return  # the holder sees the dirty flag and passes again
         for _ in range(MAX_PASSES_PER_CALL):
-            lock = r.lock(keys.SCHEDULER_LOCK, timeout=LOCK_SECONDS)
-            if not lock.acquire(blocking=False):
-                return  # the holder sees the dirty flag and passes again
             try:
-                for _ in range(MAX_PASSES_PER_CALL):
-                    if not r.getdel(DIRTY):
-                        break
-                    self.run_pass()
-            finally:
-                try:
-                    lock.release()
-                except Exception:  # expired while we ran: nothing to release
-                    log.warning("scheduler lock expired during a pass")
-            if not r.exists(DIRTY):
+                self.run_pass()
+            except BaseException:
+                self._end_pass(token, let_go=True)
+                raise
+            if self._end_pass(token) != PASS_AGAIN:
                 return
+        # asked again MAX_PASSES_PER_CALL times in a row: let go; the flag stays
+        # for the next request (the repair loop makes one every few seconds)
+        self._end_pass(token, let_go=True)
+
+    def _end_pass(self, token: str, *, let_go: bool = False) -> int:
+        return int(self.store.run_script(
+            _END_PASS, [keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED],
+            [token, "0" if let_go else str(LOCK_SECONDS * 1000)]))
+
+    @contextmanager
+    def message(self) -> Iterator[None]:
+        """Around the handling of one scheduler message: if it asked for no
+        pass itself, it runs the pass an earlier message left to it (the
+        dirty flag), unless more messages still wait behind it."""
+        self._requested = False
+        try:
+            yield
+        finally:
+            if not self._requested:
+                self.request_pass(deferrable=True, if_dirty=True)
 
     def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
         """Parse the configs of these (job id, queue_seq) not parsed before, in
@@ -423,11 +511,12 @@ class Scheduler:
         return self.store.release_allocation(task.node, attempt_task_key(job_id, attempt, role,
                                                                          index))
 
-    def task_ended(self, job_id: str, attempt: int, role: str, index: int) -> None:
+    def task_ended(self, job_id: str, attempt: int, role: str, index: int, *,
+                   deferrable: bool = False) -> None:
         if self.release_if_settled(job_id, attempt, role, index):
-            self.request_pass()
+            self.request_pass(deferrable=deferrable)
 
-    def stop_attempt(self, job_id: str, attempt: int) -> None:
+    def stop_attempt(self, job_id: str, attempt: int, *, deferrable: bool = False) -> None:
         """An attempt ended or its job is stopping: stop what still runs.
 
         A pass follows when this freed something, or when the job waits in the
@@ -442,12 +531,12 @@ class Scheduler:
                 freed = self.store.release_allocation(
                     task.node, attempt_task_key(job_id, attempt, task.role, task.index)) or freed
         if freed or self.store.r.zscore(keys.QUEUE, job_id) is not None:
-            self.request_pass()
+            self.request_pass(deferrable=deferrable)
 
-    def stop_job(self, job_id: str) -> None:
+    def stop_job(self, job_id: str, *, deferrable: bool = False) -> None:
         job = self.store.get_job(job_id)
         if job is not None and job.state in (JobState.STOPPING, JobState.STOPPED):
-            self.stop_attempt(job_id, job.attempt)
+            self.stop_attempt(job_id, job.attempt, deferrable=deferrable)
 
     # ------------------------------------------------------------ repair
 
