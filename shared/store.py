@@ -41,7 +41,7 @@ from shared.models import (
 )
 from shared.nameindex import NameIndex, job_name
 from shared.priority import PriorityClass, queue_order
-from shared.states import JobState, TaskState, check_job_move
+from shared.states import TASK_FINAL, JobState, TaskState, check_job_move
 
 T = TypeVar("T")
 
@@ -605,22 +605,14 @@ class Store:
         Conditional on the task's record: once a finished job is deleted its
         name may be submitted again, and the new job's allocation has the same
         key; a release decided on the old task must not free it. (Every write
-        of an allocation also writes its task, so watching the task suffices.)
+        of an allocation also writes its task, so checking the task in the
+        same atomic step as the delete suffices.) One round trip: a script
+        (`_RELEASE`) that reads the task and deletes the allocation at once.
         """
         job_id, attempt, role, index = parse_attempt_task_key(alloc_key)
-        tasks_key, alloc_hash = keys.job_tasks(job_id, attempt), keys.node_alloc(node)
-
-        def decide(pipe: Pipe) -> bool:
-            raw = pipe.hget(tasks_key, task_key(role, index))
-            if raw and not Task.from_dict(json.loads(raw)).state.is_final:
-                return False
-            if not pipe.hexists(alloc_hash, alloc_key):
-                return False
-            pipe.multi()
-            pipe.hdel(alloc_hash, alloc_key)
-            return True
-
-        return self.transact(decide, tasks_key)
+        return bool(self.run_script(
+            _RELEASE, [keys.job_tasks(job_id, attempt), keys.node_alloc(node)],
+            [task_key(role, index), alloc_key, *sorted(TASK_FINAL)]))
 
     # ------------------------------------------------------------------ logs
 
@@ -777,6 +769,24 @@ redis.call('ZADD', KEYS[10], string.format('%.17g', tonumber(ARGV[6]) + seq), id
 redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'submitted',
   'time', ARGV[7], 'attempt', ARGV[4])
 return {'new', claim(), seq}
+"""
+
+
+# Release an allocation if its task is settled (a final state) or gone.
+# KEYS: the attempt's tasks, the node's allocations
+# ARGV: the task's field, the allocation's field, then the final task states
+# Returns 1 if it freed the allocation, else 0.
+_RELEASE = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if raw then
+  local state = cjson.decode(raw).state
+  local final = false
+  for i = 3, #ARGV do
+    if state == ARGV[i] then final = true end
+  end
+  if not final then return 0 end
+end
+return redis.call('HDEL', KEYS[2], ARGV[2])
 """
 
 
