@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import redis
 from redis.client import NEVER_DECODE
 
-from shared import keys
+from shared import gpuhealth, keys
 from shared.archive import Archive
 from shared.cluster import NodeFlags, change_flags
 from shared.config import parse_sentinel_url
@@ -72,6 +72,17 @@ class Contention(StoreError):
 class ExpectationFailed(StoreError):
     """Something a write was decided on changed before it: nothing was
     written; decide again on fresh reads."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster and the queue as one scheduling pass reads them."""
+
+    faults: gpuhealth.Faults
+    nodes: list[Node]  # every node that ever reported, with its heartbeat
+    flags: dict[str, NodeFlags]  # the nodes an admin holds
+    allocations: dict[str, list[Allocation]]  # node -> what it holds
+    queued: list[tuple[str, Job | None]]  # the scheduler's queue, its records
 
 
 @dataclass(frozen=True)
@@ -526,14 +537,7 @@ class Store:
         beats = self.node_heartbeats()
         if not beats:
             return []
-        raws = self.r.mget([keys.node(n) for n in beats])
-        nodes = []
-        for name, raw in zip(beats, raws, strict=True):
-            if raw:
-                node = Node.from_dict(json.loads(raw))
-                node.heartbeat_ms = beats[name]
-                nodes.append(node)
-        return nodes
+        return _nodes_from(beats, self.r.mget([keys.node(n) for n in beats]))
 
     def node_flags(self) -> dict[str, NodeFlags]:
         """Every node an admin holds (cordoned or draining), in one round trip;
@@ -594,6 +598,42 @@ class Store:
         replies = pipe.execute() if node_names else []
         return {name: [Allocation.from_dict(json.loads(v)) for v in raw.values()]
                 for name, raw in zip(node_names, replies, strict=True)}
+
+    def snapshot(self, known: dict[str, Allocation] | None = None,
+                 queue_limit: int = 100_000) -> Snapshot:
+        """What a scheduling pass decides on, in two round trips: the GPU
+        faults, the nodes and their heartbeats, the admins' holds and the
+        queue, then the nodes' records and allocations and the queued jobs'
+        records. `known`: allocations parsed before, by their stored text
+        (an allocation's text is written once and never changed), which this
+        keeps up to date with the allocations it parses."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.GPU_FAULTS)
+        pipe.zrange(keys.NODES, 0, -1, withscores=True)
+        pipe.hgetall(keys.NODE_FLAGS)
+        pipe.zrange(keys.QUEUE, 0, queue_limit - 1)
+        faults, beats_list, flags, queued = pipe.execute()
+        beats = {n: int(s) for n, s in beats_list}
+        pipe = self.r.pipeline(transaction=False)
+        if beats:
+            pipe.mget([keys.node(n) for n in beats])
+        for name in beats:
+            pipe.hgetall(keys.node_alloc(name))
+        for job_id in queued:
+            pipe.hgetall(keys.job(job_id))
+        replies = pipe.execute() if beats or queued else []
+        at = 1 if beats else 0
+        nodes = _nodes_from(beats, replies[0]) if beats else []
+        held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
+        records = replies[at + len(beats):]
+        parsed = {} if known is None else known
+        allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
+                       for node in nodes}
+        return Snapshot(
+            gpuhealth.parse_faults(faults), nodes,
+            {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
+            [(job_id, Job.from_fields(f) if f else None)
+             for job_id, f in zip(queued, records, strict=True)])
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,
@@ -689,6 +729,30 @@ def event_fields(kind: str, **data: Any) -> dict[str, str]:
 
 def _script_sha(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()  # Redis names it so
+
+
+def _nodes_from(beats: dict[str, int], raws: Sequence[str | None]) -> list[Node]:
+    """The nodes' records (None: gone), each with its heartbeat."""
+    nodes = []
+    for name, raw in zip(beats, raws, strict=True):
+        if raw:
+            node = Node.from_dict(json.loads(raw))
+            node.heartbeat_ms = beats[name]
+            nodes.append(node)
+    return nodes
+
+
+MAX_KNOWN_ALLOCATIONS = 200_000
+
+
+def _allocation(text: str, known: dict[str, Allocation]) -> Allocation:
+    """The allocation stored as `text`, parsed once (Allocation is frozen)."""
+    alloc = known.get(text)
+    if alloc is None:
+        if len(known) >= MAX_KNOWN_ALLOCATIONS:
+            known.clear()
+        alloc = known[text] = Allocation.from_dict(json.loads(text))
+    return alloc
 
 
 def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:

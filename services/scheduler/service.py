@@ -144,6 +144,7 @@ class Scheduler:
         # (job id, queue_seq, attempt) -> what a queued job's ended attempts
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
+        self._allocations: dict[str, Allocation] = {}  # stored text -> allocation
         self.las = Las.from_settings(settings)
         self._deferred = 0  # pass requests left to the messages behind them, in a row
         self._requested = False  # the message being handled asked for a pass
@@ -262,23 +263,18 @@ class Scheduler:
                     request.priority, request.seq, self.las.queue_of(seen, now))}, xx=True)
         pipe.execute()
 
-    def _records(self, ids: list[str]) -> list[Job | None]:
-        pipe = self.store.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(keys.job(job_id))
-        return [Job.from_fields(f) if f else None for f in pipe.execute()] if ids else []
+    def _queue(self, queued: list[tuple[str, Job | None]]
+               ) -> tuple[list[JobRequest], dict[str, Job]]:
+        """The queued jobs' requests, and their records (`queued`: the queue
+        and its records as the pass's snapshot read them).
 
-    def _queue(self) -> tuple[list[JobRequest], dict[str, Job]]:
-        """The queued jobs' requests, and their records.
-
-        Two round trips: every queued job's record, then the configs of the
-        jobs not parsed before (and a third for the tasks of jobs without
-        gang allocation, which ask only for their tasks still waiting).
+        A round trip for the configs of the jobs not parsed before (and one
+        for the tasks of jobs without gang allocation, which ask only for
+        their tasks still waiting).
         """
-        ids = self.store.queued_job_ids()
         jobs, stale = [], []
         now = now_ms()
-        for job_id, job in zip(ids, self._records(ids), strict=True):
+        for job_id, job in queued:
             # RUNNING and queued: partly placed (no gang allocation), see below
             if job is None or job.state not in (JobState.WAITING, JobState.RUNNING):
                 stale.append(job_id)
@@ -369,16 +365,16 @@ class Scheduler:
     def run_pass(self) -> PassStats:
         started = time.perf_counter()
         now = now_ms()
-        faults = gpuhealth.read_faults(self.store.r)  # unhealthy GPUs take no work
-        nodes = [gpuhealth.healthy_view(n, faults) for n in self.store.get_nodes()]
-        flags = self.store.node_flags()
-        allocations = self.store.all_allocations([n.name for n in nodes])
+        snapshot = self.store.snapshot(self._allocations)
+        # unhealthy GPUs take no work
+        nodes = [gpuhealth.healthy_view(n, snapshot.faults) for n in snapshot.nodes]
+        flags, allocations = snapshot.flags, snapshot.allocations
         live = [n for n in nodes if takes_work(n, flags.get(n.name), now,
                                                self.settings.node_lost_seconds)]
         cluster = Cluster(free_view(node, allocations[node.name]) for node in live)
         running = self._running(allocations)
         self._drain(running, flags, now)
-        queue, records = self._queue()
+        queue, records = self._queue(snapshot.queued)
         vcs = self.accounts.list_vcs()
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
