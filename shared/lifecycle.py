@@ -35,7 +35,7 @@ from shared.models import (
     task_key,
 )
 from shared.states import JobState, TaskState, check_task_move
-from shared.store import EVENTS_MAX_LEN, Expect, Pipe, Store, event_fields
+from shared.store import EVENTS_MAX_LEN, Expect, Pipe, Store, compact_json, event_fields
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
@@ -479,7 +479,7 @@ class PlacementCommit:
 
 MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhile
 # json.dumps(..., separators=(",", ":")) without building an encoder per call
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+_compact_json = compact_json
 
 # Binds a batch of gangs, each on its own terms, in one round trip. For each
 # job in turn: the job record still says what the pass decided on (version,
