@@ -213,12 +213,10 @@ class Scheduler:
         unparsed = [job for job in jobs if job not in self._specs]
         if not unparsed:
             return
-        pipe = self.store.r.pipeline(transaction=False)
-        for job_id, _ in unparsed:
-            pipe.get(keys.job_config(job_id))
+        raws = self.store.r.mget([keys.job_config(job_id) for job_id, _ in unparsed])
         if len(self._specs) + len(unparsed) > MAX_CACHED_SPECS:
             self._specs.clear()
-        for job, raw in zip(unparsed, pipe.execute(), strict=True):
+        for job, raw in zip(unparsed, raws, strict=True):
             if raw:
                 self._specs[job] = JobSpec.from_config(json.loads(raw))
 
@@ -335,11 +333,9 @@ class Scheduler:
             for alloc in allocs:
                 held.setdefault(alloc.job_id, []).append(alloc)
         ids = sorted(held)
-        pipe = self.store.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(keys.job(job_id), RUNNING_FIELDS)
+        records = self.store.read_fields([keys.job(job_id) for job_id in ids], RUNNING_FIELDS)
         live: list[tuple[str, list[str | None]]] = []
-        for job_id, values in zip(ids, pipe.execute() if ids else [], strict=True):
+        for job_id, values in zip(ids, records, strict=True):
             state, attempt = values[0], values[1]
             if state in (JobState.WAITING, JobState.RUNNING) and attempt is not None:
                 live.append((job_id, values))
