@@ -630,13 +630,15 @@ class Store:
             pipe.mget([keys.node(n) for n in beats])
         for name in beats:
             pipe.hgetall(keys.node_alloc(name))
-        for job_id in queued:
-            pipe.hgetall(keys.job(job_id))
+        for start in range(0, len(queued), READ_MANY):  # one command, not one each
+            chunk = [keys.job(job_id) for job_id in queued[start:start + READ_MANY]]
+            pipe.eval(_HGETALL_MANY, len(chunk), *chunk)
         replies = pipe.execute() if beats or queued else []
         at = 1 if beats else 0
         nodes = _nodes_from(beats, replies[0]) if beats else []
         held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
-        records = replies[at + len(beats):]
+        records = [dict(zip(flat[::2], flat[1::2], strict=True))
+                   for chunk in replies[at + len(beats):] for flat in chunk]
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
@@ -895,7 +897,17 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
-READ_MANY = 10_000  # keys per _HMGET_MANY call (each call holds Redis for its length)
+# Many hashes whole, each as HGETALL's flat field/value list (run by EVAL
+# inside a pipeline: its source is short, and Redis keeps it compiled)
+_HGETALL_MANY = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HGETALL', key)
+end
+return out
+"""
+# keys per _HMGET_MANY or _HGETALL_MANY call (each call holds Redis for its length)
+READ_MANY = 10_000
 
 
 # Release an allocation if its task is settled (a final state) or gone.
