@@ -525,6 +525,15 @@ class Store:
             values += self.run_script(_HMGET_MANY, hashes[start:start + READ_MANY], fields)
         return values
 
+    def read_hashes(self, hashes: Sequence[str]) -> list[dict[str, str]]:
+        """HGETALL of many hashes ({} for one that is missing), in one script
+        call per READ_MANY keys, as `read_fields`."""
+        found: list[dict[str, str]] = []
+        for start in range(0, len(hashes), READ_MANY):
+            found += [_pairs(flat) for flat in
+                      self.run_script(_HGETALL_MANY, hashes[start:start + READ_MANY], [])]
+        return found
+
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
 
@@ -637,8 +646,7 @@ class Store:
         at = 1 if beats else 0
         nodes = _nodes_from(beats, replies[0]) if beats else []
         held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
-        records = [dict(zip(flat[::2], flat[1::2], strict=True))
-                   for chunk in replies[at + len(beats):] for flat in chunk]
+        records = [_pairs(flat) for chunk in replies[at + len(beats):] for flat in chunk]
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
@@ -782,6 +790,11 @@ def compact_json(value: Any) -> str:
 
 def _script_sha(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()  # Redis names it so
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    """A hash from HGETALL's flat field/value list, as a script returns it."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _nodes_from(beats: dict[str, int], raws: Sequence[str | None]) -> list[Node]:
