@@ -626,7 +626,8 @@ class Store:
         queue, then the nodes' records and allocations and the queued jobs'
         records. `known`: allocations parsed before, by their stored text
         (an allocation's text is written once and never changed), which this
-        keeps up to date with the allocations it parses."""
+        keeps up to date with the allocations it parses (and rid of most of
+        those released)."""
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(keys.GPU_FAULTS)
         pipe.zrange(keys.NODES, 0, -1, withscores=True)
@@ -650,6 +651,12 @@ class Store:
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
+        live = sum(len(raw) for raw in held.values())
+        if len(parsed) > 2 * live + MAX_GONE_ALLOCATIONS:  # keep those still held
+            kept = {text: parsed[text] for raw in held.values() for text in raw.values()
+                    if text in parsed}
+            parsed.clear()
+            parsed.update(kept)
         return Snapshot(
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
@@ -809,6 +816,7 @@ def _nodes_from(beats: dict[str, int], raws: Sequence[str | None]) -> list[Node]
 
 
 MAX_KNOWN_ALLOCATIONS = 200_000
+MAX_GONE_ALLOCATIONS = 1_000  # released allocations `snapshot` may keep parsed
 
 
 def _allocation(text: str, known: dict[str, Allocation]) -> Allocation:

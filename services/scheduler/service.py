@@ -117,6 +117,8 @@ STOP_RESEND_MS = 15_000
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
                   "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
 MAX_CACHED_SPECS = 100_000
+# What the caches may hold of gone jobs before they are pruned to the live ones
+PRUNE_SLACK = 1_000
 # Attained service counts a job's last this many ended attempts (a job retried
 # more often is in the last LAS queue long before)
 MAX_ATTEMPTS_READ = 32
@@ -145,6 +147,7 @@ class Scheduler:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self._allocations: dict[str, Allocation] = {}  # stored text -> allocation
+        self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self.las = Las.from_settings(settings)
         self._deferred = 0  # pass requests left to the messages behind them, in a row
         self._requested = False  # the message being handled asked for a pass
@@ -210,6 +213,7 @@ class Scheduler:
         """Parse the configs of these (job id, queue_seq) not parsed before, in
         one round trip. A submission's config never changes (and its
         `queue_seq` is its own), so each is read and parsed once."""
+        self._specs_used.update(jobs)
         unparsed = [job for job in jobs if job not in self._specs]
         if not unparsed:
             return
@@ -367,6 +371,18 @@ class Scheduler:
         with paused_gc():
             return self._pass()
 
+    def _forget_gone(self, queue: list[JobRequest]) -> None:
+        """Drop what the caches keep of jobs no longer queued or placed (ended,
+        deleted, or submitted again: a new submission has a new queue_seq),
+        once they hold more of those than of live ones, so a long-running
+        scheduler holds about what its cluster and queue hold."""
+        if len(self._specs) > 2 * len(self._specs_used) + PRUNE_SLACK:
+            self._specs = {k: v for k, v in self._specs.items() if k in self._specs_used}
+        self._specs_used = set()
+        if len(self._attained) > 2 * len(queue) + PRUNE_SLACK:
+            wanted = {(q.job_id, q.seq, q.attempt) for q in queue}
+            self._attained = {k: v for k, v in self._attained.items() if k in wanted}
+
     def _pass(self) -> PassStats:
         started = time.perf_counter()
         now = now_ms()
@@ -385,6 +401,7 @@ class Scheduler:
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
         attained = self._load_attained(queue)
+        self._forget_gone(queue)
         budgets = {vc.name: vc.budget for vc in vcs if vc.budget is not None}
         spent = usage.read_spend(self.store.r, budgets,
                                  [a for allocs in allocations.values() for a in allocs], now)
