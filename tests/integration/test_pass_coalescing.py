@@ -285,3 +285,28 @@ def test_the_caches_keep_only_what_is_queued_or_placed(
     assert {job_id for job_id, _ in scheduler._specs} == live
     assert {a.job_id for a in scheduler._allocations.values()} == live
     assert {a.job_id for a in store.get_allocations(store.r, "n1").values()} == live
+
+
+def test_a_lock_that_expired_and_was_taken_is_left_to_its_new_holder(
+        store: Store, settings: Settings) -> None:
+    """A pass that outlived its lock (LOCK_SECONDS) while another replica took
+    it neither frees the other's lock nor passes again beside it: the work
+    asked for meanwhile is the new holder's."""
+    add_node(store)
+    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+    passes = 0
+    run_pass = scheduler.run_pass
+
+    def outlived() -> PassStats:
+        nonlocal passes
+        passes += 1
+        store.r.set(keys.SCHEDULER_LOCK, "another replica's token")
+        store.r.set(DIRTY, "1")
+        return run_pass()
+
+    scheduler.run_pass = outlived  # type: ignore[method-assign]
+    scheduler.request_pass()
+
+    assert passes == 1
+    assert store.r.get(keys.SCHEDULER_LOCK) == "another replica's token"
+    assert store.r.get(DIRTY) == "1"
