@@ -35,7 +35,7 @@ from shared.models import (
     task_key,
 )
 from shared.states import JobState, TaskState, check_task_move
-from shared.store import EVENTS_MAX_LEN, Expect, Pipe, Store, event_fields
+from shared.store import EVENTS_MAX_LEN, Expect, Pipe, Store, compact_json, event_fields
 
 LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
@@ -479,7 +479,7 @@ class PlacementCommit:
 
 MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhile
 # json.dumps(..., separators=(",", ":")) without building an encoder per call
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+_compact_json = compact_json
 
 # Binds a batch of gangs, each on its own terms, in one round trip. For each
 # job in turn: the job record still says what the pass decided on (version,
@@ -494,11 +494,14 @@ _compact_json = json.JSONEncoder(separators=(",", ":")).encode
 # KEYS: node flags, launching, queue, then the keys the jobs' entries name
 # by position. A job entry: j, t, e, q (job, tasks, events, VC queue key
 # positions), id, v, s, a, vc (version, queue_seq, attempt, VC as the pass
-# read them), nt (how many tasks), new (task field -> raw value to write), f
-# (job fields to write), ev (event fields, flat), l (launch entries, flat:
-# member, deadline), n (per node: k, h = node and allocation key positions,
-# name, g = GPUs, p = ports, c = CPUs, m = memory, w = allocation field and
-# value pairs).
+# read them), nt (how many tasks), new (task field -> position in ARGV of
+# the record to write), f (job fields to write), ev (event fields, flat), l
+# (launch entries, flat: member, deadline), n (per node: k, h = node and
+# allocation key positions, name, g = GPUs, p = ports, c = CPUs, m = memory,
+# w = allocation field and ARGV position of its record, flat).
+# ARGV: the entries (JSON), the events' bound, then the records the entries
+# point at: passed as they are, not as strings inside the JSON, they are
+# neither escaped by the caller nor decoded by the script.
 _COMMIT_PLACEMENTS = """
 local flags_key, launching_key, queue_key, faults_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local jobs = cjson.decode(ARGV[1])
@@ -576,14 +579,14 @@ local function bind(job)
     view.used_cpus = view.used_cpus + part.c
     view.used_memory = view.used_memory + part.m
     for i = 1, #part.w, 2 do
-      redis.call('HSET', KEYS[part.h], part.w[i], part.w[i + 1])
+      redis.call('HSET', KEYS[part.h], part.w[i], ARGV[part.w[i + 1]])
     end
   end
   for i = 1, #job.l, 2 do
     redis.call('ZADD', launching_key, job.l[i + 1], job.l[i])
   end
-  for field, raw in pairs(job.new) do  -- one by one: a gang may be too big to unpack
-    redis.call('HSET', KEYS[job.t], field, raw)
+  for field, at in pairs(job.new) do  -- one by one: a gang may be too big to unpack
+    redis.call('HSET', KEYS[job.t], field, ARGV[at])
   end
   redis.call('ZREM', queue_key, job.id)
   redis.call('ZREM', KEYS[job.q], job.id)
@@ -622,7 +625,7 @@ class _ScriptKeys:
 
 def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
                      launch_deadline_ms: int, script_keys: _ScriptKeys,
-                     parsed: dict[str, Task]) -> dict[str, Any] | None:
+                     parsed: dict[str, Task], records: list[str]) -> dict[str, Any] | None:
     """What the batch script checks and writes for one gang: the job as the
     pass read it (the script compares it with the record), the tasks as just
     read (the rules of `commit_placement`); None when they already refuse it.
@@ -638,12 +641,12 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
             known = parsed[raw] = Task.from_dict(json.loads(raw))
         tasks[key] = Task(**vars(known))  # a copy: its fields are replaced, not changed
     launched = now_ms()
-    new: dict[str, str] = {}
+    new: dict[str, int] = {}
     for p in placements:
         task = tasks[task_key(p.role, p.index)]
         if not _bind_task(task, p, launched):
             return None
-        new[task.key] = _record_json(task)
+        new[task.key] = _argv_position(records, _record_json(task))
     job_id, attempt, vc = commit.job_id, commit.attempt, commit.vc
     parts: dict[str, dict[str, Any]] = {}
     launching: list[str] = []
@@ -665,7 +668,7 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
         part["c"] += p.cpus
         part["m"] += p.memory_mb
         member = alloc.key
-        part["w"] += [member, _record_json(alloc)]
+        part["w"] += [member, _argv_position(records, _record_json(alloc))]
         launching += [member, deadline]
         placed_tasks.append({"role": p.role, "index": p.index, "node": p.node,
                              "gpus": list(p.gpus), "ports": list(ports)})
@@ -682,6 +685,13 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
         "ev": [x for item in event.items() for x in item], "l": launching,
         "n": list(parts.values()),
     }
+
+
+def _argv_position(records: list[str], record: str) -> int:
+    """Pass `record` to the batch script after its first two arguments: its
+    position in ARGV (1-based)."""
+    records.append(record)
+    return len(records) + 2
 
 
 def _record_json(record: Task | Allocation) -> str:
@@ -714,22 +724,22 @@ def commit_placements(store: Store, commits: Sequence[PlacementCommit], *,
 
 def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
                   launch_deadline_ms: int) -> list[bool]:
-    pipe = store.r.pipeline(transaction=False)
-    for commit in batch:
-        pipe.hgetall(keys.job_tasks(commit.job_id, commit.attempt))
+    read = store.read_hashes([keys.job_tasks(c.job_id, c.attempt) for c in batch])
     script_keys = _ScriptKeys(keys.NODE_FLAGS, keys.LAUNCHING, keys.QUEUE, keys.GPU_FAULTS)
     entries: list[dict[str, Any]] = []
     positions: list[int | None] = []
     parsed: dict[str, Task] = {}
-    for commit, raw_tasks in zip(batch, pipe.execute(), strict=True):
-        entry = _placement_entry(commit, raw_tasks, launch_deadline_ms, script_keys, parsed)
+    records: list[str] = []  # the records the entries write, passed beside them
+    for commit, raw_tasks in zip(batch, read, strict=True):
+        entry = _placement_entry(commit, raw_tasks, launch_deadline_ms, script_keys, parsed,
+                                 records)
         positions.append(len(entries) if entry is not None else None)
         if entry is not None:
             entries.append(entry)
     if not entries:
         return [False] * len(batch)
     reply = store.run_script(_COMMIT_PLACEMENTS, script_keys.names,
-                             [_compact_json(entries), str(EVENTS_MAX_LEN)])
+                             [_compact_json(entries), str(EVENTS_MAX_LEN), *records])
     return [position is not None and bool(reply[position]) for position in positions]
 
 

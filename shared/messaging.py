@@ -14,6 +14,7 @@ from urllib.parse import quote
 import redis
 from celery import Celery
 from kombu.transport import redis as kombu_redis
+from kombu.utils.uuid import uuid
 
 from shared.config import SentinelTarget, Settings, parse_sentinel_url
 from shared.failover import FAILOVER_WAIT_SECONDS, SENTINEL_TIMEOUT_SECONDS
@@ -37,6 +38,13 @@ START_BATCH = 1000  # start messages per pipeline
 
 def launcher_queue(node: str) -> str:
     return f"launcher.{node}"
+
+
+def broker_queue_key(queue: str) -> str:
+    """The Redis list in which kombu's Redis transport keeps the messages of
+    `queue` not yet taken by a worker (the default priority's; pai sends
+    none other): its length is how many wait."""
+    return queue
 
 
 # An unacknowledged message (its worker was killed) comes back after this
@@ -176,12 +184,18 @@ class Messenger:
         kombu's declare of a queue it has not seen costs a transaction (the
         queue's length) per node, which was most of a first pass's sends.
         """
+        amqp = self.app.amqp
         with self.app.producer_or_acquire() as producer, producer.batch(START_BATCH):
             for node, tasks in starts.items():
                 if tasks:
-                    self.app.send_task(START_TASKS, args=[[list(t) for t in tasks]],
-                                       queue=launcher_queue(node), producer=producer,
-                                       declare=[], argsrepr=f"[{len(tasks)} tasks]")
+                    # send_task's two steps, without what it adds for a task
+                    # whose result is kept or which routes by its name (a
+                    # third of a big pass's sends): the same message
+                    message = amqp.create_task_message(
+                        uuid(), START_TASKS, [[list(t) for t in tasks]], {},
+                        argsrepr=f"[{len(tasks)} tasks]", ignore_result=True)
+                    amqp.send_task_message(producer, START_TASKS, message,
+                                           queue=launcher_queue(node), declare=[])
 
     def stop_task(self, node: str, job_id: str, attempt: int, role: str, index: int) -> None:
         self.app.send_task(STOP_TASK, args=[job_id, attempt, role, index],

@@ -13,12 +13,13 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, TypeVar
 
 import redis
 from redis.client import NEVER_DECODE
 
-from shared import keys
+from shared import gpuhealth, keys
 from shared.archive import Archive
 from shared.cluster import NodeFlags, change_flags
 from shared.config import parse_sentinel_url
@@ -41,7 +42,7 @@ from shared.models import (
 )
 from shared.nameindex import NameIndex, job_name
 from shared.priority import PriorityClass, queue_order
-from shared.states import JobState, TaskState, check_job_move
+from shared.states import TASK_FINAL, JobState, TaskState, check_job_move
 
 T = TypeVar("T")
 
@@ -72,6 +73,17 @@ class Contention(StoreError):
 class ExpectationFailed(StoreError):
     """Something a write was decided on changed before it: nothing was
     written; decide again on fresh reads."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster and the queue as one scheduling pass reads them."""
+
+    faults: gpuhealth.Faults
+    nodes: list[Node]  # every node that ever reported, with its heartbeat
+    flags: dict[str, NodeFlags]  # the nodes an admin holds
+    allocations: dict[str, list[Allocation]]  # node -> what it holds
+    queued: list[tuple[str, Job | None]]  # the scheduler's queue, its records
 
 
 @dataclass(frozen=True)
@@ -503,6 +515,25 @@ class Store:
                     found[job_id] = Job.from_fields({"id": job_id, **record})
         return found
 
+    def read_fields(self, hashes: Sequence[str], fields: Sequence[str]
+                    ) -> list[list[str | None]]:
+        """HMGET of the same `fields` from each of many hashes, in one script
+        call per READ_MANY keys: one command instead of one each, which is
+        most of the client's cost of reading thousands of small hashes."""
+        values: list[list[str | None]] = []
+        for start in range(0, len(hashes), READ_MANY):
+            values += self.run_script(_HMGET_MANY, hashes[start:start + READ_MANY], fields)
+        return values
+
+    def read_hashes(self, hashes: Sequence[str]) -> list[dict[str, str]]:
+        """HGETALL of many hashes ({} for one that is missing), in one script
+        call per READ_MANY keys, as `read_fields`."""
+        found: list[dict[str, str]] = []
+        for start in range(0, len(hashes), READ_MANY):
+            found += [_pairs(flat) for flat in
+                      self.run_script(_HGETALL_MANY, hashes[start:start + READ_MANY], [])]
+        return found
+
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
 
@@ -526,14 +557,7 @@ class Store:
         beats = self.node_heartbeats()
         if not beats:
             return []
-        raws = self.r.mget([keys.node(n) for n in beats])
-        nodes = []
-        for name, raw in zip(beats, raws, strict=True):
-            if raw:
-                node = Node.from_dict(json.loads(raw))
-                node.heartbeat_ms = beats[name]
-                nodes.append(node)
-        return nodes
+        return _nodes_from(beats, self.r.mget([keys.node(n) for n in beats]))
 
     def node_flags(self) -> dict[str, NodeFlags]:
         """Every node an admin holds (cordoned or draining), in one round trip;
@@ -595,6 +619,50 @@ class Store:
         return {name: [Allocation.from_dict(json.loads(v)) for v in raw.values()]
                 for name, raw in zip(node_names, replies, strict=True)}
 
+    def snapshot(self, known: dict[str, Allocation] | None = None,
+                 queue_limit: int = 100_000) -> Snapshot:
+        """What a scheduling pass decides on, in two round trips: the GPU
+        faults, the nodes and their heartbeats, the admins' holds and the
+        queue, then the nodes' records and allocations and the queued jobs'
+        records. `known`: allocations parsed before, by their stored text
+        (an allocation's text is written once and never changed), which this
+        keeps up to date with the allocations it parses (and rid of most of
+        those released)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.GPU_FAULTS)
+        pipe.zrange(keys.NODES, 0, -1, withscores=True)
+        pipe.hgetall(keys.NODE_FLAGS)
+        pipe.zrange(keys.QUEUE, 0, queue_limit - 1)
+        faults, beats_list, flags, queued = pipe.execute()
+        beats = {n: int(s) for n, s in beats_list}
+        pipe = self.r.pipeline(transaction=False)
+        if beats:
+            pipe.mget([keys.node(n) for n in beats])
+        for name in beats:
+            pipe.hgetall(keys.node_alloc(name))
+        for start in range(0, len(queued), READ_MANY):  # one command, not one each
+            chunk = [keys.job(job_id) for job_id in queued[start:start + READ_MANY]]
+            pipe.eval(_HGETALL_MANY, len(chunk), *chunk)
+        replies = pipe.execute() if beats or queued else []
+        at = 1 if beats else 0
+        nodes = _nodes_from(beats, replies[0]) if beats else []
+        held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
+        records = [_pairs(flat) for chunk in replies[at + len(beats):] for flat in chunk]
+        parsed = {} if known is None else known
+        allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
+                       for node in nodes}
+        live = sum(len(raw) for raw in held.values())
+        if len(parsed) > 2 * live + MAX_GONE_ALLOCATIONS:  # keep those still held
+            kept = {text: parsed[text] for raw in held.values() for text in raw.values()
+                    if text in parsed}
+            parsed.clear()
+            parsed.update(kept)
+        return Snapshot(
+            gpuhealth.parse_faults(faults), nodes,
+            {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
+            [(job_id, Job.from_fields(f) if f else None)
+             for job_id, f in zip(queued, records, strict=True)])
+
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,
                   json.dumps(alloc.to_dict(), separators=(",", ":")))
@@ -605,22 +673,14 @@ class Store:
         Conditional on the task's record: once a finished job is deleted its
         name may be submitted again, and the new job's allocation has the same
         key; a release decided on the old task must not free it. (Every write
-        of an allocation also writes its task, so watching the task suffices.)
+        of an allocation also writes its task, so checking the task in the
+        same atomic step as the delete suffices.) One round trip: a script
+        (`_RELEASE`) that reads the task and deletes the allocation at once.
         """
         job_id, attempt, role, index = parse_attempt_task_key(alloc_key)
-        tasks_key, alloc_hash = keys.job_tasks(job_id, attempt), keys.node_alloc(node)
-
-        def decide(pipe: Pipe) -> bool:
-            raw = pipe.hget(tasks_key, task_key(role, index))
-            if raw and not Task.from_dict(json.loads(raw)).state.is_final:
-                return False
-            if not pipe.hexists(alloc_hash, alloc_key):
-                return False
-            pipe.multi()
-            pipe.hdel(alloc_hash, alloc_key)
-            return True
-
-        return self.transact(decide, tasks_key)
+        return bool(self.run_script(
+            _RELEASE, [keys.job_tasks(job_id, attempt), keys.node_alloc(node)],
+            [task_key(role, index), alloc_key, *sorted(TASK_FINAL)]))
 
     # ------------------------------------------------------------------ logs
 
@@ -691,12 +751,82 @@ class Store:
 def event_fields(kind: str, **data: Any) -> dict[str, str]:
     """A job event as its stream entry stores it (`Store.read_events` reads it)."""
     fields = {"kind": kind, "time": str(now_ms())}
-    fields.update({k: json.dumps(v) for k, v in data.items()})
+    fields.update({k: _event_json(v) for k, v in data.items()})
     return fields
+
+
+def _event_json(value: Any) -> str:
+    """`json.dumps(value)`, the same text, without its encoder's set-up for the
+    values most events carry (a pass writes thousands of events at once)."""
+    kind = type(value)
+    if kind is int:  # not bool, whose text differs
+        return int.__repr__(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    return _dumps(value)
+
+
+def _c_encoder(item_separator: str, key_separator: str) -> Any:
+    """json's C encoder (ASCII, no circularity check: the values are trees),
+    made once: calling it directly skips the set-up json.dumps does on every
+    call, which is most of the cost of a small value. None without it."""
+    if c_make_encoder is None:
+        return None
+    return c_make_encoder(None, None, encode_basestring_ascii, None, key_separator,
+                          item_separator, False, False, True)
+
+
+_dumps_chunks = _c_encoder(", ", ": ")
+_compact_chunks = _c_encoder(",", ":")
+
+
+def _dumps(value: Any) -> str:
+    """`json.dumps(value)`, the same text."""
+    if _dumps_chunks is None or not isinstance(value, list | dict):
+        return json.dumps(value)
+    return "".join(_dumps_chunks(value, 0))
+
+
+def compact_json(value: Any) -> str:
+    """`json.dumps(value, separators=(",", ":"))`, the same text: records and
+    script arguments as the store writes them."""
+    if _compact_chunks is None or not isinstance(value, list | dict):
+        return json.dumps(value, separators=(",", ":"))
+    return "".join(_compact_chunks(value, 0))
 
 
 def _script_sha(source: str) -> str:
     return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()  # Redis names it so
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    """A hash from HGETALL's flat field/value list, as a script returns it."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _nodes_from(beats: dict[str, int], raws: Sequence[str | None]) -> list[Node]:
+    """The nodes' records (None: gone), each with its heartbeat."""
+    nodes = []
+    for name, raw in zip(beats, raws, strict=True):
+        if raw:
+            node = Node.from_dict(json.loads(raw))
+            node.heartbeat_ms = beats[name]
+            nodes.append(node)
+    return nodes
+
+
+MAX_KNOWN_ALLOCATIONS = 200_000
+MAX_GONE_ALLOCATIONS = 1_000  # released allocations `snapshot` may keep parsed
+
+
+def _allocation(text: str, known: dict[str, Allocation]) -> Allocation:
+    """The allocation stored as `text`, parsed once (Allocation is frozen)."""
+    alloc = known.get(text)
+    if alloc is None:
+        if len(known) >= MAX_KNOWN_ALLOCATIONS:
+            known.clear()
+        alloc = known[text] = Allocation.from_dict(json.loads(text))
+    return alloc
 
 
 def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
@@ -777,6 +907,45 @@ redis.call('ZADD', KEYS[10], string.format('%.17g', tonumber(ARGV[6]) + seq), id
 redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'submitted',
   'time', ARGV[7], 'attempt', ARGV[4])
 return {'new', claim(), seq}
+"""
+
+
+# The same fields of many hashes: KEYS the hashes, ARGV the fields.
+_HMGET_MANY = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HMGET', key, unpack(ARGV))
+end
+return out
+"""
+# Many hashes whole, each as HGETALL's flat field/value list (run by EVAL
+# inside a pipeline: its source is short, and Redis keeps it compiled)
+_HGETALL_MANY = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HGETALL', key)
+end
+return out
+"""
+# keys per _HMGET_MANY or _HGETALL_MANY call (each call holds Redis for its length)
+READ_MANY = 10_000
+
+
+# Release an allocation if its task is settled (a final state) or gone.
+# KEYS: the attempt's tasks, the node's allocations
+# ARGV: the task's field, the allocation's field, then the final task states
+# Returns 1 if it freed the allocation, else 0.
+_RELEASE = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if raw then
+  local state = cjson.decode(raw).state
+  local final = false
+  for i = 3, #ARGV do
+    if state == ARGV[i] then final = true end
+  end
+  if not final then return 0 end
+end
+return redis.call('HDEL', KEYS[2], ARGV[2])
 """
 
 

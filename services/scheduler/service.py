@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.scheduler import policy
-from services.scheduler.core import Cluster, JobRequest, free_view, job_request
+from services.scheduler.core import Cluster, JobRequest, free_view, job_request, paused_gc
 from services.scheduler.policy import Attained, Las, Preemption, RunningJob
-from shared import gpuhealth, keys, retention, telemetry, usage
+from shared import gpuhealth, keys, messaging, retention, telemetry, usage
 from shared.accounts import Accounts, VirtualCluster
 from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
 from shared.config import Settings
@@ -34,7 +37,6 @@ from shared.lifecycle import (
     renew_stale_launch,
     set_mode,
     set_waiting_many,
-    take_pass_request,
 )
 from shared.messaging import Messenger
 from shared.models import (
@@ -58,11 +60,66 @@ log = logging.getLogger("pai.scheduler")
 DIRTY = keys.PREFIX + "scheduler:dirty"
 MAX_PASSES_PER_CALL = 50
 LOCK_SECONDS = 60
+# Pass requests a worker may leave to the scheduler messages behind them
+# (`request_pass(deferrable=True)`) before it passes anyway
+MAX_DEFERRED = 64
+PASS_BEGUN, PASS_HELD, PASS_DEFERRED = 1, 0, 2  # what _BEGIN_PASS answers
+PASS_AGAIN = 1  # what _END_PASS answers when asked again during the pass
+
+# A pass request, in one step: the pass-request flag is taken (the pass reads
+# the queue after this: the next submit must ask again, see
+# lifecycle.take_pass_request); with ARGV[3] = "1" and messages waiting in the
+# scheduler's broker queue (KEYS[4]), the work is only marked (DEFERRED);
+# else the lock is taken (BEGUN, the dirty flag cleared: this pass sees it
+# all) or, held by another, the work marked for its holder (HELD).
+# With ARGV[4] = "1" it does nothing unless the dirty flag is set.
+# KEYS: lock, dirty flag, pass-request flag, broker queue
+# ARGV: token, lock ms, "1" to defer while messages wait, "1" only if dirty
+_BEGIN_PASS = """
+if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('DEL', KEYS[3])
+if ARGV[3] == '1' and redis.call('LLEN', KEYS[4]) > 0 then
+  redis.call('SET', KEYS[2], '1')
+  return 2
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+redis.call('SET', KEYS[2], '1')
+return 0
+"""
+# After a pass, in one step: asked again meanwhile (the dirty flag) -> clear
+# it, keep (or retake) the lock, pass again (1); else let the lock go (0).
+# With ARGV[2] = "0" the lock is let go whatever the flag (which stays). A
+# lock that expired during the pass and that another took is left to that
+# holder, which sees the flag (-1). Atomic with _BEGIN_PASS, so a request is
+# either seen here or takes the free lock itself: none is lost.
+# KEYS: lock, dirty flag, pass-request flag; ARGV: token, lock ms (or "0")
+_END_PASS = """
+local mine = redis.call('GET', KEYS[1]) == ARGV[1]
+if ARGV[2] == '0' then
+  if mine then redis.call('DEL', KEYS[1]) end
+  return 0
+end
+if not mine and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return -1
+end
+if redis.call('DEL', KEYS[2]) == 1 then
+  redis.call('DEL', KEYS[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+redis.call('DEL', KEYS[1])
+return 0
+"""
 STOP_RESEND_MS = 15_000
 # What the policy needs of a placed job's record (see _running)
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
                   "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
 MAX_CACHED_SPECS = 100_000
+# What the caches may hold of gone jobs before they are pruned to the live ones
+PRUNE_SLACK = 1_000
 # Attained service counts a job's last this many ended attempts (a job retried
 # more often is in the last LAS queue long before)
 MAX_ATTEMPTS_READ = 32
@@ -90,47 +147,81 @@ class Scheduler:
         # (job id, queue_seq, attempt) -> what a queued job's ended attempts
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
+        self._allocations: dict[str, Allocation] = {}  # stored text -> allocation
+        self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self.las = Las.from_settings(settings)
+        self._deferred = 0  # pass requests left to the messages behind them, in a row
+        self._requested = False  # the message being handled asked for a pass
 
     # ------------------------------------------------------------ passes
 
-    def request_pass(self) -> None:
-        """Run passes until nothing asked for one; or leave it to the holder."""
-        r = self.store.r
-        pipe = r.pipeline(transaction=False)
-        take_pass_request(pipe)  # before the pass that reads the queue
-        pipe.set(DIRTY, "1")
-        pipe.execute()
+    def request_pass(self, *, deferrable: bool = False, if_dirty: bool = False) -> None:
+        """Run passes until nothing asked for one; or leave it to the holder.
+
+        Two round trips around the passes (`_BEGIN_PASS`, `_END_PASS`): a
+        request while another pass holds the lock only marks work to do, and
+        the holder, before it lets go, passes again for all such requests at
+        once. `deferrable` (a trigger taken from this worker's queue): when
+        more scheduler messages wait behind this one, only mark the work and
+        leave the pass to the last of them (`message`), so N task exits that
+        arrive together cost one pass, not N; at most MAX_DEFERRED times in a
+        row, so a queue that never empties still gets its passes. `if_dirty`:
+        only if a pass was asked for and has not run yet.
+        """
+        self._requested = True
+        defer = deferrable and self._deferred < MAX_DEFERRED
+        token = uuid.uuid4().hex
+        began = int(self.store.run_script(_BEGIN_PASS, [
+            keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED,
+            messaging.broker_queue_key(messaging.SCHEDULER_QUEUE)],
+            [token, str(LOCK_SECONDS * 1000), "1" if defer else "0", "1" if if_dirty else "0"]))
+        if began == PASS_DEFERRED:
+            self._deferred += 1
+            return
+        self._deferred = 0
+        if began != PASS_BEGUN:
+            return  # the holder sees the dirty flag and passes again
         for _ in range(MAX_PASSES_PER_CALL):
-            lock = r.lock(keys.SCHEDULER_LOCK, timeout=LOCK_SECONDS)
-            if not lock.acquire(blocking=False):
-                return  # the holder sees the dirty flag and passes again
             try:
-                for _ in range(MAX_PASSES_PER_CALL):
-                    if not r.getdel(DIRTY):
-                        break
-                    self.run_pass()
-            finally:
-                try:
-                    lock.release()
-                except Exception:  # expired while we ran: nothing to release
-                    log.warning("scheduler lock expired during a pass")
-            if not r.exists(DIRTY):
+                self.run_pass()
+            except BaseException:
+                self._end_pass(token, let_go=True)
+                raise
+            if self._end_pass(token) != PASS_AGAIN:
                 return
+        # asked again MAX_PASSES_PER_CALL times in a row: let go; the flag stays
+        # for the next request (the repair loop makes one every few seconds)
+        self._end_pass(token, let_go=True)
+
+    def _end_pass(self, token: str, *, let_go: bool = False) -> int:
+        return int(self.store.run_script(
+            _END_PASS, [keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED],
+            [token, "0" if let_go else str(LOCK_SECONDS * 1000)]))
+
+    @contextmanager
+    def message(self) -> Iterator[None]:
+        """Around the handling of one scheduler message: if it asked for no
+        pass itself, it runs the pass an earlier message left to it (the
+        dirty flag), unless more messages still wait behind it."""
+        self._requested = False
+        try:
+            yield
+        finally:
+            if not self._requested:
+                self.request_pass(deferrable=True, if_dirty=True)
 
     def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
         """Parse the configs of these (job id, queue_seq) not parsed before, in
         one round trip. A submission's config never changes (and its
         `queue_seq` is its own), so each is read and parsed once."""
+        self._specs_used.update(jobs)
         unparsed = [job for job in jobs if job not in self._specs]
         if not unparsed:
             return
-        pipe = self.store.r.pipeline(transaction=False)
-        for job_id, _ in unparsed:
-            pipe.get(keys.job_config(job_id))
+        raws = self.store.r.mget([keys.job_config(job_id) for job_id, _ in unparsed])
         if len(self._specs) + len(unparsed) > MAX_CACHED_SPECS:
             self._specs.clear()
-        for job, raw in zip(unparsed, pipe.execute(), strict=True):
+        for job, raw in zip(unparsed, raws, strict=True):
             if raw:
                 self._specs[job] = JobSpec.from_config(json.loads(raw))
 
@@ -175,23 +266,18 @@ class Scheduler:
                     request.priority, request.seq, self.las.queue_of(seen, now))}, xx=True)
         pipe.execute()
 
-    def _records(self, ids: list[str]) -> list[Job | None]:
-        pipe = self.store.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(keys.job(job_id))
-        return [Job.from_fields(f) if f else None for f in pipe.execute()] if ids else []
+    def _queue(self, queued: list[tuple[str, Job | None]]
+               ) -> tuple[list[JobRequest], dict[str, Job]]:
+        """The queued jobs' requests, and their records (`queued`: the queue
+        and its records as the pass's snapshot read them).
 
-    def _queue(self) -> tuple[list[JobRequest], dict[str, Job]]:
-        """The queued jobs' requests, and their records.
-
-        Two round trips: every queued job's record, then the configs of the
-        jobs not parsed before (and a third for the tasks of jobs without
-        gang allocation, which ask only for their tasks still waiting).
+        A round trip for the configs of the jobs not parsed before (and one
+        for the tasks of jobs without gang allocation, which ask only for
+        their tasks still waiting).
         """
-        ids = self.store.queued_job_ids()
         jobs, stale = [], []
         now = now_ms()
-        for job_id, job in zip(ids, self._records(ids), strict=True):
+        for job_id, job in queued:
             # RUNNING and queued: partly placed (no gang allocation), see below
             if job is None or job.state not in (JobState.WAITING, JobState.RUNNING):
                 stale.append(job_id)
@@ -252,11 +338,9 @@ class Scheduler:
             for alloc in allocs:
                 held.setdefault(alloc.job_id, []).append(alloc)
         ids = sorted(held)
-        pipe = self.store.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(keys.job(job_id), RUNNING_FIELDS)
+        records = self.store.read_fields([keys.job(job_id) for job_id in ids], RUNNING_FIELDS)
         live: list[tuple[str, list[str | None]]] = []
-        for job_id, values in zip(ids, pipe.execute() if ids else [], strict=True):
+        for job_id, values in zip(ids, records, strict=True):
             state, attempt = values[0], values[1]
             if state in (JobState.WAITING, JobState.RUNNING) and attempt is not None:
                 live.append((job_id, values))
@@ -280,23 +364,45 @@ class Scheduler:
         return running
 
     def run_pass(self) -> PassStats:
+        """One pass: read, plan, commit, send. Without cyclic garbage
+        collection inside (as the policy's part already was): a first pass
+        over thousands of jobs allocates so much that the collector walked
+        the whole heap, the caches included, several times during it (a
+        sixth of the commit's CPU in the placement bench's profile)."""
+        with paused_gc():
+            return self._pass()
+
+    def _forget_gone(self, queue: list[JobRequest]) -> None:
+        """Drop what the caches keep of jobs no longer queued or placed (ended,
+        deleted, or submitted again: a new submission has a new queue_seq),
+        once they hold more of those than of live ones, so a long-running
+        scheduler holds about what its cluster and queue hold."""
+        if len(self._specs) > 2 * len(self._specs_used) + PRUNE_SLACK:
+            self._specs = {k: v for k, v in self._specs.items() if k in self._specs_used}
+        self._specs_used = set()
+        if len(self._attained) > 2 * len(queue) + PRUNE_SLACK:
+            wanted = {(q.job_id, q.seq, q.attempt) for q in queue}
+            self._attained = {k: v for k, v in self._attained.items() if k in wanted}
+
+    def _pass(self) -> PassStats:
         started = time.perf_counter()
         now = now_ms()
-        faults = gpuhealth.read_faults(self.store.r)  # unhealthy GPUs take no work
-        nodes = [gpuhealth.healthy_view(n, faults) for n in self.store.get_nodes()]
-        flags = self.store.node_flags()
-        allocations = self.store.all_allocations([n.name for n in nodes])
+        snapshot = self.store.snapshot(self._allocations)
+        # unhealthy GPUs take no work
+        nodes = [gpuhealth.healthy_view(n, snapshot.faults) for n in snapshot.nodes]
+        flags, allocations = snapshot.flags, snapshot.allocations
         live = [n for n in nodes if takes_work(n, flags.get(n.name), now,
                                                self.settings.node_lost_seconds)]
         cluster = Cluster(free_view(node, allocations[node.name]) for node in live)
         running = self._running(allocations)
         self._drain(running, flags, now)
-        queue, records = self._queue()
+        queue, records = self._queue(snapshot.queued)
         vcs = self.accounts.list_vcs()
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
         attained = self._load_attained(queue)
+        self._forget_gone(queue)
         spent, user_spent = self._spent(vcs, allocations, queue, now)
         plan = policy.plan(cluster, queue, running, policies, now, attained, self.las, spent,
                            user_spent)
@@ -449,11 +555,12 @@ class Scheduler:
         return self.store.release_allocation(task.node, attempt_task_key(job_id, attempt, role,
                                                                          index))
 
-    def task_ended(self, job_id: str, attempt: int, role: str, index: int) -> None:
+    def task_ended(self, job_id: str, attempt: int, role: str, index: int, *,
+                   deferrable: bool = False) -> None:
         if self.release_if_settled(job_id, attempt, role, index):
-            self.request_pass()
+            self.request_pass(deferrable=deferrable)
 
-    def stop_attempt(self, job_id: str, attempt: int) -> None:
+    def stop_attempt(self, job_id: str, attempt: int, *, deferrable: bool = False) -> None:
         """An attempt ended or its job is stopping: stop what still runs.
 
         A pass follows when this freed something, or when the job waits in the
@@ -468,12 +575,12 @@ class Scheduler:
                 freed = self.store.release_allocation(
                     task.node, attempt_task_key(job_id, attempt, task.role, task.index)) or freed
         if freed or self.store.r.zscore(keys.QUEUE, job_id) is not None:
-            self.request_pass()
+            self.request_pass(deferrable=deferrable)
 
-    def stop_job(self, job_id: str) -> None:
+    def stop_job(self, job_id: str, *, deferrable: bool = False) -> None:
         job = self.store.get_job(job_id)
         if job is not None and job.state in (JobState.STOPPING, JobState.STOPPED):
-            self.stop_attempt(job_id, job.attempt)
+            self.stop_attempt(job_id, job.attempt, deferrable=deferrable)
 
     # ------------------------------------------------------------ repair
 

@@ -1,4 +1,9 @@
-"""The scheduler's Celery tasks: thin wrappers that parse ids and call Scheduler."""
+"""The scheduler's Celery tasks: thin wrappers that parse ids and call Scheduler.
+
+Each message's pass request is deferrable: while more scheduler messages wait
+behind it, it only marks the work, and the pass runs after the last of them
+(`Scheduler.message`), so a burst of exits costs one pass.
+"""
 
 from __future__ import annotations
 
@@ -17,22 +22,27 @@ def create_scheduler_app(settings: Settings) -> tuple[Celery, Scheduler]:
 
     @app.task(name=messaging.SCHEDULE, shared=False)
     def schedule() -> None:
-        scheduler.request_pass()
+        with scheduler.message():
+            scheduler.request_pass(deferrable=True)
 
     @app.task(name=messaging.TASK_ENDED, shared=False)
     def task_ended(job_id: str, attempt: int, role: str, index: int) -> None:
-        scheduler.task_ended(job_id, int(attempt), role, int(index))
+        with scheduler.message():
+            scheduler.task_ended(job_id, int(attempt), role, int(index), deferrable=True)
 
     @app.task(name=messaging.ATTEMPT_ENDED, shared=False)
     def attempt_ended(job_id: str, attempt: int) -> None:
-        scheduler.stop_attempt(job_id, int(attempt))
+        with scheduler.message():
+            scheduler.stop_attempt(job_id, int(attempt), deferrable=True)
 
     @app.task(name=messaging.STOP_JOB, shared=False)
     def stop_job(job_id: str) -> None:
-        scheduler.stop_job(job_id)
+        with scheduler.message():
+            scheduler.stop_job(job_id, deferrable=True)
 
     @app.task(name=messaging.RECONCILE, shared=False)
     def reconcile() -> None:
-        scheduler.reconcile()
+        with scheduler.message():
+            scheduler.reconcile()
 
     return app, scheduler

@@ -20,7 +20,8 @@ import redis
 READS = frozenset({"get", "exists", "hget", "hgetall", "hmget", "hexists", "zrange",
                    "zrangebyscore", "zscore", "mget"})
 WRITES = frozenset({"set", "delete", "hset", "hdel", "zadd", "zrem", "xadd", "expire"})
-SCRIPTS = frozenset({"evalsha"})  # a write of every key it names (a script may write any)
+# A script reads and may write every key it names: hooks meet it as both
+SCRIPTS = frozenset({"evalsha", "eval"})
 
 
 @dataclass
@@ -38,7 +39,7 @@ class _Hooks:
     hooks: list[Hook] = field(default_factory=list)
 
     def run(self, when: str, command: str, args: tuple[Any, ...]) -> None:
-        commands = READS if when == "after-read" else WRITES | SCRIPTS
+        commands = (READS if when == "after-read" else WRITES) | SCRIPTS
         if command not in commands or not args:
             return
         if command in SCRIPTS:  # evalsha(sha, numkeys, *keys, *args)

@@ -180,7 +180,8 @@ def test_a_pass_sends_starts_only_for_what_it_bound_one_message_per_node(
     names = ("a", "b", "c", "d")
     jobs = {n: submit_job(store, "alice", config(n)) for n in names}
     settings = Settings(redis_url=redis_server, node_lost_seconds=30)
-    hook = Hook("before-write", keys.job(jobs["a"].id),
+    # after the pass decided, before its commit (the only write of a's events)
+    hook = Hook("before-write", keys.job_events(jobs["a"].id),
                 lambda: request_stop(other, jobs["c"].id))
     scheduler = Scheduler(settings, Store(with_hooks(redis_client, hook)),
                           Messenger(make_celery(settings)))

@@ -206,7 +206,9 @@ def test_a_retry_requeued_while_a_pass_drops_stale_entries_stays_queued(
     on the record it re-reads, so the retried job stays queued and runs."""
     add_node(store)
     job = submit_job(store, "alice", config("flaky", retry=3))
-    hooks = (Hook("after-read", keys.QUEUE,  # another replica places it; it starts
+    # The pass reads the queue, then (its snapshot's second round trip) the
+    # queued jobs' records: another replica places it and it starts in between
+    hooks = (Hook("after-read", keys.job(job.id),
                   lambda: place_and_run(other, job.id, gpu=0)),
              Hook("before-write", keys.QUEUE,  # it fails and is retried
                   lambda: record_task_exit(other, job.id, 0, "main", 0, exit_code=1)))
