@@ -131,7 +131,7 @@ def test_the_pass_reads_the_budgets_of_users_with_work_only(
     research_with_budget(store, "wait", user="carol")  # carol: work in default only
     submit_job(store, "alice", config("queued"))
     submit_job(store, "carol", config("elsewhere", vc="default"))
-    queue, _ = scheduler._queue()
+    queue, _ = scheduler._queue(store.snapshot().queued)
     vcs = Accounts(store).list_vcs()
 
     _, user_spent = scheduler._spent(vcs, store.all_allocations(["n1"]), queue, now_ms())
