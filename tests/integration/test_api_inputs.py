@@ -35,7 +35,7 @@ BAD_BODIES: dict[str, bytes] = {
 def body_routes(app: Flask) -> list[tuple[str, str]]:
     """(method, path) of every API route that reads a body, with its
     variables filled in with names that exist."""
-    fill = {"username": "alice", "name": "default", "role": "main", "index": "0"}
+    fill = {"username": "alice", "user": "alice", "name": "default", "role": "main", "index": "0"}
     routes = []
     for rule in app.url_map.iter_rules():
         for method in sorted((rule.methods or set()) & {"POST", "PUT", "PATCH"}):
