@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import redis
 from redis.client import NEVER_DECODE
 
-from shared import keys
+from shared import jobsort, keys
 from shared.archive import Archive
 from shared.cluster import NodeFlags, change_flags
 from shared.config import parse_sentinel_url
@@ -392,9 +392,11 @@ class Store:
         self, *, username: str | None = None, vc: str | None = None,
         state: str | None = None, keyword: str | None = None, offset: int = 0,
         limit: int = 50, count_total: bool = True, oldest_first: bool = False,
+        sort: str = jobsort.SUBMIT_TIME,
     ) -> tuple[list[Job], int | None]:
         """Jobs newest first (`oldest_first`: by submit time the other way),
-        filtered through the index sets; and the total.
+        filtered through the index sets; and the total. `sort` names another
+        field to sort the whole filtered set by (shared/jobsort.py).
 
         One filter and no keyword is a plain range of its index. A keyword is
         looked up in the process's name index (nameindex.py), which answers
@@ -403,6 +405,10 @@ class Store:
         newest first in chunks, each checked against the other indexes
         (ZMSCORE), until the page is full; cost follows the page's depth, not
         the number of jobs stored.
+
+        Another sort needs every filtered id: they are read in submit-time
+        order as above, with the few fields the sort compares by (one
+        pipelined HMGET; none for the name or the user), and sorted here.
         """
         index_keys = [keys.user_jobs(username)] if username else []
         if vc:
@@ -411,12 +417,27 @@ class Store:
             index_keys.append(keys.state_jobs(state))
         if not index_keys and not keyword:
             index_keys = [keys.JOBS]
+        if sort != jobsort.SUBMIT_TIME:
+            every = self._selected_ids(index_keys, keyword, None, oldest_first)
+            ordered = jobsort.sorted_ids(every, sort, self.sort_values(every, sort),
+                                         descending=not oldest_first, now_ms=now_ms())
+            return self._jobs(ordered[offset:offset + limit]), len(ordered)
         if len(index_keys) == 1 and not keyword:
             total = int(self.r.zcard(index_keys[0]))
             page = self.r.zrange if oldest_first else self.r.zrevrange
             ids = page(index_keys[0], offset, offset + limit - 1)
             return self._jobs(ids), total
         wanted = offset + limit if not count_total else None
+        matched = self._selected_ids(index_keys, keyword, wanted, oldest_first)
+        return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
+
+    def _selected_ids(self, index_keys: Sequence[str], keyword: str | None,
+                      wanted: int | None, oldest_first: bool) -> list[str]:
+        """The ids every index holds whose name has `keyword`, by submit time
+        (newest first unless `oldest_first`); the first `wanted` of them."""
+        if len(index_keys) == 1 and not keyword:
+            page = self.r.zrange if oldest_first else self.r.zrevrange
+            return list(page(index_keys[0], 0, -1 if wanted is None else wanted - 1))
         sizes = [int(n) for n in self._pipeline_zcard(index_keys)]
         if keyword:
             matches = self.names.search(
@@ -424,13 +445,36 @@ class Store:
             if oldest_first:
                 matches.reverse()
             if not index_keys or len(matches) <= min(sizes):
-                matched = self._in_every(matches, index_keys, wanted)
-                return self._jobs(matched[offset:offset + limit]), \
-                    len(matched) if count_total else None
+                return self._in_every(matches, index_keys, wanted)
         driver = index_keys[sizes.index(min(sizes))]
         others = [k for k in index_keys if k != driver]
-        matched = self._matching_ids(driver, others, keyword, wanted, oldest_first=oldest_first)
-        return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
+        return self._matching_ids(driver, others, keyword, wanted, oldest_first=oldest_first)
+
+    def sort_values(self, ids: Sequence[str], sort: str) -> dict[str, dict[str, str | None]]:
+        """The job fields `sort` compares by, per id: one pipelined HMGET of
+        the records, then the archives of the compacted ones (no hash)."""
+        reads = jobsort.SORT_FIELDS[sort].reads
+        if not reads or not ids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(keys.job(job_id), reads)
+        values: dict[str, dict[str, str | None]] = {}
+        compacted = []
+        for job_id, got in zip(ids, pipe.execute(), strict=True):
+            if all(v is None for v in got):
+                compacted.append(job_id)
+            else:
+                values[job_id] = dict(zip(reads, got, strict=True))
+        if compacted:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in compacted:
+                pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
+            for job_id, blob in zip(compacted, pipe.execute(), strict=True):
+                record = Archive.record_of(blob) if blob else None
+                if record is not None:
+                    values[job_id] = {f: record.get(f) for f in reads}
+        return values
 
     def _in_every(self, ids: Sequence[str], index_keys: Sequence[str], wanted: int | None,
                   chunk: int = 1000) -> list[str]:

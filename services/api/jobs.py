@@ -23,7 +23,12 @@ from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
-from services.api.schemas import LIST_ORDERS, MAX_TAIL, StopRequestSchema, TaskSamplesQuerySchema
+from services.api.schemas import (
+    MAX_TAIL,
+    JobListQuerySchema,
+    StopRequestSchema,
+    TaskSamplesQuerySchema,
+)
 from services.api.storage import check_job_storage
 from shared import idle, keys, logfiles, tasksamples
 from shared.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
@@ -44,6 +49,8 @@ bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 
 MAX_IDLE_SHOWN = 200  # idle tasks listed at most, longest idle first
+# The list's order and sort field, by the schema (offset and limit are clamped, not refused)
+_LIST_ORDERING = JobListQuerySchema(only=("order", "sort"))
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
@@ -312,7 +319,8 @@ def _submit_decided(username: str, body: Any,
 
 @bp.get("/jobs")
 def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
-    """Jobs newest first (or oldest first), filtered; a page with the total on request.
+    """Jobs newest first (or oldest first, or by another field), filtered; a page
+    with the total on request.
     ---
     get:
       errors: [400]
@@ -337,14 +345,14 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
     if state is not None and state not in JobState.__members__:
         raise ApiError("BadRequestError",
                        f"state is one of {', '.join(JobState.__members__)}")
-    order = args.get("order") or LIST_ORDERS[0]
-    if order not in LIST_ORDERS:
-        raise ApiError("BadRequestError", f"order is one of {', '.join(LIST_ORDERS)}")
+    ordering = load(_LIST_ORDERING, {k: v for k, v in args.items()
+                                     if k in _LIST_ORDERING.fields and v})
     with_total = args.get("withTotalCount", "").lower() in ("1", "true")
     jobs, total = platform().store.list_jobs(
         username=args.get("username") or None, vc=args.get("vc") or None, state=state,
         keyword=args.get("keyword") or None, offset=offset, limit=limit,
-        count_total=with_total, oldest_first=order == "asc")
+        count_total=with_total, oldest_first=ordering["order"] == "asc",
+        sort=ordering["sort"])
     rows = [job_summary(j) for j in jobs]
     if with_total:
         return {"totalCount": total, "data": rows}

@@ -21,7 +21,7 @@ from marshmallow import (
     validates_schema,
 )
 
-from shared import execs
+from shared import execs, jobsort
 from shared.capabilities import GRANTABLE
 from shared.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.jobspec import JobConfigSchema, WholeNumber
@@ -310,7 +310,7 @@ class SubmitQuerySchema(Schema):
                             metadata={"description": "validate and answer 200; store nothing"})
 
 
-LIST_ORDERS = ("desc", "asc")  # by submit time: newest first, or oldest first
+LIST_ORDERS = ("desc", "asc")  # by the sort field (submit time unless named): down, or up
 
 
 class JobListQuerySchema(Schema):
@@ -322,7 +322,10 @@ class JobListQuerySchema(Schema):
     vc = fields.String(metadata={"description": "virtual cluster"})
     keyword = fields.String(metadata={"description": "part of the job name"})
     order = fields.String(load_default="desc", validate=validate.OneOf(LIST_ORDERS), metadata={
-        "description": "by submit time: desc (newest first) or asc (oldest first)"})
+        "description": "desc (largest, newest first) or asc, by `sort`"})
+    sort = fields.String(load_default=jobsort.SUBMIT_TIME, validate=validate.OneOf(jobsort.SORTS),
+                         metadata={"description": "the field the whole filtered list is "
+                                   "sorted by; equal values in submit-time order, then id"})
     withTotalCount = fields.Boolean(
         load_default=False, metadata={"description": "answer {totalCount, data}, not a list"})
 
