@@ -1,4 +1,4 @@
-"""The portal's pure parts: paging, sorting, safe redirects, clones and error
+"""The portal's pure parts: paging, the sort asked for, safe redirects, clones and error
 fields, from the API's answers to what a page shows. No IO: table-tested in
 tests/integration/test_portal_pages.py (pure, beside the portal's other tests)."""
 
@@ -13,20 +13,16 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from shared import jobsort
+
 PAGE_SIZES = (20, 50, 100)
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE = 10**6  # past any real job count: the API's own offset bound stays far away
 
-# Columns the job table sorts by, and how (rows are the API's JobSummary).
-SORT_ACROSS_PAGES = "created"  # the API's own order (submit time), over every page
-JOB_SORTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "name": lambda row: row["name"],
-    "user": lambda row: row["username"],
-    "state": lambda row: row["state"],
-    "vc": lambda row: row["virtualCluster"],
-    "gpus": lambda row: row["gpus"] or 0,
-    "created": lambda row: row["createdTime"] or 0,
-}
+# The job table sorts every page by any column: the API sorts the whole
+# filtered list (`GET /api/v1/jobs?sort=&order=`, shared/jobsort.py).
+# Earlier links named some columns otherwise; a bookmark keeps working.
+SORT_ALIASES = {"created": jobsort.SUBMIT_TIME, "user": "username", "vc": "virtualCluster"}
 
 
 @dataclass(frozen=True)
@@ -67,13 +63,15 @@ def paging_of(args: Mapping[str, str]) -> Paging:
     return Paging(_whole(args.get("page"), 1, 1, MAX_PAGE), size)
 
 
-def sorted_rows(rows: list[dict[str, Any]], sort: str | None,
-                descending: bool) -> list[dict[str, Any]]:
-    """The page's rows by a known column, or as the API gave them (newest first)."""
-    key = JOB_SORTS.get(sort or "")
-    if key is None:
-        return rows
-    return sorted(rows, key=key, reverse=descending)
+def sort_of(args: Mapping[str, str]) -> tuple[str, bool]:
+    """The column and direction asked for by `?sort=&order=`: an unknown
+    column is submit time, anything but `asc` is descending (a bookmark
+    never breaks the page)."""
+    sort = args.get("sort", "")
+    sort = SORT_ALIASES.get(sort, sort)
+    if sort not in jobsort.SORTS:
+        sort = jobsort.SUBMIT_TIME
+    return sort, args.get("order", "desc") != "asc"
 
 
 def local_target(target: str | None, default: str = "/") -> str:

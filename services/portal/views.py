@@ -260,26 +260,22 @@ def job_list() -> ResponseReturnValue:
     filters = {"username": args.get("username", "").strip(), "vc": args.get("vc", "").strip(),
                "state": args.get("state", "").strip(), "keyword": args.get("keyword", "").strip()}
     paging = pages.paging_of(args)
-    sort, descending = args.get("sort", ""), args.get("order", "desc") != "asc"
-    # By submit time the API sorts every page (its index order); other
-    # columns sort the page shown.
-    across = sort in ("", pages.SORT_ACROSS_PAGES)
+    sort, descending = pages.sort_of(args)  # the API sorts the whole list, every page
     answer = call("GET", "/api/v1/jobs", query={
         **{k: v for k, v in filters.items() if v}, "offset": paging.offset,
-        "limit": paging.size, "withTotalCount": "true",
-        "order": "desc" if descending or not across else "asc"})
+        "limit": paging.size, "withTotalCount": "true", "sort": sort,
+        "order": "desc" if descending else "asc"})
     rows: list[dict[str, Any]] = []
     error = None
     if answer.ok:
         paging = pages.Paging(paging.page, paging.size, int(answer.body["totalCount"]))
-        rows = answer.body["data"] if across else \
-            pages.sorted_rows(answer.body["data"], sort, descending)
+        rows = answer.body["data"]
     else:
         error = answer.message
     return render_template("jobs.html", rows=rows, error=error, filters=filters,
                            paging=paging, sort=sort, descending=descending,
                            states=[s.value for s in JobState], sizes=pages.PAGE_SIZES,
-                           sorts=list(pages.JOB_SORTS), here=request.full_path.rstrip("?"))
+                           here=request.full_path.rstrip("?"))
 
 
 def _stop(username: str, name: str) -> Answer:

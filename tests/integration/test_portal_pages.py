@@ -62,24 +62,20 @@ def test_paging_counts_pages(page: int, total: int, pages_: int, previous: bool,
     assert (paging.pages, paging.has_previous, paging.has_next) == (pages_, previous, next_)
 
 
-ROWS: list[dict[str, Any]] = [
-    {"name": "b", "username": "u2", "state": "WAITING", "virtualCluster": "x", "gpus": 2,
-     "createdTime": 2},
-    {"name": "a", "username": "u1", "state": "RUNNING", "virtualCluster": "y", "gpus": None,
-     "createdTime": 3},
-]
-
-
-@pytest.mark.parametrize(("sort", "descending", "names"), [
-    ("name", False, ["a", "b"]),
-    ("name", True, ["b", "a"]),
-    ("gpus", False, ["a", "b"]),
-    ("created", True, ["a", "b"]),
-    ("", True, ["b", "a"]),        # as the API gave them
-    ("nonsense", False, ["b", "a"]),
+@pytest.mark.parametrize(("args", "expected"), [
+    ({}, ("submitTime", True)),
+    ({"sort": "name", "order": "asc"}, ("name", False)),
+    ({"sort": "gpus"}, ("gpus", True)),
+    ({"sort": "completedTime", "order": "desc"}, ("completedTime", True)),
+    ({"sort": "created", "order": "asc"}, ("submitTime", False)),  # an older link's name
+    ({"sort": "user"}, ("username", True)),
+    ({"sort": "vc", "order": "asc"}, ("virtualCluster", False)),
+    ({"sort": "nonsense", "order": "asc"}, ("submitTime", False)),
+    ({"sort": "name", "order": "sideways"}, ("name", True)),
+    ({"sort": "", "order": ""}, ("submitTime", True)),
 ])
-def test_sorted_rows(sort: str, descending: bool, names: list[str]) -> None:
-    assert [r["name"] for r in pages.sorted_rows(ROWS, sort, descending)] == names
+def test_sort_of(args: dict[str, str], expected: tuple[str, bool]) -> None:
+    assert pages.sort_of(args) == expected
 
 
 def test_clone_renames_a_v1_job_as_json_and_a_v2_job_as_yaml() -> None:
