@@ -99,6 +99,7 @@ class Expect:
 
 
 POOL_SIZE = 100  # redis-py's default
+SORT_READ_CHUNK = 2000  # job records a sort reads per script call: about 1 ms of Redis
 POOL_WAIT_SECONDS = 20.0
 
 
@@ -450,22 +451,27 @@ class Store:
         others = [k for k in index_keys if k != driver]
         return self._matching_ids(driver, others, keyword, wanted, oldest_first=oldest_first)
 
-    def sort_values(self, ids: Sequence[str], sort: str) -> dict[str, dict[str, str | None]]:
-        """The job fields `sort` compares by, per id: one pipelined HMGET of
-        the records, then the archives of the compacted ones (no hash)."""
+    def sort_values(self, ids: Sequence[str], sort: str,
+                    chunk: int = SORT_READ_CHUNK) -> dict[str, dict[str, str | None]]:
+        """The job fields `sort` compares by, per id: the records' fields by a
+        script, `chunk` records a call (a pipeline of one HMGET per job costs
+        five times as much in the client), then the archives of the
+        compacted ones (no hash)."""
         reads = jobsort.SORT_FIELDS[sort].reads
         if not reads or not ids:
             return {}
-        pipe = self.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(keys.job(job_id), reads)
         values: dict[str, dict[str, str | None]] = {}
         compacted = []
-        for job_id, got in zip(ids, pipe.execute(), strict=True):
-            if all(v is None for v in got):
-                compacted.append(job_id)
-            else:
-                values[job_id] = dict(zip(reads, got, strict=True))
+        width = len(reads)
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            flat = self.run_script(_HMGET_MANY, [keys.job(i) for i in part], reads)
+            for n, job_id in enumerate(part):
+                got = flat[n * width:(n + 1) * width]
+                if all(v is None for v in got):
+                    compacted.append(job_id)
+                else:
+                    values[job_id] = dict(zip(reads, got, strict=True))
         if compacted:
             pipe = self.r.pipeline(transaction=False)
             for job_id in compacted:
@@ -745,6 +751,18 @@ def _script_sha(source: str) -> str:
 
 def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
     return {t.key: json.dumps(t.to_dict(), separators=(",", ":")) for t in tasks}
+
+
+# The same fields of many job records, flattened: ARGV are the fields,
+# KEYS the records; a record that is not there gives a nil per field.
+_HMGET_MANY = """
+local out = {}
+for _, key in ipairs(KEYS) do
+  local got = redis.call('HMGET', key, unpack(ARGV))
+  for j = 1, #ARGV do out[#out + 1] = got[j] end
+end
+return out
+"""
 
 
 # A new job: its record, config, tasks, first attempt, indexes, queue places

@@ -15,7 +15,7 @@ from flask import Blueprint, Response, current_app, g, request, stream_with_cont
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from services.api import sse
+from services.api import jobmetrics, sse
 from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
 from services.api.bodies import load, load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
@@ -26,6 +26,7 @@ from services.api.render import job_detail, job_summary
 from services.api.schemas import (
     MAX_TAIL,
     JobListQuerySchema,
+    JobMetricsQuerySchema,
     StopRequestSchema,
     TaskSamplesQuerySchema,
 )
@@ -48,6 +49,8 @@ from shared.store import Expect, ExpectationFailed, JobConflict
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 
+MAX_METRIC_TASKS = 64  # tasks a job's metrics answer holds at most, by role and index
+MAX_METRIC_SAMPLES = 20_000  # samples read per task when the monitor's are shown
 MAX_IDLE_SHOWN = 200  # idle tasks listed at most, longest idle first
 # The list's order and sort field, by the schema (offset and limit are clamped, not refused)
 _LIST_ORDERING = JobListQuerySchema(only=("order", "sort"))
@@ -517,6 +520,55 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
     found = tasksamples.read(store.r, job.id, attempt, role, index, limit=query["limit"])
     return {"attempt": attempt, "intervalSeconds": platform().settings.task_sample_seconds,
             "samples": [sample.to_dict() for sample in found]}
+
+
+@bp.get("/user/<username>/jobs/<name>/metrics")
+def job_metrics(username: str, name: str) -> dict[str, Any]:
+    """A job attempt's CPU, memory, GPU and GPU memory use over time, per task:
+    from Prometheus when PAI_PROMETHEUS_URL is set, else (or when it fails)
+    from the monitor's samples, as `source` says; who may read its log.
+    ---
+    get:
+      errors: [400, 403, 404]
+      parameters:
+      - {in: query, schema: JobMetricsQuerySchema}
+      responses: {200: JobMetrics}
+    """
+    job = get_job_or_404(username, name, owner_only=True, action="read the metrics")
+    query = load(JobMetricsQuerySchema(), request.args)
+    attempt = query.get("attempt", job.attempt)
+    if attempt > job.attempt:
+        raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    settings = platform().settings
+    to_ms = query.get("to", job.completed_ms if job.state.is_final and job.completed_ms
+                      else now_ms())
+    from_ms = query.get("from_", min(job.created_ms, to_ms - 1))
+    if from_ms >= to_ms:
+        raise ApiError("BadRequestError", "`from` must be before `to`")
+    answer: dict[str, Any] = {"attempt": attempt, "final": job.state.is_final,
+                              "from": from_ms, "to": to_ms, "fallbackReason": None}
+    if settings.prometheus_url:
+        step = jobmetrics.span(from_ms, to_ms, query.get("step"))
+        try:
+            found = jobmetrics.query_range(
+                settings.prometheus_url, jobmetrics.queries(username, name, attempt),
+                from_ms, to_ms, step, settings.prometheus_timeout_seconds)
+            return {**answer, "source": jobmetrics.SOURCE_PROMETHEUS, "stepSeconds": step,
+                    "tasks": jobmetrics.task_samples(found)[:MAX_METRIC_TASKS]}
+        except jobmetrics.PrometheusError as error:
+            logging.getLogger("pai.api").warning(
+                "job %s/%s metrics: Prometheus failed: %s", username, name, error)
+            answer["fallbackReason"] = f"Prometheus failed: {error}"
+    store = platform().store
+    tasks = []
+    for task in store.get_tasks(job.id, attempt)[:MAX_METRIC_TASKS]:
+        kept = tasksamples.read(store.r, job.id, attempt, task.role, task.index,
+                                limit=MAX_METRIC_SAMPLES)
+        tasks.append({"taskRole": task.role, "taskIndex": task.index, "samples": [
+            {**sample.to_dict(), "gpuMemoryBytes": None} for sample in kept
+            if from_ms <= sample.time_ms <= to_ms]})
+    return {**answer, "source": jobmetrics.SOURCE_SAMPLES,
+            "stepSeconds": settings.task_sample_seconds, "tasks": tasks}
 
 
 @bp.get("/idle-gpu-tasks")

@@ -255,6 +255,50 @@ class TaskSamplesSchema(Schema):
     samples = fields.List(fields.Nested(TaskSampleSchema), required=True)
 
 
+MAX_METRICS_STEP_SECONDS = 86_400
+
+
+class JobMetricsQuerySchema(Schema):
+    attempt = fields.Integer(validate=validate.Range(min=0),
+                             metadata={"description": "default: the job's current attempt"})
+    from_ = fields.Integer(data_key="from", validate=validate.Range(min=0), metadata={
+        **_MS, "description": "default: when the job was submitted"})
+    to = fields.Integer(validate=validate.Range(min=0), metadata={
+        **_MS, "description": "default: when the job finished, else now"})
+    step = fields.Float(validate=validate.Range(min=1, max=MAX_METRICS_STEP_SECONDS), metadata={
+        "description": "seconds between points; at least the span in 1,000 points"})
+
+    @validates_schema
+    def check_span(self, data: dict[str, Any], **_: object) -> None:
+        if "from_" in data and "to" in data and data["from_"] >= data["to"]:
+            raise ValidationError(["must be before `to`"], "from")
+
+
+class JobMetricsSampleSchema(TaskSampleSchema):
+    gpuMemoryBytes = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "memory in use on the task's GPUs (Prometheus only)"})
+
+
+class JobMetricsTaskSchema(Schema):
+    taskRole = fields.String(required=True)
+    taskIndex = fields.Integer(required=True)
+    samples = fields.List(fields.Nested(JobMetricsSampleSchema), required=True)
+
+
+class JobMetricsSchema(Schema):
+    source = fields.String(required=True, validate=validate.OneOf(["prometheus", "samples"]),
+                           metadata={"description": "Prometheus, or the monitor's samples"})
+    fallbackReason = fields.String(required=True, allow_none=True, metadata={
+        "description": "why the samples are shown though Prometheus is configured"})
+    attempt = fields.Integer(required=True)
+    final = fields.Boolean(required=True, metadata={"description": "the job has ended"})
+    from_ = fields.Integer(data_key="from", required=True, metadata=_MS)
+    to = _ms()
+    stepSeconds = fields.Float(required=True, metadata={
+        "description": "Prometheus' step, or the monitor's sampling interval"})
+    tasks = fields.List(fields.Nested(JobMetricsTaskSchema), required=True)
+
+
 class IdleGpuTaskSchema(Schema):
     username = fields.String(required=True)
     jobName = fields.String(required=True)
@@ -631,5 +675,6 @@ COMPONENTS: dict[str, type[Schema]] = {
     "NodePut": NodePutSchema,
     "UsageReport": UsageReportSchema,
     "TaskSamples": TaskSamplesSchema,
+    "JobMetrics": JobMetricsSchema,
     "IdleGpuTask": IdleGpuTaskSchema,
 }

@@ -155,3 +155,13 @@ def test_pages_put_together_are_the_whole_sorted_list(
     expected = sorted(key, key=key.__getitem__, reverse=not ascending)
     if sort != "duration":  # the only field read against the clock
         assert [j.id for j in whole] == expected
+
+
+def test_the_fields_read_in_chunks_are_those_read_at_once(mixed: Jobs) -> None:
+    store = mixed.store
+    ids = [str(i) for i in store.r.zrange(keys.JOBS, 0, -1)] + ["nobody~gone"]
+    whole = store.sort_values(ids, "duration")
+    assert set(whole) == set(ids) - {"nobody~gone"}  # a job gone has no values
+    for chunk in (1, 3, 7):
+        assert store.sort_values(ids, "duration", chunk=chunk) == whole
+    assert store.sort_values(ids, "name") == {}  # the id holds it: nothing read
