@@ -526,7 +526,8 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
 def job_metrics(username: str, name: str) -> dict[str, Any]:
     """A job attempt's CPU, memory, GPU and GPU memory use over time, per task:
     from Prometheus when PAI_PROMETHEUS_URL is set, else (or when it fails)
-    from the monitor's samples, as `source` says; who may read its log.
+    from the monitor's samples, as `source` says (all it kept unless `from`
+    or `to` is given); who may read its log.
     ---
     get:
       errors: [400, 403, 404]
@@ -566,7 +567,7 @@ def job_metrics(username: str, name: str) -> dict[str, Any]:
                                 limit=MAX_METRIC_SAMPLES)
         tasks.append({"taskRole": task.role, "taskIndex": task.index, "samples": [
             {**sample.to_dict(), "gpuMemoryBytes": None} for sample in kept
-            if from_ms <= sample.time_ms <= to_ms]})
+            if query.get("from_", 0) <= sample.time_ms <= query.get("to", sample.time_ms)]})
     return {**answer, "source": jobmetrics.SOURCE_SAMPLES,
             "stepSeconds": settings.task_sample_seconds, "tasks": tasks}
 

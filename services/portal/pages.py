@@ -147,6 +147,7 @@ def vc_rows(vcs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
 CHART_WIDTH, CHART_HEIGHT = 600, 160  # the SVG's own units; CSS scales it
 CHART_POINTS = 120  # points drawn per line (and rows in the table fallback)
 CHART_TASKS = 8  # tasks charted per job, the first by role and index
+CHART_REFRESH_SECONDS = 10  # the job page redraws its charts this often while the job runs
 MIB = 1024 * 1024
 
 
@@ -185,11 +186,43 @@ def _memory_mib(sample: Mapping[str, Any]) -> float | None:
     return None if value is None else value / MIB
 
 
+def _gpu_memory_mib(sample: Mapping[str, Any]) -> float | None:
+    value = sample.get("gpuMemoryBytes")
+    return None if value is None else value / MIB
+
+
 METRICS: tuple[tuple[str, str, str, Callable[[Mapping[str, Any]], float | None]], ...] = (
     ("gpu", "GPU utilisation (mean of the task's GPUs)", "%", _gpu_mean),
     ("cpu", "CPU use (100 = one core)", "%", lambda s: s.get("cpuPercent")),
     ("memory", "Memory use", "MiB", _memory_mib),
 )
+# Prometheus has the GPUs' memory too (the monitor's samples do not)
+GPU_MEMORY = ("gpumemory", "GPU memory use (the task's GPUs)", "MiB", _gpu_memory_mib)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The charts of a job's use and where their figures come from."""
+
+    charts: list[Chart]
+    source: str  # one sentence for the page
+    final: bool  # no new point will come: the page stops asking
+
+
+def usage_of(answer: Mapping[str, Any], tasks: int = CHART_TASKS) -> Usage:
+    """The API's job metrics (`GET .../metrics`) as charts of the first
+    `tasks` tasks, with a sentence naming the source."""
+    samples = {f"{t['taskRole']}[{t['taskIndex']}]": t["samples"]
+               for t in answer.get("tasks", [])[:tasks] if t["samples"]}
+    step = float(answer.get("stepSeconds") or 0)
+    if answer.get("source") == "prometheus":
+        source = f"From Prometheus, a point every {step:g} s."
+        metrics = (*METRICS, GPU_MEMORY)
+    else:
+        why = answer.get("fallbackReason") or "Prometheus is not configured"
+        source = f"From the monitor's samples (one every {step:g} s): {why}."
+        metrics = METRICS
+    return Usage(usage_charts(samples, metrics=metrics), source, bool(answer.get("final")))
 
 
 def _buckets(times: list[int], count: int) -> list[tuple[int, int]]:
@@ -202,14 +235,17 @@ def _buckets(times: list[int], count: int) -> list[tuple[int, int]]:
 
 
 def usage_charts(samples: Mapping[str, Sequence[Mapping[str, Any]]],
-                 points: int = CHART_POINTS) -> list[Chart]:
+                 points: int = CHART_POINTS,
+                 metrics: Sequence[tuple[str, str, str, Callable[[Mapping[str, Any]],
+                                                                 float | None]]] = METRICS,
+                 ) -> list[Chart]:
     """A chart per metric (GPU, CPU, memory) with a line per task, from the
     API's samples (task label -> samples, oldest first). Each line is the
     mean of its samples in up to `points` equal time spans; a span with none
     leaves a gap in the table and is skipped by the line."""
     every = sorted({int(s["time"]) for rows in samples.values() for s in rows})
     charts = []
-    for key, title, unit, value_of in METRICS:
+    for key, title, unit, value_of in metrics:
         if not every:
             charts.append(Chart(key, title, unit, 100.0 if unit == "%" else 1.0, (), ()))
             continue

@@ -73,6 +73,7 @@ def init_app(app: Flask, settings: Settings) -> None:
                       SESSION_COOKIE_SECURE=settings.portal_secure_cookie)
     app.jinja_env.filters["when"] = _when
     app.jinja_env.globals["idle_minutes"] = pages.idle_minutes
+    app.jinja_env.globals["chart_refresh_seconds"] = pages.CHART_REFRESH_SECONDS
     app.register_blueprint(bp)
 
 
@@ -316,24 +317,34 @@ def job_page(username: str, name: str) -> ResponseReturnValue:
     return render_template("job.html", job=job, username=username, status=job["jobStatus"],
                            final=JobState(job["jobStatus"]["state"]).is_final,
                            config=shown, config_error=None if config.ok else config.message,
-                           may_act=mine, charts=_charts(username, name, job) if mine else None,
+                           may_act=mine, name=name,
+                           usage=_usage(username, name, job["jobStatus"]["attemptIndex"])
+                           if mine else None,
                            chart_size=(pages.CHART_WIDTH, pages.CHART_HEIGHT))
 
 
-def _charts(username: str, name: str, job: dict[str, Any]) -> list[pages.Chart]:
-    """The job's use over time from its tasks' samples (the monitor keeps them
-    until the finished job is compacted), for the first few tasks."""
-    attempt = job["jobStatus"]["attemptIndex"]
-    tasks = [(role, t["taskIndex"]) for role, r in job["taskRoles"].items()
-             for t in r["taskStatuses"]][:pages.CHART_TASKS]
-    samples = {}
-    for role, index in tasks:
-        answer = call("GET", _job_path(username, name, f"/tasks/{quote(role, safe='')}/"
-                                                       f"{index}/samples"),
-                      query={"attempt": attempt})
-        if answer.ok and answer.body["samples"]:
-            samples[f"{role}[{index}]"] = answer.body["samples"]
-    return pages.usage_charts(samples)
+def _usage(username: str, name: str, attempt: int) -> pages.Usage | None:
+    """The job's use over time: Prometheus' when configured, else the
+    monitor's samples (the API decides and says which); None when the API
+    refuses (not the owner or an admin)."""
+    answer = call("GET", _job_path(username, name, "/metrics"), query={"attempt": attempt})
+    return pages.usage_of(answer.body) if answer.ok else None
+
+
+@bp.get("/jobs/<username>/<name>/usage")
+def job_usage(username: str, name: str) -> ResponseReturnValue:
+    """The charts alone, as the job page shows them: its script redraws them
+    from here while the job runs."""
+    job = call("GET", _job_path(username, name))
+    if not job.ok:
+        return render_template("error.html", status=job.status,
+                               message=job.message), job.status
+    usage = _usage(username, name, job.body["jobStatus"]["attemptIndex"])
+    if usage is None:
+        return render_template("error.html", status=403,
+                               message=f"only {username} or an admin may see its use"), 403
+    return render_template("_usage.html", usage=usage, username=username, name=name,
+                           chart_size=(pages.CHART_WIDTH, pages.CHART_HEIGHT))
 
 
 @bp.post("/jobs/<username>/<name>/stop")

@@ -41,6 +41,7 @@ from shared.states import JobState
 from shared.store import Store
 from tests.integration.api_client import AuthedClient, error_of, new_user, signed_in
 from tests.integration.test_api_list import Jobs
+from tests.integration.test_portal import portal_login
 
 pytestmark = pytest.mark.redis
 NODE = "n1"
@@ -138,15 +139,21 @@ def _recent(client: AuthedClient, path: str = f"/api/v1/user/alice/jobs/{JOB}/me
     return body
 
 
+def _whole(sample: dict[str, Any]) -> bool:
+    return all(sample[k] is not None for k in ("cpuPercent", "memoryBytes", "gpuMemoryBytes")) \
+        and len(sample["gpuPercent"]) == 2
+
+
 def test_the_metrics_come_from_prometheus(settings: Settings, prometheus: str,
                                           job: Jobs) -> None:
-    alice, _ = _client(settings, prometheus_url=prometheus)
+    # a loaded machine's Prometheus may be slow: the bound is not what is tested here
+    alice, _ = _client(settings, prometheus_url=prometheus, prometheus_timeout_seconds=30.0)
 
     def scraped() -> dict[str, Any] | None:
         body = _recent(alice)
         assert body["source"] == "prometheus", body
         tasks = body["tasks"]
-        if not tasks or not any(s["gpuMemoryBytes"] for s in tasks[0]["samples"]):
+        if not tasks or not any(_whole(s) for s in tasks[0]["samples"]):
             return None
         return body
 
@@ -154,12 +161,23 @@ def test_the_metrics_come_from_prometheus(settings: Settings, prometheus: str,
     assert body["fallbackReason"] is None and body["stepSeconds"] == 1.0
     [task] = body["tasks"]
     assert (task["taskRole"], task["taskIndex"]) == ("main", 0)
-    last = task["samples"][-1]
+    # a point is whole once every query saw its scrape (a scrape may land
+    # between two of the queries: the newest point can lack a value)
+    last = [s for s in task["samples"] if _whole(s)][-1]
     assert last["cpuPercent"] == 42.0 and last["memoryBytes"] == 256 * 1024 * 1024
     assert last["gpuPercent"] == [30.0, 70.0]  # by GPU index
     assert last["gpuMemoryBytes"] == 5 * GIB  # its two GPUs, not the node's third
     times = [s["time"] for s in task["samples"]]
     assert times == sorted(times) and len(times) == len(set(times))
+
+    # the job's page draws them, GPU memory too, and says where they come from
+    browser = alice.client.application.test_client()
+    portal_login(browser, "alice")
+    page = browser.get(f"/jobs/alice/{JOB}").get_data(as_text=True)
+    assert "From Prometheus, a point every" in page
+    for key in ("gpu", "cpu", "memory", "gpumemory"):
+        assert f'id="chart-{key}"' in page
+    assert page.count("<polyline") == 4
 
 
 @pytest.mark.parametrize("name", ['x"} or vector(1) or {x="', "a\\", "b\n}", '") or up or ("'])

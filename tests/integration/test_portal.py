@@ -342,6 +342,12 @@ def test_the_job_page_charts_its_samples_and_home_lists_idle_gpus(
         assert f'id="chart-{key}-desc"' in page
     assert page.count("<polyline") == 3
     assert "main[0] (%)" in page and "main[0] (MiB)" in page  # the table fallback
+    assert "From the monitor&#39;s samples (one every 15 s): Prometheus is not configured." \
+        in page
+    assert 'data-final="false"' in page and "Redrawn every 10 s" in page
+    fragment = browser.get("/jobs/alice/busy/usage").get_data(as_text=True)
+    assert fragment.lstrip().startswith("<section id=\"usage\"")  # what the script redraws
+    assert fragment.count("<polyline") == 3 and "<html" not in fragment
     assert "100.0" in page  # 100 MiB in the memory table
     home = browser.get("/").get_data(as_text=True)
     idle = home.split('id="idle"', 1)[1].split("</section>", 1)[0]
@@ -362,4 +368,5 @@ def test_another_user_sees_no_chart_of_a_job_whose_samples_the_api_refuses(
     portal_login(browser, "bob")
     page = browser.get("/jobs/alice/private").get_data(as_text=True)
     assert 'id="usage"' not in page and "<polyline" not in page
+    assert browser.get("/jobs/alice/private/usage").status_code == 403
     assert browser.get("/").status_code == 200

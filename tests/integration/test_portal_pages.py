@@ -152,3 +152,29 @@ def test_every_point_is_inside_the_chart(rows: list[tuple[int, float]]) -> None:
             for point in line.points.split():
                 x, y = (float(v) for v in point.split(","))
                 assert 0 <= x <= pages.CHART_WIDTH and 0 <= y <= pages.CHART_HEIGHT
+
+
+def _metrics(source: str, reason: str | None = None, final: bool = False) -> dict[str, Any]:
+    sample = {"time": 1000, "cpuPercent": 10.0, "memoryBytes": 1024, "gpuPercent": [5.0],
+              "gpuMemoryBytes": 2 * 1024 * 1024 if source == "prometheus" else None}
+    return {"source": source, "fallbackReason": reason, "final": final, "stepSeconds": 15,
+            "tasks": [{"taskRole": "w", "taskIndex": i, "samples": [sample] if i else []}
+                      for i in range(10)]}
+
+
+@pytest.mark.parametrize(("answer", "sentence", "keys", "final"), [
+    (_metrics("prometheus"), "From Prometheus, a point every 15 s.",
+     ["gpu", "cpu", "memory", "gpumemory"], False),
+    (_metrics("samples"), "From the monitor's samples (one every 15 s): Prometheus is not "
+     "configured.", ["gpu", "cpu", "memory"], False),
+    (_metrics("samples", "Prometheus failed: unreachable (ConnectionError)", final=True),
+     "From the monitor's samples (one every 15 s): Prometheus failed: unreachable "
+     "(ConnectionError).", ["gpu", "cpu", "memory"], True),
+])
+def test_usage_of_a_metrics_answer(answer: dict[str, Any], sentence: str, keys: list[str],
+                                   final: bool) -> None:
+    usage = pages.usage_of(answer)
+    assert (usage.source, [c.key for c in usage.charts], usage.final) == (sentence, keys, final)
+    # tasks without samples are left out; at most CHART_TASKS of the first tasks
+    assert [line.label for line in usage.charts[0].lines] == [
+        f"w[{i}]" for i in range(1, pages.CHART_TASKS)]
