@@ -149,7 +149,7 @@ def cases(jobs: int) -> list[Case]:
         Case("sort=name", "sort=name", keys.JOBS, full_walk=True),
         Case(f"sort=name&order=asc (offset {jobs // 2})",
              f"sort=name&order=asc&offset={jobs // 2}", keys.JOBS, jobs // 2, full_walk=True),
-        Case("sort=gpus (HMGET of every job)", "sort=gpus", keys.JOBS, full_walk=True),
+        Case("sort=gpus (a field of every job)", "sort=gpus", keys.JOBS, full_walk=True),
         Case("sort=completedTime", "sort=completedTime", keys.JOBS, full_walk=True),
         Case("vc=speech&sort=state", "vc=speech&sort=state", keys.vc_jobs("speech"),
              full_walk=True),
