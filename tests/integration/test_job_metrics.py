@@ -153,7 +153,8 @@ def test_the_metrics_come_from_prometheus(settings: Settings, prometheus: str,
         body = _recent(alice)
         assert body["source"] == "prometheus", body
         tasks = body["tasks"]
-        if not tasks or not any(_whole(s) for s in tasks[0]["samples"]):
+        # a few scrapes in: the page's own query (its grid of other instants) finds them too
+        if not tasks or sum(_whole(s) for s in tasks[0]["samples"]) < 3:
             return None
         return body
 
