@@ -74,6 +74,20 @@ def sort_of(args: Mapping[str, str]) -> tuple[str, bool]:
     return sort, args.get("order", "desc") != "asc"
 
 
+def run_time(row: Mapping[str, Any], now_ms: int) -> str:
+    """How long a listed job has run (the API's `duration` sort): from its
+    start to its end, or to now while it runs; "" before it started."""
+    started, completed = row.get("startedTime"), row.get("completedTime")
+    if not isinstance(started, int) or started <= 0:
+        return ""
+    seconds = max(0, ((completed if isinstance(completed, int) else now_ms) - started) // 1000)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
+
+
 def local_target(target: str | None, default: str = "/") -> str:
     """Where to go after a form: only a path on this site, never another
     host (`//evil`, `https://evil`, `/\\evil`), else `default`."""

@@ -73,6 +73,7 @@ def init_app(app: Flask, settings: Settings) -> None:
                       SESSION_COOKIE_SECURE=settings.portal_secure_cookie)
     app.jinja_env.filters["when"] = _when
     app.jinja_env.globals["idle_minutes"] = pages.idle_minutes
+    app.jinja_env.globals["run_time"] = pages.run_time
     app.jinja_env.globals["chart_refresh_seconds"] = pages.CHART_REFRESH_SECONDS
     app.register_blueprint(bp)
 
@@ -274,7 +275,7 @@ def job_list() -> ResponseReturnValue:
     else:
         error = answer.message
     return render_template("jobs.html", rows=rows, error=error, filters=filters,
-                           paging=paging, sort=sort, descending=descending,
+                           paging=paging, sort=sort, descending=descending, now=now_ms(),
                            states=[s.value for s in JobState], sizes=pages.PAGE_SIZES,
                            here=request.full_path.rstrip("?"))
 

@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from services.api.app import create_app
 from services.portal import pages
-from shared import keys, tasksamples
+from shared import jobsort, keys, tasksamples
 from shared.config import Settings
 from shared.lifecycle import commit_placement, mark_task_running
 from shared.models import Gpu, Node, TaskPlacement, attempt_task_key, now_ms
@@ -207,6 +207,8 @@ def test_any_column_sorts_every_page_and_the_sort_survives_filters_and_paging(
     assert "a-bob" not in html  # the filter holds
     assert 'aria-sort="ascending"' in html and html.count('aria-sort="ascending"') == 1
     assert "page=2" in html and "sort=name" in html and "username=alice" in html
+    for field in jobsort.SORTS:  # every field the API sorts by has its heading
+        assert f"sort={field}&amp;" in html or f"sort={field}\"" in html, field
     second = browser.get(f"/jobs?username=alice&sort=name&order=asc&size={size}&page=2")
     assert f'/jobs/alice/n{size:03d}"' in second.get_data(as_text=True)
     # the filter form carries the sort

@@ -178,3 +178,15 @@ def test_usage_of_a_metrics_answer(answer: dict[str, Any], sentence: str, keys: 
     # tasks without samples are left out; at most CHART_TASKS of the first tasks
     assert [line.label for line in usage.charts[0].lines] == [
         f"w[{i}]" for i in range(1, pages.CHART_TASKS)]
+
+
+@pytest.mark.parametrize(("row", "text"), [
+    ({"startedTime": None, "completedTime": None}, ""),  # waiting
+    ({"startedTime": 1_000, "completedTime": 6_000}, "5s"),
+    ({"startedTime": 1_000, "completedTime": 1_000 + 125_000}, "2m 05s"),
+    ({"startedTime": 1_000, "completedTime": None}, "1h 00m"),  # running: to now
+    ({"startedTime": 1_000, "completedTime": 1_000 + 90_061_000}, "25h 01m"),
+    ({"startedTime": 5_000, "completedTime": 1_000}, "0s"),  # clocks apart: never negative
+])
+def test_run_time(row: dict[str, Any], text: str) -> None:
+    assert pages.run_time(row, 1_000 + 3_600_000) == text
