@@ -408,8 +408,8 @@ class Store:
         the number of jobs stored.
 
         Another sort needs every filtered id: they are read in submit-time
-        order as above, with the few fields the sort compares by (one
-        pipelined HMGET; none for the name or the user), and sorted here.
+        order as above, with the few fields the sort compares by
+        (`sort_values`; none for the name or the user), and sorted here.
         """
         index_keys = [keys.user_jobs(username)] if username else []
         if vc:
