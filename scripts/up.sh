@@ -15,6 +15,8 @@ export PAI_NODE_NAME=${PAI_NODE_NAME:-$(hostname -s | tr -c 'A-Za-z0-9_.\n-' '-'
 export PAI_STORAGE_ROOTS=${PAI_STORAGE_ROOTS:-$RUN/storage}
 export PAI_API_HOST=${PAI_API_HOST:-127.0.0.1}
 export PAI_API_PORT=${PAI_API_PORT:-9186}
+# No Prometheus runs here: the job page's charts show the monitor's samples,
+# unless PAI_PROMETHEUS_URL names one that scrapes this monitor (docs/portal.md).
 mkdir -p "${PAI_STORAGE_ROOTS%%,*}"
 [ -n "${PAI_REDIS_URL:-}" ] || { echo "up: PAI_REDIS_URL is not set (run via make up)" >&2; exit 1; }
 

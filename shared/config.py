@@ -76,6 +76,14 @@ def _number(env: Mapping[str, str], name: str, default: float, what: str,
     return value
 
 
+def _http_url(env: Mapping[str, str], name: str) -> str:
+    """An http(s) base URL without its trailing slash, or "" when unset."""
+    value = env.get(name, "").strip().rstrip("/")
+    if value and (not value.startswith(("http://", "https://")) or len(value) <= 8):
+        raise ConfigError(f"{name} must be an http:// or https:// URL, not {value!r}")
+    return value
+
+
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return _number(env, name, default, "a number of seconds", lambda v: v > 0, "positive")
 
@@ -298,6 +306,10 @@ class Settings:
     # one every this many seconds, for at most so long per task attempt.
     task_sample_seconds: float = 15.0
     task_sample_keep_seconds: float = 2 * 86400.0
+    # Prometheus, when one scrapes the monitors: the job page's charts read it
+    # (services/api/jobmetrics.py); "" means the monitor's samples only.
+    prometheus_url: str = ""
+    prometheus_timeout_seconds: float = 3.0
     # Idle GPUs (shared/idle.py): every GPU of a task below this percent for
     # this long flags it; a VC set to `stop` stops it after the grace.
     idle_gpu_percent: float = 5.0
@@ -436,6 +448,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         task_sample_seconds=_seconds(env, "PAI_TASK_SAMPLE_SECONDS", defaults.task_sample_seconds),
         task_sample_keep_seconds=_seconds(env, "PAI_TASK_SAMPLE_KEEP_SECONDS",
                                           defaults.task_sample_keep_seconds),
+        prometheus_url=_http_url(env, "PAI_PROMETHEUS_URL"),
+        prometheus_timeout_seconds=_seconds(env, "PAI_PROMETHEUS_TIMEOUT_SECONDS",
+                                            defaults.prometheus_timeout_seconds),
         idle_gpu_percent=_percent(env, "PAI_IDLE_GPU_PERCENT", defaults.idle_gpu_percent),
         idle_gpu_seconds=_seconds(env, "PAI_IDLE_GPU_SECONDS", defaults.idle_gpu_seconds),
         idle_gpu_grace_seconds=_seconds(env, "PAI_IDLE_GPU_GRACE_SECONDS",

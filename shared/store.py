@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import redis
 from redis.client import NEVER_DECODE
 
-from shared import gpuhealth, keys
+from shared import gpuhealth, jobsort, keys
 from shared.archive import Archive
 from shared.cluster import NodeFlags, change_flags
 from shared.config import parse_sentinel_url
@@ -111,6 +111,7 @@ class Expect:
 
 
 POOL_SIZE = 100  # redis-py's default
+SORT_READ_CHUNK = 2000  # job records a sort reads per script call: about 1 ms of Redis
 POOL_WAIT_SECONDS = 20.0
 
 
@@ -404,9 +405,11 @@ class Store:
         self, *, username: str | None = None, vc: str | None = None,
         state: str | None = None, keyword: str | None = None, offset: int = 0,
         limit: int = 50, count_total: bool = True, oldest_first: bool = False,
+        sort: str = jobsort.SUBMIT_TIME,
     ) -> tuple[list[Job], int | None]:
         """Jobs newest first (`oldest_first`: by submit time the other way),
-        filtered through the index sets; and the total.
+        filtered through the index sets; and the total. `sort` names another
+        field to sort the whole filtered set by (shared/jobsort.py).
 
         One filter and no keyword is a plain range of its index. A keyword is
         looked up in the process's name index (nameindex.py), which answers
@@ -415,6 +418,10 @@ class Store:
         newest first in chunks, each checked against the other indexes
         (ZMSCORE), until the page is full; cost follows the page's depth, not
         the number of jobs stored.
+
+        Another sort needs every filtered id: they are read in submit-time
+        order as above, with the few fields the sort compares by
+        (`sort_values`; none for the name or the user), and sorted here.
         """
         index_keys = [keys.user_jobs(username)] if username else []
         if vc:
@@ -423,12 +430,27 @@ class Store:
             index_keys.append(keys.state_jobs(state))
         if not index_keys and not keyword:
             index_keys = [keys.JOBS]
+        if sort != jobsort.SUBMIT_TIME:
+            every = self._selected_ids(index_keys, keyword, None, oldest_first)
+            ordered = jobsort.sorted_ids(every, sort, self.sort_values(every, sort),
+                                         descending=not oldest_first, now_ms=now_ms())
+            return self._jobs(ordered[offset:offset + limit]), len(ordered)
         if len(index_keys) == 1 and not keyword:
             total = int(self.r.zcard(index_keys[0]))
             page = self.r.zrange if oldest_first else self.r.zrevrange
             ids = page(index_keys[0], offset, offset + limit - 1)
             return self._jobs(ids), total
         wanted = offset + limit if not count_total else None
+        matched = self._selected_ids(index_keys, keyword, wanted, oldest_first)
+        return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
+
+    def _selected_ids(self, index_keys: Sequence[str], keyword: str | None,
+                      wanted: int | None, oldest_first: bool) -> list[str]:
+        """The ids every index holds whose name has `keyword`, by submit time
+        (newest first unless `oldest_first`); the first `wanted` of them."""
+        if len(index_keys) == 1 and not keyword:
+            page = self.r.zrange if oldest_first else self.r.zrevrange
+            return list(page(index_keys[0], 0, -1 if wanted is None else wanted - 1))
         sizes = [int(n) for n in self._pipeline_zcard(index_keys)]
         if keyword:
             matches = self.names.search(
@@ -436,13 +458,41 @@ class Store:
             if oldest_first:
                 matches.reverse()
             if not index_keys or len(matches) <= min(sizes):
-                matched = self._in_every(matches, index_keys, wanted)
-                return self._jobs(matched[offset:offset + limit]), \
-                    len(matched) if count_total else None
+                return self._in_every(matches, index_keys, wanted)
         driver = index_keys[sizes.index(min(sizes))]
         others = [k for k in index_keys if k != driver]
-        matched = self._matching_ids(driver, others, keyword, wanted, oldest_first=oldest_first)
-        return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
+        return self._matching_ids(driver, others, keyword, wanted, oldest_first=oldest_first)
+
+    def sort_values(self, ids: Sequence[str], sort: str,
+                    chunk: int = SORT_READ_CHUNK) -> dict[str, dict[str, str | None]]:
+        """The job fields `sort` compares by, per id: the records' fields by a
+        script, `chunk` records a call (a pipeline of one HMGET per job costs
+        five times as much in the client), then the archives of the
+        compacted ones (no hash)."""
+        reads = jobsort.SORT_FIELDS[sort].reads
+        if not reads or not ids:
+            return {}
+        values: dict[str, dict[str, str | None]] = {}
+        compacted = []
+        width = len(reads)
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            flat = self.run_script(_HMGET_MANY, [keys.job(i) for i in part], reads).split("\0")
+            for n, job_id in enumerate(part):
+                got = flat[n * width:(n + 1) * width]
+                if got[0] == _MISSING:
+                    compacted.append(job_id)
+                else:
+                    values[job_id] = dict(zip(reads, got, strict=True))
+        if compacted:
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in compacted:
+                pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
+            for job_id, blob in zip(compacted, pipe.execute(), strict=True):
+                record = Archive.record_of(blob) if blob else None
+                if record is not None:
+                    values[job_id] = {f: record.get(f) for f in reads}
+        return values
 
     def _in_every(self, ids: Sequence[str], index_keys: Sequence[str], wanted: int | None,
                   chunk: int = 1000) -> list[str]:
@@ -831,6 +881,22 @@ def _allocation(text: str, known: dict[str, Allocation]) -> Allocation:
 
 def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
     return {t.key: json.dumps(t.to_dict(), separators=(",", ":")) for t in tasks}
+
+
+# The same fields of many job records as one string: the values joined by
+# NUL (never in a field: numbers, states, names), _MISSING for a field that is
+# not there (a record that is not there: compacted, or gone). One reply a
+# chunk, not one per value: the client parses 2,000 records at once.
+# KEYS: the records; ARGV: the fields.
+_MISSING = "\x01"
+_HMGET_MANY = r"""#!lua flags=no-writes
+local out = {}
+for _, key in ipairs(KEYS) do
+  local got = redis.call('HMGET', key, unpack(ARGV))
+  for j = 1, #ARGV do out[#out + 1] = got[j] or '\1' end
+end
+return table.concat(out, '\0')
+"""
 
 
 # A new job: its record, config, tasks, first attempt, indexes, queue places

@@ -15,7 +15,7 @@ from flask import Blueprint, Response, current_app, g, request, stream_with_cont
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from services.api import sse
+from services.api import jobmetrics, sse
 from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
 from services.api.bodies import load, load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
@@ -23,7 +23,13 @@ from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.render import job_detail, job_summary
-from services.api.schemas import LIST_ORDERS, MAX_TAIL, StopRequestSchema, TaskSamplesQuerySchema
+from services.api.schemas import (
+    MAX_TAIL,
+    JobListQuerySchema,
+    JobMetricsQuerySchema,
+    StopRequestSchema,
+    TaskSamplesQuerySchema,
+)
 from services.api.storage import check_job_storage
 from shared import idle, keys, logfiles, ssh, tasksamples
 from shared.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
@@ -43,7 +49,11 @@ from shared.store import Expect, ExpectationFailed, JobConflict
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 
+MAX_METRIC_TASKS = 64  # tasks a job's metrics answer holds at most, by role and index
+MAX_METRIC_SAMPLES = 20_000  # samples read per task when the monitor's are shown
 MAX_IDLE_SHOWN = 200  # idle tasks listed at most, longest idle first
+# The list's order and sort field, by the schema (offset and limit are clamped, not refused)
+_LIST_ORDERING = JobListQuerySchema(only=("order", "sort"))
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
@@ -313,7 +323,8 @@ def _submit_decided(username: str, body: Any,
 
 @bp.get("/jobs")
 def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
-    """Jobs newest first (or oldest first), filtered; a page with the total on request.
+    """Jobs newest first (or oldest first, or by another field), filtered; a page
+    with the total on request.
     ---
     get:
       errors: [400]
@@ -338,14 +349,14 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
     if state is not None and state not in JobState.__members__:
         raise ApiError("BadRequestError",
                        f"state is one of {', '.join(JobState.__members__)}")
-    order = args.get("order") or LIST_ORDERS[0]
-    if order not in LIST_ORDERS:
-        raise ApiError("BadRequestError", f"order is one of {', '.join(LIST_ORDERS)}")
+    ordering = load(_LIST_ORDERING, {k: v for k, v in args.items()
+                                     if k in _LIST_ORDERING.fields and v})
     with_total = args.get("withTotalCount", "").lower() in ("1", "true")
     jobs, total = platform().store.list_jobs(
         username=args.get("username") or None, vc=args.get("vc") or None, state=state,
         keyword=args.get("keyword") or None, offset=offset, limit=limit,
-        count_total=with_total, oldest_first=order == "asc")
+        count_total=with_total, oldest_first=ordering["order"] == "asc",
+        sort=ordering["sort"])
     rows = [job_summary(j) for j in jobs]
     if with_total:
         return {"totalCount": total, "data": rows}
@@ -510,6 +521,56 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
     found = tasksamples.read(store.r, job.id, attempt, role, index, limit=query["limit"])
     return {"attempt": attempt, "intervalSeconds": platform().settings.task_sample_seconds,
             "samples": [sample.to_dict() for sample in found]}
+
+
+@bp.get("/user/<username>/jobs/<name>/metrics")
+def job_metrics(username: str, name: str) -> dict[str, Any]:
+    """A job attempt's CPU, memory, GPU and GPU memory use over time, per task:
+    from Prometheus when PAI_PROMETHEUS_URL is set, else (or when it fails)
+    from the monitor's samples, as `source` says (all it kept unless `from`
+    or `to` is given); who may read its log.
+    ---
+    get:
+      errors: [400, 403, 404]
+      parameters:
+      - {in: query, schema: JobMetricsQuerySchema}
+      responses: {200: JobMetrics}
+    """
+    job = get_job_or_404(username, name, owner_only=True, action="read the metrics")
+    query = load(JobMetricsQuerySchema(), request.args)
+    attempt = query.get("attempt", job.attempt)
+    if attempt > job.attempt:
+        raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    settings = platform().settings
+    to_ms = query.get("to", job.completed_ms if job.state.is_final and job.completed_ms
+                      else now_ms())
+    from_ms = query.get("from_", min(job.created_ms, to_ms - 1))
+    if from_ms >= to_ms:
+        raise ApiError("BadRequestError", "`from` must be before `to`")
+    answer: dict[str, Any] = {"attempt": attempt, "final": job.state.is_final,
+                              "from": from_ms, "to": to_ms, "fallbackReason": None}
+    if settings.prometheus_url:
+        step = jobmetrics.span(from_ms, to_ms, query.get("step"))
+        try:
+            found = jobmetrics.query_range(
+                settings.prometheus_url, jobmetrics.queries(username, name, attempt),
+                from_ms, to_ms, step, settings.prometheus_timeout_seconds)
+            return {**answer, "source": jobmetrics.SOURCE_PROMETHEUS, "stepSeconds": step,
+                    "tasks": jobmetrics.task_samples(found)[:MAX_METRIC_TASKS]}
+        except jobmetrics.PrometheusError as error:
+            logging.getLogger("pai.api").warning(
+                "job %s/%s metrics: Prometheus failed: %s", username, name, error)
+            answer["fallbackReason"] = f"Prometheus failed: {error}"
+    store = platform().store
+    tasks = []
+    for task in store.get_tasks(job.id, attempt)[:MAX_METRIC_TASKS]:
+        kept = tasksamples.read(store.r, job.id, attempt, task.role, task.index,
+                                limit=MAX_METRIC_SAMPLES)
+        tasks.append({"taskRole": task.role, "taskIndex": task.index, "samples": [
+            {**sample.to_dict(), "gpuMemoryBytes": None} for sample in kept
+            if query.get("from_", 0) <= sample.time_ms <= query.get("to", sample.time_ms)]})
+    return {**answer, "source": jobmetrics.SOURCE_SAMPLES,
+            "stepSeconds": settings.task_sample_seconds, "tasks": tasks}
 
 
 @bp.get("/idle-gpu-tasks")

@@ -21,7 +21,7 @@ from marshmallow import (
     validates_schema,
 )
 
-from shared import execs
+from shared import execs, jobsort
 from shared.capabilities import GRANTABLE
 from shared.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.jobspec import JobConfigSchema, WholeNumber
@@ -255,6 +255,50 @@ class TaskSamplesSchema(Schema):
     samples = fields.List(fields.Nested(TaskSampleSchema), required=True)
 
 
+MAX_METRICS_STEP_SECONDS = 86_400
+
+
+class JobMetricsQuerySchema(Schema):
+    attempt = fields.Integer(validate=validate.Range(min=0),
+                             metadata={"description": "default: the job's current attempt"})
+    from_ = fields.Integer(data_key="from", validate=validate.Range(min=0), metadata={
+        **_MS, "description": "default: when the job was submitted"})
+    to = fields.Integer(validate=validate.Range(min=0), metadata={
+        **_MS, "description": "default: when the job finished, else now"})
+    step = fields.Float(validate=validate.Range(min=1, max=MAX_METRICS_STEP_SECONDS), metadata={
+        "description": "seconds between points; at least the span in 1,000 points"})
+
+    @validates_schema
+    def check_span(self, data: dict[str, Any], **_: object) -> None:
+        if "from_" in data and "to" in data and data["from_"] >= data["to"]:
+            raise ValidationError(["must be before `to`"], "from")
+
+
+class JobMetricsSampleSchema(TaskSampleSchema):
+    gpuMemoryBytes = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "memory in use on the task's GPUs (Prometheus only)"})
+
+
+class JobMetricsTaskSchema(Schema):
+    taskRole = fields.String(required=True)
+    taskIndex = fields.Integer(required=True)
+    samples = fields.List(fields.Nested(JobMetricsSampleSchema), required=True)
+
+
+class JobMetricsSchema(Schema):
+    source = fields.String(required=True, validate=validate.OneOf(["prometheus", "samples"]),
+                           metadata={"description": "Prometheus, or the monitor's samples"})
+    fallbackReason = fields.String(required=True, allow_none=True, metadata={
+        "description": "why the samples are shown though Prometheus is configured"})
+    attempt = fields.Integer(required=True)
+    final = fields.Boolean(required=True, metadata={"description": "the job has ended"})
+    from_ = fields.Integer(data_key="from", required=True, metadata=_MS)
+    to = _ms()
+    stepSeconds = fields.Float(required=True, metadata={
+        "description": "Prometheus' step, or the monitor's sampling interval"})
+    tasks = fields.List(fields.Nested(JobMetricsTaskSchema), required=True)
+
+
 class IdleGpuTaskSchema(Schema):
     username = fields.String(required=True)
     jobName = fields.String(required=True)
@@ -310,7 +354,7 @@ class SubmitQuerySchema(Schema):
                             metadata={"description": "validate and answer 200; store nothing"})
 
 
-LIST_ORDERS = ("desc", "asc")  # by submit time: newest first, or oldest first
+LIST_ORDERS = ("desc", "asc")  # by the sort field (submit time unless named): down, or up
 
 
 class JobListQuerySchema(Schema):
@@ -322,7 +366,10 @@ class JobListQuerySchema(Schema):
     vc = fields.String(metadata={"description": "virtual cluster"})
     keyword = fields.String(metadata={"description": "part of the job name"})
     order = fields.String(load_default="desc", validate=validate.OneOf(LIST_ORDERS), metadata={
-        "description": "by submit time: desc (newest first) or asc (oldest first)"})
+        "description": "desc (largest, newest first) or asc, by `sort`"})
+    sort = fields.String(load_default=jobsort.SUBMIT_TIME, validate=validate.OneOf(jobsort.SORTS),
+                         metadata={"description": "the field the whole filtered list is "
+                                   "sorted by; equal values in submit-time order, then id"})
     withTotalCount = fields.Boolean(
         load_default=False, metadata={"description": "answer {totalCount, data}, not a list"})
 
@@ -702,5 +749,6 @@ COMPONENTS: dict[str, type[Schema]] = {
     "NodePut": NodePutSchema,
     "UsageReport": UsageReportSchema,
     "TaskSamples": TaskSamplesSchema,
+    "JobMetrics": JobMetricsSchema,
     "IdleGpuTask": IdleGpuTaskSchema,
 }

@@ -1,4 +1,4 @@
-"""The portal's pure parts: paging, sorting, safe redirects, clones and error
+"""The portal's pure parts: paging, the sort asked for, safe redirects, clones and error
 fields, from the API's answers to what a page shows. No IO: table-tested in
 tests/integration/test_portal_pages.py (pure, beside the portal's other tests)."""
 
@@ -14,22 +14,16 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from shared import ssh
+from shared import jobsort, ssh
 
 PAGE_SIZES = (20, 50, 100)
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE = 10**6  # past any real job count: the API's own offset bound stays far away
 
-# Columns the job table sorts by, and how (rows are the API's JobSummary).
-SORT_ACROSS_PAGES = "created"  # the API's own order (submit time), over every page
-JOB_SORTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "name": lambda row: row["name"],
-    "user": lambda row: row["username"],
-    "state": lambda row: row["state"],
-    "vc": lambda row: row["virtualCluster"],
-    "gpus": lambda row: row["gpus"] or 0,
-    "created": lambda row: row["createdTime"] or 0,
-}
+# The job table sorts every page by any column: the API sorts the whole
+# filtered list (`GET /api/v1/jobs?sort=&order=`, shared/jobsort.py).
+# Earlier links named some columns otherwise; a bookmark keeps working.
+SORT_ALIASES = {"created": jobsort.SUBMIT_TIME, "user": "username", "vc": "virtualCluster"}
 
 
 @dataclass(frozen=True)
@@ -70,13 +64,29 @@ def paging_of(args: Mapping[str, str]) -> Paging:
     return Paging(_whole(args.get("page"), 1, 1, MAX_PAGE), size)
 
 
-def sorted_rows(rows: list[dict[str, Any]], sort: str | None,
-                descending: bool) -> list[dict[str, Any]]:
-    """The page's rows by a known column, or as the API gave them (newest first)."""
-    key = JOB_SORTS.get(sort or "")
-    if key is None:
-        return rows
-    return sorted(rows, key=key, reverse=descending)
+def sort_of(args: Mapping[str, str]) -> tuple[str, bool]:
+    """The column and direction asked for by `?sort=&order=`: an unknown
+    column is submit time, anything but `asc` is descending (a bookmark
+    never breaks the page)."""
+    sort = args.get("sort", "")
+    sort = SORT_ALIASES.get(sort, sort)
+    if sort not in jobsort.SORTS:
+        sort = jobsort.SUBMIT_TIME
+    return sort, args.get("order", "desc") != "asc"
+
+
+def run_time(row: Mapping[str, Any], now_ms: int) -> str:
+    """How long a listed job has run (the API's `duration` sort): from its
+    start to its end, or to now while it runs; "" before it started."""
+    started, completed = row.get("startedTime"), row.get("completedTime")
+    if not isinstance(started, int) or started <= 0:
+        return ""
+    seconds = max(0, ((completed if isinstance(completed, int) else now_ms) - started) // 1000)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {seconds:02d}s" if minutes else f"{seconds}s"
 
 
 def local_target(target: str | None, default: str = "/") -> str:
@@ -152,6 +162,7 @@ def vc_rows(vcs: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
 CHART_WIDTH, CHART_HEIGHT = 600, 160  # the SVG's own units; CSS scales it
 CHART_POINTS = 120  # points drawn per line (and rows in the table fallback)
 CHART_TASKS = 8  # tasks charted per job, the first by role and index
+CHART_REFRESH_SECONDS = 10  # the job page redraws its charts this often while the job runs
 MIB = 1024 * 1024
 
 
@@ -190,11 +201,43 @@ def _memory_mib(sample: Mapping[str, Any]) -> float | None:
     return None if value is None else value / MIB
 
 
+def _gpu_memory_mib(sample: Mapping[str, Any]) -> float | None:
+    value = sample.get("gpuMemoryBytes")
+    return None if value is None else value / MIB
+
+
 METRICS: tuple[tuple[str, str, str, Callable[[Mapping[str, Any]], float | None]], ...] = (
     ("gpu", "GPU utilisation (mean of the task's GPUs)", "%", _gpu_mean),
     ("cpu", "CPU use (100 = one core)", "%", lambda s: s.get("cpuPercent")),
     ("memory", "Memory use", "MiB", _memory_mib),
 )
+# Prometheus has the GPUs' memory too (the monitor's samples do not)
+GPU_MEMORY = ("gpumemory", "GPU memory use (the task's GPUs)", "MiB", _gpu_memory_mib)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The charts of a job's use and where their figures come from."""
+
+    charts: list[Chart]
+    source: str  # one sentence for the page
+    final: bool  # no new point will come: the page stops asking
+
+
+def usage_of(answer: Mapping[str, Any], tasks: int = CHART_TASKS) -> Usage:
+    """The API's job metrics (`GET .../metrics`) as charts of the first
+    `tasks` tasks, with a sentence naming the source."""
+    samples = {f"{t['taskRole']}[{t['taskIndex']}]": t["samples"]
+               for t in answer.get("tasks", [])[:tasks] if t["samples"]}
+    step = float(answer.get("stepSeconds") or 0)
+    if answer.get("source") == "prometheus":
+        source = f"From Prometheus, a point every {step:g} s."
+        metrics = (*METRICS, GPU_MEMORY)
+    else:
+        why = answer.get("fallbackReason") or "Prometheus is not configured"
+        source = f"From the monitor's samples (one every {step:g} s): {why}."
+        metrics = METRICS
+    return Usage(usage_charts(samples, metrics=metrics), source, bool(answer.get("final")))
 
 
 def _buckets(times: list[int], count: int) -> list[tuple[int, int]]:
@@ -207,14 +250,17 @@ def _buckets(times: list[int], count: int) -> list[tuple[int, int]]:
 
 
 def usage_charts(samples: Mapping[str, Sequence[Mapping[str, Any]]],
-                 points: int = CHART_POINTS) -> list[Chart]:
+                 points: int = CHART_POINTS,
+                 metrics: Sequence[tuple[str, str, str, Callable[[Mapping[str, Any]],
+                                                                 float | None]]] = METRICS,
+                 ) -> list[Chart]:
     """A chart per metric (GPU, CPU, memory) with a line per task, from the
     API's samples (task label -> samples, oldest first). Each line is the
     mean of its samples in up to `points` equal time spans; a span with none
     leaves a gap in the table and is skipped by the line."""
     every = sorted({int(s["time"]) for rows in samples.values() for s in rows})
     charts = []
-    for key, title, unit, value_of in METRICS:
+    for key, title, unit, value_of in metrics:
         if not every:
             charts.append(Chart(key, title, unit, 100.0 if unit == "%" else 1.0, (), ()))
             continue

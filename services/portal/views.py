@@ -73,6 +73,8 @@ def init_app(app: Flask, settings: Settings) -> None:
                       SESSION_COOKIE_SECURE=settings.portal_secure_cookie)
     app.jinja_env.filters["when"] = _when
     app.jinja_env.globals["idle_minutes"] = pages.idle_minutes
+    app.jinja_env.globals["run_time"] = pages.run_time
+    app.jinja_env.globals["chart_refresh_seconds"] = pages.CHART_REFRESH_SECONDS
     app.register_blueprint(bp)
 
 
@@ -260,26 +262,22 @@ def job_list() -> ResponseReturnValue:
     filters = {"username": args.get("username", "").strip(), "vc": args.get("vc", "").strip(),
                "state": args.get("state", "").strip(), "keyword": args.get("keyword", "").strip()}
     paging = pages.paging_of(args)
-    sort, descending = args.get("sort", ""), args.get("order", "desc") != "asc"
-    # By submit time the API sorts every page (its index order); other
-    # columns sort the page shown.
-    across = sort in ("", pages.SORT_ACROSS_PAGES)
+    sort, descending = pages.sort_of(args)  # the API sorts the whole list, every page
     answer = call("GET", "/api/v1/jobs", query={
         **{k: v for k, v in filters.items() if v}, "offset": paging.offset,
-        "limit": paging.size, "withTotalCount": "true",
-        "order": "desc" if descending or not across else "asc"})
+        "limit": paging.size, "withTotalCount": "true", "sort": sort,
+        "order": "desc" if descending else "asc"})
     rows: list[dict[str, Any]] = []
     error = None
     if answer.ok:
         paging = pages.Paging(paging.page, paging.size, int(answer.body["totalCount"]))
-        rows = answer.body["data"] if across else \
-            pages.sorted_rows(answer.body["data"], sort, descending)
+        rows = answer.body["data"]
     else:
         error = answer.message
     return render_template("jobs.html", rows=rows, error=error, filters=filters,
-                           paging=paging, sort=sort, descending=descending,
+                           paging=paging, sort=sort, descending=descending, now=now_ms(),
                            states=[s.value for s in JobState], sizes=pages.PAGE_SIZES,
-                           sorts=list(pages.JOB_SORTS), here=request.full_path.rstrip("?"))
+                           here=request.full_path.rstrip("?"))
 
 
 def _stop(username: str, name: str) -> Answer:
@@ -324,24 +322,34 @@ def job_page(username: str, name: str) -> ResponseReturnValue:
                            debug=debug,
                            final=JobState(job["jobStatus"]["state"]).is_final,
                            config=shown, config_error=None if config.ok else config.message,
-                           may_act=mine, charts=_charts(username, name, job) if mine else None,
+                           may_act=mine, name=name,
+                           usage=_usage(username, name, job["jobStatus"]["attemptIndex"])
+                           if mine else None,
                            chart_size=(pages.CHART_WIDTH, pages.CHART_HEIGHT))
 
 
-def _charts(username: str, name: str, job: dict[str, Any]) -> list[pages.Chart]:
-    """The job's use over time from its tasks' samples (the monitor keeps them
-    until the finished job is compacted), for the first few tasks."""
-    attempt = job["jobStatus"]["attemptIndex"]
-    tasks = [(role, t["taskIndex"]) for role, r in job["taskRoles"].items()
-             for t in r["taskStatuses"]][:pages.CHART_TASKS]
-    samples = {}
-    for role, index in tasks:
-        answer = call("GET", _job_path(username, name, f"/tasks/{quote(role, safe='')}/"
-                                                       f"{index}/samples"),
-                      query={"attempt": attempt})
-        if answer.ok and answer.body["samples"]:
-            samples[f"{role}[{index}]"] = answer.body["samples"]
-    return pages.usage_charts(samples)
+def _usage(username: str, name: str, attempt: int) -> pages.Usage | None:
+    """The job's use over time: Prometheus' when configured, else the
+    monitor's samples (the API decides and says which); None when the API
+    refuses (not the owner or an admin)."""
+    answer = call("GET", _job_path(username, name, "/metrics"), query={"attempt": attempt})
+    return pages.usage_of(answer.body) if answer.ok else None
+
+
+@bp.get("/jobs/<username>/<name>/usage")
+def job_usage(username: str, name: str) -> ResponseReturnValue:
+    """The charts alone, as the job page shows them: its script redraws them
+    from here while the job runs."""
+    job = call("GET", _job_path(username, name))
+    if not job.ok:
+        return render_template("error.html", status=job.status,
+                               message=job.message), job.status
+    usage = _usage(username, name, job.body["jobStatus"]["attemptIndex"])
+    if usage is None:
+        return render_template("error.html", status=403,
+                               message=f"only {username} or an admin may see its use"), 403
+    return render_template("_usage.html", usage=usage, username=username, name=name,
+                           chart_size=(pages.CHART_WIDTH, pages.CHART_HEIGHT))
 
 
 @bp.post("/jobs/<username>/<name>/stop")

@@ -116,12 +116,21 @@ def test_a_running_jobs_log_arrives_live_and_the_stop_button_stops_it(
     # the use charts are drawn on the server: an image with a title, and a table
     for key in ("gpu", "cpu", "memory"):
         expect(page.locator(f"#chart-{key} svg[role=img] title")).to_have_count(1)
+    # where the figures come from (this platform runs no Prometheus), and the
+    # charts drawn again from the server while the job runs
+    expect(page.locator("#usage-source")).to_contain_text(
+        "From the monitor's samples (one every")
+    expect(page.locator("#usage-source")).to_contain_text("Prometheus is not configured")
+    expect(page.locator("#usage")).to_have_attribute("data-redraws", re.compile(r"^[1-9]"),
+                                                     timeout=JOB_SECONDS)
     shot(page, "job-running")
 
     page.locator("#stop").click()
     expect(page.locator(".flashes")).to_contain_text("Stop requested.")
     expect(page.locator("#job-state")).to_have_text("STOPPED", timeout=JOB_SECONDS)
     expect(page.locator("#stop")).to_have_count(0)
+    # the charts stop asking once the job ended
+    expect(page.locator("#usage")).to_have_attribute("data-final", "true", timeout=JOB_SECONDS)
     shot(page, "job-stopped")
 
 
@@ -171,6 +180,17 @@ def test_the_job_list_filters_and_the_overview_pages_show_the_cluster(
     expect(rows.first).to_contain_text(f"{prefix}-a")
     page.get_by_role("link", name="Name ▲").click()
     expect(rows.first).to_contain_text(f"{prefix}-b")
+    expect(page.locator("th[aria-sort=descending]")).to_have_text("Name ▼")
+    # the filter holds across sorts; a heading is a link the keyboard reaches
+    expect(rows).to_have_count(2)
+    page.get_by_role("link", name="Submitted").focus()
+    page.keyboard.press("Enter")  # newest first: b was submitted last
+    expect(page.locator("th[aria-sort=descending]")).to_have_text("Submitted ▼")
+    expect(rows.first).to_contain_text(f"{prefix}-b")
+    page.get_by_role("link", name="Submitted ▼").click()
+    expect(rows.first).to_contain_text(f"{prefix}-a")
+    expect(rows).to_have_count(2)
+    shot(page, "jobs-sorted")
 
     page.goto("/")
     expect(page.get_by_role("heading", name="My recent jobs")).to_be_visible()

@@ -30,6 +30,7 @@ from schemathesis.specs.openapi.checks import (
 from services.api.app import BLUEPRINTS, create_app
 from services.api.auth import PUBLIC_ENDPOINTS
 from services.api.openapi import build_spec
+from shared import jobsort
 from shared.config import Settings
 from shared.models import Gpu, Node, Task
 from shared.states import TaskState
@@ -120,9 +121,13 @@ def test_parameters_are_typed(document: dict[str, Any]) -> None:
     listing = {p["name"]: p["schema"] for p in document["paths"]["/api/v1/jobs"]["get"]
                ["parameters"]}
     assert set(listing) == {"offset", "limit", "state", "username", "vc", "keyword",
-                            "order", "withTotalCount"}
+                            "order", "sort", "withTotalCount"}
     assert "SUCCEEDED" in listing["state"]["enum"]
     assert listing["order"]["enum"] == ["desc", "asc"]
+    assert listing["sort"]["enum"] == list(jobsort.SORTS)
+    metrics = {p["name"]: p["schema"] for p in document["paths"][
+        "/api/v1/user/{username}/jobs/{name}/metrics"]["get"]["parameters"] if p["in"] == "query"}
+    assert set(metrics) == {"attempt", "from", "to", "step"}
     dry_run = document["paths"]["/api/v1/jobs"]["post"]["parameters"]
     assert [p["name"] for p in dry_run] == ["dryRun"]
 

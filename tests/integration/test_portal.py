@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from services.api.app import create_app
 from services.portal import pages
-from shared import keys, tasksamples
+from shared import jobsort, keys, tasksamples
 from shared.config import Settings
 from shared.lifecycle import commit_placement, mark_task_running
 from shared.models import Gpu, Node, TaskPlacement, attempt_task_key, now_ms
@@ -177,17 +177,47 @@ def test_the_job_list_filters_through_the_api(browser: FlaskClient, alice: Authe
 def test_sorting_by_submit_time_covers_every_page(browser: FlaskClient,
                                                   alice: AuthedClient) -> None:
     """Oldest first on page 1 is the oldest job of all, not the oldest of
-    the newest page (the API sorts by submit time; other columns sort the page)."""
+    the newest page."""
     size = pages.PAGE_SIZES[0]
     for number in range(size + 1):  # one more than a page
         assert alice.post("/api/v1/user/alice/jobs",
                           json=config(f"job-{number}")).status_code == 202
         wait_past(now_ms())  # distinct submit times: ties have no order to check
     portal_login(browser, "alice")
-    oldest = browser.get(f"/jobs?sort=created&order=asc&size={size}").get_data(as_text=True)
-    newest = browser.get(f"/jobs?sort=created&order=desc&size={size}").get_data(as_text=True)
+    oldest = browser.get(f"/jobs?sort=submitTime&order=asc&size={size}").get_data(as_text=True)
+    newest = browser.get(f"/jobs?sort=submitTime&order=desc&size={size}").get_data(as_text=True)
     assert '/jobs/alice/job-0"' in oldest and f'/jobs/alice/job-{size}"' not in oldest
     assert f'/jobs/alice/job-{size}"' in newest and '/jobs/alice/job-0"' not in newest
+
+
+def test_any_column_sorts_every_page_and_the_sort_survives_filters_and_paging(
+        browser: FlaskClient, alice: AuthedClient, bob: AuthedClient) -> None:
+    """By name, page 1 holds the first names of all, whatever their submit
+    time; the links to the next page, the filter form and the other columns
+    keep the sort and the filters."""
+    size = pages.PAGE_SIZES[0]
+    for number in reversed(range(size + 1)):  # the first name is submitted last
+        assert alice.post("/api/v1/user/alice/jobs",
+                          json=config(f"n{number:03d}")).status_code == 202
+    assert bob.post("/api/v1/user/bob/jobs", json=config("a-bob")).status_code == 202
+    portal_login(browser, "alice")
+    first = browser.get(f"/jobs?username=alice&sort=name&order=asc&size={size}")
+    html = first.get_data(as_text=True)
+    assert '/jobs/alice/n000"' in html and f'/jobs/alice/n{size:03d}"' not in html
+    assert "a-bob" not in html  # the filter holds
+    assert 'aria-sort="ascending"' in html and html.count('aria-sort="ascending"') == 1
+    assert "page=2" in html and "sort=name" in html and "username=alice" in html
+    for field in jobsort.SORTS:  # every field the API sorts by has its heading
+        assert f"sort={field}&amp;" in html or f"sort={field}\"" in html, field
+    second = browser.get(f"/jobs?username=alice&sort=name&order=asc&size={size}&page=2")
+    assert f'/jobs/alice/n{size:03d}"' in second.get_data(as_text=True)
+    # the filter form carries the sort
+    assert '<input type="hidden" name="sort" value="name">' in html
+    assert '<input type="hidden" name="order" value="asc">' in html
+    down = browser.get(f"/jobs?sort=name&order=desc&size={size}").get_data(as_text=True)
+    assert '/jobs/alice/n020"' in down and "/jobs/bob/a-bob" not in down
+    bogus = browser.get("/jobs?sort=config&order=asc")  # a bad link is the default sort
+    assert bogus.status_code == 200 and 'aria-sort="ascending"' in bogus.get_data(as_text=True)
 
 
 def test_submit_shows_field_errors_and_a_dry_run_submits_nothing(
@@ -314,6 +344,12 @@ def test_the_job_page_charts_its_samples_and_home_lists_idle_gpus(
         assert f'id="chart-{key}-desc"' in page
     assert page.count("<polyline") == 3
     assert "main[0] (%)" in page and "main[0] (MiB)" in page  # the table fallback
+    assert "From the monitor&#39;s samples (one every 15 s): Prometheus is not configured." \
+        in page
+    assert 'data-final="false"' in page and "Redrawn every 10 s" in page
+    fragment = browser.get("/jobs/alice/busy/usage").get_data(as_text=True)
+    assert fragment.lstrip().startswith("<section id=\"usage\"")  # what the script redraws
+    assert fragment.count("<polyline") == 3 and "<html" not in fragment
     assert "100.0" in page  # 100 MiB in the memory table
     home = browser.get("/").get_data(as_text=True)
     idle = home.split('id="idle"', 1)[1].split("</section>", 1)[0]
@@ -334,6 +370,7 @@ def test_another_user_sees_no_chart_of_a_job_whose_samples_the_api_refuses(
     portal_login(browser, "bob")
     page = browser.get("/jobs/alice/private").get_data(as_text=True)
     assert 'id="usage"' not in page and "<polyline" not in page
+    assert browser.get("/jobs/alice/private/usage").status_code == 403
     assert browser.get("/").status_code == 200
 
 

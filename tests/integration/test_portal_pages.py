@@ -62,24 +62,20 @@ def test_paging_counts_pages(page: int, total: int, pages_: int, previous: bool,
     assert (paging.pages, paging.has_previous, paging.has_next) == (pages_, previous, next_)
 
 
-ROWS: list[dict[str, Any]] = [
-    {"name": "b", "username": "u2", "state": "WAITING", "virtualCluster": "x", "gpus": 2,
-     "createdTime": 2},
-    {"name": "a", "username": "u1", "state": "RUNNING", "virtualCluster": "y", "gpus": None,
-     "createdTime": 3},
-]
-
-
-@pytest.mark.parametrize(("sort", "descending", "names"), [
-    ("name", False, ["a", "b"]),
-    ("name", True, ["b", "a"]),
-    ("gpus", False, ["a", "b"]),
-    ("created", True, ["a", "b"]),
-    ("", True, ["b", "a"]),        # as the API gave them
-    ("nonsense", False, ["b", "a"]),
+@pytest.mark.parametrize(("args", "expected"), [
+    ({}, ("submitTime", True)),
+    ({"sort": "name", "order": "asc"}, ("name", False)),
+    ({"sort": "gpus"}, ("gpus", True)),
+    ({"sort": "completedTime", "order": "desc"}, ("completedTime", True)),
+    ({"sort": "created", "order": "asc"}, ("submitTime", False)),  # an older link's name
+    ({"sort": "user"}, ("username", True)),
+    ({"sort": "vc", "order": "asc"}, ("virtualCluster", False)),
+    ({"sort": "nonsense", "order": "asc"}, ("submitTime", False)),
+    ({"sort": "name", "order": "sideways"}, ("name", True)),
+    ({"sort": "", "order": ""}, ("submitTime", True)),
 ])
-def test_sorted_rows(sort: str, descending: bool, names: list[str]) -> None:
-    assert [r["name"] for r in pages.sorted_rows(ROWS, sort, descending)] == names
+def test_sort_of(args: dict[str, str], expected: tuple[str, bool]) -> None:
+    assert pages.sort_of(args) == expected
 
 
 def test_clone_renames_a_v1_job_as_json_and_a_v2_job_as_yaml() -> None:
@@ -193,3 +189,40 @@ def test_debug_commands_for_running_tasks(viewer: str, with_ssh: bool,
 ])
 def test_asks_for_ssh_reads_both_protocols(config: dict[str, Any] | None, asks: bool) -> None:
     assert pages.asks_for_ssh(config) is asks
+
+def _metrics(source: str, reason: str | None = None, final: bool = False) -> dict[str, Any]:
+    sample = {"time": 1000, "cpuPercent": 10.0, "memoryBytes": 1024, "gpuPercent": [5.0],
+              "gpuMemoryBytes": 2 * 1024 * 1024 if source == "prometheus" else None}
+    return {"source": source, "fallbackReason": reason, "final": final, "stepSeconds": 15,
+            "tasks": [{"taskRole": "w", "taskIndex": i, "samples": [sample] if i else []}
+                      for i in range(10)]}
+
+
+@pytest.mark.parametrize(("answer", "sentence", "keys", "final"), [
+    (_metrics("prometheus"), "From Prometheus, a point every 15 s.",
+     ["gpu", "cpu", "memory", "gpumemory"], False),
+    (_metrics("samples"), "From the monitor's samples (one every 15 s): Prometheus is not "
+     "configured.", ["gpu", "cpu", "memory"], False),
+    (_metrics("samples", "Prometheus failed: unreachable (ConnectionError)", final=True),
+     "From the monitor's samples (one every 15 s): Prometheus failed: unreachable "
+     "(ConnectionError).", ["gpu", "cpu", "memory"], True),
+])
+def test_usage_of_a_metrics_answer(answer: dict[str, Any], sentence: str, keys: list[str],
+                                   final: bool) -> None:
+    usage = pages.usage_of(answer)
+    assert (usage.source, [c.key for c in usage.charts], usage.final) == (sentence, keys, final)
+    # tasks without samples are left out; at most CHART_TASKS of the first tasks
+    assert [line.label for line in usage.charts[0].lines] == [
+        f"w[{i}]" for i in range(1, pages.CHART_TASKS)]
+
+
+@pytest.mark.parametrize(("row", "text"), [
+    ({"startedTime": None, "completedTime": None}, ""),  # waiting
+    ({"startedTime": 1_000, "completedTime": 6_000}, "5s"),
+    ({"startedTime": 1_000, "completedTime": 1_000 + 125_000}, "2m 05s"),
+    ({"startedTime": 1_000, "completedTime": None}, "1h 00m"),  # running: to now
+    ({"startedTime": 1_000, "completedTime": 1_000 + 90_061_000}, "25h 01m"),
+    ({"startedTime": 5_000, "completedTime": 1_000}, "0s"),  # clocks apart: never negative
+])
+def test_run_time(row: dict[str, Any], text: str) -> None:
+    assert pages.run_time(row, 1_000 + 3_600_000) == text

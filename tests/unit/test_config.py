@@ -375,3 +375,25 @@ def test_bad_idle_gpu_settings_are_named(env: dict[str, str], message: str) -> N
     with pytest.raises(ConfigError) as error:
         load_settings(env)
     assert message in str(error.value)
+
+
+# ------------------------------------------------------------ Prometheus for the charts
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    pytest.param(None, "", id="unset: the monitor's samples"),
+    pytest.param("", "", id="empty: the same"),
+    pytest.param("http://prometheus:9090", "http://prometheus:9090", id="compose"),
+    pytest.param("https://prom.example/sub/path/", "https://prom.example/sub/path",
+                 id="a path, its slash dropped"),
+])
+def test_prometheus_url(raw: str | None, expected: str) -> None:
+    env = {} if raw is None else {"PAI_PROMETHEUS_URL": raw}
+    settings = load_settings(env)
+    assert (settings.prometheus_url, settings.prometheus_timeout_seconds) == (expected, 3.0)
+
+
+@pytest.mark.parametrize("raw", ["prometheus:9090", "ftp://p", "http://", "file:///etc"])
+def test_prometheus_url_must_be_http(raw: str) -> None:
+    with pytest.raises(ConfigError, match="PAI_PROMETHEUS_URL"):
+        load_settings({"PAI_PROMETHEUS_URL": raw})

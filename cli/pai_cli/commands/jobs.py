@@ -33,6 +33,9 @@ from pai_cli.waiting import (
 )
 
 JOB_STATES = ("WAITING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED")
+# The fields `GET /api/v1/jobs?sort=` sorts the whole list by (shared/jobsort.py SORTS)
+JOB_SORTS = ("submitTime", "name", "username", "virtualCluster", "state", "gpus", "retries",
+             "completedTime", "duration")
 GPU_LOOKUPS = 8  # parallel config reads when the job list carries no GPU counts
 
 timeout_option = click.option("--timeout", type=click.FloatRange(0), metavar="SECONDS",
@@ -159,12 +162,16 @@ def _gpu_counts(client: Client, rows: list[dict[str, Any]]) -> dict[str, int | N
               help="Only waiting jobs, each with why it waits (`pai status` tells more).")
 @click.option("--limit", "-n", type=click.IntRange(1, 1000), default=20, show_default=True,
               help="Show at most this many, newest first.")
+@click.option("--sort", type=click.Choice(JOB_SORTS), default="submitTime", show_default=True,
+              help="Sort every matching job by this field (equal ones newest first).")
+@click.option("--asc", "ascending", is_flag=True,
+              help="Smallest (oldest, A to Z) first; the default is the other way.")
 @output_option()
 @pass_session
 def list_jobs(session: Session, user: str | None, all_users: bool, state: str | None,
-              vc: str | None, keyword: str | None, waiting: bool, limit: int,
-              output: str) -> None:
-    """List jobs, newest first (default: the logged-in user's)."""
+              vc: str | None, keyword: str | None, waiting: bool, limit: int, sort: str,
+              ascending: bool, output: str) -> None:
+    """List jobs, newest first or by --sort (default: the logged-in user's)."""
     if user and all_users:
         raise click.UsageError("--user and --all exclude each other")
     if waiting and state and state.upper() != "WAITING":
@@ -173,7 +180,8 @@ def list_jobs(session: Session, user: str | None, all_users: bool, state: str | 
     client = session.client()
     params = {"username": None if all_users else session.owner(user), "vc": vc,
               "state": state.upper() if state else None, "keyword": keyword,
-              "limit": limit, "withTotalCount": "true"}
+              "limit": limit, "withTotalCount": "true", "sort": sort,
+              "order": "asc" if ascending else "desc"}
     answer = client.call("GET", "/api/v1/jobs", params=params)
     rows: list[dict[str, Any]] = answer["data"] if isinstance(answer, dict) else answer
     total = answer.get("totalCount") if isinstance(answer, dict) else None

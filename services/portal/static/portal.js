@@ -80,6 +80,27 @@ function refreshJob() {
   }, REFRESH_MS);
 }
 
+// While the job runs, its charts are drawn again from the server (the same
+// fragment the page holds) every data-refresh-ms; they stop once it ended.
+function refreshUsage() {
+  const usage = document.getElementById("usage");
+  if (!usage || usage.dataset.final === "true") return;
+  setTimeout(() => {
+    fetch(usage.dataset.src, {credentials: "same-origin", headers: {"Accept": "text/html"}})
+      .then((response) => response.ok ? response.text() : Promise.reject(response.status))
+      .then((html) => {
+        const fresh = new DOMParser().parseFromString(html, "text/html").getElementById("usage");
+        if (fresh) {
+          usage.replaceChildren(...fresh.childNodes);
+          usage.dataset.final = fresh.dataset.final;
+          usage.dataset.redraws = String(Number(usage.dataset.redraws || 0) + 1);
+        }
+      })
+      .catch(() => {})
+      .finally(refreshUsage);
+  }, Number(usage.dataset.refreshMs) || 10000);
+}
+
 document.addEventListener("click", (event) => {
   const button = event.target.closest && event.target.closest("button.show-log");
   if (button) follow(button);
@@ -90,4 +111,5 @@ document.addEventListener("DOMContentLoaded", () => {
   loadFile();
   followFirst();
   refreshJob();
+  refreshUsage();
 });

@@ -1,0 +1,49 @@
+"""`pai jobs --sort` in-process against the real API over HTTP on a real Redis."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from flask import Flask
+
+from pai_cli.commands.jobs import JOB_SORTS
+from shared import jobsort
+from shared.states import JobState
+from shared.store import Store
+from tests.integration.test_api_list import Jobs
+from tests.integration.test_cli_nodes import api, pai_as, run
+
+pytestmark = pytest.mark.redis
+__all__ = ["api"]  # the fixture, shared with test_cli_nodes.py
+
+
+def test_the_cli_knows_every_sort_field_the_api_takes() -> None:
+    assert JOB_SORTS == jobsort.SORTS
+
+
+@pytest.fixture
+def listed(api: tuple[str, Flask], redis_client: redis.Redis) -> Iterator[tuple[str, Flask]]:
+    jobs = Jobs(Store(redis_client))
+    for name, state in (("b", JobState.RUNNING), ("C", JobState.FAILED), ("a", JobState.WAITING)):
+        jobs.add("alice", name, state=state)
+    yield api
+
+
+def test_pai_jobs_sort(listed: tuple[str, Flask], tmp_path: Path) -> None:
+    alice = pai_as(listed, tmp_path, "alice")
+
+    def names(*args: str) -> list[str]:
+        done = run(alice, "jobs", "-o", "json", *args)
+        assert done.exit_code == 0, done.stderr
+        return [row["name"] for row in json.loads(done.stdout)]
+
+    assert names() == ["a", "C", "b"]  # newest first
+    assert names("--sort", "name", "--asc") == ["a", "b", "C"]
+    assert names("--sort", "name") == ["C", "b", "a"]
+    assert names("--sort", "state", "--asc", "--limit", "2") == ["C", "b"]
+    refused = run(alice, "jobs", "--sort", "config")
+    assert refused.exit_code == 2 and "config" in refused.stderr
