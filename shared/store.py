@@ -477,7 +477,7 @@ class Store:
         width = len(reads)
         for start in range(0, len(ids), chunk):
             part = ids[start:start + chunk]
-            flat = self.run_script(_HMGET_MANY, [keys.job(i) for i in part], reads).split("\0")
+            flat = self.run_script(_HMGET_JOINED, [keys.job(i) for i in part], reads).split("\0")
             for n, job_id in enumerate(part):
                 got = flat[n * width:(n + 1) * width]
                 if got[0] == _MISSING:
@@ -889,7 +889,7 @@ def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
 # chunk, not one per value: the client parses 2,000 records at once.
 # KEYS: the records; ARGV: the fields.
 _MISSING = "\x01"
-_HMGET_MANY = r"""#!lua flags=no-writes
+_HMGET_JOINED = r"""#!lua flags=no-writes
 local out = {}
 for _, key in ipairs(KEYS) do
   local got = redis.call('HMGET', key, unpack(ARGV))
