@@ -25,13 +25,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
+from docker.types.daemon import CancellableStream
 from redis.exceptions import RedisError
 from requests.exceptions import RequestException
+from urllib3.exceptions import ProtocolError
 
 from services.monitor.dispatch import backoff_delay
 from services.monitor.logfile import TaskLogFile
@@ -62,6 +64,11 @@ _STOP_WAIT_SECONDS = 2.0
 # after that the flusher forgets it (a later drain just starts afresh).
 _FORGET_DONE_AFTER_SECONDS = 60.0
 _FINAL_FLUSH_TRIES = 3
+# After Docker ended a log stream, how long a shipper waits for the monitor to
+# see the container stop before it asks Docker whether it still runs.
+EXIT_NOTICE_SECONDS = 1.0
+_MULTIPLEXED_STREAM = "application/vnd.docker.multiplexed-stream"
+_RAW_STREAM = "application/vnd.docker.raw-stream"
 
 LogEntry = tuple[str, LogCursor | None]
 
@@ -202,17 +209,20 @@ class LogShipper:
     def _follow(self) -> None:
         """Read until the container stops; reopen when the stream breaks.
 
-        Docker ends a follow stream when the container stops, but a broken
-        connection (an engine restart, a proxy) ends it the same way: the SDK
-        turns socket errors into a plain end of iteration. So after any end:
-        if the container still runs, resume from the cursor; if it stopped,
-        read once more from the cursor, which catches a stream that broke
-        just before the exit.
+        Docker ends a follow stream when the container stops, after the last
+        line. When the stream ended that way (`LogStream.ended`) and the
+        monitor saw the container stop, all of the log came. Otherwise (it
+        broke: an engine restart, a proxy; or no stop was seen): if the
+        container still runs, resume from the cursor; if it stopped, read once
+        more from the cursor, which catches a stream that broke just before
+        the exit.
         """
         failures = 0
         while not self._closing.is_set():
-            received = self._read_stream()
+            received, ended = self._read_stream()
             if self._closing.is_set():
+                return
+            if ended and self._exited.wait(EXIT_NOTICE_SECONDS):
                 return
             if self._exited.is_set() or not self._still_running():
                 self._read_stream()
@@ -220,17 +230,17 @@ class LogShipper:
             failures = 0 if received else failures + 1
             self._closing.wait(backoff_delay(failures, 0.2, 5.0))
 
-    def _read_stream(self) -> bool:
-        """One pass over the log from the cursor on; whether any new line came."""
+    def _read_stream(self) -> tuple[bool, bool]:
+        """One pass over the log from the cursor on: whether any new line came,
+        and whether the stream ended as Docker ends it (not broke)."""
         since = self.cursor.since_seconds if self.cursor is not None else None
         try:
-            stream = self.container.logs(stream=True, follow=True, stdout=True, stderr=True,
-                                         timestamps=True, since=since)
+            stream = LogStream(self.container.client.api, str(self.container.id), since)
         except NotFound:
-            return False
+            return False, False
         except (DockerException, RequestException) as error:
             log.warning("cannot read the log of %s: %s", self.task_name, error)
-            return False
+            return False, False
         with self._lock:
             self._stream = stream
         if self._closing.is_set():
@@ -249,7 +259,7 @@ class LogShipper:
             with self._lock:
                 self._stream = None
             close_stream(stream)
-        return received
+        return received, stream.ended and not self._closing.is_set()
 
     def _accept(self, raw: bytes, replay: ReplayFilter) -> bool:
         ts_ns, message = split_timestamp(raw)
@@ -279,6 +289,44 @@ class LogShipper:
             log.warning("cannot inspect %s: %s", self.task_name, error)
             return True  # ask again after the backoff
         return phase_of(state.get("Status")) == Phase.RUNNING
+
+
+class LogStream:
+    """One `docker logs --follow --timestamps` response, opened without the
+    inspect the SDK makes first to learn whether the container has a TTY
+    (the engine's Content-Type says so), and telling whether it `ended` as
+    Docker ends a follow (the container stopped) or broke, which the SDK's
+    stream reports alike."""
+
+    def __init__(self, api: Any, container_id: str, since: int | None) -> None:
+        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 1,
+                                  "tail": "all"}
+        if since is not None:
+            params["since"] = since
+        # The SDK's own steps for Container.logs (docker 7), minus the inspect.
+        response = api._get(api._url("/containers/{0}/logs", container_id),
+                            params=params, stream=True)
+        api._raise_for_status(response)
+        kind = response.headers.get("Content-Type", "")
+        if kind == _MULTIPLEXED_STREAM:
+            chunks = api._multiplexed_response_stream_helper(response)
+        elif kind == _RAW_STREAM:
+            chunks = api._stream_raw_result(response)
+        else:  # an engine before API 1.42 does not say: the SDK inspects
+            chunks = api._get_result(container_id, True, response)
+        self._chunks: Iterator[bytes] = chunks
+        self._closer = CancellableStream(chunks, response)
+        self.ended = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._chunks
+        except (ProtocolError, OSError):
+            return  # broke: not `ended`
+        self.ended = True
+
+    def close(self) -> None:
+        self._closer.close()
 
 
 def close_stream(stream: Any) -> None:
