@@ -67,8 +67,10 @@ _FINAL_FLUSH_TRIES = 3
 # After Docker ended a log stream, how long a shipper waits for the monitor to
 # see the container stop before it asks Docker whether it still runs.
 EXIT_NOTICE_SECONDS = 1.0
-_MULTIPLEXED_STREAM = "application/vnd.docker.multiplexed-stream"
-_RAW_STREAM = "application/vnd.docker.raw-stream"
+# A multiplexed log frame: stream number (0-2), three zero bytes, length (4 bytes).
+_FRAME_HEADER_BYTES = 8
+_LAST_STREAM_NUMBER = 2
+_RAW_READ_BYTES = 64 * 1024
 
 LogEntry = tuple[str, LogCursor | None]
 
@@ -293,10 +295,14 @@ class LogShipper:
 
 class LogStream:
     """One `docker logs --follow --timestamps` response, opened without the
-    inspect the SDK makes first to learn whether the container has a TTY
-    (the engine's Content-Type says so), and telling whether it `ended` as
-    Docker ends a follow (the container stopped) or broke, which the SDK's
-    stream reports alike."""
+    inspect the SDK makes first to learn whether the container has a TTY,
+    and telling whether it `ended` as Docker ends a follow (the container
+    stopped) or broke, which the SDK's stream reports alike.
+
+    The first byte says how the output comes: a multiplexed stream (no TTY)
+    starts with a frame header, whose first byte is the stream's number
+    (0-2); a TTY's raw stream starts with a line's timestamp, a digit.
+    """
 
     def __init__(self, api: Any, container_id: str, since: int | None) -> None:
         params: dict[str, Any] = {"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 1,
@@ -307,23 +313,38 @@ class LogStream:
         response = api._get(api._url("/containers/{0}/logs", container_id),
                             params=params, stream=True)
         api._raise_for_status(response)
-        kind = response.headers.get("Content-Type", "")
-        if kind == _MULTIPLEXED_STREAM:
-            chunks = api._multiplexed_response_stream_helper(response)
-        elif kind == _RAW_STREAM:
-            chunks = api._stream_raw_result(response)
-        else:  # an engine before API 1.42 does not say: the SDK inspects
-            chunks = api._get_result(container_id, True, response)
-        self._chunks: Iterator[bytes] = chunks
-        self._closer = CancellableStream(chunks, response)
+        # A follow may wait for output for as long as the container runs.
+        api._disable_socket_timeout(api._get_raw_response_socket(response))
+        self._response = response
+        self._closer = CancellableStream(iter(()), response)
         self.ended = False
 
     def __iter__(self) -> Iterator[bytes]:
         try:
-            yield from self._chunks
+            yield from self._chunks()
         except (ProtocolError, OSError):
             return  # broke: not `ended`
         self.ended = True
+
+    def _chunks(self) -> Iterator[bytes]:
+        raw = self._response.raw
+        first = raw.read(1)
+        if not first:
+            return
+        if first[0] > _LAST_STREAM_NUMBER:
+            yield first
+            while chunk := raw.read1(_RAW_READ_BYTES):  # what has arrived, up to a bound
+                yield chunk
+            return
+        header = first + raw.read(_FRAME_HEADER_BYTES - 1)
+        while len(header) == _FRAME_HEADER_BYTES:
+            length = int.from_bytes(header[4:], "big")
+            if length:
+                data = raw.read(length)
+                if not data:
+                    return
+                yield data
+            header = raw.read(_FRAME_HEADER_BYTES)
 
     def close(self) -> None:
         self._closer.close()

@@ -1,7 +1,7 @@
 """The monitor's log stream on the real engine: one request per container life.
 
 `LogStream` opens `docker logs --follow` without the SDK's inspect (the
-engine's Content-Type says whether the container has a TTY) and tells a
+stream's first byte says whether the container has a TTY) and tells a
 stream Docker ended (the container stopped) from one that broke. A shipper
 whose stream ended with the container, once the monitor saw the stop, asks
 Docker nothing more: no inspect, no second read.
