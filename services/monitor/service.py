@@ -51,6 +51,7 @@ from shared.containers import (
     TaskRef,
     task_ref_from_labels,
 )
+from shared.engine import EngineCalls
 from shared.lifecycle import (
     LIVE_JOB_STATES,
     ExitReport,
@@ -96,6 +97,7 @@ class Monitor:
                  docker_client: docker.DockerClient, node_name: str) -> None:
         self.settings, self.store, self.messenger = settings, store, messenger
         self.docker, self.node = docker_client, node_name
+        self.engine = EngineCalls(docker_client)
         self.shipping = LogShipping(store, settings.log_max_lines, log_dir=settings.task_log_dir,
                                     max_file_bytes=settings.log_max_bytes_per_task,
                                     log_group=settings.log_group)
@@ -228,7 +230,8 @@ class Monitor:
         return task is not None and not task.state.is_final and task.retries == ref.retry
 
     def _remove(self, container: Container) -> None:
-        _gone_is_done("remove", container, lambda: container.remove(force=True))
+        _gone_is_done("remove", container,
+                      lambda: self.engine.remove_container(str(container.id), force=True))
 
     # ------------------------------------------------------------ reconcile
 
@@ -420,6 +423,7 @@ class Monitor:
         close_stream(stream)
         self._dispatch.shutdown(wait=True)
         self.shipping.close()
+        self.engine.close()
 
 
 

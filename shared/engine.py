@@ -1,0 +1,168 @@
+"""The Docker calls on every short job's path, over plain keep-alive connections.
+
+A short job costs the launcher a create and a start and the monitor a
+remove. Through the SDK each is a `requests` call: session merging, cookie
+jars, hooks, adapters and urllib3 on top of the HTTP itself, about 0.5 ms of
+CPU a call against 0.12 ms for the same request over `http.client`
+(docs/performance.md). `EngineCalls` sends exactly the requests the SDK
+sends (the container config is still built by the SDK) and raises exactly
+the SDK's errors (`docker.errors.create_api_error_from_http_exception`), so
+callers handle NotFound, ImageNotFound and conflicts as before.
+
+Only an engine on a unix socket is spoken to this way; any other (TCP, TLS,
+ssh) goes through the SDK unchanged. Everything else (streams, exec, pulls)
+stays with the SDK.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import docker
+import requests
+from docker.errors import create_api_error_from_http_exception
+from docker.transport.unixconn import UnixHTTPAdapter
+from docker.utils.utils import format_environment
+from requests.structures import CaseInsensitiveDict
+
+# Idle connections kept for reuse (more may be open at once; the extra ones
+# are closed when they come back).
+IDLE_CONNECTIONS = 8
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class EngineCalls:
+    """Create, start and remove a container, as the SDK's low-level calls do."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.api = client.api
+        adapter = getattr(self.api, "_custom_adapter", None)
+        self._socket: str | None = (adapter.socket_path
+                                    if isinstance(adapter, UnixHTTPAdapter) else None)
+        self._timeout = float(getattr(adapter, "timeout", None) or 60)
+        self._prefix = f"/v{self.api._version}"
+        self._idle: list[_UnixConnection] = []
+        self._lock = threading.Lock()
+
+    @property
+    def direct(self) -> bool:
+        """Whether calls bypass the SDK (a local engine on a unix socket)."""
+        return self._socket is not None
+
+    def create_container(self, image: str, command: Any = None, **options: Any) -> str:
+        """`APIClient.create_container`: the new container's id."""
+        if self._socket is None:
+            return str(self.api.create_container(image, command, **options)["Id"])
+        query = {"name": options.pop("name", None)}
+        platform = options.pop("platform", None)
+        if platform:
+            query["platform"] = platform
+        # What APIClient.create_container does before building the config.
+        if isinstance(options.get("volumes"), str):
+            options["volumes"] = [options["volumes"]]
+        environment = options.get("environment")
+        if isinstance(environment, dict):
+            environment = format_environment(environment)
+        if options.pop("use_config_proxy", True):
+            environment = self.api._proxy_configs.inject_proxy_environment(environment) or None
+        options["environment"] = environment
+        config = self.api.create_container_config(image, command, **options)
+        body = {key: value for key, value in config.items() if value is not None}
+        reply = self._call("POST", "/containers/create", query, body)
+        return str(json.loads(reply)["Id"])
+
+    def start(self, container_id: str) -> None:
+        """`APIClient.start`: an already running container is no error."""
+        if self._socket is None:
+            self.api.start(container_id)
+            return
+        self._call("POST", f"/containers/{quote(container_id, safe='')}/start")
+
+    def remove_container(self, container_id: str, *, force: bool = False) -> None:
+        """`APIClient.remove_container`."""
+        if self._socket is None:
+            self.api.remove_container(container_id, force=force)
+            return
+        self._call("DELETE", f"/containers/{quote(container_id, safe='')}",
+                   {"v": False, "link": False, "force": force})
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    # -------------------------------------------------------------- the wire
+
+    def _call(self, method: str, path: str, query: Mapping[str, Any] | None = None,
+              body: Any = None) -> bytes:
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        url = self._prefix + path + (f"?{urlencode(params)}" if params else "")
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        for last_try in (False, True):
+            conn, reused = self._take()
+            try:
+                conn.request(method, url, body=payload, headers=headers)
+                response = conn.getresponse()
+                data = response.read()
+            except (http.client.HTTPException, OSError) as error:
+                conn.close()
+                if reused and not last_try and not isinstance(error, TimeoutError):
+                    continue  # a kept connection the engine had closed: once more, afresh
+                raise requests.exceptions.ConnectionError(error) from None
+            if response.will_close:
+                conn.close()
+            else:
+                self._give(conn)
+            if response.status >= 400:
+                _raise_api_error(response, data, url)
+            return data
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _take(self) -> tuple[_UnixConnection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        assert self._socket is not None
+        return _UnixConnection(self._socket, self._timeout), False
+
+    def _give(self, conn: _UnixConnection) -> None:
+        with self._lock:
+            if len(self._idle) < IDLE_CONNECTIONS:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+
+def _raise_api_error(response: http.client.HTTPResponse, data: bytes, url: str) -> None:
+    """Raise what the SDK raises for this answer (NotFound, ImageNotFound, APIError...)."""
+    reply = requests.Response()
+    reply.status_code, reply.reason, reply.url = response.status, response.reason, url
+    reply.headers = CaseInsensitiveDict(response.getheaders())
+    reply._content = data
+    try:
+        reply.raise_for_status()
+    except requests.exceptions.HTTPError as error:
+        create_api_error_from_http_exception(error)  # always raises
