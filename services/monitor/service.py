@@ -196,12 +196,17 @@ class Monitor:
             # exit report is stale (None) and sends nothing.
             self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
             return report
+        if report is not None and report.attempt_ended:
+            # The attempt's end frees the allocation of each of its settled
+            # tasks, this one's included (Scheduler.stop_attempt): one
+            # message, where a task_ended as well cost a second send and a
+            # second handling for nothing.
+            self.messenger.attempt_ended(ref.job_id, ref.attempt)
+            return report
         # Always, even for a repeated exit: the scheduler's release is
         # idempotent, and this is how a monitor that died between settling and
         # telling still gets the allocation freed.
         self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
-        if report is not None and report.attempt_ended:
-            self.messenger.attempt_ended(ref.job_id, ref.attempt)
         return report
 
     def handle_created(self, container: Container) -> bool:
