@@ -1,7 +1,7 @@
 """The Docker calls on every short job's path, over plain keep-alive connections.
 
-A short job costs the launcher a create and a start and the monitor a
-remove. Through the SDK each is a `requests` call: session merging, cookie
+A short job costs the launcher a create and a start and the monitor a log
+follow and a remove. Through the SDK each is a `requests` call: session merging, cookie
 jars, hooks, adapters and urllib3 on top of the HTTP itself, about 0.5 ms of
 CPU a call against 0.12 ms for the same request over `http.client`
 (docs/performance.md). `EngineCalls` sends exactly the requests the SDK
@@ -10,26 +10,29 @@ the SDK's errors (`docker.errors.create_api_error_from_http_exception`), so
 callers handle NotFound, ImageNotFound and conflicts as before.
 
 Only an engine on a unix socket is spoken to this way; any other (TCP, TLS,
-ssh) goes through the SDK unchanged. Everything else (streams, exec, pulls)
+ssh) goes through the SDK unchanged. Everything else (events, exec, pulls)
 stays with the SDK.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlencode
 
 import docker
 import requests
 from docker.errors import create_api_error_from_http_exception
 from docker.transport.unixconn import UnixHTTPAdapter
+from docker.types.daemon import CancellableStream
 from docker.utils.utils import format_environment
 from requests.structures import CaseInsensitiveDict
+from urllib3.exceptions import ProtocolError
 
 # Idle connections kept for reuse (more may be open at once; the extra ones
 # are closed when they come back).
@@ -55,11 +58,12 @@ class _UnixConnection(http.client.HTTPConnection):
 class EngineCalls:
     """Create, start and remove a container, as the SDK's low-level calls do."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, *, direct: bool = True) -> None:
+        """`direct=False`: every call through the SDK, whatever the engine."""
         self.api = client.api
         adapter = getattr(self.api, "_custom_adapter", None)
         self._socket: str | None = (adapter.socket_path
-                                    if isinstance(adapter, UnixHTTPAdapter) else None)
+                                    if direct and isinstance(adapter, UnixHTTPAdapter) else None)
         self._timeout = float(getattr(adapter, "timeout", None) or 60)
         self._prefix = f"/v{self.api._version}"
         self._idle: list[_UnixConnection] = []
@@ -106,6 +110,37 @@ class EngineCalls:
             return
         self._call("DELETE", f"/containers/{quote(container_id, safe='')}",
                    {"v": False, "link": False, "force": force})
+
+    def follow_log(self, container_id: str, since: int | None = None) -> LogResponse:
+        """`docker logs --follow --timestamps` (stdout and stderr, from `since`):
+        the open response, its body as the engine sends it (framed, unless the
+        container has a TTY). It has a connection of its own, with no read
+        timeout: a follow waits for output for as long as the container runs."""
+        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 1,
+                                  "tail": "all"}
+        if since is not None:
+            params["since"] = since
+        path = f"/containers/{quote(container_id, safe='')}/logs"
+        if self._socket is None:
+            response = self.api._get(self.api._url(path), params=params, stream=True)
+            self.api._raise_for_status(response)
+            self.api._disable_socket_timeout(self.api._get_raw_response_socket(response))
+            return _SdkLogResponse(response)
+        url = f"{self._prefix}{path}?{urlencode(params)}"
+        conn = _UnixConnection(self._socket, self._timeout)
+        try:
+            conn.request("GET", url)
+            reply = conn.getresponse()
+            failed = reply.read() if reply.status >= 400 else None
+        except (http.client.HTTPException, OSError) as error:
+            conn.close()
+            raise requests.exceptions.ConnectionError(error) from None
+        if failed is not None:
+            conn.close()
+            _raise_api_error(reply, failed, url)
+        assert conn.sock is not None
+        conn.sock.settimeout(None)
+        return _DirectLogResponse(conn, reply)
 
     def close(self) -> None:
         with self._lock:
@@ -154,6 +189,64 @@ class EngineCalls:
                 self._idle.append(conn)
                 return
         conn.close()
+
+
+class LogResponse(Protocol):
+    """An open log response: its body, and `close` from any thread, which ends
+    a blocked read (it then raises or returns what it had)."""
+
+    def read(self, amount: int) -> bytes: ...
+
+    def read1(self, amount: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+# What reading a log response raises when its connection broke.
+BROKEN_STREAM_ERRORS: tuple[type[BaseException], ...] = (
+    http.client.HTTPException, ProtocolError, OSError)
+
+
+class _DirectLogResponse:
+    def __init__(self, conn: _UnixConnection, reply: http.client.HTTPResponse) -> None:
+        self._conn, self._reply = conn, reply
+        self._closed = False
+
+    def read(self, amount: int) -> bytes:
+        return self._checked(self._reply.read(amount))
+
+    def read1(self, amount: int) -> bytes:
+        return self._checked(self._reply.read1(amount))
+
+    def _checked(self, data: bytes) -> bytes:
+        if self._closed:  # what a closed response reads is no end of the log
+            raise ConnectionAbortedError("the log response was closed")
+        return data
+
+    def close(self) -> None:
+        self._closed = True
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):  # closed or broken already
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked on it
+            # The descriptor goes once the response's file lets go of it too;
+            # the reply is not closed here, under a read that may be running.
+            sock.close()
+
+
+class _SdkLogResponse:
+    def __init__(self, response: requests.Response) -> None:
+        self._raw = response.raw
+        self._closer = CancellableStream(iter(()), response)
+
+    def read(self, amount: int) -> bytes:
+        return bytes(self._raw.read(amount))
+
+    def read1(self, amount: int) -> bytes:
+        return bytes(self._raw.read1(amount))
+
+    def close(self) -> None:
+        self._closer.close()
 
 
 def _raise_api_error(response: http.client.HTTPResponse, data: bytes, url: str) -> None:

@@ -30,10 +30,8 @@ from typing import Any
 
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
-from docker.types.daemon import CancellableStream
 from redis.exceptions import RedisError
 from requests.exceptions import RequestException
-from urllib3.exceptions import ProtocolError
 
 from services.monitor.dispatch import backoff_delay
 from services.monitor.logfile import TaskLogFile
@@ -48,6 +46,7 @@ from services.monitor.loglines import (
 from services.monitor.observations import Phase, describe, phase_of
 from shared import keys
 from shared.containers import TaskRef
+from shared.engine import BROKEN_STREAM_ERRORS, EngineCalls
 from shared.store import Store
 
 log = logging.getLogger(__name__)
@@ -109,6 +108,7 @@ class LogShipper:
                  on_pending: Callable[[LogShipper], None] | None = None,
                  log_group: int | None = None) -> None:
         self.store, self.container, self.ref = store, container, ref
+        self._engine = EngineCalls(container.client)  # its follows open their own connections
         self.log_group = log_group
         self._on_pending = on_pending
         self.log_dir, self.max_file_bytes = log_dir, max_file_bytes
@@ -237,7 +237,7 @@ class LogShipper:
         and whether the stream ended as Docker ends it (not broke)."""
         since = self.cursor.since_seconds if self.cursor is not None else None
         try:
-            stream = LogStream(self.container.client.api, str(self.container.id), since)
+            stream = LogStream(self._engine, str(self.container.id), since)
         except NotFound:
             return False, False
         except (DockerException, RequestException) as error:
@@ -294,60 +294,49 @@ class LogShipper:
 
 
 class LogStream:
-    """One `docker logs --follow --timestamps` response, opened without the
-    inspect the SDK makes first to learn whether the container has a TTY,
-    and telling whether it `ended` as Docker ends a follow (the container
-    stopped) or broke, which the SDK's stream reports alike.
+    """One `docker logs --follow --timestamps` response (`EngineCalls.follow_log`,
+    without the inspect the SDK makes first to learn whether the container
+    has a TTY), telling whether it `ended` as Docker ends a follow (the
+    container stopped) or broke, which the SDK's stream reports alike.
 
     The first byte says how the output comes: a multiplexed stream (no TTY)
     starts with a frame header, whose first byte is the stream's number
     (0-2); a TTY's raw stream starts with a line's timestamp, a digit.
     """
 
-    def __init__(self, api: Any, container_id: str, since: int | None) -> None:
-        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 1,
-                                  "tail": "all"}
-        if since is not None:
-            params["since"] = since
-        # The SDK's own steps for Container.logs (docker 7), minus the inspect.
-        response = api._get(api._url("/containers/{0}/logs", container_id),
-                            params=params, stream=True)
-        api._raise_for_status(response)
-        # A follow may wait for output for as long as the container runs.
-        api._disable_socket_timeout(api._get_raw_response_socket(response))
-        self._response = response
-        self._closer = CancellableStream(iter(()), response)
+    def __init__(self, engine: EngineCalls, container_id: str, since: int | None) -> None:
+        self._response = engine.follow_log(container_id, since)
         self.ended = False
 
     def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self._chunks()
-        except (ProtocolError, OSError):
+        except BROKEN_STREAM_ERRORS:
             return  # broke: not `ended`
         self.ended = True
 
     def _chunks(self) -> Iterator[bytes]:
-        raw = self._response.raw
-        first = raw.read(1)
+        response = self._response
+        first = response.read(1)
         if not first:
             return
         if first[0] > _LAST_STREAM_NUMBER:
             yield first
-            while chunk := raw.read1(_RAW_READ_BYTES):  # what has arrived, up to a bound
+            while chunk := response.read1(_RAW_READ_BYTES):  # what has arrived, up to a bound
                 yield chunk
             return
-        header = first + raw.read(_FRAME_HEADER_BYTES - 1)
+        header = first + response.read(_FRAME_HEADER_BYTES - 1)
         while len(header) == _FRAME_HEADER_BYTES:
             length = int.from_bytes(header[4:], "big")
             if length:
-                data = raw.read(length)
+                data = response.read(length)
                 if not data:
                     return
                 yield data
-            header = raw.read(_FRAME_HEADER_BYTES)
+            header = response.read(_FRAME_HEADER_BYTES)
 
     def close(self) -> None:
-        self._closer.close()
+        self._response.close()
 
 
 def close_stream(stream: Any) -> None:

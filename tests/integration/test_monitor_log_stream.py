@@ -9,17 +9,22 @@ Docker nothing more: no inspect, no second read.
 
 from __future__ import annotations
 
+import contextlib
+import re
+import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
 
 import docker
 import pytest
 import redis
-import requests
 from docker.errors import NotFound
 
 from services.monitor.logs import LogShipping, LogStream
 from shared.containers import TaskRef
+from shared.engine import EngineCalls
 from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -37,25 +42,58 @@ def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.Dock
         rig.close()
 
 
-class EngineCalls:
-    """The paths of the requests a Docker client makes (a requests response hook)."""
+class CountingRelay:
+    """A unix socket in front of the engine's that passes every byte through
+    and notes the path of each request a client sends over it."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    REQUEST_LINE = re.compile(rb"(?:GET|POST|PUT|DELETE|HEAD) (\S+) HTTP/1\.[01]\r\n")
+
+    def __init__(self, path: Path, engine_socket: str) -> None:
+        self.path, self.engine_socket = str(path), engine_socket
         self.paths: list[str] = []
         self._lock = threading.Lock()
-        self._hooks = client.api.hooks["response"]
-        self._hooks.append(self._seen)
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.path)
+        self._server.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def _seen(self, response: requests.Response, *args: object, **kwargs: object) -> None:
-        with self._lock:
-            self.paths.append(requests.utils.urlparse(response.url).path)
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            engine.connect(self.engine_socket)
+            threading.Thread(target=self._pump, args=(client, engine, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(engine, client, False),
+                             daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket, requests: bool) -> None:
+        pending = b""
+        try:
+            while chunk := source.recv(65536):
+                if requests:
+                    pending += chunk
+                    with self._lock:
+                        self.paths.extend(
+                            urlparse(m.group(1).decode()).path
+                            for m in self.REQUEST_LINE.finditer(pending))
+                    pending = pending[pending.rfind(b"\r\n") + 2:]
+                target.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, target):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     def ending(self, suffix: str) -> list[str]:
         with self._lock:
             return [p for p in self.paths if p.endswith(suffix)]
 
     def close(self) -> None:
-        self._hooks.remove(self._seen)
+        self._server.close()
 
 
 def _text(chunks: Iterator[bytes]) -> list[str]:
@@ -63,18 +101,28 @@ def _text(chunks: Iterator[bytes]) -> list[str]:
     return [line.split(b" ", 1)[1].decode() for line in b"".join(chunks).splitlines()]
 
 
-def test_a_stream_that_docker_ends_with_its_container_has_ended(rig: Rig) -> None:
+@pytest.fixture(params=[True, False], ids=["direct", "through-the-sdk"])
+def engine(request: pytest.FixtureRequest, docker_client: docker.DockerClient
+           ) -> Iterator[EngineCalls]:
+    calls = EngineCalls(docker_client, direct=request.param)
+    assert calls.direct == request.param
+    yield calls
+    calls.close()
+
+
+def test_a_stream_that_docker_ends_with_its_container_has_ended(
+        rig: Rig, engine: EngineCalls) -> None:
     container = rig.exited(rig.run(rig.place(), "echo out; echo err >&2; echo more"))
-    stream = LogStream(rig.docker.api, str(container.id), None)
+    stream = LogStream(engine, str(container.id), None)
     lines = _text(iter(stream))
     assert sorted(lines) == ["err", "more", "out"]
     assert stream.ended
 
 
-def test_a_stream_closed_under_its_reader_has_not_ended(rig: Rig) -> None:
+def test_a_stream_closed_under_its_reader_has_not_ended(rig: Rig, engine: EngineCalls) -> None:
     container = rig.run(rig.place(), f"echo first; {GATE}")
     try:
-        stream = LogStream(rig.docker.api, str(container.id), None)
+        stream = LogStream(engine, str(container.id), None)
         chunks = iter(stream)
         assert b"first" in next(chunks)
         stream.close()  # as an engine restart or a shipper's stop would
@@ -84,14 +132,14 @@ def test_a_stream_closed_under_its_reader_has_not_ended(rig: Rig) -> None:
         release(container)
 
 
-def test_a_tty_container_streams_raw_output(rig: Rig, test_image: str,
+def test_a_tty_container_streams_raw_output(rig: Rig, engine: EngineCalls, test_image: str,
                                             test_labels: dict[str, str]) -> None:
     container = rig.docker.containers.run(test_image, ["sh", "-c", "echo on-a-tty"], tty=True,
                                           detach=True, labels=test_labels,
                                           network_mode="host")
     try:
         assert rig.docker.api.wait(container.id, timeout=60)["StatusCode"] == 0
-        stream = LogStream(rig.docker.api, str(container.id), None)
+        stream = LogStream(engine, str(container.id), None)
         output = b"".join(c if isinstance(c, bytes) else c.encode() for c in stream)
         assert output.rstrip().endswith(b"on-a-tty")
         assert stream.ended
@@ -99,28 +147,39 @@ def test_a_tty_container_streams_raw_output(rig: Rig, test_image: str,
         container.remove(force=True)
 
 
-def test_the_log_of_a_missing_container_is_not_found(rig: Rig) -> None:
+def test_the_log_of_a_missing_container_is_not_found(engine: EngineCalls) -> None:
     with pytest.raises(NotFound):
-        LogStream(rig.docker.api, "0" * 64, None)
+        LogStream(engine, "0" * 64, None)
 
 
-def test_a_drained_exit_reads_the_log_once_and_inspects_nothing(rig: Rig) -> None:
+def test_a_follow_resumes_from_a_second(rig: Rig, engine: EngineCalls) -> None:
+    container = rig.exited(rig.run(rig.place(), "echo early"))
+    stream = LogStream(engine, str(container.id), 2**31 - 1)  # a second long after the exit
+    assert list(stream) == []
+    assert stream.ended
+
+
+def test_a_drained_exit_reads_the_log_once_and_inspects_nothing(rig: Rig,
+                                                                tmp_path: Path) -> None:
     job_id = rig.place()
     container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 10")
+    engine_socket = rig.docker.api._custom_adapter.socket_path
+    relay = CountingRelay(tmp_path / "relay.sock", engine_socket)
+    watched = docker.DockerClient(base_url=f"unix://{relay.path}", version="1.41")
+    seen = watched.containers.prepare_model({"Id": container.id})
     ref = TaskRef(job_id, 0, "main", 0)
     shipping = LogShipping(rig.store, max_lines=1000)
-    calls = EngineCalls(rig.docker)
     try:
-        shipper = shipping.ensure(container, ref)
+        shipper = shipping.ensure(seen, ref)
         wait_for(lambda: rig.log(job_id) == [str(n) for n in range(1, 6)], "the first lines")
         shipper.container_exited()  # the die event is seen before the stream ends: no wait
         release(container)
         rig.docker.api.wait(container.id, timeout=60)
-        before = len(calls.ending("/json"))  # the test's own wait and inspects
-        assert shipping.drain(container, ref, DRAIN_SECONDS)
+        assert shipping.drain(seen, ref, DRAIN_SECONDS)
         assert rig.log(job_id) == [str(n) for n in range(1, 11)]
-        assert len(calls.ending("/logs")) == 1
-        assert len(calls.ending("/json")) == before
+        assert len(relay.ending("/logs")) == 1
+        assert relay.ending("/json") == []  # no inspect
     finally:
-        calls.close()
         shipping.close()
+        watched.close()
+        relay.close()
