@@ -246,9 +246,8 @@ class Monitor:
         Container work goes through the same per-container queue as events,
         and this waits for it, so a pass never races an event handler.
         """
-        containers = self.docker.containers.list(
-            all=True, filters={"label": [LABEL_JOB, f"{LABEL_NODE}={self.node}"]},
-            ignore_removed=True)
+        containers = self.engine.list_containers(
+            all=True, filters={"label": [LABEL_JOB, f"{LABEL_NODE}={self.node}"]})
         futures: list[Future[Any]] = []
         present: set[str] = set()
         running = exited = 0

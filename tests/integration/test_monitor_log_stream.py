@@ -25,6 +25,7 @@ from docker.errors import NotFound
 from services.monitor.logs import LogShipping, LogStream
 from shared.containers import TaskRef
 from shared.engine import EngineCalls
+from shared.states import TaskState
 from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -181,5 +182,32 @@ def test_a_drained_exit_reads_the_log_once_and_inspects_nothing(rig: Rig,
         assert relay.ending("/json") == []  # no inspect
     finally:
         shipping.close()
+        watched.close()
+        relay.close()
+
+
+def test_a_reconcile_pass_inspects_only_what_exited(rig: Rig, tmp_path: Path) -> None:
+    """Reconcile lists the node's containers in one call: a running one is
+    not inspected, pass after pass; an exited one once, for how it ended."""
+    job_id = rig.place(tasks=2)
+    running = rig.run(job_id, GATE, index=0)
+    ended = rig.exited(rig.run(job_id, "echo done", index=1))
+    wait_for(lambda: running.reload() or running.status == "running", "the container to run")
+    relay = CountingRelay(tmp_path / "relay.sock", rig.docker.api._custom_adapter.socket_path)
+    watched = docker.DockerClient(base_url=f"unix://{relay.path}", version="1.41")
+    try:
+        monitor = rig.monitor(watched)
+        first = monitor.reconcile()
+        second = monitor.reconcile()
+
+        assert (first.running, first.exited, second.running, second.exited) == (1, 1, 1, 0)
+        assert rig.task(job_id, 0).state == TaskState.RUNNING
+        assert rig.task(job_id, 1).state == TaskState.SUCCEEDED
+        assert rig.log(job_id, 1) == ["done"]
+        inspected = [p for p in relay.ending("/json") if not p.endswith("/containers/json")]
+        assert [path.split("/")[-2] for path in inspected] == [ended.id]
+        assert len(relay.ending("/containers/json")) == 2  # one list a pass
+    finally:
+        release(running)
         watched.close()
         relay.close()
