@@ -211,22 +211,22 @@ class LogShipper:
     def _follow(self) -> None:
         """Read until the container stops; reopen when the stream breaks.
 
-        Docker ends a follow stream when the container stops, after the last
-        line. When the stream ended that way (`LogStream.ended`) and the
-        monitor saw the container stop, all of the log came. Otherwise (it
-        broke: an engine restart, a proxy; or no stop was seen): if the
-        container still runs, resume from the cursor; if it stopped, read once
-        more from the cursor, which catches a stream that broke just before
-        the exit.
+        Docker ends a follow stream when the container stops, but this engine
+        (20.10) may end it before the last lines of a container that exits
+        at once, and a broken connection ends the SDK's stream the same way.
+        So after any end: once the container stopped (the monitor saw it
+        stop, or Docker says so), read once more from the cursor, which
+        reads to the log's end; if it still runs, resume from the cursor.
+        When Docker ended the stream itself (`LogStream.ended`) the monitor's
+        notice of the exit is waited for, briefly, instead of an inspect.
         """
         failures = 0
         while not self._closing.is_set():
             received, ended = self._read_stream()
             if self._closing.is_set():
                 return
-            if ended and self._exited.wait(EXIT_NOTICE_SECONDS):
-                return
-            if self._exited.is_set() or not self._still_running():
+            if (ended and self._exited.wait(EXIT_NOTICE_SECONDS)) \
+                    or self._exited.is_set() or not self._still_running():
                 self._read_stream()
                 return
             failures = 0 if received else failures + 1

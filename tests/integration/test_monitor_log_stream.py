@@ -1,10 +1,11 @@
-"""The monitor's log stream on the real engine: one request per container life.
+"""The monitor's log stream on the real engine: no inspect around it.
 
 `LogStream` opens `docker logs --follow` without the SDK's inspect (the
 stream's first byte says whether the container has a TTY) and tells a
 stream Docker ended (the container stopped) from one that broke. A shipper
-whose stream ended with the container, once the monitor saw the stop, asks
-Docker nothing more: no inspect, no second read.
+whose stream ended with the container, once the monitor saw the stop, reads
+once more to the log's end (this engine may end a follow before the last
+lines of a container that exits at once) but inspects nothing.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ def test_a_follow_resumes_from_a_second(rig: Rig, engine: EngineCalls) -> None:
     assert stream.ended
 
 
-def test_a_drained_exit_reads_the_log_once_and_inspects_nothing(rig: Rig,
-                                                                tmp_path: Path) -> None:
+def test_a_drained_exit_reads_the_log_to_its_end_and_inspects_nothing(
+        rig: Rig, tmp_path: Path) -> None:
     job_id = rig.place()
     container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 10")
     engine_socket = rig.docker.api._custom_adapter.socket_path
@@ -178,7 +179,7 @@ def test_a_drained_exit_reads_the_log_once_and_inspects_nothing(rig: Rig,
         rig.docker.api.wait(container.id, timeout=60)
         assert shipping.drain(seen, ref, DRAIN_SECONDS)
         assert rig.log(job_id) == [str(n) for n in range(1, 11)]
-        assert len(relay.ending("/logs")) == 1
+        assert len(relay.ending("/logs")) == 2  # the follow, and the read to the end
         assert relay.ending("/json") == []  # no inspect
     finally:
         shipping.close()
@@ -211,3 +212,20 @@ def test_a_reconcile_pass_inspects_only_what_exited(rig: Rig, tmp_path: Path) ->
         release(running)
         watched.close()
         relay.close()
+
+
+def test_a_loud_container_that_exits_at_once_is_shipped_to_its_last_line(rig: Rig) -> None:
+    """This engine may end a follow before the last lines of a container that
+    exits right after writing them: the read after the exit gets them."""
+    lines = 100_000
+    job_id = rig.place()
+    ref = TaskRef(job_id, 0, "main", 0)
+    shipping = LogShipping(rig.store, max_lines=2 * lines)
+    try:
+        container = rig.run(job_id, f"seq 1 {lines}")
+        shipper = shipping.ensure(container, ref)
+        shipper.container_exited()  # as the die event says, at once
+        assert shipping.drain(container, ref, DRAIN_SECONDS)
+    finally:
+        shipping.close()
+    assert rig.log(job_id) == [str(n) for n in range(1, lines + 1)]
