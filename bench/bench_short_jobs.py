@@ -14,6 +14,13 @@ it to completion with the Docker SDK (create with the launcher's flags,
 start, wait, remove). Both rates are jobs per second; the ratio is the
 platform's over the loop's.
 
+Beside the rates, the CPU each side spent per job over its timed run (user
++ system, from /proc): each service's process tree, Redis, and the Docker
+engine (dockerd, containerd, the shims, runc), and for the loop its own
+process and the engine. On a machine with few cores the run is CPU-bound,
+so the ratio follows these: the engine's share is the same on both sides.
+The engine's figure includes whatever else the engine did meanwhile.
+
 PAI_BENCH_JOBS overrides the number of jobs (default 80).
 """
 
@@ -26,11 +33,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlparse
 
 import docker
 import redis
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis
+from bench.bench_capacity import tree_cpu_seconds
 from bench.live_platform import Platform, bare_container, reference_engine, running_platform
 from shared import keys
 from shared.models import Job
@@ -42,6 +51,67 @@ COMMAND = "true"
 MEMORY_MB = 128
 TIMEOUT_SECONDS = 180.0
 TARGET_RATIO = 0.9
+
+
+ENGINE_PROCESSES = ("dockerd", "containerd", "runc")
+ENGINE_PROCESS_PREFIX = "containerd-shim"  # /proc truncates the shims' names
+
+
+# ------------------------------------------------------------- CPU per job
+
+
+def engine_cpu_seconds() -> float:
+    """User + system CPU seconds so far of the Docker engine's processes."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                name, _, rest = stat.read().partition(" (")[2].rpartition(")")
+        except OSError:
+            continue  # gone meanwhile
+        if name in ENGINE_PROCESSES or name.startswith(ENGINE_PROCESS_PREFIX):
+            fields = rest.split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def redis_pid(url: str) -> int | None:
+    """The pid of the redis-server listening on `url`'s port (the benchmark's
+    throwaway one, whose title names its address)."""
+    port = f":{urlparse(url).port}"
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                title = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        program, _, address = title.strip().partition(" ")
+        if program.endswith("redis-server") and address.endswith(port):
+            return int(entry)
+    return None
+
+
+class CpuMeter:
+    """CPU seconds of named process trees (and the engine) between two readings."""
+
+    ENGINE = "Docker engine"
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.roots = roots
+        self._start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        seconds = {name: tree_cpu_seconds(pid) for name, pid in self.roots.items()}
+        seconds[self.ENGINE] = engine_cpu_seconds()
+        return seconds
+
+    def per_job_ms(self, jobs: int) -> dict[str, float]:
+        end = self._read()
+        return {name: 1000 * (end[name] - self._start[name]) / jobs for name in end}
 
 
 # ------------------------------------------------------------ the reference
@@ -116,10 +186,18 @@ def run() -> Figures:
     with reference_engine() as (client, run_label):
         with tempfile.TemporaryDirectory(prefix="pai-bench-") as tmp:
             docker_loop(client, Path(tmp), run_label + "w", GPUS, GPUS)  # warm, untimed
+            loop_meter = CpuMeter({"loop (this process)": os.getpid()})
             loop_seconds, cycles = docker_loop(client, Path(tmp), run_label, jobs, GPUS)
+            loop_cpu = loop_meter.per_job_ms(jobs)
         with throwaway_redis() as url, running_platform(url, gpus=GPUS) as pai:
             platform_burst(pai, url, GPUS, "warm")  # untimed
+            roots = {service: pai.processes.pid(service) for service in pai.services}
+            store_pid = redis_pid(url)
+            if store_pid is not None:
+                roots["redis"] = store_pid
+            meter = CpuMeter(roots)
             seconds, records = platform_burst(pai, url, jobs, "short")
+            platform_cpu = meter.per_job_ms(jobs)
     in_platform = [((job.completed_ms or 0) - job.created_ms) / 1000 for job in records]
     rate, reference = jobs / seconds, jobs / loop_seconds
     table: dict[str, dict[str, Figure]] = {
@@ -130,11 +208,22 @@ def run() -> Figures:
             "seconds": loop_seconds, "jobs/s": reference,
             "p50 job s": percentile(cycles, 0.5), "p99 job s": percentile(cycles, 0.99)},
     }
+    engine = CpuMeter.ENGINE
+    cpu: dict[str, dict[str, Figure]] = {
+        name: {"platform": ms, "Docker loop": "-"}
+        for name, ms in platform_cpu.items() if name != engine}
+    cpu["loop (this process)"] = {"platform": "-",
+                                  "Docker loop": loop_cpu["loop (this process)"]}
+    cpu["all but the engine"] = {
+        "platform": sum(ms for name, ms in platform_cpu.items() if name != engine),
+        "Docker loop": loop_cpu["loop (this process)"]}
+    cpu[engine] = {"platform": platform_cpu[engine], "Docker loop": loop_cpu[engine]}
     ratio = rate / reference
     return {
         "jobs": f"{jobs} x (1 task, 1 GPU, 1 CPU, {MEMORY_MB} MB, {COMMAND!r}) on {GPUS} GPUs",
         "reference": f"{GPUS} threads: create, start, wait, remove",
         "throughput": table,
+        "CPU ms per job": cpu,
         "ratio jobs/s vs reference": ratio,
         f"ratio vs target {TARGET_RATIO}": ratio / TARGET_RATIO,
     }

@@ -10,11 +10,14 @@ asking Redis.
 from __future__ import annotations
 
 import hashlib
+import queue
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import docker
+from docker.transport.unixconn import UnixHTTPAdapter, UnixHTTPConnectionPool
 
 from shared.config import Settings
 
@@ -74,7 +77,69 @@ def task_ref_from_labels(labels: Mapping[str, str] | None) -> TaskRef | None:
         return None
 
 
+# Idle connections to a local engine kept for reuse; more may be open at
+# once (one per log follower), and those are closed when they come back.
+ENGINE_CONNECTIONS = 32
+# Paths whose connection the SDK hijacks (exec, attach): such a connection
+# is never handed out again, so each keeps the SDK's pool of its own.
+_HIJACKED_PATHS = ("/exec/", "/attach")
+
+
 def docker_client(settings: Settings, timeout: int = 60) -> docker.DockerClient:
     if settings.docker_host:
-        return docker.DockerClient(base_url=settings.docker_host, timeout=timeout)
-    return docker.from_env(timeout=timeout)
+        client = docker.DockerClient(base_url=settings.docker_host, timeout=timeout)
+    else:
+        client = docker.from_env(timeout=timeout)
+    reuse_engine_connections(client)
+    return client
+
+
+class _EnginePool(UnixHTTPConnectionPool):
+    """A pool that closes a connection it has no room for without a warning:
+    a follower's stream returning when many ran at once is expected."""
+
+    def _put_conn(self, conn: Any) -> None:
+        if conn is not None and self.pool is not None and self.pool.full():
+            conn.close()
+            return
+        try:
+            super()._put_conn(conn)
+        except queue.Full:  # raced another return: nothing is lost
+            conn.close()
+
+
+class EngineAdapter(UnixHTTPAdapter):
+    """One keep-alive connection pool for every request to a local engine.
+
+    The SDK's adapter keys its pools by the request's whole URL, and a
+    container's URLs name its id: every call about a new container opened a
+    new pool and a new connection (connect, and on the engine an accept and a
+    goroutine), so a short job paid that on each of its calls.
+    """
+
+    def get_connection(self, url: str, proxies: Any = None) -> Any:
+        if any(part in url for part in _HIJACKED_PATHS):
+            return super().get_connection(url, proxies)
+        with self.pools.lock:
+            pool = self.pools.get(self.socket_path)
+            if pool is None:
+                pool = _EnginePool(url, self.socket_path, self.timeout,
+                                   maxsize=max(self.max_pool_size, ENGINE_CONNECTIONS))
+                self.pools[self.socket_path] = pool
+        return pool
+
+
+def reuse_engine_connections(client: docker.DockerClient) -> None:
+    """Make a client of an engine on a unix socket reuse its connections, and
+    skip the proxy and .netrc lookups the HTTP library makes on every request
+    (nothing to proxy on a local socket). Other engines are left as they are."""
+    api = client.api
+    adapter = getattr(api, "_custom_adapter", None)
+    if adapter is None or type(adapter) is not UnixHTTPAdapter:
+        return
+    engine = EngineAdapter(f"http+unix://{adapter.socket_path}", timeout=adapter.timeout,
+                           max_pool_size=adapter.max_pool_size)
+    api._custom_adapter = engine
+    api.mount("http+docker://", engine)
+    api.trust_env = False
+    adapter.close()

@@ -134,7 +134,6 @@ def record_task_exit(
     job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
 
     def decide(pipe: Pipe) -> ExitReport | None:
-        pipe.watch(tasks_key)
         job = store.read_job(pipe, job_id)
         tasks = store.read_tasks(pipe, job_id, attempt)
         task = tasks.get(task_key(role, index))
@@ -265,7 +264,7 @@ def record_task_exit(
         telemetry.record(pipe, telemetry.TASK_EXITS, {"state": "RETRIED", "class": "user"})
         return ExitReport(task.state, job.state, False, False, task.node, relaunched=True)
 
-    return store.transact(decide, job_key)
+    return store.transact(decide, job_key, tasks_key)  # both in one WATCH
 
 
 def mark_task_running(
@@ -277,7 +276,6 @@ def mark_task_running(
     job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
 
     def decide(pipe: Pipe) -> bool:
-        pipe.watch(tasks_key)
         job = store.read_job(pipe, job_id)
         tasks = store.read_tasks(pipe, job_id, attempt)
         task = tasks.get(task_key(role, index))
@@ -311,7 +309,7 @@ def mark_task_running(
                         node=task.node)
         return True
 
-    return store.transact(decide, job_key)
+    return store.transact(decide, job_key, tasks_key)  # both in one WATCH
 
 
 STOPPED_BY_USER = "stopped by user"

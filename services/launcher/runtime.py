@@ -30,6 +30,7 @@ from shared import execs, ssh
 from shared.capabilities import dropped_capabilities
 from shared.config import Settings
 from shared.containers import TaskRef, task_labels
+from shared.engine import EngineCalls
 from shared.models import JobSpec, Node, Task
 
 log = logging.getLogger("pai.launcher")
@@ -56,6 +57,7 @@ class DockerRuntime:
         extra_labels: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
+        self.engine = EngineCalls(client)  # create, start, remove: the hot calls
         self.settings = settings
         self.extra_labels = dict(extra_labels or {})
 
@@ -131,11 +133,11 @@ class DockerRuntime:
         common case, an image already here, costs no extra round trip), with
         the job's registry login when it has one."""
         try:
-            return str(self.client.api.create_container(image, command, **options)["Id"])
+            return self.engine.create_container(image, command, **options)
         except ImageNotFound:
             self.pull(image, auth)
         try:
-            return str(self.client.api.create_container(image, command, **options)["Id"])
+            return self.engine.create_container(image, command, **options)
         except ImageNotFound:
             raise ImageUnavailable(f"image {image} vanished right after its pull") from None
 
@@ -151,7 +153,7 @@ class DockerRuntime:
         try:
             if prepare is not None:
                 prepare(container_id)
-            self.client.api.start(container_id)
+            self.engine.start(container_id)
         except NotFound:
             return container_id  # removed meanwhile: its exit was handled elsewhere
         except APIError as error:
@@ -338,7 +340,7 @@ class DockerRuntime:
     def _remove(self, container: Container | str) -> None:
         container_id = container if isinstance(container, str) else str(container.id)
         try:
-            self.client.api.remove_container(container_id, force=True)
+            self.engine.remove_container(container_id, force=True)
         except NotFound:
             pass
         except APIError as error:

@@ -223,9 +223,10 @@ class Launcher:
         if report.relaunched and report.node:  # its role's taskRetryCount covers it
             self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
             return
-        self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
-        if report.attempt_ended:
+        if report.attempt_ended:  # it frees this task's allocation too (the monitor's _settle)
             self.messenger.attempt_ended(ref.job_id, ref.attempt)
+            return
+        self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
 
     # ----------------------------------------------------------------- exec
 

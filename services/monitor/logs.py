@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from docker.errors import DockerException, NotFound
@@ -46,6 +46,7 @@ from services.monitor.loglines import (
 from services.monitor.observations import Phase, describe, phase_of
 from shared import keys
 from shared.containers import TaskRef
+from shared.engine import BROKEN_STREAM_ERRORS, EngineCalls
 from shared.store import Store
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,13 @@ _STOP_WAIT_SECONDS = 2.0
 # after that the flusher forgets it (a later drain just starts afresh).
 _FORGET_DONE_AFTER_SECONDS = 60.0
 _FINAL_FLUSH_TRIES = 3
+# After Docker ended a log stream, how long a shipper waits for the monitor to
+# see the container stop before it asks Docker whether it still runs.
+EXIT_NOTICE_SECONDS = 1.0
+# A multiplexed log frame: stream number (0-2), three zero bytes, length (4 bytes).
+_FRAME_HEADER_BYTES = 8
+_LAST_STREAM_NUMBER = 2
+_RAW_READ_BYTES = 64 * 1024
 
 LogEntry = tuple[str, LogCursor | None]
 
@@ -100,6 +108,7 @@ class LogShipper:
                  on_pending: Callable[[LogShipper], None] | None = None,
                  log_group: int | None = None) -> None:
         self.store, self.container, self.ref = store, container, ref
+        self._engine = EngineCalls(container.client)  # its follows open their own connections
         self.log_group = log_group
         self._on_pending = on_pending
         self.log_dir, self.max_file_bytes = log_dir, max_file_bytes
@@ -202,35 +211,38 @@ class LogShipper:
     def _follow(self) -> None:
         """Read until the container stops; reopen when the stream breaks.
 
-        Docker ends a follow stream when the container stops, but a broken
-        connection (an engine restart, a proxy) ends it the same way: the SDK
-        turns socket errors into a plain end of iteration. So after any end:
-        if the container still runs, resume from the cursor; if it stopped,
-        read once more from the cursor, which catches a stream that broke
-        just before the exit.
+        Docker ends a follow stream when the container stops, but this engine
+        (20.10) may end it before the last lines of a container that exits
+        at once, and a broken connection ends the SDK's stream the same way.
+        So after any end: once the container stopped (the monitor saw it
+        stop, or Docker says so), read once more from the cursor, which
+        reads to the log's end; if it still runs, resume from the cursor.
+        When Docker ended the stream itself (`LogStream.ended`) the monitor's
+        notice of the exit is waited for, briefly, instead of an inspect.
         """
         failures = 0
         while not self._closing.is_set():
-            received = self._read_stream()
+            received, ended = self._read_stream()
             if self._closing.is_set():
                 return
-            if self._exited.is_set() or not self._still_running():
+            if (ended and self._exited.wait(EXIT_NOTICE_SECONDS)) \
+                    or self._exited.is_set() or not self._still_running():
                 self._read_stream()
                 return
             failures = 0 if received else failures + 1
             self._closing.wait(backoff_delay(failures, 0.2, 5.0))
 
-    def _read_stream(self) -> bool:
-        """One pass over the log from the cursor on; whether any new line came."""
+    def _read_stream(self) -> tuple[bool, bool]:
+        """One pass over the log from the cursor on: whether any new line came,
+        and whether the stream ended as Docker ends it (not broke)."""
         since = self.cursor.since_seconds if self.cursor is not None else None
         try:
-            stream = self.container.logs(stream=True, follow=True, stdout=True, stderr=True,
-                                         timestamps=True, since=since)
+            stream = LogStream(self._engine, str(self.container.id), since)
         except NotFound:
-            return False
+            return False, False
         except (DockerException, RequestException) as error:
             log.warning("cannot read the log of %s: %s", self.task_name, error)
-            return False
+            return False, False
         with self._lock:
             self._stream = stream
         if self._closing.is_set():
@@ -249,7 +261,7 @@ class LogShipper:
             with self._lock:
                 self._stream = None
             close_stream(stream)
-        return received
+        return received, stream.ended and not self._closing.is_set()
 
     def _accept(self, raw: bytes, replay: ReplayFilter) -> bool:
         ts_ns, message = split_timestamp(raw)
@@ -279,6 +291,52 @@ class LogShipper:
             log.warning("cannot inspect %s: %s", self.task_name, error)
             return True  # ask again after the backoff
         return phase_of(state.get("Status")) == Phase.RUNNING
+
+
+class LogStream:
+    """One `docker logs --follow --timestamps` response (`EngineCalls.follow_log`,
+    without the inspect the SDK makes first to learn whether the container
+    has a TTY), telling whether it `ended` as Docker ends a follow (the
+    container stopped) or broke, which the SDK's stream reports alike.
+
+    The first byte says how the output comes: a multiplexed stream (no TTY)
+    starts with a frame header, whose first byte is the stream's number
+    (0-2); a TTY's raw stream starts with a line's timestamp, a digit.
+    """
+
+    def __init__(self, engine: EngineCalls, container_id: str, since: int | None) -> None:
+        self._response = engine.follow_log(container_id, since)
+        self.ended = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._chunks()
+        except BROKEN_STREAM_ERRORS:
+            return  # broke: not `ended`
+        self.ended = True
+
+    def _chunks(self) -> Iterator[bytes]:
+        response = self._response
+        first = response.read(1)
+        if not first:
+            return
+        if first[0] > _LAST_STREAM_NUMBER:
+            yield first
+            while chunk := response.read1(_RAW_READ_BYTES):  # what has arrived, up to a bound
+                yield chunk
+            return
+        header = first + response.read(_FRAME_HEADER_BYTES - 1)
+        while len(header) == _FRAME_HEADER_BYTES:
+            length = int.from_bytes(header[4:], "big")
+            if length:
+                data = response.read(length)
+                if not data:
+                    return
+                yield data
+            header = response.read(_FRAME_HEADER_BYTES)
+
+    def close(self) -> None:
+        self._response.close()
 
 
 def close_stream(stream: Any) -> None:

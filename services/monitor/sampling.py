@@ -41,6 +41,7 @@ from shared import gpuhealth, keys, tasksamples
 from shared.accounts import Accounts
 from shared.config import Settings
 from shared.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
+from shared.engine import EngineCalls
 from shared.idle import IdleAction, IdlePolicy, Verdict, decide, stop_reason
 from shared.models import Allocation, attempt_task_key, now_ms, split_job_id
 from shared.nvml import Nvml, text
@@ -139,6 +140,7 @@ class NodeSampler:
                  nvml: NvmlReader, workers: int = STATS_WORKERS,
                  stop_idle: IdleStop | None = None) -> None:
         self.settings, self.store, self.docker, self.nvml = settings, store, docker_client, nvml
+        self.engine = EngineCalls(docker_client)
         self.node = settings.node_name
         self.virtual_gpus = settings.node_virtual_gpus is not None
         self.stop_idle = stop_idle
@@ -169,9 +171,8 @@ class NodeSampler:
     def sample(self) -> list[Series]:
         started = time.monotonic()
         gpus = self.nvml.read()
-        containers = self.docker.containers.list(
-            filters={"label": [LABEL_JOB, f"{LABEL_NODE}={self.node}"], "status": "running"},
-            ignore_removed=True)
+        containers = self.engine.list_containers(
+            filters={"label": [LABEL_JOB, f"{LABEL_NODE}={self.node}"], "status": "running"})
         allocations = self._allocations()
         sample = partial(self._task_sample, allocations=allocations,
                          with_pids=needs_pids(gpus, self.virtual_gpus))

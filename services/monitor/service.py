@@ -51,6 +51,7 @@ from shared.containers import (
     TaskRef,
     task_ref_from_labels,
 )
+from shared.engine import EngineCalls
 from shared.lifecycle import (
     LIVE_JOB_STATES,
     ExitReport,
@@ -96,6 +97,7 @@ class Monitor:
                  docker_client: docker.DockerClient, node_name: str) -> None:
         self.settings, self.store, self.messenger = settings, store, messenger
         self.docker, self.node = docker_client, node_name
+        self.engine = EngineCalls(docker_client)
         self.shipping = LogShipping(store, settings.log_max_lines, log_dir=settings.task_log_dir,
                                     max_file_bytes=settings.log_max_bytes_per_task,
                                     log_group=settings.log_group)
@@ -194,12 +196,17 @@ class Monitor:
             # exit report is stale (None) and sends nothing.
             self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
             return report
+        if report is not None and report.attempt_ended:
+            # The attempt's end frees the allocation of each of its settled
+            # tasks, this one's included (Scheduler.stop_attempt): one
+            # message, where a task_ended as well cost a second send and a
+            # second handling for nothing.
+            self.messenger.attempt_ended(ref.job_id, ref.attempt)
+            return report
         # Always, even for a repeated exit: the scheduler's release is
         # idempotent, and this is how a monitor that died between settling and
         # telling still gets the allocation freed.
         self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
-        if report is not None and report.attempt_ended:
-            self.messenger.attempt_ended(ref.job_id, ref.attempt)
         return report
 
     def handle_created(self, container: Container) -> bool:
@@ -228,7 +235,8 @@ class Monitor:
         return task is not None and not task.state.is_final and task.retries == ref.retry
 
     def _remove(self, container: Container) -> None:
-        _gone_is_done("remove", container, lambda: container.remove(force=True))
+        _gone_is_done("remove", container,
+                      lambda: self.engine.remove_container(str(container.id), force=True))
 
     # ------------------------------------------------------------ reconcile
 
@@ -238,9 +246,8 @@ class Monitor:
         Container work goes through the same per-container queue as events,
         and this waits for it, so a pass never races an event handler.
         """
-        containers = self.docker.containers.list(
-            all=True, filters={"label": [LABEL_JOB, f"{LABEL_NODE}={self.node}"]},
-            ignore_removed=True)
+        containers = self.engine.list_containers(
+            all=True, filters={"label": [LABEL_JOB, f"{LABEL_NODE}={self.node}"]})
         futures: list[Future[Any]] = []
         present: set[str] = set()
         running = exited = 0
@@ -420,6 +427,7 @@ class Monitor:
         close_stream(stream)
         self._dispatch.shutdown(wait=True)
         self.shipping.close()
+        self.engine.close()
 
 
 

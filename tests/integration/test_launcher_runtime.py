@@ -423,10 +423,7 @@ def test_an_image_that_cannot_be_pulled_fails_the_job_without_retry(
     assert (final.state, final.retries, final.attempt) == (JobState.FAILED, 0, 0)
     assert MISSING_IMAGE in final.exit_diagnostics
     assert rig.containers_of(job) == []
-    assert scheduler_messages(redis_client) == [
-        ("pai.scheduler.attempt_ended", [job.id, 0]),
-        ("pai.scheduler.task_ended", [job.id, 0, "main", 0]),
-    ]
+    assert scheduler_messages(redis_client) == [("pai.scheduler.attempt_ended", [job.id, 0])]
 
 
 @pytest.mark.parametrize(("data_dir", "reason"), [
@@ -524,12 +521,9 @@ def test_stop_before_the_container_exists_settles_the_task(
     assert (task.state, task.diagnostics) == (TaskState.STOPPED,
                                               "stopped before its container started")
     assert rig.job(job).state == JobState.STOPPED
-    assert scheduler_messages(redis_client) == [
-        ("pai.scheduler.attempt_ended", [job.id, 0]),
-        ("pai.scheduler.task_ended", [job.id, 0, "main", 0]),
-    ]
+    assert scheduler_messages(redis_client) == [("pai.scheduler.attempt_ended", [job.id, 0])]
     rig.launcher.stop_task(job.id, 0, "main", 0)  # again: nothing more happens
-    assert len(scheduler_messages(redis_client)) == 2
+    assert len(scheduler_messages(redis_client)) == 1
 
 
 def test_stop_of_a_created_container_removes_it_and_settles_the_task(rig: Rig) -> None:

@@ -1,0 +1,157 @@
+"""`shared.engine.EngineCalls` on the real engine: the SDK's results and errors.
+
+The launcher creates and starts containers and the monitor removes them
+through these calls, so they must do what the SDK's calls did: the same
+container (name, labels, environment, limits), the same error classes for
+a missing image, a taken name or a missing container, and keep-alive
+connections that survive the engine closing one.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+import requests
+from docker.errors import APIError, ImageNotFound, NotFound
+
+from shared.engine import EngineCalls
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture
+def engine(docker_client: docker.DockerClient) -> Iterator[EngineCalls]:
+    calls = EngineCalls(docker_client)
+    assert calls.direct  # the suite's engine is on a unix socket
+    yield calls
+    calls.close()
+
+
+def _name(test_labels: dict[str, str], what: str) -> str:
+    return f"pai-engine-calls-{next(iter(test_labels.values()))}-{what}"
+
+
+def test_a_container_is_created_started_and_removed_as_by_the_sdk(
+        engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
+        test_labels: dict[str, str]) -> None:
+    host_config = docker_client.api.create_host_config(network_mode="host", mem_limit="64m")
+    name = _name(test_labels, "full")
+    container_id = engine.create_container(
+        test_image, ["echo $GREETING"], name=name, entrypoint=["/bin/sh", "-c"],
+        labels={**test_labels, "pai.test.what": "engine"}, environment={"GREETING": "hello"},
+        working_dir="/tmp", host_config=host_config)
+    try:
+        attrs = docker_client.api.inspect_container(container_id)
+        assert attrs["Name"] == f"/{name}"
+        assert attrs["Config"]["Labels"]["pai.test.what"] == "engine"
+        assert "GREETING=hello" in attrs["Config"]["Env"]
+        assert attrs["Config"]["WorkingDir"] == "/tmp"
+        assert attrs["HostConfig"]["Memory"] == 64 * 1024 * 1024
+        assert attrs["State"]["Status"] == "created"
+
+        engine.start(container_id)
+        assert docker_client.api.wait(container_id, timeout=60)["StatusCode"] == 0
+        assert docker_client.api.logs(container_id) == b"hello\n"
+    finally:
+        engine.remove_container(container_id, force=True)
+    with pytest.raises(NotFound):
+        docker_client.api.inspect_container(container_id)
+
+
+def test_starting_a_running_container_again_is_no_error(
+        engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
+        test_labels: dict[str, str]) -> None:
+    container_id = engine.create_container(test_image, ["sleep", "60"], labels=test_labels)
+    try:
+        engine.start(container_id)
+        engine.start(container_id)  # Docker answers 304
+        assert docker_client.api.inspect_container(container_id)["State"]["Running"] is True
+    finally:
+        engine.remove_container(container_id, force=True)
+
+
+def test_errors_are_the_sdks(engine: EngineCalls, test_image: str,
+                             test_labels: dict[str, str]) -> None:
+    with pytest.raises(ImageNotFound):
+        engine.create_container("pai-test/no-such-image:never", ["true"], labels=test_labels)
+    name = _name(test_labels, "taken")
+    container_id = engine.create_container(test_image, ["true"], name=name, labels=test_labels)
+    try:
+        with pytest.raises(APIError) as taken:
+            engine.create_container(test_image, ["true"], name=name, labels=test_labels)
+        assert taken.value.status_code == 409
+    finally:
+        engine.remove_container(container_id, force=True)
+    with pytest.raises(NotFound):
+        engine.remove_container(container_id, force=True)
+    with pytest.raises(NotFound):
+        engine.start(container_id)
+
+
+def test_calls_go_over_one_kept_connection(engine: EngineCalls, test_image: str,
+                                           test_labels: dict[str, str]) -> None:
+    ids = [engine.create_container(test_image, ["true"], labels=test_labels) for _ in range(5)]
+    for container_id in ids:
+        engine.remove_container(container_id, force=True)
+    assert len(engine._idle) == 1  # white box: one connection, handed back after each call
+
+
+class OneAnswerEngine:
+    """A unix-socket HTTP server that answers one request per connection and
+    then closes it without saying so, as an engine dropping an idle
+    keep-alive connection does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.connections = str(path), 0
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self.path)
+        self._server.listen(8)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            self.connections += 1
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    request += chunk
+                conn.sendall(b"HTTP/1.1 204 No Content\r\nApi-Version: 1.41\r\n\r\n")
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def test_a_connection_the_engine_closed_is_replaced(tmp_path: Path) -> None:
+    server = OneAnswerEngine(tmp_path / "engine.sock")
+    client = docker.DockerClient(base_url=f"unix://{server.path}", version="1.41")
+    engine = EngineCalls(client)
+    try:
+        for _ in range(3):
+            engine.start("a" * 64)  # the second and third find their kept connection closed
+        assert server.connections == 3
+    finally:
+        engine.close()
+        client.close()
+        server.close()
+
+
+def test_an_engine_not_on_a_unix_socket_goes_through_the_sdk() -> None:
+    client = docker.DockerClient(base_url="tcp://127.0.0.1:9", version="1.41")
+    engine = EngineCalls(client)
+    assert not engine.direct
+    with pytest.raises(requests.exceptions.ConnectionError):
+        engine.start("a" * 64)  # the SDK's own error: nobody listens there
+    client.close()
