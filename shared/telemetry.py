@@ -103,6 +103,11 @@ TASK_EXECS = RecordedMetric(
     "Commands run in task containers through the exec API, by the user who ran them.",
     ("user",))
 
+TASK_EXEC_SESSIONS = RecordedMetric(
+    "pai_task_exec_sessions", Kind.COUNTER,
+    "Interactive terminal sessions opened in task containers (exec with a TTY), by the user "
+    "who opened them.", ("user",))
+
 IDLE_GPU_STOPS = RecordedMetric(
     "pai_idle_gpu_stops", Kind.COUNTER,
     "Jobs the platform stopped because their GPUs stayed idle (shared/idle.py), by virtual "
@@ -111,7 +116,7 @@ IDLE_GPU_STOPS = RecordedMetric(
 RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, PREEMPTIONS,
                                         SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS,
                                         TASK_EXECS, GPU_SECONDS, CPU_SECONDS, MEMORY_MB_SECONDS,
-                                        IDLE_GPU_STOPS)
+                                        IDLE_GPU_STOPS, TASK_EXEC_SESSIONS)
 
 _SUM, _COUNT, _BUCKET = "sum", "count", "le="
 _SEP = "|"

@@ -1,0 +1,269 @@
+"""Interactive exec: a terminal over a WebSocket, through Redis and the node's
+launcher into a real container's TTY.
+
+The API is served on a free 127.0.0.1 port (werkzeug's threaded server, as
+Flask's own), the node's launcher is a Celery worker on the node's queue and
+the task's container runs on the test Docker engine (tests/integration/
+test_execs.py's setting, whose `run_task` this reuses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import docker
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+from flask import Flask
+from simple_websocket import Client, ConnectionClosed, ConnectionError
+from werkzeug.serving import make_server
+
+from services.api.app import create_app
+from services.api.follows import FollowLeases
+from services.launcher.service import Launcher
+from services.launcher.worker import create_launcher_app
+from shared import keys, messaging, telemetry
+from shared.config import Settings
+from shared.containers import LABEL_NODE, TaskRef
+from shared.lifecycle import record_task_exit
+from shared.store import Store
+from tests.integration.api_client import AuthedClient
+from tests.integration.test_execs import JOB, run_task
+
+pytestmark = [pytest.mark.docker, pytest.mark.redis]
+
+WAIT_SECONDS = 30
+PATH = f"/api/v1/user/alice/jobs/{JOB}/tasks/main/0/exec"
+
+
+@pytest.fixture
+def settings(redis_server: str, redis_client: redis.Redis, tmp_path: Path,
+             docker_client: docker.DockerClient, test_image: str) -> Iterator[Settings]:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    yield Settings(redis_url=redis_server, node_name=node, node_ip="127.0.0.1",
+                   storage_roots=(str(tmp_path),), docker_host=os.environ.get("DOCKER_HOST"),
+                   admin_user="root", admin_password="root-password")
+    for container in docker_client.containers.list(
+            all=True, filters={"label": f"{LABEL_NODE}={node}"}):
+        container.remove(force=True)
+
+
+@pytest.fixture
+def launcher(settings: Settings, test_labels: dict[str, str]) -> Iterator[Launcher]:
+    """The node's launcher, consuming its queue."""
+    app, launcher = create_launcher_app(settings, extra_labels=test_labels)
+    launcher.store.register_node(launcher.node)
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      queues=[messaging.launcher_queue(settings.node_name)]):
+        yield launcher
+
+
+@pytest.fixture
+def running(redis_client: redis.Redis, launcher: Launcher, alice: AuthedClient,
+            test_image: str) -> str:
+    return run_task(Store(redis_client), launcher, test_image)
+
+
+def serve(app: Flask) -> Iterator[str]:
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"ws://127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[str]:
+    """The API's WebSocket base URL."""
+    yield from serve(create_app(settings))
+
+
+def connect(base: str, who: AuthedClient, query: str = "tty=1", **args: Any) -> Client:
+    """A WebSocket to the task; `args` (a list: the parameter repeated) join the query."""
+    if args:
+        query += "&" + urlencode(args, doseq=True)
+    return Client.connect(f"{base}{PATH}?{query}", headers=who.headers)
+
+
+def refused(base: str, who: AuthedClient, query: str = "tty=1") -> int:
+    """The HTTP status the upgrade was refused with."""
+    with pytest.raises(ConnectionError) as error:
+        connect(base, who, query).close()
+    return int(error.value.status_code)
+
+
+@dataclasses.dataclass
+class Screen:
+    """What a terminal client received: the bytes, and the control messages."""
+
+    ws: Client
+    output: bytes = b""
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def until(self, done: Callable[[Screen], bool], seconds: float = WAIT_SECONDS) -> Screen:
+        deadline = time.monotonic() + seconds
+        while not done(self):
+            left = deadline - time.monotonic()
+            assert left > 0, f"not seen in time; output {self.output!r}, {self.messages}"
+            try:
+                message = self.ws.receive(timeout=min(left, 1.0))
+            except ConnectionClosed:
+                assert done(self), f"closed first; output {self.output!r}, {self.messages}"
+                return self
+            if isinstance(message, bytes):
+                self.output += message
+            elif message is not None:
+                self.messages.append(json.loads(message))
+        return self
+
+    def shows(self, text: bytes) -> Screen:
+        return self.until(lambda s: text in s.output)
+
+    def exit(self) -> dict[str, Any]:
+        self.until(lambda s: any(m["type"] in ("exit", "error") for m in s.messages))
+        return next(m for m in self.messages if m["type"] in ("exit", "error"))
+
+
+def shell(base: str, who: AuthedClient, **start: Any) -> Screen:
+    ws = connect(base, who)
+    ws.send(json.dumps({"type": "start", **start}))
+    return Screen(ws)
+
+
+def session_keys(r: redis.Redis) -> list[str]:
+    return [str(k) for k in r.scan_iter(match=f"{keys.PREFIX}exec-tty*")]
+
+
+# ------------------------------------------------------------------ tests
+
+
+def test_a_terminal_echoes_a_line_and_delivers_its_exit_code(
+        api: str, running: str, alice: AuthedClient, redis_client: redis.Redis) -> None:
+    screen = shell(api, alice, cols=80, rows=24)  # the image's /bin/sh
+    screen.ws.send(b"echo hi\n")
+    screen.shows(b"\r\nhi\r\n")  # the TTY echoes the line, then the program's output
+    screen.ws.send(b"exit 3\n")
+
+    assert screen.exit() == {"type": "exit", "exitCode": 3, "reason": "exited"}
+    events = Store(redis_client).get_events(running)
+    opened = next(e for e in events if e["kind"] == "exec-session")
+    assert (opened["user"], opened["role"], opened["index"], opened["argv"]) == \
+        ("alice", "main", 0, ["/bin/sh"])
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not any(e["kind"] == "exec-session-end" for e in events):
+        assert time.monotonic() < deadline, events
+        time.sleep(0.05)
+        events = Store(redis_client).get_events(running)
+    ended = next(e for e in events if e["kind"] == "exec-session-end")
+    assert (ended["session"], ended["exitCode"], ended["reason"]) == \
+        (opened["session"], 3, "exited")
+    assert ended["durationSec"] >= 0
+    [recorded] = telemetry.read_recorded(redis_client, [telemetry.TASK_EXEC_SESSIONS])
+    assert recorded.counters == {("alice",): 1.0}
+
+
+def test_the_command_from_the_query_and_its_exit_code(api: str, running: str,
+                                                      alice: AuthedClient) -> None:
+    ws = connect(api, alice, command=["sh", "-c", "tty; exit 7"])
+    screen = Screen(ws)
+
+    assert screen.exit() == {"type": "exit", "exitCode": 7, "reason": "exited"}
+    assert b"/dev/pts/" in screen.output  # a real terminal
+
+
+def test_resize_reaches_the_process(api: str, running: str, alice: AuthedClient) -> None:
+    screen = shell(api, alice, cols=100, rows=30)
+    screen.ws.send(b"stty size\n")
+    screen.shows(b"30 100")
+    screen.ws.send(json.dumps({"type": "resize", "cols": 123, "rows": 45}))
+    screen.ws.send(b"stty size\n")
+    screen.shows(b"45 123")
+    screen.ws.send(b"exit\n")
+    assert screen.exit()["exitCode"] == 0
+
+
+def test_an_admin_may_and_another_user_may_not(api: str, running: str, alice: AuthedClient,
+                                               bob: AuthedClient, admin: AuthedClient) -> None:
+    assert refused(api, bob) in (403, 404)
+    screen = Screen(connect(api, admin, command=["sh", "-c", "exit 5"]))
+    assert screen.exit()["exitCode"] == 5
+
+
+def test_bad_requests_are_refused_before_the_upgrade(api: str, running: str,
+                                                     alice: AuthedClient) -> None:
+    assert refused(api, alice, "tty=0") == 400
+    assert refused(api, alice, "tty=1&cols=0") == 400
+    assert refused(api, alice, "tty=1&command=") == 400
+    assert refused(api, AuthedClient(alice.client, "not-a-token")) == 401
+    plain = alice.get(f"{PATH}?tty=1")  # no Upgrade: the POST is the one-shot command
+    assert plain.status_code == 400 and "WebSocket" in plain.json["message"]
+
+
+def test_a_finished_task_is_refused(api: str, running: str, alice: AuthedClient,
+                                    redis_client: redis.Redis) -> None:
+    assert record_task_exit(Store(redis_client), running, 0, "main", 0, exit_code=0) is not None
+    assert refused(api, alice) == 409
+
+
+def test_a_user_past_the_cap_gets_429(api: str, running: str, alice: AuthedClient,
+                                      settings: Settings, redis_client: redis.Redis) -> None:
+    leases = FollowLeases(Store(redis_client), settings.exec_tty_per_user,
+                          key=keys.exec_tty_leases)
+    held = [leases.acquire("alice") for _ in range(settings.exec_tty_per_user)]
+    assert all(held)
+
+    assert refused(api, alice) == 429
+    leases.release("alice", str(held[0]))
+    screen = Screen(connect(api, alice, command=["true"]))
+    assert screen.exit()["exitCode"] == 0
+
+
+def test_an_idle_session_closes(settings: Settings, running: str,
+                                alice: AuthedClient) -> None:
+    served = serve(create_app(dataclasses.replace(settings, exec_idle_seconds=1.0)))
+    try:
+        screen = shell(next(served), alice, command=["sleep", "300"])
+        end = screen.exit()
+        assert (end["type"], end["reason"]) == ("exit", "idle")
+    finally:
+        served.close()
+
+
+def in_container(launcher: Launcher, job_id: str, command: str) -> str:
+    container = launcher.runtime.find(TaskRef(job_id, 0, "main", 0))
+    assert container is not None
+    _, output = container.exec_run(["sh", "-c", command])
+    return str(output.decode())
+
+
+def test_a_vanished_client_leaves_no_process_and_no_keys(
+        api: str, running: str, alice: AuthedClient, launcher: Launcher,
+        redis_client: redis.Redis) -> None:
+    screen = shell(api, alice, command=["sh", "-c", "echo ready; sleep 4321"])
+    screen.shows(b"ready")
+    assert "sleep 4321" in in_container(launcher, running, "ps -o args")
+    assert redis_client.zcard(keys.exec_tty_leases("alice")) == 1
+
+    screen.ws.sock.shutdown(socket.SHUT_RDWR)  # the client vanishes: no close frame
+    screen.ws.sock.close()
+
+    deadline = time.monotonic() + WAIT_SECONDS
+    while "sleep 4321" in in_container(launcher, running, "ps -o args") \
+            or session_keys(redis_client) or redis_client.zcard(keys.exec_tty_leases("alice")):
+        assert time.monotonic() < deadline, (in_container(launcher, running, "ps -o args"),
+                                             session_keys(redis_client))
+        time.sleep(0.2)
