@@ -10,9 +10,17 @@ test_execs.py's setting, whose `run_task` this reuses).
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
+import pty
+import select
+import signal
 import socket
+import struct
+import subprocess
+import sys
+import termios
 import threading
 import time
 import uuid
@@ -29,7 +37,9 @@ from flask import Flask
 from simple_websocket import Client, ConnectionClosed, ConnectionError
 from werkzeug.serving import make_server
 
+from pai_cli.logins import Cluster, Logins, save
 from services.api.app import create_app
+from services.api.auth import issue_token
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
@@ -45,6 +55,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 WAIT_SECONDS = 30
 PATH = f"/api/v1/user/alice/jobs/{JOB}/tasks/main/0/exec"
+# busybox's shell prints its prompt, then asks where the cursor is (ESC [6n); a
+# line typed right behind a terminal's answer is lost, so the tests, as a dumb
+# terminal, do not answer, and type once the prompt is there.
+PROMPT = b"# "
 
 
 @pytest.fixture
@@ -80,7 +94,7 @@ def serve(app: Flask) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"ws://127.0.0.1:{server.port}"
+        yield f"http://127.0.0.1:{server.port}"
     finally:
         server.shutdown()
         thread.join(timeout=30)
@@ -88,7 +102,7 @@ def serve(app: Flask) -> Iterator[str]:
 
 @pytest.fixture
 def api(settings: Settings) -> Iterator[str]:
-    """The API's WebSocket base URL."""
+    """The API's base URL."""
     yield from serve(create_app(settings))
 
 
@@ -96,7 +110,8 @@ def connect(base: str, who: AuthedClient, query: str = "tty=1", **args: Any) -> 
     """A WebSocket to the task; `args` (a list: the parameter repeated) join the query."""
     if args:
         query += "&" + urlencode(args, doseq=True)
-    return Client.connect(f"{base}{PATH}?{query}", headers=who.headers)
+    return Client.connect(f"{base.replace('http', 'ws', 1)}{PATH}?{query}",
+                          headers=who.headers)
 
 
 def refused(base: str, who: AuthedClient, query: str = "tty=1") -> int:
@@ -154,6 +169,7 @@ def session_keys(r: redis.Redis) -> list[str]:
 def test_a_terminal_echoes_a_line_and_delivers_its_exit_code(
         api: str, running: str, alice: AuthedClient, redis_client: redis.Redis) -> None:
     screen = shell(api, alice, cols=80, rows=24)  # the image's /bin/sh
+    screen.shows(PROMPT)
     screen.ws.send(b"echo hi\n")
     screen.shows(b"\r\nhi\r\n")  # the TTY echoes the line, then the program's output
     screen.ws.send(b"exit 3\n")
@@ -187,6 +203,7 @@ def test_the_command_from_the_query_and_its_exit_code(api: str, running: str,
 
 def test_resize_reaches_the_process(api: str, running: str, alice: AuthedClient) -> None:
     screen = shell(api, alice, cols=100, rows=30)
+    screen.shows(PROMPT)
     screen.ws.send(b"stty size\n")
     screen.shows(b"30 100")
     screen.ws.send(json.dumps({"type": "resize", "cols": 123, "rows": 45}))
@@ -267,3 +284,96 @@ def test_a_vanished_client_leaves_no_process_and_no_keys(
         assert time.monotonic() < deadline, (in_container(launcher, running, "ps -o args"),
                                              session_keys(redis_client))
         time.sleep(0.2)
+
+
+# ------------------------------------------------------------------ the CLI
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_config(tmp_path: Path, base: str, username: str) -> Path:
+    """A CLI config logged in to the API as `username`."""
+    with create_app(Settings(redis_url="redis://127.0.0.1:1", admin_user="root",
+                             admin_password="root-password")).app_context():
+        token, expires = issue_token(username, 86400)
+    config = tmp_path / f"{username}.yaml"
+    logins = Logins()
+    logins.put(Cluster("test", base, username, token, False, expires))
+    save(config, logins)
+    return config
+
+
+def set_window(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Pty:
+    """`pai` on a pseudo-terminal, as a person at a terminal runs it."""
+
+    def __init__(self, args: list[str], config: Path, cols: int, rows: int) -> None:
+        self.master, self.slave = pty.openpty()
+        set_window(self.slave, cols, rows)
+        self.cooked = termios.tcgetattr(self.slave)
+        env = {**os.environ, "PAI_CONFIG": str(config),
+               "PYTHONPATH": f"{REPO / 'cli'}{os.pathsep}{REPO}"}
+        env.pop("PAI_CLUSTER", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "pai_cli.main", *args],
+                                     stdin=self.slave, stdout=self.slave, stderr=self.slave,
+                                     env=env)
+        self.output = b""
+
+    def shows(self, text: bytes, seconds: float = WAIT_SECONDS) -> None:
+        deadline = time.monotonic() + seconds
+        while text not in self.output:
+            left = deadline - time.monotonic()
+            assert left > 0, self.output
+            ready, _, _ = select.select([self.master], [], [], min(left, 1.0))
+            if ready:
+                self.output += os.read(self.master, 65536)
+            else:
+                assert self.proc.poll() is None, self.output  # ended, and said nothing more
+
+    def type(self, text: bytes) -> None:
+        os.write(self.master, text)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=WAIT_SECONDS)
+        os.close(self.master)
+        os.close(self.slave)
+
+
+def test_pai_exec_it_through_a_pty(api: str, running: str, alice: AuthedClient,
+                                   tmp_path: Path) -> None:
+    term = Pty(["exec", "-it", JOB, "--", "sh"], cli_config(tmp_path, api, "alice"),
+               cols=111, rows=33)
+    try:
+        term.shows(PROMPT)  # the shell's prompt: it reads its input now
+        term.type(b"stty size\r")  # raw mode here: Enter is CR, the task's TTY makes it NL
+        term.shows(b"33 111")
+        assert not termios.tcgetattr(term.slave)[3] & termios.ECHO  # raw: no local echo
+
+        set_window(term.slave, 132, 41)
+        term.proc.send_signal(signal.SIGWINCH)  # as the kernel does for the foreground
+        term.type(b"stty size\r")
+        term.shows(b"41 132")
+
+        term.type(b"exit 4\r")
+        assert term.proc.wait(timeout=WAIT_SECONDS) == 4
+        assert termios.tcgetattr(term.slave) == term.cooked  # the terminal restored
+    finally:
+        term.close()
+
+
+def test_pai_exec_it_says_why_it_was_refused(api: str, running: str, bob: AuthedClient,
+                                             tmp_path: Path) -> None:
+    term = Pty(["exec", "-it", "--user", "alice", JOB], cli_config(tmp_path, api, "bob"),
+               cols=80, rows=24)
+    try:
+        assert term.proc.wait(timeout=WAIT_SECONDS) == 1
+        term.shows(b"error:")
+        assert termios.tcgetattr(term.slave) == term.cooked
+    finally:
+        term.close()
