@@ -49,6 +49,7 @@ from shared.containers import LABEL_NODE, TaskRef
 from shared.lifecycle import record_task_exit
 from shared.store import Store
 from tests.integration.api_client import AuthedClient
+from tests.integration.test_api_capacity import Api
 from tests.integration.test_execs import JOB, run_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -284,6 +285,24 @@ def test_a_vanished_client_leaves_no_process_and_no_keys(
         assert time.monotonic() < deadline, (in_container(launcher, running, "ps -o args"),
                                              session_keys(redis_client))
         time.sleep(0.2)
+
+
+def test_a_terminal_under_gunicorn_s_gevent_worker(running: str, alice: AuthedClient,
+                                                   redis_server: str, tmp_path: Path) -> None:
+    """The API as it is deployed (services.api.run: gunicorn, gevent workers)."""
+    deployed = Api(redis_server, tmp_path)
+    try:
+        deployed.wait_ready()
+        screen = shell(deployed.url, alice, command=["sh"])
+        screen.shows(PROMPT)
+        screen.ws.send(b"echo hi\n")
+        screen.shows(b"\r\nhi\r\n")
+        screen.ws.send(b"exit 6\n")
+        assert screen.exit() == {"type": "exit", "exitCode": 6, "reason": "exited"}
+        # the worker goes on serving requests after the WebSocket closed
+        assert deployed.http.get(f"{deployed.url}/api/v1/jobs", timeout=WAIT_SECONDS).ok
+    finally:
+        deployed.stop()
 
 
 # ------------------------------------------------------------------ the CLI
