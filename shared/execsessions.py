@@ -44,14 +44,12 @@ from shared.execs import ExecRequest, argv_problems
 DEFAULT_ARGV = ("/bin/sh",)
 DEFAULT_COLS, DEFAULT_ROWS = 80, 24
 MAX_WINDOW = 10_000  # columns or rows a window may have
-MAX_FRAME_BYTES = 64 * 1024  # one WebSocket message either way
 MAX_CONTROL_BYTES = 80 * 1024  # a text frame (a start message carries an argv of 64 KiB)
 READ_BYTES = 16 * 1024  # the launcher's reads of the exec's socket: one output entry at most
 INPUT_MAX_ENTRIES = 64  # keystroke entries waiting for the launcher (4 MiB at most)
 OUTPUT_MAX_ENTRIES = 256  # output entries waiting for the API (4 MiB at most)
 SESSION_TTL_SECONDS = 30  # a session whose API stopped renewing it ends this late
 RENEW_SECONDS = 10  # the API renews the session (and its user's lease) this often
-BEAT_SECONDS = 5  # the launcher's heartbeat in the session hash
 NODE_LOST_SECONDS = 30  # no heartbeat for this long: the API ends the session
 START_WAIT_SECONDS = 30  # how long the API waits for a start message after the upgrade
 
