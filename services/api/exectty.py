@@ -116,6 +116,10 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
         is closed.
       parameters:
       - {in: query, schema: ExecTtyQuerySchema}
+      - {in: header, name: Upgrade, required: true, schema: {type: string, enum: [websocket]}}
+      - {in: header, name: Sec-WebSocket-Version, schema: {type: string, enum: ["13"]}}
+      - {in: header, name: Sec-WebSocket-Key, schema: {type: string},
+         description: "RFC 6455's handshake key (16 random bytes, base64)"}
       errors: [400, 403, 404, 409, 429, 503]
       responses:
         101: {description: the WebSocket is open}
@@ -153,7 +157,11 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
                        "sessions, the most one user may at once; close one first", 429,
                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     try:
-        ws = Server(request.environ, max_message_size=execsessions.MAX_CONTROL_BYTES)
+        try:
+            ws = Server(request.environ, max_message_size=execsessions.MAX_CONTROL_BYTES)
+        except Exception as error:  # a handshake wsproto refused, or a server without sockets
+            raise ApiError("BadRequestError", f"not a WebSocket handshake this server can "
+                           f"accept: {error or type(error).__name__}", 400) from None
         try:
             _Session(ws, state, caller.username, lease, TtyRequest.new(
                 job_id=job.id, attempt=job.attempt, role=role, index=index, node=task.node,

@@ -63,12 +63,15 @@ PROMPT = b"# "
 
 
 @pytest.fixture
-def settings(redis_server: str, redis_client: redis.Redis, tmp_path: Path,
-             docker_client: docker.DockerClient, test_image: str) -> Iterator[Settings]:
+def settings(request: pytest.FixtureRequest, redis_server: str, redis_client: redis.Redis,
+             tmp_path: Path, docker_client: docker.DockerClient,
+             test_image: str) -> Iterator[Settings]:
+    """The node's and the API's settings (a test may change some: indirect parameters)."""
     node = f"node-{uuid.uuid4().hex[:8]}"
     yield Settings(redis_url=redis_server, node_name=node, node_ip="127.0.0.1",
                    storage_roots=(str(tmp_path),), docker_host=os.environ.get("DOCKER_HOST"),
-                   admin_user="root", admin_password="root-password")
+                   admin_user="root", admin_password="root-password",
+                   **getattr(request, "param", {}))
     for container in docker_client.containers.list(
             all=True, filters={"label": f"{LABEL_NODE}={node}"}):
         container.remove(force=True)
@@ -229,6 +232,9 @@ def test_bad_requests_are_refused_before_the_upgrade(api: str, running: str,
     assert refused(api, AuthedClient(alice.client, "not-a-token")) == 401
     plain = alice.get(f"{PATH}?tty=1")  # no Upgrade: the POST is the one-shot command
     assert plain.status_code == 400 and "WebSocket" in plain.json["message"]
+    broken = alice.get(f"{PATH}?tty=1", headers={"Upgrade": "websocket",
+                                                  "Connection": "Upgrade"})  # no key
+    assert broken.status_code == 400 and "handshake" in broken.json["message"]
 
 
 def test_a_finished_task_is_refused(api: str, running: str, alice: AuthedClient,
@@ -259,6 +265,23 @@ def test_an_idle_session_closes(settings: Settings, running: str,
         assert (end["type"], end["reason"]) == ("exit", "idle")
     finally:
         served.close()
+
+
+@pytest.mark.parametrize("settings", [{"exec_tty_slots_per_node": 1}], indirect=True)
+def test_a_node_full_of_terminals_still_runs_execs(api: str, running: str,
+                                                   alice: AuthedClient) -> None:
+    first = shell(api, alice, command=["sh"])
+    first.shows(PROMPT)
+
+    second = shell(api, alice, command=["sh"])
+    refusal = second.exit()
+    assert (refusal["type"], refusal["status"]) == ("error", 503)
+    # the non-interactive exec and its pool are not the terminals'
+    answer = alice.post(PATH, json={"command": ["echo", "still"]})
+    assert answer.status_code == 200 and answer.json["output"] == "still\n"
+
+    first.ws.send(b"exit\n")
+    assert first.exit()["reason"] == "exited"
 
 
 def in_container(launcher: Launcher, job_id: str, command: str) -> str:
