@@ -9,6 +9,7 @@ test_execs.py's setting, whose `run_task` this reuses).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -237,6 +238,16 @@ def test_bad_requests_are_refused_before_the_upgrade(api: str, running: str,
     assert broken.status_code == 400 and "handshake" in broken.json["message"]
 
 
+def test_the_first_message_starts_the_session(api: str, running: str,
+                                              alice: AuthedClient) -> None:
+    bad = shell(api, alice, command=[])  # an empty argv: refused, nothing started
+    assert (bad.exit()["type"], bad.exit()["status"]) == ("error", 400)
+
+    keys_first = Screen(connect(api, alice))  # keystrokes first: the image's /bin/sh
+    keys_first.ws.send(b"exit 9\n")
+    assert keys_first.exit() == {"type": "exit", "exitCode": 9, "reason": "exited"}
+
+
 def test_a_finished_task_is_refused(api: str, running: str, alice: AuthedClient,
                                     redis_client: redis.Redis) -> None:
     assert record_task_exit(Store(redis_client), running, 0, "main", 0, exit_code=0) is not None
@@ -282,6 +293,28 @@ def test_a_node_full_of_terminals_still_runs_execs(api: str, running: str,
 
     first.ws.send(b"exit\n")
     assert first.exit()["reason"] == "exited"
+
+
+def test_a_client_flooding_a_program_that_does_not_read_is_cut_off(
+        api: str, running: str, alice: AuthedClient, launcher: Launcher,
+        redis_client: redis.Redis) -> None:
+    """Back-pressure from the task to the API: nothing is buffered without bound."""
+    screen = shell(api, alice, command=["sleep", "4322"])  # never reads its terminal
+    chunk = b"x" * 64_000
+    sent = 0
+    with contextlib.suppress(ConnectionClosed):
+        while sent < 2000:  # 128 MB at most; the cut-off comes after a few MB
+            screen.ws.send(chunk)
+            sent += 1
+    end = screen.exit()
+    assert (end["type"], end["status"]) == ("error", 429), end
+    assert sent < 2000
+    # the program goes, and every key
+    deadline = time.monotonic() + WAIT_SECONDS
+    while "sleep 4322" in in_container(launcher, running, "ps -o args") \
+            or session_keys(redis_client):
+        assert time.monotonic() < deadline, session_keys(redis_client)
+        time.sleep(0.2)
 
 
 def in_container(launcher: Launcher, job_id: str, command: str) -> str:
