@@ -16,8 +16,11 @@ output read with XREAD BLOCK on a Redis pool of its own, as log follows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import select
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, request
 from simple_websocket import ConnectionClosed, Server
+from wsproto.events import CloseConnection, Message, TextMessage
+from wsproto.utilities import LocalProtocolError
 
 from services.api.auth import current_user
 from services.api.bodies import load
@@ -54,6 +59,7 @@ EXTENSION = "pai.exectty"
 RETRY_AFTER_SECONDS = 5
 READ_BLOCK_MS = 1000
 RECEIVE_SECONDS = 1.0
+SEND_TIMEOUT_SECONDS = 30.0
 FULL_WAIT_SECONDS = 0.05
 # A client that keeps sending while the node is behind is cut off past this
 # many messages buffered in the API (the WebSocket reader does not stop).
@@ -171,8 +177,7 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
                 idle_seconds=pai.settings.exec_idle_seconds)).run(
                     "command" not in query, pai.settings.exec_answer_margin_seconds)
         finally:
-            if ws.connected:
-                ws.close(CLOSE_NORMAL)
+            _close_ws(ws, CLOSE_NORMAL)
     finally:
         state.slots.give_back()
         state.leases.release(caller.username, lease)
@@ -189,6 +194,7 @@ class _Session:
         self.sessions = state.sessions
         self.client_gone = threading.Event()
         self.last_id = "0-0"  # the last output entry sent
+        self.sending = threading.Lock()  # both pumps send: one whole message at a time
 
     def run(self, wait_start: bool, answer_seconds: float) -> None:
         pending: list[bytes | Resize] = []
@@ -284,8 +290,8 @@ class _Session:
                         entry.exit_code, entry.ended, entry.message))
                     return
                 try:
-                    self.ws.send(entry.data)
-                except ConnectionClosed:
+                    self._send(entry.data)
+                except (ConnectionClosed, OSError):  # gone, or not reading
                     return
             self.sessions.delivered(self.request.id, [e.id for e in entries])
             if time.monotonic() - renewed_at >= execsessions.RENEW_SECONDS:
@@ -319,14 +325,14 @@ class _Session:
                 try:
                     control = execsessions.parse_control(message)
                 except ControlError as error:
-                    self.ws.send(execsessions.error_message(400, str(error)))
+                    self._send(execsessions.error_message(400, str(error)))
                     continue
                 if isinstance(control, Start):
-                    self.ws.send(execsessions.error_message(
+                    self._send(execsessions.error_message(
                         400, "the session has started: resize or keystrokes only"))
                 elif not self._push(control):
                     return
-        except ConnectionClosed:
+        except (ConnectionClosed, OSError):
             pass
         finally:
             self.client_gone.set()
@@ -347,12 +353,62 @@ class _Session:
             time.sleep(FULL_WAIT_SECONDS)
         return False
 
+    def _send(self, data: bytes | str) -> None:
+        with self.sending:
+            _send(self.ws, data)
+
     def _close(self, code: int, text: str) -> None:
-        try:
-            self.ws.send(text)
-            self.ws.close(code)
-        except ConnectionClosed:
-            pass
+        """The last message, then the close frame."""
+        with contextlib.suppress(ConnectionClosed, OSError), self.sending:
+            _send(self.ws, text)
+            _close_ws(self.ws, code)
+
+
+def _send(ws: Server, data: bytes | str) -> None:
+    """One message to the client, whole or not at all within SEND_TIMEOUT_SECONDS.
+    simple-websocket's own send writes once and drops what the socket did
+    not take (under gevent, a slow reader's output would be cut), and waits
+    forever for a client that stopped reading: a session, and its slot, must
+    not."""
+    try:
+        if not ws.connected:
+            raise LocalProtocolError("closed")
+        frame = ws.ws.send(Message(data=data) if isinstance(data, bytes)
+                           else TextMessage(data=data))
+    except LocalProtocolError:  # closed here, or the client's close frame just came in
+        raise ConnectionClosed(ws.close_reason, ws.close_message) from None
+    _write(ws, frame)
+
+
+def _close_ws(ws: Server, code: int) -> None:
+    """The close frame, under the same deadline; the connection is done either way."""
+    if not ws.connected:
+        return
+    try:
+        _write(ws, ws.ws.send(CloseConnection(code)))
+    except (OSError, LocalProtocolError):
+        pass
+    finally:
+        ws.connected = False
+
+
+def _write(ws: Server, frame: bytes) -> None:
+    """All of `frame`, or TimeoutError (and the connection shut) when the
+    client does not take it within SEND_TIMEOUT_SECONDS."""
+    view = memoryview(frame)
+    deadline = time.monotonic() + SEND_TIMEOUT_SECONDS
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            with contextlib.suppress(OSError):
+                ws.sock.shutdown(socket.SHUT_RDWR)
+            raise TimeoutError("the client does not read what it is sent")
+        _, writable, _ = select.select([], [ws.sock], [], left)
+        if writable:
+            try:
+                view = view[ws.sock.send(view, socket.MSG_DONTWAIT):]
+            except BlockingIOError:
+                continue
 
 
 def _upgraded(ws: Server) -> Response:
