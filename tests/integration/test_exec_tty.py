@@ -9,6 +9,7 @@ test_execs.py's setting, whose `run_task` this reuses).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import fcntl
@@ -39,6 +40,7 @@ from simple_websocket import Client, ConnectionClosed, ConnectionError
 from werkzeug.serving import make_server
 
 from pai_cli.logins import Cluster, Logins, save
+from services.api import exectty as api_exectty
 from services.api.app import create_app
 from services.api.auth import issue_token
 from services.api.follows import FollowLeases
@@ -318,6 +320,51 @@ def test_a_client_flooding_a_program_that_does_not_read_is_cut_off(
             or session_keys(redis_client):
         assert time.monotonic() < deadline, session_keys(redis_client)
         time.sleep(0.2)
+
+
+def test_a_client_that_stops_reading_is_let_go(
+        api: str, running: str, alice: AuthedClient, launcher: Launcher,
+        redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that keeps its connection open but reads nothing holds neither
+    the session, its lease, nor the program for longer than a send may take."""
+    monkeypatch.setattr(api_exectty, "SEND_TIMEOUT_SECONDS", 2.0)
+    host, port = api.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(WAIT_SECONDS)
+    sock.connect((host, int(port)))
+    try:
+        query = urlencode({"tty": 1, "command": ["sh", "-c", "echo flood; yes"]}, doseq=True)
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(f"GET {PATH}?{query} HTTP/1.1\r\nHost: {host}\r\n"
+                     "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                     f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+                     f"Authorization: {alice.headers['Authorization']}\r\n\r\n".encode())
+        assert sock.recv(12) == b"HTTP/1.1 101"  # and then it reads no more
+        # the kernel's buffers on the way take megabytes before a send stalls
+        deadline = time.monotonic() + 4 * WAIT_SECONDS
+        while not (ended := session_ends(redis_client, running)):
+            assert time.monotonic() < deadline, processes(launcher, running)
+            time.sleep(0.2)
+        assert ended[0]["reason"] == "client-gone"
+        assert "yes" not in processes(launcher, running)
+        while session_keys(redis_client) or redis_client.zcard(keys.exec_tty_leases("alice")):
+            assert time.monotonic() < deadline, session_keys(redis_client)
+            time.sleep(0.2)
+    finally:
+        sock.close()
+
+
+def session_ends(r: redis.Redis, job_id: str) -> list[dict[str, Any]]:
+    return [e for e in Store(r).get_events(job_id) if e["kind"] == "exec-session-end"]
+
+
+def processes(launcher: Launcher, job_id: str) -> list[str]:
+    """The commands running in the task's container (Docker's top: no exec)."""
+    container = launcher.runtime.find(TaskRef(job_id, 0, "main", 0))
+    assert container is not None
+    top = container.top(ps_args="-o pid,args")
+    return [p[-1] for p in top.get("Processes") or []]
 
 
 def in_container(launcher: Launcher, job_id: str, command: str) -> str:
