@@ -388,6 +388,14 @@ class Settings:
     exec_per_user: int = 4
     exec_slots_per_node: int = 8
     exec_answer_margin_seconds: float = 10.0
+    # Interactive exec (a terminal over a WebSocket, docs/debugging.md):
+    # sessions one user may hold open at once, sessions one node serves at
+    # once (apart from the execs above), how long a session may go without a
+    # byte either way, and its longest length.
+    exec_tty_per_user: int = 4
+    exec_tty_slots_per_node: int = 8
+    exec_idle_seconds: float = 900.0
+    exec_max_session_seconds: float = 12 * 3600.0
     # The web portal's session cookie carries Secure: set it when users reach
     # the API over https (a proxy of the operator's), docs/portal.md.
     portal_secure_cookie: bool = False
@@ -510,6 +518,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         or defaults.exec_slots_per_node,
         exec_answer_margin_seconds=_seconds(env, "PAI_EXEC_ANSWER_MARGIN_SECONDS",
                                             defaults.exec_answer_margin_seconds),
+        exec_tty_per_user=_int(env, "PAI_EXEC_TTY_PER_USER", defaults.exec_tty_per_user)
+        or defaults.exec_tty_per_user,
+        exec_tty_slots_per_node=_int(env, "PAI_EXEC_TTY_SLOTS_PER_NODE",
+                                     defaults.exec_tty_slots_per_node)
+        or defaults.exec_tty_slots_per_node,
+        exec_idle_seconds=_seconds(env, "PAI_EXEC_IDLE_SECONDS", defaults.exec_idle_seconds),
+        exec_max_session_seconds=_seconds(env, "PAI_EXEC_MAX_SESSION_SECONDS",
+                                          defaults.exec_max_session_seconds),
         las_thresholds_gpu_seconds=_thresholds(env, "PAI_SCHEDULER_LAS_THRESHOLDS",
                                                defaults.las_thresholds_gpu_seconds),
         las_starve_seconds=_seconds(env, "PAI_SCHEDULER_LAS_STARVE_SECONDS",

@@ -175,6 +175,26 @@ def exec_result(request_id: str) -> str:
     return f"{PREFIX}exec:{request_id}:result"
 
 
+def exec_tty_leases(username: str) -> str:
+    """Zset: lease id -> expiry ms, one per interactive exec session the user holds open."""
+    return f"{PREFIX}exec-ttys:{username}"
+
+
+def exec_session(session_id: str) -> str:
+    """Hash with a TTL the API renews: one interactive exec session (shared/execsessions.py)."""
+    return f"{PREFIX}exec-tty:{session_id}"
+
+
+def exec_session_input(session_id: str) -> str:
+    """List with a TTL: a session's keystrokes and resizes, API -> launcher."""
+    return f"{PREFIX}exec-tty:{session_id}:in"
+
+
+def exec_session_output(session_id: str) -> str:
+    """Stream with a TTL: a session's terminal output and its end, launcher -> API."""
+    return f"{PREFIX}exec-tty:{session_id}:out"
+
+
 # -- storage ----------------------------------------------------------------
 STORAGE_SHARES = PREFIX + "storage:shares"  # hash share name -> share JSON (storage.Share)
 

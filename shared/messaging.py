@@ -31,6 +31,7 @@ START_TASKS = "pai.launcher.start_tasks"
 STOP_TASK = "pai.launcher.stop_task"
 PREEMPT_TASK = "pai.launcher.preempt_task"
 EXEC = "pai.launcher.exec"
+EXEC_TTY = "pai.launcher.exec-tty"
 
 
 START_BATCH = 1000  # start messages per pipeline
@@ -208,3 +209,7 @@ class Messenger:
     def exec_command(self, node: str, request_id: str) -> None:
         """Ask the node's launcher to run the exec request (shared/execs.py)."""
         self.app.send_task(EXEC, args=[request_id], queue=launcher_queue(node))
+
+    def exec_session(self, node: str, session_id: str) -> None:
+        """Ask the node's launcher to open the interactive session (shared/execsessions.py)."""
+        self.app.send_task(EXEC_TTY, args=[session_id], queue=launcher_queue(node))

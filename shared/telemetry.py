@@ -107,6 +107,10 @@ TASK_SSH_KEY_READS = RecordedMetric(
     "pai_task_ssh_key_reads", Kind.COUNTER,
     "Reads of SSH jobs' private keys through the API (GET .../ssh), by the user who read "
     "them.", ("user",))
+TASK_EXEC_SESSIONS = RecordedMetric(
+    "pai_task_exec_sessions", Kind.COUNTER,
+    "Interactive terminal sessions opened in task containers (exec with a TTY), by the user "
+    "who opened them.", ("user",))
 
 IDLE_GPU_STOPS = RecordedMetric(
     "pai_idle_gpu_stops", Kind.COUNTER,
@@ -116,7 +120,7 @@ IDLE_GPU_STOPS = RecordedMetric(
 RECORDED: tuple[RecordedMetric, ...] = (SCHEDULER_PASS, PLACEMENTS, PREEMPTIONS,
                                         SUBMIT_TO_RUNNING, TASK_EXITS, API_REQUESTS,
                                         TASK_EXECS, GPU_SECONDS, CPU_SECONDS, MEMORY_MB_SECONDS,
-                                        IDLE_GPU_STOPS, TASK_SSH_KEY_READS)
+                                        IDLE_GPU_STOPS, TASK_SSH_KEY_READS, TASK_EXEC_SESSIONS)
 
 _SUM, _COUNT, _BUCKET = "sum", "count", "le="
 _SEP = "|"

@@ -10,7 +10,19 @@ from flask import Flask
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from services.api import auth, cluster, execs, jobs, metrics, openapi, storage, usage, users, vcs
+from services.api import (
+    auth,
+    cluster,
+    execs,
+    exectty,
+    jobs,
+    metrics,
+    openapi,
+    storage,
+    usage,
+    users,
+    vcs,
+)
 from services.api import ssh as ssh_api
 from services.api.errors import register_error_handlers
 from services.api.platform import Platform
@@ -23,7 +35,7 @@ from shared.store import Store
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("pai.api")
 BLUEPRINTS = (auth.bp, users.bp, jobs.bp, jobs.bp_v2, vcs.bp, cluster.bp, openapi.bp, storage.bp,
-              execs.bp, usage.bp, ssh_api.bp)
+              execs.bp, usage.bp, exectty.bp, ssh_api.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:

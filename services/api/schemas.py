@@ -21,7 +21,7 @@ from marshmallow import (
     validates_schema,
 )
 
-from shared import execs, jobsort
+from shared import execs, execsessions, jobsort
 from shared.capabilities import GRANTABLE
 from shared.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.jobspec import JobConfigSchema, WholeNumber
@@ -427,6 +427,29 @@ class ExecRequestSchema(_Request):
         if data.get("timeoutSec", 0) > self.max_timeout:
             raise ValidationError([f"at most {self.max_timeout} seconds on this platform"],
                                   "timeoutSec")
+
+
+class ExecTtyQuerySchema(Schema):
+    """The query of the interactive exec's WebSocket (services/api/exectty.py)."""
+
+    tty = fields.Boolean(required=True, validate=validate.Equal(True), metadata={
+        "description": "1: a terminal session over a WebSocket (run a command without one "
+                       "with POST)"})
+    command = fields.List(fields.String(), validate=validate.Length(min=1, max=execs.MAX_ARGS),
+                          metadata={"description": "the program and its arguments, one "
+                                                   "`command=` each (default: a start message, "
+                                                   "or /bin/sh)"})
+    cols = fields.Integer(load_default=execsessions.DEFAULT_COLS,
+                          validate=validate.Range(min=1, max=execsessions.MAX_WINDOW))
+    rows = fields.Integer(load_default=execsessions.DEFAULT_ROWS,
+                          validate=validate.Range(min=1, max=execsessions.MAX_WINDOW))
+
+    @validates_schema
+    def check_command(self, data: dict[str, Any], **_: object) -> None:
+        if "command" in data:
+            problems = execs.argv_problems(data["command"])
+            if problems:
+                raise ValidationError(problems, "command")
 
 
 class ExecResultSchema(Schema):

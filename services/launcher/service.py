@@ -24,6 +24,7 @@ from services.launcher.environment import (
     preemption_notice,
     task_environment,
 )
+from services.launcher.exectty import TtySessions
 from services.launcher.mounts import TaskSetupError
 from services.launcher.runtime import DockerRuntime, ImageUnavailable
 from services.launcher.ssh import SshdOutcome, install_keys, start_sshd
@@ -67,6 +68,8 @@ class Launcher:
         self.exec_slots = threading.BoundedSemaphore(settings.exec_slots_per_node)
         self.exec_pool = ThreadPoolExecutor(settings.exec_slots_per_node,
                                             thread_name_prefix="exec")
+        # Interactive sessions: slots and threads of their own (exectty.py).
+        self.tty = TtySessions(settings, store, runtime, node.name, self._running_container)
 
     # ---------------------------------------------------------------- start
 

@@ -53,4 +53,8 @@ def create_launcher_app(
     def exec_command(request_id: str) -> None:
         launcher.exec_command(str(request_id))
 
+    @app.task(name=messaging.EXEC_TTY, shared=False)
+    def exec_session(session_id: str) -> None:
+        launcher.tty.open(str(session_id))
+
     return app, launcher

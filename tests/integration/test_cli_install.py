@@ -99,6 +99,6 @@ def test_the_cli_pins_match_the_server_s() -> None:
         return dict(pin.lower().split("==", 1) for pin in found)
 
     cli, server = pins(REPO_ROOT / "cli" / "pyproject.toml"), pins(REPO_ROOT / "pyproject.toml")
-    assert set(cli) == {"click", "rich", "pyyaml"}
+    assert set(cli) == {"click", "rich", "pyyaml", "simple-websocket"}
     assert {name: cli[name] for name in cli.keys() & server.keys()} == \
         {name: server[name] for name in cli.keys() & server.keys()}

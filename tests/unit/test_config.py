@@ -244,7 +244,7 @@ def test_default_secret_allowed_in_dev_mode() -> None:
 INT_SETTINGS = ["PAI_API_PORT", "PAI_NODE_VIRTUAL_GPUS", "PAI_NODE_CPUS",
                 "PAI_NODE_MEMORY_MB", "PAI_MONITOR_PORT", "PAI_LOG_MAX_LINES",
                 "PAI_API_FOLLOWS_PER_USER", "PAI_API_WORKER_CONNECTIONS",
-                "PAI_API_WORKERS"]
+                "PAI_API_WORKERS", "PAI_EXEC_TTY_PER_USER", "PAI_EXEC_TTY_SLOTS_PER_NODE"]
 
 
 @pytest.mark.parametrize("name", INT_SETTINGS)
@@ -263,7 +263,8 @@ def test_negative_integer_setting_error_names_the_variable(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["PAI_HEARTBEAT_SECONDS", "PAI_NODE_LOST_SECONDS",
                                   "PAI_LAUNCH_TIMEOUT_SECONDS",
-                                  "PAI_API_READ_TIMEOUT_SECONDS"])
+                                  "PAI_API_READ_TIMEOUT_SECONDS", "PAI_EXEC_IDLE_SECONDS",
+                                  "PAI_EXEC_MAX_SESSION_SECONDS"])
 def test_seconds_settings_parse(name: str) -> None:
     field = name.removeprefix("PAI_").lower()
     assert getattr(load_settings({name: "2.5"}), field) == 2.5
@@ -280,6 +281,17 @@ def test_malformed_seconds_setting_error_names_the_variable(name: str) -> None:
 def test_seconds_settings_must_be_positive(raw: str) -> None:
     with pytest.raises(ConfigError, match="PAI_HEARTBEAT_SECONDS"):
         load_settings({"PAI_HEARTBEAT_SECONDS": raw})
+
+
+def test_interactive_exec_settings() -> None:
+    settings = load_settings({"PAI_EXEC_TTY_PER_USER": "2", "PAI_EXEC_TTY_SLOTS_PER_NODE": "3"})
+    assert (settings.exec_tty_per_user, settings.exec_tty_slots_per_node) == (2, 3)
+    defaults = load_settings({})
+    assert (defaults.exec_tty_per_user, defaults.exec_tty_slots_per_node,
+            defaults.exec_idle_seconds, defaults.exec_max_session_seconds) == \
+        (4, 8, 900.0, 43200.0)
+    with pytest.raises(ConfigError, match="PAI_EXEC_IDLE_SECONDS"):
+        load_settings({"PAI_EXEC_IDLE_SECONDS": "0"})
 
 
 def test_settings_are_immutable() -> None:

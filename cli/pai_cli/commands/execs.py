@@ -10,6 +10,7 @@ import click
 from pai_cli.api import job_path
 from pai_cli.commands.logs import _pick_task
 from pai_cli.session import CliError, Session, pass_session, user_option
+from pai_cli.terminal import run_terminal
 
 DEFAULT_TIMEOUT_S = 30
 # The API answers within the command's timeout plus its node's margin; the
@@ -38,12 +39,16 @@ class _ExecCommand(click.Command):
 @click.argument("name")
 @click.argument("role", required=False)
 @click.argument("index", required=False, type=click.IntRange(0), default=0)
-@click.option("--timeout", "-t", "timeout", type=click.IntRange(1), default=DEFAULT_TIMEOUT_S,
-              show_default=True, help="Kill the command after this many seconds.")
+@click.option("--timeout", "timeout", type=click.IntRange(1), default=DEFAULT_TIMEOUT_S,
+              show_default=True, help="Kill the command after this many seconds (not with -it).")
+@click.option("--stdin", "-i", "interactive", is_flag=True,
+              help="Interactive: keep standard input open (with -t).")
+@click.option("--tty", "-t", "use_tty", is_flag=True,
+              help="A terminal: run a shell or full-screen program (with -i).")
 @user_option
 @pass_session
 def exec_command(session: Session, name: str, role: str | None, index: int, timeout: int,
-                 user: str | None) -> None:
+                 interactive: bool, use_tty: bool, user: str | None) -> None:
     """Run a command in a running task and print its output: NAME [ROLE] [INDEX] -- COMMAND...
 
     \b
@@ -52,13 +57,22 @@ def exec_command(session: Session, name: str, role: str | None, index: int, time
         pai exec mnist -- nvidia-smi
         pai exec mnist worker 1 -- sh -c 'ls $PAI_OUTPUT_DIR | head'
     pai exits with the command's exit code (124 when it was killed at --timeout).
+    \b
+    With -it, a terminal in the task (the image's /bin/sh without a command):
+        pai exec -it mnist -- bash
     """
     argv = click.get_current_context().meta.get(ARGV_KEY) or []
-    if not argv:
+    if interactive != use_tty:
+        raise CliError("an interactive session needs both -i and -t: pai exec -it NAME -- bash",
+                       exit_code=2)
+    if not argv and not use_tty:
         raise CliError("give the command after --, e.g. pai exec NAME -- ls -l", exit_code=2)
     client, owner = session.client(), session.owner(user)
     detail = client.call("GET", job_path(owner, name))
     role = _pick_task(detail, role, index)
+    if use_tty:
+        sys.exit(run_terminal(client.base, client.token,
+                              job_path(owner, name, "tasks", role, str(index), "exec"), argv))
     client.timeout = max(client.timeout, timeout + ANSWER_GRACE_S)
     answer: dict[str, Any] = client.call(
         "POST", job_path(owner, name, "tasks", role, str(index), "exec"),
