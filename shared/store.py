@@ -484,15 +484,24 @@ class Store:
                     compacted.append(job_id)
                 else:
                     values[job_id] = dict(zip(reads, got, strict=True))
-        if compacted:
-            pipe = self.r.pipeline(transaction=False)
-            for job_id in compacted:
-                pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
-            for job_id, blob in zip(compacted, pipe.execute(), strict=True):
-                record = Archive.record_of(blob) if blob else None
-                if record is not None:
-                    values[job_id] = {f: record.get(f) for f in reads}
+        for job_id, record in self._archived_records(compacted).items():
+            values[job_id] = {f: record.get(f) for f in reads}
         return values
+
+    def _archived_records(self, ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The records of compacted jobs, from their archives, one round trip
+        (a job with no archive either is gone, and left out)."""
+        if not ids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
+        records = {}
+        for job_id, blob in zip(ids, pipe.execute(), strict=True):
+            record = Archive.record_of(blob) if blob else None
+            if record is not None:
+                records[job_id] = record
+        return records
 
     def _in_every(self, ids: Sequence[str], index_keys: Sequence[str], wanted: int | None,
                   chunk: int = 1000) -> list[str]:
@@ -555,14 +564,8 @@ class Store:
         found = {i: Job.from_fields({"id": i, **f})
                  for i, f in zip(ids, pipe.execute(), strict=True) if f}
         compacted = [i for i in ids if i not in found]
-        if compacted:
-            pipe = self.r.pipeline(transaction=False)
-            for job_id in compacted:
-                pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
-            for job_id, blob in zip(compacted, pipe.execute(), strict=True):
-                record = Archive.record_of(blob) if blob else None
-                if record is not None:
-                    found[job_id] = Job.from_fields({"id": job_id, **record})
+        for job_id, record in self._archived_records(compacted).items():
+            found[job_id] = Job.from_fields({"id": job_id, **record})
         return found
 
     def read_fields(self, hashes: Sequence[str], fields: Sequence[str]

@@ -11,8 +11,10 @@ node's Docker engine itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,7 @@ from services.api.platform import platform
 from services.api.schemas import ExecRequestSchema
 from shared import execs, keys, telemetry
 from shared.execs import ExecRequest, Outcome
+from shared.models import Job, split_job_id
 from shared.states import JobState, TaskState
 from shared.store import Store, connect
 
@@ -83,53 +86,69 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
     pai = platform()
     body = load(ExecRequestSchema(max_timeout=pai.settings.exec_max_timeout_seconds),
                 read_json())
-    task = pai.store.get_task(job.id, job.attempt, role, index)
+    node = running_node(job, role, index)
+    caller = current_user()
+    state = _execs()
+    with admitted(state.slots, state.leases, caller.username,
+                  busy="this API process waits for as many execs as it may",
+                  capped="execs, the most one user may at once; try again when one ends",
+                  ):
+        request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
+                                  node=node, argv=body["command"],
+                                  timeout_seconds=body["timeoutSec"], user=caller.username)
+        _record(pai.store, request)
+        pai.messenger.exec_command(node, request.id)
+        result = execs.wait_result(state.waits.r, request.id, execs.answer_seconds(
+            request.timeout_seconds, pai.settings.exec_answer_margin_seconds))
+    if result is None:
+        raise ApiError("GatewayTimeoutError", f"node {node} did not answer in time; the "
+                       "command may still have run", 504)
+    if result.outcome == Outcome.BUSY:
+        raise ApiError("ServiceUnavailableError", f"node {node} runs as many commands as "
+                       "it may at once; try again shortly", 503,
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if result.outcome == Outcome.NOT_RUNNING:
+        raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
+                       f"on node {node}: {result.message}", 409)
+    return {"exitCode": result.exit_code, "output": result.output,
+            "truncated": result.truncated, "timedOut": result.timed_out}
+
+
+
+def running_node(job: Job, role: str, index: int) -> str:
+    """The node of the job's task `role`[`index`] in its current attempt, if
+    it runs now: else 404 (no such task) or 409 (not running)."""
+    task = platform().store.get_task(job.id, job.attempt, role, index)
+    name = split_job_id(job.id)[1]
     if task is None:
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
     if job.state != JobState.RUNNING or task.state != TaskState.RUNNING or task.node is None:
         raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
                        f"(the task is {task.state.value}, the job {job.state.value})", 409)
-    caller = current_user()
-    state = _execs()
-    if not state.slots.take():
-        raise ApiError("ServiceUnavailableError", "this API process waits for as many execs "
-                       "as it may; try again shortly", 503,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    try:
-        lease = state.leases.acquire(caller.username)
-    except BaseException:
-        state.slots.give_back()
-        raise
-    if lease is None:
-        state.slots.give_back()
-        raise ApiError("TooManyRequestsError",
-                       f"{caller.username} already runs {state.leases.per_user} execs, the most "
-                       "one user may at once; try again when one ends", 429,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    try:
-        request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
-                                  node=task.node, argv=body["command"],
-                                  timeout_seconds=body["timeoutSec"], user=caller.username)
-        _record(pai.store, request)
-        pai.messenger.exec_command(task.node, request.id)
-        result = execs.wait_result(state.waits.r, request.id, execs.answer_seconds(
-            request.timeout_seconds, pai.settings.exec_answer_margin_seconds))
-    finally:
-        state.slots.give_back()
-        state.leases.release(caller.username, lease)
-    if result is None:
-        raise ApiError("GatewayTimeoutError", f"node {task.node} did not answer in time; the "
-                       "command may still have run", 504)
-    if result.outcome == Outcome.BUSY:
-        raise ApiError("ServiceUnavailableError", f"node {task.node} runs as many commands as "
-                       "it may at once; try again shortly", 503,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    if result.outcome == Outcome.NOT_RUNNING:
-        raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
-                       f"on node {task.node}: {result.message}", 409)
-    return {"exitCode": result.exit_code, "output": result.output,
-            "truncated": result.truncated, "timedOut": result.timed_out}
+    return task.node
 
+
+@contextlib.contextmanager
+def admitted(slots: _ProcessSlots, leases: FollowLeases, username: str, busy: str,
+             capped: str) -> Iterator[str]:
+    """Hold one of this process's `slots` and one of the user's `leases` for
+    the block (its lease id), or refuse: 503 when the slots are taken
+    (`busy`), 429 past the user's cap (`capped`, after the count)."""
+    if not slots.take():
+        raise ApiError("ServiceUnavailableError", f"{busy}; try again shortly", 503,
+                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    try:
+        lease = leases.acquire(username)
+        if lease is None:
+            raise ApiError("TooManyRequestsError",
+                           f"{username} already holds {leases.per_user} {capped}", 429,
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        try:
+            yield lease
+        finally:
+            leases.release(username, lease)
+    finally:
+        slots.give_back()
 
 def _record(store: Store, request: ExecRequest) -> None:
     """The request for its node, and the audit of it, written together."""

@@ -34,6 +34,7 @@ from wsproto.utilities import LocalProtocolError
 from services.api.auth import current_user
 from services.api.bodies import load
 from services.api.errors import ApiError
+from services.api.execs import admitted, running_node
 from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import platform
@@ -49,14 +50,12 @@ from shared.execsessions import (
     TtyRequest,
 )
 from shared.models import now_ms
-from shared.states import JobState, TaskState
 from shared.store import Store, connect
 
 bp = Blueprint("exectty", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")
 
 EXTENSION = "pai.exectty"
-RETRY_AFTER_SECONDS = 5
 READ_BLOCK_MS = 1000
 RECEIVE_SECONDS = 1.0
 SEND_TIMEOUT_SECONDS = 30.0
@@ -139,30 +138,13 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
     if request.environ.get("HTTP_UPGRADE", "").lower() != "websocket":
         raise ApiError("BadRequestError", "this is the interactive exec: open a WebSocket "
                        "(Upgrade: websocket); run one command with POST on this path", 400)
-    task = pai.store.get_task(job.id, job.attempt, role, index)
-    if task is None:
-        raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
-    if job.state != JobState.RUNNING or task.state != TaskState.RUNNING or task.node is None:
-        raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
-                       f"(the task is {task.state.value}, the job {job.state.value})", 409)
+    node = running_node(job, role, index)
     caller = current_user()
     state = _ttys()
-    if not state.slots.take():
-        raise ApiError("ServiceUnavailableError", "this API process serves as many terminal "
-                       "sessions as it may; try again shortly", 503,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    try:
-        lease = state.leases.acquire(caller.username)
-    except BaseException:
-        state.slots.give_back()
-        raise
-    if lease is None:
-        state.slots.give_back()
-        raise ApiError("TooManyRequestsError",
-                       f"{caller.username} already holds {state.leases.per_user} terminal "
-                       "sessions, the most one user may at once; close one first", 429,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    try:
+    with admitted(state.slots, state.leases, caller.username,
+                  busy="this API process serves as many terminal sessions as it may",
+                  capped="terminal sessions, the most one user may at once; close one first",
+                  ) as lease:
         try:
             ws = Server(request.environ, max_message_size=execsessions.MAX_CONTROL_BYTES)
         except Exception as error:  # a handshake wsproto refused, or a server without sockets
@@ -170,7 +152,7 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
                            f"accept: {error or type(error).__name__}", 400) from None
         try:
             _Session(ws, state, caller.username, lease, TtyRequest.new(
-                job_id=job.id, attempt=job.attempt, role=role, index=index, node=task.node,
+                job_id=job.id, attempt=job.attempt, role=role, index=index, node=node,
                 argv=query.get("command") or [], user=caller.username,
                 timeout_seconds=int(pai.settings.exec_max_session_seconds),
                 cols=query["cols"], rows=query["rows"],
@@ -178,9 +160,6 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
                     "command" not in query, pai.settings.exec_answer_margin_seconds)
         finally:
             _close_ws(ws, CLOSE_NORMAL)
-    finally:
-        state.slots.give_back()
-        state.leases.release(caller.username, lease)
     return _upgraded(ws)
 
 
