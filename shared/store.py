@@ -673,7 +673,8 @@ class Store:
                 for name, raw in zip(node_names, replies, strict=True)}
 
     def snapshot(self, known: dict[str, Allocation] | None = None,
-                 queue_limit: int = 100_000) -> Snapshot:
+                 queue_limit: int = 100_000,
+                 jobs_known: dict[str, tuple[dict[str, str], Job]] | None = None) -> Snapshot:
         """What a scheduling pass decides on, in two round trips: the GPU
         faults, the nodes and their heartbeats, the admins' holds and the
         queue, then the nodes' records and allocations and the queued jobs'
@@ -713,8 +714,7 @@ class Store:
         return Snapshot(
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
-            [(job_id, Job.from_fields(f) if f else None)
-             for job_id, f in zip(queued, records, strict=True)])
+            _queued_jobs(queued, records, {} if jobs_known is None else jobs_known))
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,
@@ -838,6 +838,29 @@ def _dumps(value: Any) -> str:
     if _dumps_chunks is None or not isinstance(value, list | dict):
         return json.dumps(value)
     return "".join(_dumps_chunks(value, 0))
+
+
+def _queued_jobs(ids: Sequence[str], records: Sequence[dict[str, str]],
+                 known: dict[str, tuple[dict[str, str], Job]]) -> list[tuple[str, Job | None]]:
+    """The queued jobs' records parsed, each only when its fields differ from
+    those it was last parsed from (`known`, job id -> fields and job, which
+    keeps only the queued ones): a queued job's record rarely changes
+    between passes, and parsing every one each pass was a pass's largest
+    cost at a long queue. The scheduler only reads these records."""
+    queued: list[tuple[str, Job | None]] = []
+    for job_id, fields in zip(ids, records, strict=True):
+        if not fields:
+            queued.append((job_id, None))
+            continue
+        hit = known.get(job_id)
+        if hit is None or hit[0] != fields:
+            hit = known[job_id] = (fields, Job.from_fields(fields))
+        queued.append((job_id, hit[1]))
+    if len(known) > 2 * len(ids) + 1000:
+        wanted = set(ids)
+        for job_id in [i for i in known if i not in wanted]:
+            del known[job_id]
+    return queued
 
 
 def compact_json(value: Any) -> str:

@@ -53,7 +53,7 @@ from shared.models import (
 )
 from shared.priority import PriorityClass, queue_order
 from shared.states import JobState, TaskState
-from shared.store import Store, task_is_live
+from shared.store import Store, compact_json, task_is_live
 
 log = logging.getLogger("pai.scheduler")
 
@@ -148,6 +148,7 @@ class Scheduler:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self._allocations: dict[str, Allocation] = {}  # stored text -> allocation
+        self._jobs: dict[str, tuple[dict[str, str], Job]] = {}  # queued: fields, record
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self.las = Las.from_settings(settings)
         self._deferred = 0  # pass requests left to the messages behind them, in a row
@@ -387,7 +388,7 @@ class Scheduler:
     def _pass(self) -> PassStats:
         started = time.perf_counter()
         now = now_ms()
-        snapshot = self.store.snapshot(self._allocations)
+        snapshot = self.store.snapshot(self._allocations, jobs_known=self._jobs)
         # unhealthy GPUs take no work
         nodes = [gpuhealth.healthy_view(n, snapshot.faults) for n in snapshot.nodes]
         flags, allocations = snapshot.flags, snapshot.allocations
@@ -448,7 +449,7 @@ class Scheduler:
         reasons = []
         for job_id, why in plan.waiting.items():
             job = records.get(job_id)
-            explanation = json.dumps(why.to_dict(), separators=(",", ":"))
+            explanation = compact_json(why.to_dict())
             if job is not None and (job.waiting_reason, job.waiting) != (why.message,
                                                                           explanation):
                 reasons.append((job_id, why.message, explanation, job.version))
