@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
 from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
-from services.api.platform import platform
+from services.api.platform import extension_of, platform
 from services.api.schemas import ExecRequestSchema
 from shared import execs, keys, telemetry
 from shared.execs import ExecRequest, Outcome
@@ -52,25 +51,19 @@ class _Execs:
     waits: Store
 
 
-_create_lock = threading.Lock()
-
-
 def _execs() -> _Execs:
-    with _create_lock:
-        found: _Execs | None = current_app.extensions.get(EXTENSION)
-        if found is None:
-            settings = platform().settings
-            # a lease outlives the longest exec it may cover
-            leases = FollowLeases(platform().store, settings.exec_per_user,
-                                  key=keys.exec_leases,
-                                  lease_seconds=execs.answer_seconds(
-                                      settings.exec_max_timeout_seconds,
-                                      settings.exec_answer_margin_seconds) + 1)
-            slots = max(1, settings.api_worker_connections // 4)
-            found = _Execs(leases, _ProcessSlots(slots),
-                           Store(connect(settings.redis_url, pool_size=slots)))
-            current_app.extensions[EXTENSION] = found
-        return found
+    def create() -> _Execs:
+        settings = platform().settings
+        # a lease outlives the longest exec it may cover
+        leases = FollowLeases(platform().store, settings.exec_per_user, key=keys.exec_leases,
+                              lease_seconds=execs.answer_seconds(
+                                  settings.exec_max_timeout_seconds,
+                                  settings.exec_answer_margin_seconds) + 1)
+        slots = max(1, settings.api_worker_connections // 4)
+        return _Execs(leases, _ProcessSlots(slots),
+                      Store(connect(settings.redis_url, pool_size=slots)))
+
+    return extension_of(current_app, EXTENSION, create)
 
 
 @bp.post("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/exec")

@@ -37,7 +37,7 @@ from services.api.errors import ApiError
 from services.api.execs import admitted, running_node
 from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
-from services.api.platform import platform
+from services.api.platform import extension_of, platform
 from services.api.schemas import ExecTtyQuerySchema
 from shared import execsessions, keys, telemetry
 from shared.execsessions import (
@@ -79,21 +79,15 @@ class _Ttys:
     store: Store
 
 
-_create_lock = threading.Lock()
-
-
 def _ttys() -> _Ttys:
-    with _create_lock:
-        found: _Ttys | None = current_app.extensions.get(EXTENSION)
-        if found is None:
-            settings = platform().settings
-            slots = max(1, settings.api_worker_connections // 4)
-            store = Store(connect(settings.redis_url, pool_size=2 * slots))
-            found = _Ttys(FollowLeases(store, settings.exec_tty_per_user,
-                                       key=keys.exec_tty_leases),
-                          _ProcessSlots(slots), Sessions(store.r), store)
-            current_app.extensions[EXTENSION] = found
-        return found
+    def create() -> _Ttys:
+        settings = platform().settings
+        slots = max(1, settings.api_worker_connections // 4)
+        store = Store(connect(settings.redis_url, pool_size=2 * slots))
+        return _Ttys(FollowLeases(store, settings.exec_tty_per_user, key=keys.exec_tty_leases),
+                     _ProcessSlots(slots), Sessions(store.r), store)
+
+    return extension_of(current_app, EXTENSION, create)
 
 
 # A GET without `Upgrade: websocket` reaches the view too, for a clear 400.

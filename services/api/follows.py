@@ -27,6 +27,7 @@ from flask import Flask, Response
 
 from services.api.errors import ApiError
 from services.api.loghub import LogHub
+from services.api.platform import extension_of
 from shared import keys
 from shared.config import Settings
 from shared.store import Store, connect
@@ -167,17 +168,11 @@ class Follows:
         self.leases.release(username, lease)
 
 
-_create_lock = threading.Lock()
-
-
 def follows_of(app: Flask, settings: Settings) -> Follows:
     """The app's Follows, made on first use (one per process, as the app is)."""
-    with _create_lock:
-        found: Follows | None = app.extensions.get(EXTENSION)
-        if found is None:
-            slots = max(1, settings.api_worker_connections // 2)
-            store = Store(connect(settings.redis_url, pool_size=slots))
-            found = Follows(FollowLeases(store, settings.api_follows_per_user),
-                            _ProcessSlots(slots))
-            app.extensions[EXTENSION] = found
-        return found
+    def create() -> Follows:
+        slots = max(1, settings.api_worker_connections // 2)
+        store = Store(connect(settings.redis_url, pool_size=slots))
+        return Follows(FollowLeases(store, settings.api_follows_per_user), _ProcessSlots(slots))
+
+    return extension_of(app, EXTENSION, create)

@@ -499,6 +499,15 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
     return Response(text, mimetype="text/plain")
 
 
+def _attempt_asked(job: Job, query: dict[str, Any]) -> int:
+    """The attempt a query names (`attempt`), else the job's current one; 400
+    for one the job has not reached."""
+    attempt: int = query.get("attempt", job.attempt)
+    if attempt > job.attempt:
+        raise ApiError("BadRequestError", f"job {job.name} has attempts 0..{job.attempt}")
+    return attempt
+
+
 @bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/samples")
 def task_samples(username: str, name: str, role: str, index: int) -> dict[str, Any]:
     """A task attempt's CPU, memory and GPU use over time, as its node's monitor
@@ -512,9 +521,7 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
     """
     job = get_job_or_404(username, name, owner_only=True, action="read the samples")
     query = load(TaskSamplesQuerySchema(), request.args)
-    attempt = query.get("attempt", job.attempt)
-    if attempt > job.attempt:
-        raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    attempt = _attempt_asked(job, query)
     store = platform().store
     if not store.task_exists(job.id, attempt, role, index):
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
@@ -538,9 +545,7 @@ def job_metrics(username: str, name: str) -> dict[str, Any]:
     """
     job = get_job_or_404(username, name, owner_only=True, action="read the metrics")
     query = load(JobMetricsQuerySchema(), request.args)
-    attempt = query.get("attempt", job.attempt)
-    if attempt > job.attempt:
-        raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    attempt = _attempt_asked(job, query)
     settings = platform().settings
     to_ms = query.get("to", job.completed_ms if job.state.is_final and job.completed_ms
                       else now_ms())
