@@ -111,7 +111,7 @@ class Expect:
 
 
 POOL_SIZE = 100  # redis-py's default
-SORT_READ_CHUNK = 2000  # job records a sort reads per script call: about 1 ms of Redis
+SORT_READ_CHUNK = 2000  # hashes `read_fields` reads per script call: about 1 ms of Redis
 POOL_WAIT_SECONDS = 20.0
 
 
@@ -465,25 +465,20 @@ class Store:
 
     def sort_values(self, ids: Sequence[str], sort: str,
                     chunk: int = SORT_READ_CHUNK) -> dict[str, dict[str, str | None]]:
-        """The job fields `sort` compares by, per id: the records' fields by a
-        script, `chunk` records a call (a pipeline of one HMGET per job costs
-        five times as much in the client), then the archives of the
+        """The job fields `sort` compares by, per id: the records' fields
+        (`read_fields`, `chunk` records a call), then the archives of the
         compacted ones (no hash)."""
         reads = jobsort.SORT_FIELDS[sort].reads
         if not reads or not ids:
             return {}
         values: dict[str, dict[str, str | None]] = {}
         compacted = []
-        width = len(reads)
-        for start in range(0, len(ids), chunk):
-            part = ids[start:start + chunk]
-            flat = self.run_script(_HMGET_JOINED, [keys.job(i) for i in part], reads).split("\0")
-            for n, job_id in enumerate(part):
-                got = flat[n * width:(n + 1) * width]
-                if got[0] == _MISSING:
-                    compacted.append(job_id)
-                else:
-                    values[job_id] = dict(zip(reads, got, strict=True))
+        got = self.read_fields([keys.job(i) for i in ids], reads, chunk=chunk)
+        for job_id, fields in zip(ids, got, strict=True):
+            if fields[0] is None:
+                compacted.append(job_id)
+            else:
+                values[job_id] = dict(zip(reads, fields, strict=True))
         for job_id, record in self._archived_records(compacted).items():
             values[job_id] = {f: record.get(f) for f in reads}
         return values
@@ -568,19 +563,28 @@ class Store:
             found[job_id] = Job.from_fields({"id": job_id, **record})
         return found
 
-    def read_fields(self, hashes: Sequence[str], fields: Sequence[str]
-                    ) -> list[list[str | None]]:
-        """HMGET of the same `fields` from each of many hashes, in one script
-        call per READ_MANY keys: one command instead of one each, which is
-        most of the client's cost of reading thousands of small hashes."""
+    def read_fields(self, hashes: Sequence[str], fields: Sequence[str],
+                    chunk: int = SORT_READ_CHUNK) -> list[list[str | None]]:
+        """HMGET of the same `fields` (at least one) from each of many hashes
+        (None for a field or hash that is not there), in one script call per
+        `chunk` hashes, each answering one joined string: one command instead
+        of one each, and one reply to parse a call, which is most of the
+        client's cost of reading thousands of small hashes. The values must
+        hold no NUL (job records: numbers, states, names, JSON)."""
+        width = len(fields)
         values: list[list[str | None]] = []
-        for start in range(0, len(hashes), READ_MANY):
-            values += self.run_script(_HMGET_MANY, hashes[start:start + READ_MANY], fields)
+        for start in range(0, len(hashes), chunk):
+            flat = self.run_script(_HMGET_JOINED, hashes[start:start + chunk], fields).split("\0")
+            rows: list[list[str | None]] = [flat[n:n + width]
+                                            for n in range(0, len(flat), width)]
+            if _MISSING in flat:  # rare: a field never written, or a hash gone
+                rows = [[None if v == _MISSING else v for v in row] for row in rows]
+            values += rows
         return values
 
     def read_hashes(self, hashes: Sequence[str]) -> list[dict[str, str]]:
         """HGETALL of many hashes ({} for one that is missing), in one script
-        call per READ_MANY keys, as `read_fields`."""
+        call per READ_MANY keys."""
         found: list[dict[str, str]] = []
         for start in range(0, len(hashes), READ_MANY):
             found += [_pairs(flat) for flat in
@@ -1002,14 +1006,6 @@ return {'new', claim(), seq}
 """
 
 
-# The same fields of many hashes: KEYS the hashes, ARGV the fields.
-_HMGET_MANY = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = redis.call('HMGET', key, unpack(ARGV))
-end
-return out
-"""
 # Many hashes whole, each as HGETALL's flat field/value list (run by EVAL
 # inside a pipeline: its source is short, and Redis keeps it compiled)
 _HGETALL_MANY = """
@@ -1019,7 +1015,7 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
-# keys per _HMGET_MANY or _HGETALL_MANY call (each call holds Redis for its length)
+# keys per _HGETALL_MANY call (each call holds Redis for its length)
 READ_MANY = 10_000
 
 
