@@ -317,6 +317,22 @@ class Store:
             raise JobNotFound(job_id)
         return job
 
+    def read_launch(self, job_id: str, attempt: int
+                    ) -> tuple[Job | None, list[Task], dict[str, Any] | None]:
+        """What a launcher reads to start a task of the attempt, in one round
+        trip: the job's record, the attempt's tasks and the config. Only a
+        live job has a task to start, and a live job is never compacted, so
+        what is not in Redis's hashes counts as gone (no archive is read)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.job(job_id))
+        pipe.hgetall(keys.job_tasks(job_id, attempt))
+        pipe.get(keys.job_config(job_id))
+        fields, raw_tasks, raw_config = pipe.execute()
+        job = Job.from_fields({"id": job_id, **fields}) if fields else None
+        tasks = sorted((Task.from_dict(json.loads(v)) for v in raw_tasks.values()),
+                       key=lambda t: (t.role, t.index))
+        return job, tasks, json.loads(raw_config) if raw_config else None
+
     def get_config(self, job_id: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.job_config(job_id))
         if raw:

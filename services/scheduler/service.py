@@ -447,9 +447,12 @@ class Scheduler:
             set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
         self._stop_overdue(running, now)
         reasons = []
+        explained: dict[int, str] = {}  # most of a long queue shares a few Waitings
         for job_id, why in plan.waiting.items():
             job = records.get(job_id)
-            explanation = compact_json(why.to_dict())
+            explanation = explained.get(id(why))
+            if explanation is None:
+                explanation = explained[id(why)] = compact_json(why.to_dict())
             if job is not None and (job.waiting_reason, job.waiting) != (why.message,
                                                                           explanation):
                 reasons.append((job_id, why.message, explanation, job.version))
