@@ -86,7 +86,46 @@ def _kombu_sentinel_url(target: SentinelTarget, host: str, port: int) -> str:
     return f"sentinel://{login}{address}:{port}/{target.db}"
 
 
-class SentinelChannel(kombu_redis.SentinelChannel):
+class ReusedClients:
+    """A kombu Redis channel that makes one redis-py client per connection
+    pool and reuses it, where kombu makes a new one for every publish, ack
+    and restore.
+
+    A redis-py client holds no connection of its own (each command borrows
+    one from the pool), so one client serves every thread; but making one
+    builds its table of some 170 reply callbacks, which was a tenth of the
+    scheduler's CPU per message (docs/performance.md). A new pool (kombu
+    makes one after a reconnect) gets a new client.
+    """
+
+    _reused: tuple[Any, Any] | None = None
+    _reused_async: tuple[Any, Any] | None = None
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        pool = self.async_pool if asynchronous else self.pool  # type: ignore[attr-defined]
+        kept = self._reused_async if asynchronous else self._reused
+        if kept is not None and kept[0] is pool:
+            return kept[1]
+        client = super()._create_client(asynchronous)  # type: ignore[misc]
+        if asynchronous:
+            self._reused_async = (pool, client)
+        else:
+            self._reused = (pool, client)
+        return client
+
+
+class Channel(ReusedClients, kombu_redis.Channel):
+    pass
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
+
+
+TRANSPORT = f"{__name__}:Transport"
+
+
+class SentinelChannel(ReusedClients, kombu_redis.SentinelChannel):
     """kombu's Sentinel channel, but a channel whose connection is already
     closed raises a connection error when asked for a new pool.
 
@@ -128,8 +167,8 @@ def publish_retry_policy(redis_url: str) -> dict[str, float]:
 def make_celery(settings: Settings, name: str = "pai") -> Celery:
     broker_url, transport_options = broker_settings(settings.redis_url)
     app = Celery(name, broker=broker_url, set_as_current=False)
-    if parse_sentinel_url(settings.redis_url) is not None:
-        app.conf.broker_transport = SENTINEL_TRANSPORT
+    app.conf.broker_transport = SENTINEL_TRANSPORT \
+        if parse_sentinel_url(settings.redis_url) is not None else TRANSPORT
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -211,7 +211,7 @@ class Job:
 
     def to_fields(self) -> dict[str, str]:
         """The job's Redis hash fields (config is stored beside them)."""
-        return {k: "" if v is None else str(v) for k, v in dataclasses.asdict(self).items()}
+        return {k: "" if v is None else str(v) for k, v in vars(self).items()}
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> Job:
@@ -279,7 +279,12 @@ class Task:
         return ports[0] if ports else None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """`dataclasses.asdict(self)`, without its generic deep copy (a monitor
+        writes several tasks a job): the two containers are copied here."""
+        data = dict(vars(self))
+        data["gpus"] = list(self.gpus)
+        data["ports"] = {name: list(ports) for name, ports in self.ports.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Task:
@@ -301,7 +306,7 @@ class Attempt:
     preempted_by: str = ""  # the job it made room for, when preempted
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dict(vars(self))  # plain values only: asdict's deep copy would copy nothing
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
@@ -363,7 +368,7 @@ class Allocation:
         return attempt_task_key(self.job_id, self.attempt, self.role, self.index)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return dict(vars(self))  # frozen, tuples and plain values: nothing to copy deeply
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Allocation:

@@ -317,6 +317,22 @@ class Store:
             raise JobNotFound(job_id)
         return job
 
+    def read_launch(self, job_id: str, attempt: int
+                    ) -> tuple[Job | None, list[Task], dict[str, Any] | None]:
+        """What a launcher reads to start a task of the attempt, in one round
+        trip: the job's record, the attempt's tasks and the config. Only a
+        live job has a task to start, and a live job is never compacted, so
+        what is not in Redis's hashes counts as gone (no archive is read)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.job(job_id))
+        pipe.hgetall(keys.job_tasks(job_id, attempt))
+        pipe.get(keys.job_config(job_id))
+        fields, raw_tasks, raw_config = pipe.execute()
+        job = Job.from_fields({"id": job_id, **fields}) if fields else None
+        tasks = sorted((Task.from_dict(json.loads(v)) for v in raw_tasks.values()),
+                       key=lambda t: (t.role, t.index))
+        return job, tasks, json.loads(raw_config) if raw_config else None
+
     def get_config(self, job_id: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.job_config(job_id))
         if raw:
@@ -678,14 +694,17 @@ class Store:
 
     def snapshot(self, known: dict[str, Allocation] | None = None,
                  queue_limit: int = 100_000,
-                 jobs_known: dict[str, tuple[dict[str, str], Job]] | None = None) -> Snapshot:
+                 jobs_known: dict[str, tuple[str, Job]] | None = None) -> Snapshot:
         """What a scheduling pass decides on, in two round trips: the GPU
         faults, the nodes and their heartbeats, the admins' holds and the
         queue, then the nodes' records and allocations and the queued jobs'
         records. `known`: allocations parsed before, by their stored text
         (an allocation's text is written once and never changed), which this
         keeps up to date with the allocations it parses (and rid of most of
-        those released)."""
+        those released). `jobs_known`: queued records read before (job id ->
+        stamp and record, `_queued_jobs`), which Redis sends again only when
+        their version or submission changed."""
+        jobs_known = {} if jobs_known is None else jobs_known
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(keys.GPU_FAULTS)
         pipe.zrange(keys.NODES, 0, -1, withscores=True)
@@ -699,13 +718,15 @@ class Store:
         for name in beats:
             pipe.hgetall(keys.node_alloc(name))
         for start in range(0, len(queued), READ_MANY):  # one command, not one each
-            chunk = [keys.job(job_id) for job_id in queued[start:start + READ_MANY]]
-            pipe.eval(_HGETALL_MANY, len(chunk), *chunk)
+            chunk = queued[start:start + READ_MANY]
+            stamps = [jobs_known[job_id][0] if job_id in jobs_known else "" for job_id in chunk]
+            pipe.eval(_QUEUED_RECORDS, len(chunk), *(keys.job(i) for i in chunk), *stamps)
         replies = pipe.execute() if beats or queued else []
         at = 1 if beats else 0
         nodes = _nodes_from(beats, replies[0]) if beats else []
         held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
-        records = [_pairs(flat) for chunk in replies[at + len(beats):] for flat in chunk]
+        records = [None if flat == 0 else _pairs(flat)
+                   for chunk in replies[at + len(beats):] for flat in chunk]
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
@@ -718,7 +739,7 @@ class Store:
         return Snapshot(
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
-            _queued_jobs(queued, records, {} if jobs_known is None else jobs_known))
+            _queued_jobs(queued, records, jobs_known))
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,
@@ -844,22 +865,35 @@ def _dumps(value: Any) -> str:
     return "".join(_dumps_chunks(value, 0))
 
 
-def _queued_jobs(ids: Sequence[str], records: Sequence[dict[str, str]],
-                 known: dict[str, tuple[dict[str, str], Job]]) -> list[tuple[str, Job | None]]:
-    """The queued jobs' records parsed, each only when its fields differ from
-    those it was last parsed from (`known`, job id -> fields and job, which
-    keeps only the queued ones): a queued job's record rarely changes
-    between passes, and parsing every one each pass was a pass's largest
-    cost at a long queue. The scheduler only reads these records."""
+def _queued_jobs(ids: Sequence[str], records: Sequence[dict[str, str] | None],
+                 known: dict[str, tuple[str, Job]]) -> list[tuple[str, Job | None]]:
+    """The queued jobs' records, parsed: a record Redis did not send again
+    (None: its version and submission are those of the one in `known`, job id
+    -> stamp and record, which keeps only the queued ones) is the one parsed
+    before; {} is a record that is gone.
+
+    A job's version moves with every write but two, the waiting reason and
+    the mode, and a resubmitted name has a new `queue_seq`: the pass reads
+    neither of those two from a queued record but the reason it wrote itself
+    (`Scheduler._pass` keeps the record it holds up to date with that). So
+    Redis sends a queued record only when it changed, and a pass over a long
+    queue neither ships nor parses the records of jobs that did not move."""
     queued: list[tuple[str, Job | None]] = []
     for job_id, fields in zip(ids, records, strict=True):
+        if fields is None:
+            queued.append((job_id, known[job_id][1]))
+            continue
         if not fields:
+            known.pop(job_id, None)
             queued.append((job_id, None))
             continue
-        hit = known.get(job_id)
-        if hit is None or hit[0] != fields:
-            hit = known[job_id] = (fields, Job.from_fields(fields))
-        queued.append((job_id, hit[1]))
+        job = Job.from_fields(fields)
+        version, seq = fields.get("version"), fields.get("queue_seq")
+        if version and seq:
+            known[job_id] = (f"{version}:{seq}", job)
+        else:
+            known.pop(job_id, None)  # an old record without them: read whole every pass
+        queued.append((job_id, job))
     if len(known) > 2 * len(ids) + 1000:
         wanted = set(ids)
         for job_id in [i for i in known if i not in wanted]:
@@ -1015,8 +1049,23 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
-# keys per _HGETALL_MANY call (each call holds Redis for its length)
+# keys per _HGETALL_MANY or _QUEUED_RECORDS call (each call holds Redis for its length)
 READ_MANY = 10_000
+# The queued jobs' records (KEYS), each whole (HGETALL's flat list; empty for
+# one that is gone) unless ARGV[i], "<version>:<queue_seq>" of the record the
+# scheduler holds, still matches: then 0. Run by EVAL in the pass's pipeline.
+_QUEUED_RECORDS = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local now = redis.call('HMGET', key, 'version', 'queue_seq')
+  if ARGV[i] ~= '' and now[1] and now[2] and now[1] .. ':' .. now[2] == ARGV[i] then
+    out[i] = 0
+  else
+    out[i] = redis.call('HGETALL', key)
+  end
+end
+return out
+"""
 
 
 # Release an allocation if its task is settled (a final state) or gone.

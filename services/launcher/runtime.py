@@ -124,7 +124,7 @@ class DockerRuntime:
                 if existing is not None:
                     return self._started(existing, prepare)
             raise TaskSetupError(f"Docker refused the container: {_explain(error)}") from None
-        log.info("created %s for %s", ref.container_name, ref)
+        log.debug("created %s for %s", ref.container_name, ref)  # "started" follows at INFO
         return self._start_created(container_id, prepare)
 
     def _create(self, image: str, command: list[str], options: dict[str, Any],

@@ -88,20 +88,18 @@ class Launcher:
     def start_task(self, job_id: str, attempt: int, role: str, index: int) -> None:
         """Start the task's container if it is still this node's to start."""
         what = f"{job_id} attempt {attempt} {role}[{index}]"
-        job = self.store.get_job(job_id)
+        job, tasks, config = self.store.read_launch(job_id, attempt)
         if job is None:
             log.info("not starting %s: the job is gone", what)
             return
         if job.attempt != attempt or job.state not in LIVE_JOB_STATES:
             log.info("not starting %s: the job is %s on attempt %d", what, job.state, job.attempt)
             return
-        tasks = self.store.get_tasks(job_id, attempt)
         task = next((t for t in tasks if t.key == task_key(role, index)), None)
         if task is None or task.state != TaskState.LAUNCHING or task.node != self.node.name:
             log.info("not starting %s: the task is %s on node %s", what,
                      task.state if task else "missing", task.node if task else None)
             return
-        config = self.store.get_config(job_id)
         if config is None:
             log.warning("not starting %s: the job has no config", what)
             return

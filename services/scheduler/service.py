@@ -148,7 +148,7 @@ class Scheduler:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self._allocations: dict[str, Allocation] = {}  # stored text -> allocation
-        self._jobs: dict[str, tuple[dict[str, str], Job]] = {}  # queued: fields, record
+        self._jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (store._queued_jobs)
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self.las = Las.from_settings(settings)
         self._deferred = 0  # pass requests left to the messages behind them, in a row
@@ -447,13 +447,20 @@ class Scheduler:
             set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
         self._stop_overdue(running, now)
         reasons = []
+        explained: dict[int, str] = {}  # most of a long queue shares a few Waitings
         for job_id, why in plan.waiting.items():
             job = records.get(job_id)
-            explanation = compact_json(why.to_dict())
+            explanation = explained.get(id(why))
+            if explanation is None:
+                explanation = explained[id(why)] = compact_json(why.to_dict())
             if job is not None and (job.waiting_reason, job.waiting) != (why.message,
                                                                           explanation):
                 reasons.append((job_id, why.message, explanation, job.version))
         set_waiting_many(self.store, reasons)
+        for job_id, message, explanation, _version in reasons:
+            # The held record says what was written (where the job moved meanwhile,
+            # nothing was, and the next snapshot reads its new version whole).
+            records[job_id].waiting_reason, records[job_id].waiting = message, explanation
         stats.seconds = time.perf_counter() - started
         self._record_pass(stats.seconds, placed_by_vc)
         if stats.placed or queue:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 
+from services.scheduler import service as scheduler_service
 from services.scheduler.service import Scheduler
 from shared import keys
 from shared.completion import RETRY_BACKOFF_BASE_SECONDS
@@ -59,25 +60,30 @@ def run_and_crash(store: Store, scheduler: Scheduler) -> Job:
     return job_of(store)
 
 
-def back_off_elapses(redis_client: redis.Redis) -> None:
-    """What the clock would do: the back-off's end is now past."""
-    redis_client.hset(keys.job(JOB), "retry_after_ms", str(now_ms() - 1))
+def back_off_elapses(monkeypatch: pytest.MonkeyPatch, job: Job) -> None:
+    """What the clock would do: the scheduler's clock is past the back-off's end
+    (the job's record is not rewritten: time passing writes nothing)."""
+    assert job.retry_after_ms is not None
+    shift = job.retry_after_ms - now_ms() + 1
+    monkeypatch.setattr(scheduler_service, "now_ms", lambda: now_ms() + shift)
 
 
 @pytest.mark.parametrize("retry", [-1, -2])
 def test_unlimited_retry_requeues_behind_a_growing_back_off_until_stopped(
-        store: Store, scheduler: Scheduler, redis_client: redis.Redis, retry: int) -> None:
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis, retry: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     submit_job(store, "alice", serving(retry))
     waits = []
     for attempt in range(1, 4):
         before = now_ms()
         job = run_and_crash(store, scheduler)
+        monkeypatch.undo()  # the clock back to now, for the next back-off
         assert (job.state, job.attempt, job.retries) == (JobState.WAITING, attempt, attempt)
         assert job.retry_after_ms is not None
         waits.append(job.retry_after_ms - before)
         assert scheduler.run_pass().placed == 0, "placed while backing off"
         assert "back-off" in job.waiting_reason
-        back_off_elapses(redis_client)
+        back_off_elapses(monkeypatch, job)
     assert waits[0] >= RETRY_BACKOFF_BASE_SECONDS * 1000
     assert waits[0] < waits[1] < waits[2]
 

@@ -126,6 +126,29 @@ def test_the_level_decides_what_every_logger_writes(
         assert [e["message"] for e in entries if e["logger"] == name] == shown, name
 
 
+@pytest.mark.parametrize(("level", "shown"), [
+    ("DEBUG", ["debug", "info", "warning", "error"]),
+    ("INFO", ["warning", "error"]),
+    ("WARNING", ["warning", "error"]),
+    ("ERROR", ["error"]),
+], ids=["debug", "info", "warning", "error"])
+@pytest.mark.usefixtures("restore_logging")
+def test_celerys_lines_for_every_message_show_only_at_debug(
+        level: str, shown: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """"Task ... received" and "... succeeded in 0.003 s" come at INFO for
+    every message; a failed task still comes at ERROR."""
+    setup_logging("launcher", level, "json")
+    for name in ("celery.worker.strategy", "celery.app.trace"):
+        log = logging.getLogger(name)
+        log.debug("debug")
+        log.info("info")
+        log.warning("warning")
+        log.error("error")
+    entries = [json.loads(line) for line in emitted(capsys.readouterr().err)]
+    for name in ("celery.worker.strategy", "celery.app.trace"):
+        assert [e["message"] for e in entries if e["logger"] == name] == shown, name
+
+
 @pytest.mark.parametrize("fmt", ["text", "json"])
 @pytest.mark.usefixtures("restore_logging")
 def test_gunicorn_writes_through_the_one_setup(

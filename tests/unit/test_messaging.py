@@ -7,6 +7,7 @@ from kombu import Connection
 from shared.config import Settings
 from shared.messaging import (
     SENTINEL_TRANSPORT,
+    TRANSPORT,
     VISIBILITY_TIMEOUT_SECONDS,
     SentinelTransport,
     broker_settings,
@@ -43,10 +44,11 @@ def test_kombu_reads_back_the_login_database_and_every_sentinel() -> None:
 
 def test_the_celery_app_takes_the_sentinel_transport_only_behind_sentinel() -> None:
     single = make_celery(Settings(redis_url="redis://r:6379/0"))
-    assert single.conf.broker_transport is None
+    assert single.conf.broker_transport == TRANSPORT
     assert single.conf.task_publish_retry_policy == publish_retry_policy("redis://r:6379/0")
     sentinel = make_celery(Settings(redis_url=SENTINEL_URL))
     assert sentinel.conf.broker_transport == SENTINEL_TRANSPORT
     assert sentinel.conf.broker_transport_options["master_name"] == "pai"
     policy = sentinel.conf.task_publish_retry_policy
     assert policy["max_retries"] * policy["interval_max"] >= 10, "sends outlast a switch"
+

@@ -1,5 +1,6 @@
-"""The pass's parsed queued records (shared/store.py `_queued_jobs`): a record
-is parsed again whenever any of its fields changed, and only then."""
+"""The pass's queued records (shared/store.py `_queued_jobs`): Redis sends a
+record again only when its version or submission moved (None: unchanged),
+and only what it sends is parsed."""
 
 from __future__ import annotations
 
@@ -7,37 +8,45 @@ from shared.models import Job
 from shared.store import _queued_jobs
 
 
-def fields(job_id: str, version: int, **extra: str) -> dict[str, str]:
-    return {"id": job_id, "state": "WAITING", "version": str(version), **extra}
+def fields(job_id: str, version: int, seq: int = 7, **extra: str) -> dict[str, str]:
+    return {"id": job_id, "state": "WAITING", "version": str(version), "queue_seq": str(seq),
+            **extra}
 
 
-def test_an_unchanged_record_is_not_parsed_again() -> None:
-    known: dict[str, tuple[dict[str, str], Job]] = {}
+def test_a_record_redis_did_not_send_again_is_the_one_held() -> None:
+    known: dict[str, tuple[str, Job]] = {}
     first = _queued_jobs(["alice~a"], [fields("alice~a", 1)], known)
-    again = _queued_jobs(["alice~a"], [fields("alice~a", 1)], known)
+    assert known["alice~a"][0] == "1:7"
+    again = _queued_jobs(["alice~a"], [None], known)
     assert again[0][1] is first[0][1]
 
 
-def test_any_changed_field_is_parsed_again() -> None:
-    known: dict[str, tuple[dict[str, str], Job]] = {}
+def test_a_record_sent_again_is_parsed_again() -> None:
+    known: dict[str, tuple[str, Job]] = {}
     _queued_jobs(["alice~a", "alice~b"], [fields("alice~a", 1), fields("alice~b", 1)], known)
-    # a new version, and a field written without one (the waiting reason)
     changed = _queued_jobs(["alice~a", "alice~b"],
-                           [fields("alice~a", 2), fields("alice~b", 1, waiting_reason="full")],
-                           known)
-    assert [(job_id, job.version, job.waiting_reason) for job_id, job in changed
-            if job is not None] == [("alice~a", 2, ""), ("alice~b", 1, "full")]
+                           [fields("alice~a", 2), fields("alice~b", 1, seq=9)], known)
+    assert [(job_id, job.version, job.queue_seq) for job_id, job in changed
+            if job is not None] == [("alice~a", 2, 7), ("alice~b", 1, 9)]
+    assert known["alice~a"][0] == "2:7" and known["alice~b"][0] == "1:9"
 
 
 def test_a_record_that_is_gone_is_none_and_nothing_is_kept_for_it() -> None:
-    known: dict[str, tuple[dict[str, str], Job]] = {}
+    known: dict[str, tuple[str, Job]] = {}
+    _queued_jobs(["alice~gone"], [fields("alice~gone", 1)], known)
     assert _queued_jobs(["alice~gone"], [{}], known) == [("alice~gone", None)]
     assert known == {}
 
 
+def test_a_record_without_version_or_submission_is_never_held() -> None:
+    known: dict[str, tuple[str, Job]] = {}
+    _queued_jobs(["alice~old"], [{"id": "alice~old", "state": "WAITING"}], known)
+    assert known == {}
+
+
 def test_jobs_no_longer_queued_are_forgotten_once_they_outnumber_the_queue() -> None:
-    known: dict[str, tuple[dict[str, str], Job]] = {}
+    known: dict[str, tuple[str, Job]] = {}
     ids = [f"alice~j{i}" for i in range(1500)]
     _queued_jobs(ids, [fields(i, 1) for i in ids], known)
-    _queued_jobs(ids[:10], [fields(i, 1) for i in ids[:10]], known)
+    _queued_jobs(ids[:10], [None] * 10, known)
     assert set(known) == set(ids[:10])

@@ -1,0 +1,60 @@
+"""A pass reads a queued job's record whole only when it moved.
+
+The snapshot hands Redis the version and submission (`queue_seq`) of each
+queued record the scheduler holds; Redis sends a record again only when one
+of them changed, or the record is gone. The waiting reason, written without a
+new version, is the pass's own, and the record it holds says what it wrote.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.service import Scheduler
+from shared import keys
+from shared.lifecycle import submit_job
+from shared.models import Job
+from shared.store import Store
+from tests.integration.test_scheduler import add_node, config, scheduler, store
+
+pytestmark = pytest.mark.redis
+__all__ = ["scheduler", "store"]  # the fixtures, used by name
+
+
+def queued(store: Store, held: dict[str, tuple[str, Job]]) -> dict[str, Job | None]:
+    return dict(store.snapshot(jobs_known=held).queued)
+
+
+def test_an_unchanged_record_is_not_sent_again_and_a_moved_one_is(store: Store) -> None:
+    for name in ("a", "b", "c", "d"):
+        submit_job(store, "alice", config(name))
+    held: dict[str, tuple[str, Job]] = {}
+    first = queued(store, held)
+    assert set(held) == {"alice~a", "alice~b", "alice~c", "alice~d"}
+
+    store.r.hincrby(keys.job("alice~a"), "version", 1)  # a state change moves the version
+    store.r.hset(keys.job("alice~b"), "queue_seq", "999")  # a name submitted again
+    store.r.delete(keys.job("alice~c"))  # gone
+    again = queued(store, held)
+
+    assert again["alice~d"] is first["alice~d"]  # not sent, not parsed
+    a, b = again["alice~a"], again["alice~b"]
+    assert a is not None and a is not first["alice~a"] and a.version == 2
+    assert b is not None and b is not first["alice~b"] and b.queue_seq == 999
+    assert again["alice~c"] is None and "alice~c" not in held
+
+
+def test_the_reasons_a_pass_wrote_are_in_the_records_it_holds(
+        store: Store, scheduler: Scheduler) -> None:
+    add_node(store, gpus=1)
+    for name in ("a", "b", "c"):
+        submit_job(store, "alice", config(name))
+    scheduler.run_pass()  # a runs; b and c wait for a GPU
+    for job_id in ("alice~b", "alice~c"):
+        stored = store.get_job(job_id)
+        held = scheduler._jobs[job_id][1]
+        assert stored is not None and stored.waiting_reason
+        assert (held.waiting_reason, held.waiting) == (stored.waiting_reason, stored.waiting)
+    records = {job_id: scheduler._jobs[job_id][1] for job_id in ("alice~b", "alice~c")}
+    scheduler.run_pass()
+    assert all(scheduler._jobs[job_id][1] is job for job_id, job in records.items())
