@@ -33,11 +33,16 @@ from docker.errors import DockerException, ImageNotFound
 from docker.types import Mount
 
 from bench import BenchError, free_port
+from services.launcher.runtime import NO_NEW_PRIVILEGES
+from shared.capabilities import dropped_capabilities
+from shared.config import Settings
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 TEST_IMAGE = "pai-test/busybox:latest"
 BENCH_LABEL = "pai.bench"
+# The platforms the benchmarks start give jobs these ports (so NET_BIND_SERVICE is dropped).
+BENCH_PORT_RANGE = (22000, 22999)
 ADMIN, ADMIN_PASSWORD = "bench-admin", "bench-admin-password"
 USER, USER_PASSWORD = "alice", "alice-password"
 SERVICES = ("api", "scheduler", "launcher", "monitor")
@@ -109,13 +114,17 @@ def bare_container(client: docker.DockerClient, run: str, name: str, command: st
                    environment: Mapping[str, str] | None = None,
                    labels: Mapping[str, str] | None = None) -> Any:
     """A container created as the launcher creates a task's (host network, one
-    CPU, the memory and shm asked for, an init, the output folder bound), but
-    straight through the Docker SDK: what the platform is measured against."""
+    CPU, the memory asked for and no swap, the shm, an init, the output folder
+    bound, and its confinement: the capabilities it drops, no new privileges,
+    the pids limit), but straight through the Docker SDK: what the platform
+    is measured against."""
     return client.containers.create(
         TEST_IMAGE, [command], name=name, entrypoint=["/bin/sh", "-c"],
         labels={BENCH_LABEL: run, **(labels or {})}, environment=dict(environment or {}),
         network_mode="host", nano_cpus=10**9, mem_limit=f"{memory_mb}m",
-        shm_size=f"{shm_mb}m", privileged=False, init=True,
+        memswap_limit=f"{memory_mb}m", shm_size=f"{shm_mb}m", privileged=False, init=True,
+        cap_drop=dropped_capabilities(BENCH_PORT_RANGE), security_opt=[NO_NEW_PRIVILEGES],
+        pids_limit=Settings().container_pids_limit,
         mounts=[Mount(str(output), str(output), type="bind", read_only=False)])
 
 
@@ -167,7 +176,7 @@ class Processes:
 
 
 def platform_env(redis_url: str, run_dir: Path, *, node: str, gpus: int = 8,
-                 port_range: str = "22000-22999",
+                 port_range: str = f"{BENCH_PORT_RANGE[0]}-{BENCH_PORT_RANGE[1]}",
                  admin: tuple[str, str] = (ADMIN, ADMIN_PASSWORD),
                  extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of one node's services: this process's own without its
