@@ -126,3 +126,9 @@ def percentile(samples: Sequence[float], fraction: float) -> float:
     ordered = sorted(samples)
     rank = max(1, min(len(ordered), math.ceil(fraction * len(ordered))))
     return ordered[rank - 1]
+
+
+def latency_figures(samples: Sequence[float]) -> dict[str, float]:
+    """p50, p90 and the worst of some milliseconds, as the exec benchmarks print them."""
+    return {"p50 ms": percentile(samples, 0.5), "p90 ms": percentile(samples, 0.9),
+            "max ms": max(samples)}

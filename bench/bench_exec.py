@@ -19,17 +19,12 @@ from __future__ import annotations
 import os
 import time
 
-from bench import BenchError, Figures, percentile, throwaway_redis
+from bench import BenchError, Figures, latency_figures, percentile, throwaway_redis
 from bench.live_platform import USER, running_platform
 
 ROUNDS = 50
 WARMUP = 3
 JOB = "exec-bench"
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    return {"p50 ms": percentile(samples, 0.5), "p90 ms": percentile(samples, 0.9),
-            "max ms": max(samples)}
 
 
 def run() -> Figures:
@@ -69,8 +64,8 @@ def run() -> Figures:
         pai.stop(JOB)
     return {
         "rounds": f"{rounds} of each, alternating, idle node, command ['true']",
-        "exec round trip": {"platform (POST .../exec)": _stats(platform),
-                            "bare Docker SDK exec (reference)": _stats(reference)},
+        "exec round trip": {"platform (POST .../exec)": latency_figures(platform),
+                            "bare Docker SDK exec (reference)": latency_figures(reference)},
         "ratio p50 platform vs reference": percentile(platform, 0.5)
         / percentile(reference, 0.5),
     }

@@ -24,18 +24,13 @@ from typing import Any
 
 from simple_websocket import Client
 
-from bench import BenchError, Figures, percentile, throwaway_redis
+from bench import BenchError, Figures, latency_figures, percentile, throwaway_redis
 from bench.live_platform import USER, running_platform
 
 ROUNDS = 50
 WARMUP = 3
 JOB = "exec-tty-bench"
 DEADLINE_SECONDS = 30.0
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    return {"p50 ms": percentile(samples, 0.5), "p90 ms": percentile(samples, 0.9),
-            "max ms": max(samples)}
 
 
 def _echo_over_websocket(ws: Client, key: bytes) -> float:
@@ -94,8 +89,9 @@ def run() -> Figures:
         pai.stop(JOB)
     return {
         "rounds": f"{rounds} single keystrokes, alternating, idle node, `cat` on a TTY",
-        "keystroke to echo": {"platform (WebSocket .../exec?tty=1)": _stats(platform),
-                              "bare Docker SDK exec socket (reference)": _stats(reference)},
+        "keystroke to echo": {
+            "platform (WebSocket .../exec?tty=1)": latency_figures(platform),
+            "bare Docker SDK exec socket (reference)": latency_figures(reference)},
         "ratio p50 platform vs reference": percentile(platform, 0.5)
         / percentile(reference, 0.5),
     }

@@ -39,7 +39,7 @@ from enum import StrEnum
 from typing import Any
 
 from shared import keys
-from shared.execs import ExecRequest, argv_problems
+from shared.execs import ExecRequest
 
 DEFAULT_ARGV = ("/bin/sh",)
 DEFAULT_COLS, DEFAULT_ROWS = 80, 24
@@ -120,52 +120,6 @@ class Resize:
 class Start:
     argv: list[str] | None  # None: the default shell
     window: Resize | None
-
-
-def window_problems(cols: Any, rows: Any) -> list[str]:
-    """What is wrong with a window size (none: it may be used)."""
-    problems = []
-    for name, value in (("cols", cols), ("rows", rows)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            problems.append(f"{name} must be a whole number")
-        elif not 1 <= value <= MAX_WINDOW:
-            problems.append(f"{name} must be between 1 and {MAX_WINDOW}")
-    return problems
-
-
-def _window(raw: dict[str, Any]) -> Resize:
-    problems = window_problems(raw.get("cols"), raw.get("rows"))
-    if problems:
-        raise ControlError("; ".join(problems))
-    return Resize(int(raw["cols"]), int(raw["rows"]))
-
-
-def parse_control(text: str) -> Resize | Start:
-    """A text frame from the client: {"type": "resize", "cols", "rows"} or
-    {"type": "start", "command"?, "cols"?, "rows"?}. ControlError otherwise."""
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_CONTROL_BYTES:
-        raise ControlError(f"a control message holds at most {MAX_CONTROL_BYTES // 1024} KiB")
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        raise ControlError("a text frame must be a JSON object") from None
-    if not isinstance(raw, dict):
-        raise ControlError("a text frame must be a JSON object")
-    kind = raw.get("type")
-    if kind == "resize":
-        return _window(raw)
-    if kind == "start":
-        window = _window(raw) if "cols" in raw or "rows" in raw else None
-        command = raw.get("command")
-        if command is None:
-            return Start(None, window)
-        if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
-            raise ControlError("command must be a list of strings")
-        problems = argv_problems(command)
-        if problems:
-            raise ControlError("; ".join(problems))
-        return Start(list(command), window)
-    raise ControlError(f"unknown message type {kind!r}: resize or start")
 
 
 def exit_message(exit_code: int | None, reason: EndReason, message: str = "") -> str:

@@ -329,9 +329,8 @@ class Store:
         pipe.get(keys.job_config(job_id))
         fields, raw_tasks, raw_config = pipe.execute()
         job = Job.from_fields({"id": job_id, **fields}) if fields else None
-        tasks = sorted((Task.from_dict(json.loads(v)) for v in raw_tasks.values()),
-                       key=lambda t: (t.role, t.index))
-        return job, tasks, json.loads(raw_config) if raw_config else None
+        return (job, _in_task_order(_tasks_from(raw_tasks).values()),
+                json.loads(raw_config) if raw_config else None)
 
     def get_config(self, job_id: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.job_config(job_id))
@@ -366,15 +365,14 @@ class Store:
             pipe.hset(keys.job_tasks(job_id, attempt), mapping=mapping)
 
     def read_tasks(self, reader: Reader, job_id: str, attempt: int) -> dict[str, Task]:
-        raw: dict[str, str] = reader.hgetall(keys.job_tasks(job_id, attempt))
-        return {k: Task.from_dict(json.loads(v)) for k, v in raw.items()}
+        return _tasks_from(reader.hgetall(keys.job_tasks(job_id, attempt)))
 
     def get_tasks(self, job_id: str, attempt: int) -> list[Task]:
         tasks: Iterable[Task] = self.read_tasks(self.r, job_id, attempt).values()
         if not tasks:
             archive = self.read_archive(self.r, job_id)
             tasks = archive.tasks_of(attempt) if archive is not None else []
-        return sorted(tasks, key=lambda t: (t.role, t.index))
+        return _in_task_order(tasks)
 
     def write_attempt(self, pipe: Pipe, job_id: str, attempt: Attempt) -> None:
         pipe.hset(keys.job_attempts(job_id), str(attempt.index),
@@ -863,6 +861,15 @@ def _dumps(value: Any) -> str:
     if _dumps_chunks is None or not isinstance(value, list | dict):
         return json.dumps(value)
     return "".join(_dumps_chunks(value, 0))
+
+
+def _tasks_from(raw: dict[str, str]) -> dict[str, Task]:
+    """An attempt's tasks from its hash (task key -> JSON)."""
+    return {k: Task.from_dict(json.loads(v)) for k, v in raw.items()}
+
+
+def _in_task_order(tasks: Iterable[Task]) -> list[Task]:
+    return sorted(tasks, key=lambda t: (t.role, t.index))
 
 
 def _queued_jobs(ids: Sequence[str], records: Sequence[dict[str, str] | None],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import select
 import socket
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, Response, current_app, request
+from marshmallow import ValidationError
 from simple_websocket import ConnectionClosed, Server
 from wsproto.events import CloseConnection, Message, TextMessage
 from wsproto.utilities import LocalProtocolError
@@ -38,7 +40,7 @@ from services.api.execs import admitted, running_node
 from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
-from services.api.schemas import ExecTtyQuerySchema
+from services.api.schemas import ControlMessageSchema, ExecTtyQuerySchema
 from shared import execsessions, keys, telemetry
 from shared.execsessions import (
     ControlError,
@@ -49,6 +51,7 @@ from shared.execsessions import (
     Start,
     TtyRequest,
 )
+from shared.jobspec import flat_errors
 from shared.models import now_ms
 from shared.store import Store, connect
 
@@ -65,6 +68,29 @@ FULL_WAIT_SECONDS = 0.05
 MAX_BUFFERED_MESSAGES = 2 * execsessions.INPUT_MAX_ENTRIES
 # WebSocket close codes (RFC 6455 section 7.4.1)
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, CLOSE_ERROR = 1000, 1008, 1013, 1011
+
+
+def parse_control(text: str) -> Resize | Start:
+    """A text frame from the client, loaded by `ControlMessageSchema`;
+    ControlError (its message says why) for one the protocol refuses."""
+    if len(text.encode("utf-8", "surrogatepass")) > execsessions.MAX_CONTROL_BYTES:
+        raise ControlError("a control message holds at most "
+                           f"{execsessions.MAX_CONTROL_BYTES // 1024} KiB")
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ControlError("a text frame must be a JSON object") from None
+    try:
+        message = ControlMessageSchema().load(raw)
+    except ValidationError as error:
+        raise ControlError("; ".join(problem for problems in flat_errors(error.messages).values()
+                                     for problem in problems)) from None
+    window = Resize(message["cols"], message["rows"]) if "cols" in message else None
+    if message["type"] == "resize":
+        assert window is not None  # the schema asks a resize for both sides
+        return window
+    command = message.get("command")
+    return Start(list(command) if command is not None else None, window)
 
 
 @dataclass
@@ -206,7 +232,7 @@ class _Session:
             pending.append(message)
         else:
             try:
-                control = execsessions.parse_control(message)
+                control = parse_control(message)
             except ControlError as error:
                 self._close(CLOSE_POLICY, execsessions.error_message(400, str(error)))
                 return None
@@ -296,7 +322,7 @@ class _Session:
                         return
                     continue
                 try:
-                    control = execsessions.parse_control(message)
+                    control = parse_control(message)
                 except ControlError as error:
                     self._send(execsessions.error_message(400, str(error)))
                     continue

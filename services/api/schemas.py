@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 from marshmallow import (
+    EXCLUDE,
     RAISE,
     Schema,
     ValidationError,
@@ -399,6 +400,14 @@ class StopAcceptedSchema(Schema):
     state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
 
 
+def _check_argv(argv: list[str]) -> None:
+    """A command line an exec may run (shared/execs.py), else its problems as
+    the `command` field's errors."""
+    problems = execs.argv_problems(argv)
+    if problems:
+        raise ValidationError(problems, "command")
+
+
 class ExecRequestSchema(_Request):
     """A command to run in a task's running container. The largest timeout is
     the platform's setting (PAI_EXEC_MAX_TIMEOUT_SECONDS): the view loads the
@@ -421,9 +430,7 @@ class ExecRequestSchema(_Request):
 
     @validates_schema
     def check_command(self, data: dict[str, Any], **_: object) -> None:
-        problems = execs.argv_problems(data.get("command") or [])
-        if problems:
-            raise ValidationError(problems, "command")
+        _check_argv(data.get("command") or [])
         if data.get("timeoutSec", 0) > self.max_timeout:
             raise ValidationError([f"at most {self.max_timeout} seconds on this platform"],
                                   "timeoutSec")
@@ -447,9 +454,50 @@ class ExecTtyQuerySchema(Schema):
     @validates_schema
     def check_command(self, data: dict[str, Any], **_: object) -> None:
         if "command" in data:
-            problems = execs.argv_problems(data["command"])
-            if problems:
-                raise ValidationError(problems, "command")
+            _check_argv(data["command"])
+
+
+def _window_side(name: str) -> fields.Integer:
+    """One side of a control message's window: a JSON whole number (not 80.5,
+    "80" or true) within the largest window."""
+    return fields.Integer(
+        strict=True,
+        validate=validate.Range(min=1, max=execsessions.MAX_WINDOW,
+                                error=f"{name} must be between {{min}} and {{max}}"),
+        error_messages={"invalid": f"{name} must be a whole number",
+                        "null": f"{name} must be a whole number"})
+
+
+class ControlMessageSchema(Schema):
+    """A text frame of the interactive exec (services/api/exectty.py): {"type":
+    "resize", "cols", "rows"} or {"type": "start", "command"?, "cols"?, "rows"?}.
+    Other keys are left alone, as a newer client may send them."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    error_messages = {"type": "a text frame must be a JSON object"}
+
+    type = fields.String(
+        required=True,
+        validate=validate.OneOf(("resize", "start"),
+                                error="unknown message type {input!r}: resize or start"),
+        error_messages={"required": "unknown message type None: resize or start",
+                        "invalid": "unknown message type: resize or start"})
+    cols = _window_side("cols")
+    rows = _window_side("rows")
+    command = fields.List(
+        fields.String(error_messages={"invalid": "command must be a list of strings"}),
+        error_messages={"invalid": "command must be a list of strings"})
+
+    @validates_schema
+    def check_message(self, data: dict[str, Any], **_: object) -> None:
+        if data["type"] == "resize" or "cols" in data or "rows" in data:
+            for side in ("cols", "rows"):
+                if side not in data:
+                    raise ValidationError(f"{side} must be a whole number", side)
+        if data["type"] == "start" and data.get("command") is not None:
+            _check_argv(data["command"])
 
 
 class ExecResultSchema(Schema):

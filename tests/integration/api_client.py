@@ -1,11 +1,17 @@
 """Helpers for API tests: a test client that sends a user's token, sign-in
-without a login's argon2 check, and the shape every error must have."""
+without a login's argon2 check, the shape every error must have, and the app
+served over HTTP for clients that need a real socket (the CLI, WebSockets)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from flask import Flask
 from flask.testing import FlaskClient
+from werkzeug.serving import make_server
 from werkzeug.test import TestResponse
 
 from services.api.auth import issue_token
@@ -66,3 +72,16 @@ def config(name: str = "mnist", **extra: Any) -> dict[str, Any]:
     return {"jobName": name, "image": "busybox",
             "taskRoles": [{"name": "main", "taskNumber": 2, "cpuNumber": 1, "memoryMB": 128,
                            "command": "echo hi"}], **extra}
+
+
+@contextmanager
+def served(app: Flask) -> Iterator[str]:
+    """The app over HTTP on a free 127.0.0.1 port (threaded): its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)

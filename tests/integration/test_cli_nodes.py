@@ -5,7 +5,6 @@ sees the state and is refused the change."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 from flask import Flask
-from werkzeug.serving import make_server
 
 from pai_cli.logins import Cluster, Logins, save
 from pai_cli.main import cli
@@ -22,7 +20,7 @@ from services.api.auth import issue_token
 from shared.config import Settings
 from shared.models import Allocation, Gpu, Node
 from shared.store import Store
-from tests.integration.api_client import new_user, signed_in
+from tests.integration.api_client import new_user, served, signed_in
 
 pytestmark = pytest.mark.redis
 DAY_S = 24 * 3600
@@ -41,14 +39,8 @@ def api(redis_server: str, redis_client: redis.Redis,
     store.write_allocation(pipe, Allocation("alice~a", 0, "main", 0, "n1", (0,), 1, 100, ()))
     pipe.execute()
     new_user(app.test_client(), signed_in(app.test_client(), "root"), "alice")
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}", app
-    finally:
-        server.shutdown()
-        thread.join(timeout=30)
+    with served(app) as url:
+        yield url, app
 
 
 def pai_as(api: tuple[str, Flask], tmp_path: Path, username: str) -> Path:

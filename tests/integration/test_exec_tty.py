@@ -23,7 +23,6 @@ import struct
 import subprocess
 import sys
 import termios
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,9 +34,7 @@ import docker
 import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
-from flask import Flask
 from simple_websocket import Client, ConnectionClosed, ConnectionError
-from werkzeug.serving import make_server
 
 from pai_cli.logins import Cluster, Logins, save
 from services.api import exectty as api_exectty
@@ -51,7 +48,7 @@ from shared.config import Settings
 from shared.containers import LABEL_NODE, TaskRef
 from shared.lifecycle import record_task_exit
 from shared.store import Store
-from tests.integration.api_client import AuthedClient
+from tests.integration.api_client import AuthedClient, served
 from tests.integration.test_api_capacity import Api
 from tests.integration.test_execs import run_task
 
@@ -99,21 +96,11 @@ def running(redis_client: redis.Redis, launcher: Launcher, alice: AuthedClient,
     return run_task(Store(redis_client), launcher, test_image, name=JOB)
 
 
-def serve(app: Flask) -> Iterator[str]:
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=30)
-
-
 @pytest.fixture
 def api(settings: Settings) -> Iterator[str]:
     """The API's base URL."""
-    yield from serve(create_app(settings))
+    with served(create_app(settings)) as url:
+        yield url
 
 
 def connect(base: str, who: AuthedClient, query: str = "tty=1", **args: Any) -> Client:
@@ -274,13 +261,10 @@ def test_a_user_past_the_cap_gets_429(api: str, running: str, alice: AuthedClien
 
 def test_an_idle_session_closes(settings: Settings, running: str,
                                 alice: AuthedClient) -> None:
-    served = serve(create_app(dataclasses.replace(settings, exec_idle_seconds=1.0)))
-    try:
-        screen = shell(next(served), alice, command=["sleep", "300"])
+    with served(create_app(dataclasses.replace(settings, exec_idle_seconds=1.0))) as url:
+        screen = shell(url, alice, command=["sleep", "300"])
         end = screen.exit()
         assert (end["type"], end["reason"]) == ("exit", "idle")
-    finally:
-        served.close()
 
 
 @pytest.mark.parametrize("settings", [{"exec_tty_slots_per_node": 1}], indirect=True)

@@ -4,11 +4,8 @@ become series, served over HTTP (no NVML on this machine: no GPU series)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
-import docker
 import pytest
-import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,9 +14,10 @@ from services.monitor.exporter import NodeExporter
 from services.monitor.nodemetrics import NVML_UP, TASK_CPU, TASK_MEMORY
 from services.monitor.sampling import NvmlReader
 from shared.nvml import Nvml
-from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
+from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
+__all__ = ["rig"]  # the fixture, used by name
 
 
 class _NoNvml:
@@ -30,16 +28,6 @@ class _NoNvml:
 
     def nvmlInit(self) -> None:  # pynvml's name
         raise self.NVMLError("NVML Shared Library Not Found")
-
-
-@pytest.fixture
-def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
-        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
-    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def test_a_running_tasks_cpu_and_memory_are_served(rig: Rig) -> None:

@@ -20,28 +20,18 @@ from urllib.parse import urlparse
 
 import docker
 import pytest
-import redis
 from docker.errors import NotFound
 
 from services.monitor.logs import LogShipping, LogStream
 from shared.containers import TaskRef
 from shared.engine import EngineCalls
 from shared.states import TaskState
-from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
+from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
+__all__ = ["rig"]  # the fixture, used by name
 
 DRAIN_SECONDS = 30.0
-
-
-@pytest.fixture
-def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
-        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
-    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 class CountingRelay:

@@ -7,32 +7,20 @@ container's output and let a new one carry on, as after a crash or upgrade.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
-import docker
 import pytest
-import redis
 
 from services.monitor.loglines import MAX_LINE_BYTES
 from services.monitor.logs import LogShipping, close_stream
 from shared import keys
 from shared.containers import TaskRef
 from shared.states import JobState
-from tests.integration.test_monitor_lifecycle import GATE, Rig, release, wait_for
+from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
+__all__ = ["rig"]  # the fixture, used by name
 
 DRAIN_SECONDS = 30.0
-
-
-@pytest.fixture
-def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
-        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
-    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _numbers(first: int, last: int) -> list[str]:

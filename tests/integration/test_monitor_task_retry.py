@@ -9,12 +9,9 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import docker
 import pytest
-import redis
 from docker.models.containers import Container
 
 from services.monitor.observations import ExitObservation
@@ -23,19 +20,10 @@ from shared.lifecycle import commit_placement, submit_job
 from shared.messaging import START_TASK, launcher_queue
 from shared.models import TaskPlacement, now_ms
 from shared.states import JobState, TaskState
-from tests.integration.test_monitor_lifecycle import USER, Rig
+from tests.integration.test_monitor_lifecycle import USER, Rig, rig
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
-
-
-@pytest.fixture
-def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
-        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
-    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
-    try:
-        yield rig
-    finally:
-        rig.close()
+__all__ = ["rig"]  # the fixture, used by name
 
 
 def place_retrying(rig: Rig, task_retries: int) -> str:

@@ -18,7 +18,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,7 +30,6 @@ import redis
 from click.testing import CliRunner, Result
 from cryptography.hazmat.primitives import serialization
 from flask.testing import FlaskClient
-from werkzeug.serving import make_server
 
 from pai_cli.logins import Cluster, Logins, save
 from pai_cli.main import cli
@@ -47,7 +45,7 @@ from shared.lifecycle import mark_task_running
 from shared.messaging import Messenger, make_celery
 from shared.retention import compact_job
 from shared.store import Store
-from tests.integration.api_client import AuthedClient, error_of
+from tests.integration.api_client import AuthedClient, error_of, served
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -405,14 +403,8 @@ def test_a_refused_submit_leaves_no_key(alice: AuthedClient, redis_client: redis
 @pytest.fixture
 def api_url(settings: Settings) -> Iterator[str]:
     """The API over HTTP on a free 127.0.0.1 port, for the CLI."""
-    server = make_server("127.0.0.1", 0, create_app(settings), threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=30)
+    with served(create_app(settings)) as url:
+        yield url
 
 
 def cli_config(api_url: str, flask_client: FlaskClient, tmp_path: Path) -> Path:

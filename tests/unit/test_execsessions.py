@@ -1,4 +1,5 @@
-"""The pure parts of interactive exec (shared/execsessions.py): control
+"""The pure parts of interactive exec (shared/execsessions.py, and the
+API's parser of its control messages, ControlMessageSchema): control
 messages, window sizes, the input entries, and when a session must end."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.api.exectty import parse_control
 from shared import execsessions
 from shared.execsessions import (
     ControlError,
@@ -30,7 +32,7 @@ from shared.execsessions import (
     ('{"type": "resize", "cols": 10000, "rows": 1}', Resize(10000, 1)),
 ])
 def test_control_messages(text: str, parsed: Resize | Start) -> None:
-    assert execsessions.parse_control(text) == parsed
+    assert parse_control(text) == parsed
 
 
 @pytest.mark.parametrize(("text", "problem"), [
@@ -52,13 +54,13 @@ def test_control_messages(text: str, parsed: Resize | Start) -> None:
 ])
 def test_control_messages_refused(text: str, problem: str) -> None:
     with pytest.raises(ControlError, match=problem):
-        execsessions.parse_control(text)
+        parse_control(text)
 
 
 def test_a_control_message_is_bounded() -> None:
     text = json.dumps({"type": "start", "command": ["x" * execsessions.MAX_CONTROL_BYTES]})
     with pytest.raises(ControlError, match="at most"):
-        execsessions.parse_control(text)
+        parse_control(text)
 
 
 @given(st.binary(max_size=4096))
