@@ -1,4 +1,5 @@
-"""The platform's kombu channel: one redis-py client per pool, reused.
+"""The platform's kombu channel: one redis-py client per pool, reused; and
+the messages its senders make.
 
 kombu made a new client (its table of some 170 reply callbacks set up anew)
 for every publish, ack and restore; the platform's channel makes one per
@@ -7,10 +8,23 @@ connection pool and keeps it until kombu replaces the pool.
 
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
+import redis
 from kombu import Connection
 
-from shared.messaging import TRANSPORT
+from shared.config import Settings
+from shared.messaging import (
+    ATTEMPT_ENDED,
+    SCHEDULE,
+    SCHEDULER_QUEUE,
+    TRANSPORT,
+    Messenger,
+    broker_queue_key,
+    make_celery,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -45,3 +59,23 @@ def test_messages_go_and_come_back_through_the_reused_clients(redis_server: str)
             assert got == [0, 1, 2]
         finally:
             queue.close()
+
+
+def test_a_sent_message_names_its_arguments_without_celerys_saferepr(
+        redis_server: str, redis_client: redis.Redis) -> None:
+    """The senders give the message's argsrepr and kwargsrepr themselves (what
+    `celery inspect` and the worker's logs show); the message is otherwise
+    the one `send_task` makes, and its arguments arrive as sent."""
+    messenger = Messenger(make_celery(Settings(redis_url=redis_server)))
+    queue = broker_queue_key(SCHEDULER_QUEUE)
+    redis_client.delete(queue)
+
+    messenger.attempt_ended("alice~job-1", 3)
+    messenger.schedule()
+
+    sent = [json.loads(raw) for raw in reversed(redis_client.lrange(queue, 0, -1))]
+    assert [m["headers"]["task"] for m in sent] == [ATTEMPT_ENDED, SCHEDULE]
+    assert [(m["headers"]["argsrepr"], m["headers"]["kwargsrepr"]) for m in sent] == [
+        ("['alice~job-1', 3]", "{}"), ("[]", "{}")]
+    bodies = [json.loads(base64.b64decode(m["body"])) for m in sent]
+    assert [body[:2] for body in bodies] == [[["alice~job-1", 3], {}], [[], {}]]
