@@ -68,13 +68,27 @@ class Supervisor:
         self.stopping = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.restarts: list[float] = []  # monotonic times of unasked exits
+        self._timers: list[threading.Timer] = []  # the grace of a stop asked of the child
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """Pass the stop to the child; SIGKILL it if it still runs after the
+        grace (from any thread, or from a signal handler interrupting the wait)."""
         self.stopping.set()
         child = self.child
         if child is not None and child.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signum)
+            timer = threading.Timer(self.stop_grace_s, self._kill, (child,))
+            timer.daemon = True
+            timer.start()
+            self._timers.append(timer)
+
+    def _kill(self, child: subprocess.Popen[bytes]) -> None:
+        if child.returncode is None:  # not reaped: the wait has not returned
+            log.error("%s worker outlived its %.0f s grace; killing it", self.name,
+                      self.stop_grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
@@ -105,20 +119,16 @@ class Supervisor:
         return 1
 
     def _wait(self, child: subprocess.Popen[bytes]) -> int:
-        """The child's exit code; once a stop is asked, SIGKILL it after the grace."""
-        while True:
-            try:
-                return child.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
-            if self.stopping.is_set():
-                try:
-                    return child.wait(timeout=self.stop_grace_s)
-                except subprocess.TimeoutExpired:
-                    log.error("%s worker outlived its %.0f s grace; killing it", self.name,
-                              self.stop_grace_s)
-                    child.kill()
-                    return child.wait()
+        """The child's exit code. The wait blocks in waitpid, polling nothing:
+        an idle service wakes for nothing (a wait with a timeout polls the
+        child every 50 ms). A stop reaches the child through `request_stop`,
+        whose timer kills it after the grace."""
+        try:
+            return child.wait()
+        finally:
+            timers, self._timers = self._timers, []
+            for timer in timers:
+                timer.cancel()
 
 
 def serve(name: str, module: str, worker: Callable[[], None],
