@@ -444,12 +444,14 @@ class LogShipping:
 
     def _flush_loop(self) -> None:
         """Write queued lines as soon as they are queued; every `flush_seconds`, also
-        retry what Redis refused and forget shippers finished long ago."""
+        retry what Redis refused and forget shippers finished long ago. With no
+        shipper at all it sleeps until lines come (a node with nothing running
+        wakes for nothing)."""
         last_sweep = time.monotonic()
         while not self._stop.is_set():
             with self._lock:
                 if not self._waiting:
-                    self._wake.wait(self.flush_seconds)
+                    self._wake.wait(self.flush_seconds if self._shippers else None)
                 waiting, self._waiting = self._waiting, set()
                 now = time.monotonic()
                 sweep = now - last_sweep >= self.flush_seconds

@@ -7,6 +7,8 @@ container's output and let a new one carry on, as after a crash or upgrade.
 from __future__ import annotations
 
 import dataclasses
+import time
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +152,39 @@ def test_a_line_is_written_when_it_arrives_not_on_a_timer(rig: Rig) -> None:
         shipping.close()
 
     assert rig.log(job_id) == _numbers(1, 7)
+
+
+def _wakeups(thread_id: int) -> int:
+    status = Path(f"/proc/self/task/{thread_id}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("voluntary_ctxt_switches")))
+
+
+def test_the_flusher_of_a_node_with_nothing_running_sleeps(rig: Rig) -> None:
+    """Once its last container's log is shipped, the flusher waits for lines
+    instead of waking every `flush_seconds` (five times a second by default)
+    to sweep nothing; the next container's lines still go at once."""
+    job_id = rig.place(tasks=2)
+    ref, later = TaskRef(job_id, 0, "main", 0), TaskRef(job_id, 0, "main", 1)
+    container = rig.run(job_id, "seq 1 3")
+    shipping = LogShipping(rig.store, max_lines=1000, flush_seconds=0.05)
+    try:
+        shipping.ensure(container, ref)
+        rig.exited(container)
+        assert shipping.drain(container, ref, DRAIN_SECONDS)
+        flusher = shipping._flusher
+        assert flusher is not None and flusher.native_id is not None
+        before = _wakeups(flusher.native_id)
+        time.sleep(1.0)  # the window observed (20 sweeps at this flush_seconds), not a wait
+        assert _wakeups(flusher.native_id) - before <= 2
+
+        second = rig.run(job_id, f"seq 1 2; {GATE}; seq 3 4", index=1)
+        shipping.ensure(second, later)
+        wait_for(lambda: rig.log(job_id, index=1) == _numbers(1, 2), "the next task's lines")
+        release(second)
+        rig.exited(second)
+        assert shipping.drain(second, later, DRAIN_SECONDS)
+    finally:
+        shipping.close()
+    assert rig.log(job_id) == _numbers(1, 3)
+    assert rig.log(job_id, index=1) == _numbers(1, 4)
