@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,7 @@ from shared import keys
 from shared.containers import TaskRef
 from shared.states import JobState
 from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
+from tests.threads import wakeups
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 __all__ = ["rig"]  # the fixture, used by name
@@ -154,12 +154,6 @@ def test_a_line_is_written_when_it_arrives_not_on_a_timer(rig: Rig) -> None:
     assert rig.log(job_id) == _numbers(1, 7)
 
 
-def _wakeups(thread_id: int) -> int:
-    status = Path(f"/proc/self/task/{thread_id}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines()
-                    if line.startswith("voluntary_ctxt_switches")))
-
-
 def test_the_flusher_of_a_node_with_nothing_running_sleeps(rig: Rig) -> None:
     """Once its last container's log is shipped, the flusher waits for lines
     instead of waking every `flush_seconds` (five times a second by default)
@@ -174,9 +168,9 @@ def test_the_flusher_of_a_node_with_nothing_running_sleeps(rig: Rig) -> None:
         assert shipping.drain(container, ref, DRAIN_SECONDS)
         flusher = shipping._flusher
         assert flusher is not None and flusher.native_id is not None
-        before = _wakeups(flusher.native_id)
+        before = wakeups(flusher.native_id)
         time.sleep(1.0)  # the window observed (20 sweeps at this flush_seconds), not a wait
-        assert _wakeups(flusher.native_id) - before <= 2
+        assert wakeups(flusher.native_id) - before <= 2
 
         second = rig.run(job_id, f"seq 1 2; {GATE}; seq 3 4", index=1)
         shipping.ensure(second, later)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from shared.supervise import Supervisor
+from tests.threads import wakeups
 
 
 def script(body: str) -> list[str]:
@@ -57,6 +58,18 @@ def test_a_stop_before_the_first_start_starts_nothing() -> None:
     assert supervisor.child is None
 
 
+def _running(supervisor: Supervisor, ready: Path) -> tuple[threading.Thread, list[int]]:
+    """`supervisor.run()` in a thread, once its worker has touched `ready`;
+    the list gets run's result."""
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(supervisor.run()))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not ready.exists():
+        time.sleep(0.05)
+    return thread, result
+
+
 def test_a_worker_that_ignores_the_stop_is_killed_after_the_grace(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     body = ("import pathlib, signal, time\n"
@@ -64,23 +77,10 @@ def test_a_worker_that_ignores_the_stop_is_killed_after_the_grace(tmp_path: Path
             f"pathlib.Path({str(ready)!r}).touch()\n"
             "for _ in range(600): time.sleep(0.1)\n")
     supervisor = Supervisor("test", script(body), stop_grace_s=0.5)
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(supervisor.run()))
-    thread.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not ready.exists():
-        time.sleep(0.05)
+    thread, result = _running(supervisor, ready)
     supervisor.request_stop()
     thread.join(60)
     assert result == [-signal.SIGKILL]
-
-
-def _wakeups(thread_id: int) -> int:
-    """How many times the thread has given up the CPU and been woken since it
-    started (its voluntary context switches)."""
-    status = Path(f"/proc/self/task/{thread_id}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines()
-                    if line.startswith("voluntary_ctxt_switches")))
 
 
 def test_a_supervisor_waiting_for_its_worker_does_not_wake_up(tmp_path: Path) -> None:
@@ -95,16 +95,11 @@ def test_a_supervisor_waiting_for_its_worker_does_not_wake_up(tmp_path: Path) ->
             f"pathlib.Path({str(ready)!r}).touch()\n"
             "for _ in range(600): time.sleep(0.1)\n")
     supervisor = Supervisor("test", script(body))
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(supervisor.run()))
-    thread.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not ready.exists():
-        time.sleep(0.05)
+    thread, result = _running(supervisor, ready)
     assert thread.native_id is not None
-    before = _wakeups(thread.native_id)
+    before = wakeups(thread.native_id)
     time.sleep(1.0)  # the window observed, not a wait for something to happen
-    woken = _wakeups(thread.native_id) - before
+    woken = wakeups(thread.native_id) - before
     supervisor.request_stop()
     thread.join(60)
     assert result == [0]
