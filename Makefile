@@ -58,9 +58,10 @@ test-chaos: runtime-test ## kill -9 every service, lose a node: nothing lost, do
 	$(WITH_ENV) unset PAI_REDIS_URL; CHAOS_SEEDS="$(CHAOS_SEEDS)" CHAOS_JOBS=$${CHAOS_JOBS:-200} \
 	    CHAOS_SECONDS=$${CHAOS_SECONDS:-120} $(VENV)/bin/pytest -s tests/chaos $(PYTEST_ARGS)
 
-lint: install ## ruff and mypy
+lint: install ## ruff, mypy, and mypy --strict on the pure domain (shared/domain)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict shared/domain
 
 up: runtime-up ## the platform as local processes, logs under .run/
 	@if [ -f scripts/up.sh ]; then $(WITH_ENV) bash scripts/up.sh; \

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import redis
 
-from shared.redisacl import ensure_credentials
+from shared.infra.redisacl import ensure_credentials
 
 Figure = float | int | str
 Table = Mapping[str, Mapping[str, Figure]]  # row label -> column -> figure

@@ -61,8 +61,8 @@ from bench.live_platform import (
     running,
     wait_for,
 )
-from shared.models import Gpu, Node
-from shared.store import Store
+from shared.domain.models import Gpu, Node
+from shared.state.store import Store
 
 CLIENTS = 16
 SUBMITS = 10_000
@@ -263,8 +263,8 @@ def floor_app() -> Any:
     """Flask, one JSON parse, one Redis write, 202: what any submit must pay."""
     from flask import Flask, request
 
-    from shared.config import load_settings
-    from shared.store import connect
+    from shared.infra.config import load_settings
+    from shared.state.store import connect
 
     app = Flask("floor")
     redis_client = connect(load_settings().redis_url)

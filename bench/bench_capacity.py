@@ -48,8 +48,8 @@ from urllib.parse import urlsplit
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis
 from bench.live_platform import USER, Platform, running_platform, wait_for
 from services.monitor.logs import append_log_entries
-from shared.containers import TaskRef
-from shared.store import connect
+from shared.node.containers import TaskRef
+from shared.state.store import connect
 
 FOLLOWERS = 500
 SLOW_LORIS = 64

@@ -26,15 +26,15 @@ from flask.testing import FlaskClient
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis, time_calls
 from services.api.app import create_app
-from shared import keys
-from shared.accounts import Accounts, VirtualCluster
-from shared.config import Settings
-from shared.jobspec import validate_job_config
-from shared.lifecycle import submit_job
-from shared.models import now_ms
-from shared.nameindex import NameIndex
-from shared.states import JobState
-from shared.store import Store
+from shared.domain.jobspec import validate_job_config
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.state import keys
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import submit_job
+from shared.state.nameindex import NameIndex
+from shared.state.store import Store
 
 JOBS = 100_000
 USERS = 100

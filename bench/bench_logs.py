@@ -41,7 +41,7 @@ from bench.live_platform import (
     running_platform,
     wait_for,
 )
-from shared import keys
+from shared.state import keys
 
 LINES = 100_000
 TAILS = (100, 1_000, 10_000, 100_000)

@@ -64,13 +64,14 @@ from services.scheduler.core import (
 )
 from services.scheduler.policy import plan as plan_pass
 from services.scheduler.service import Scheduler
-from shared import keys
-from shared.cluster import VcPolicy, vc_policies
-from shared.config import Settings
-from shared.lifecycle import PlacementCommit, commit_placements, submit_job
-from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, JobSpec, Node, TaskPlacement, now_ms
-from shared.store import Store
+from shared.domain.cluster import VcPolicy, vc_policies
+from shared.domain.models import Gpu, JobSpec, Node, TaskPlacement
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state import keys
+from shared.state.lifecycle import PlacementCommit, commit_placements, submit_job
+from shared.state.store import Store
 
 SIZES = (500, 1000, 2000, 5000)
 SERVICE_NODES = 500

@@ -3,7 +3,7 @@
 A throwaway Redis is filled with finished jobs of a realistic mix (one to
 three task roles, one to three attempts, the events each step leaves; logs
 excluded, as the target says), then the retention sweep's compaction runs
-over every one of them (shared/retention.py `compact_job`), and Redis's own
+over every one of them (shared/state/retention.py `compact_job`), and Redis's own
 count of its memory (MEMORY STATS `total.allocated`, INFO's `used_memory`)
 is read before and after. Then 10,000 more jobs are added and compacted:
 the growth they cause is the cost of one more job at that size. Where the
@@ -33,18 +33,18 @@ from typing import Any
 import redis
 
 from bench import Figure, Figures, Table, throwaway_redis
-from shared import keys, retention
-from shared.jobspec import validate_job_config
-from shared.lifecycle import (
+from shared.domain.jobspec import validate_job_config
+from shared.domain.models import Attempt, Gpu, Job, JobSpec, Node, Task, TaskPlacement, job_id_of
+from shared.domain.states import JobState, TaskState
+from shared.state import keys, retention
+from shared.state.lifecycle import (
     commit_placement,
     initial_tasks,
     mark_task_running,
     record_task_exit,
     submit_job,
 )
-from shared.models import Attempt, Gpu, Job, JobSpec, Node, Task, TaskPlacement, job_id_of
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.state.store import Store
 
 JOBS = 100_000
 MORE = 10_000
@@ -162,7 +162,7 @@ def drive_through_lifecycle(store: Store, index: int) -> str:
             mark_task_running(store, job.id, attempt, task.role, task.index,
                               rng.randbytes(32).hex())
         if attempt == attempts - 1 and state == JobState.STOPPED:
-            from shared.lifecycle import request_stop
+            from shared.state.lifecycle import request_stop
             request_stop(store, job.id)
         for position, task in enumerate(tasks):
             record_task_exit(store, job.id, attempt, task.role, task.index,

@@ -42,9 +42,9 @@ import redis
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis
 from bench.bench_capacity import tree_cpu_seconds
 from bench.live_platform import Platform, bare_container, reference_engine, running_platform
-from shared import keys
-from shared.models import Job
-from shared.states import JobState
+from shared.domain.models import Job
+from shared.domain.states import JobState
+from shared.state import keys
 
 JOBS = 200  # the figure: 200 one-GPU jobs
 GPUS = 8

@@ -12,7 +12,7 @@ import time
 import redis
 
 from bench import Figures, throwaway_redis
-from shared import keys, tasksamples
+from shared.state import keys, tasksamples
 
 TASKS = 100
 ROUNDS = 3

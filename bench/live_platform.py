@@ -34,8 +34,8 @@ from docker.types import Mount
 
 from bench import BenchError, free_port
 from services.launcher.runtime import NO_NEW_PRIVILEGES
-from shared.capabilities import dropped_capabilities
-from shared.config import Settings
+from shared.domain.capabilities import dropped_capabilities
+from shared.infra.config import Settings
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent

@@ -37,9 +37,9 @@ from typing import Any
 
 from services.scheduler.core import Cluster, JobRequest, NodeFree, TaskRequest
 from services.scheduler.policy import Attained, Plan, RunningJob, fifo_plan, plan
-from shared.cluster import VcPolicy
-from shared.models import Allocation
-from shared.priority import PriorityClass
+from shared.domain.cluster import VcPolicy
+from shared.domain.models import Allocation
+from shared.domain.priority import PriorityClass
 
 SEED = 20261125
 NODES = 64

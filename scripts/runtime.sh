@@ -140,11 +140,11 @@ free_port() {
     die "no free TCP port in 16380-16480 on 127.0.0.1 for a private redis-server"
 }
 
-# The private redis-server's ACL (shared/redisacl.py: user `pai` for the
+# The private redis-server's ACL (shared/infra/redisacl.py: user `pai` for the
 # platform without dangerous commands, user `default` for the operator, both
 # with passwords); generated once into $REDIS_DIR/acl (0600), kept across restarts.
 redis_credentials() {
-    PYTHONPATH=$ROOT python3 -m shared.redisacl "$REDIS_DIR/acl" ||
+    PYTHONPATH=$ROOT python3 -m shared.infra.redisacl "$REDIS_DIR/acl" ||
         die "could not write the Redis ACL under $REDIS_DIR/acl"
 }
 # redis_url PORT [operator]: a URL that logs in with the generated password.

@@ -27,7 +27,7 @@ from docker.errors import DockerException, ImageNotFound
 from docker.models.containers import Container
 
 from bench import free_port
-from shared.redisacl import Credentials, ensure_credentials
+from shared.infra.redisacl import Credentials, ensure_credentials
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_IMAGE = "pai-test/busybox:latest"

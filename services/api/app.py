@@ -27,10 +27,10 @@ from services.api import ssh as ssh_api
 from services.api.errors import register_error_handlers
 from services.api.platform import Platform
 from services.portal import views as portal
-from shared.accounts import Accounts
-from shared.config import Settings, load_settings
-from shared.messaging import Messenger, make_celery
-from shared.store import Store
+from shared.infra.config import Settings, load_settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state.accounts import Accounts
+from shared.state.store import Store
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("pai.api")
@@ -104,7 +104,7 @@ def _bootstrap_when_reachable(app: Flask, settings: Settings) -> None:
 
 
 def _fold_account_names(endpoint: str | None, values: dict[str, Any] | None) -> None:
-    """User and VC names in URLs are case-insensitive (shared/names.py): every
+    """User and VC names in URLs are case-insensitive (shared/domain/names.py): every
     view sees the stored, lowercase form, so `/user/Alice/...` is alice's."""
     if not values:
         return

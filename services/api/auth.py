@@ -23,11 +23,11 @@ from services.api.bodies import declared_schema, load, load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.schemas import TokenRequestSchema
-from shared import keys
-from shared.accounts import Accounts, User
-from shared.models import now_ms
-from shared.store import Expect
-from shared.throttle import LoginLimits, record_failure, retry_after
+from shared.infra.clock import now_ms
+from shared.state import keys
+from shared.state.accounts import Accounts, User
+from shared.state.store import Expect
+from shared.state.throttle import LoginLimits, record_failure, retry_after
 
 bp = Blueprint("auth", __name__, url_prefix="/api/v1")
 

@@ -21,7 +21,7 @@ from flask import current_app, request
 from marshmallow import Schema, ValidationError
 
 from services.api.errors import ApiError
-from shared.jobspec import flat_errors
+from shared.domain.jobspec import flat_errors
 
 View = TypeVar("View", bound=Callable[..., Any])
 BODY_SCHEMA = "body_schema"  # the attribute `takes` sets on a view

@@ -14,12 +14,13 @@ from services.api.errors import ApiError
 from services.api.metrics import api_metrics
 from services.api.platform import platform
 from services.api.schemas import NodePutSchema
-from shared import gpuhealth
-from shared.cluster import NodeFlags, held, node_is_live, node_view_state
-from shared.gpuhealth import GpuFault
-from shared.lifecycle import claim_pass_request
-from shared.models import Allocation, Node, now_ms
-from shared.store import NodeNotFound
+from shared.domain.cluster import NodeFlags, held, node_is_live, node_view_state
+from shared.domain.gpuhealth import GpuFault
+from shared.domain.models import Allocation, Node
+from shared.infra.clock import now_ms
+from shared.state import gpufaults
+from shared.state.lifecycle import claim_pass_request
+from shared.state.store import NodeNotFound
 
 log = logging.getLogger("pai.api")
 
@@ -62,7 +63,7 @@ def _node_view(node: Node, allocations: list[Allocation], flags: NodeFlags,
 
 
 def _gpu_health(fault: GpuFault | None) -> dict[str, Any]:
-    """A GPU's health as the node view shows it (shared/gpuhealth.py)."""
+    """A GPU's health as the node view shows it (shared/domain/gpuhealth.py)."""
     if fault is None:
         return {"healthy": True, "unhealthyReason": "", "unhealthySince": None}
     return {"healthy": False, "unhealthyReason": fault.reason,
@@ -74,7 +75,7 @@ def _node_views(nodes: list[Node]) -> list[dict[str, Any]]:
     pai = platform()
     allocations = pai.store.all_allocations([node.name for node in nodes])
     flags = pai.store.node_flags()
-    faults = gpuhealth.read_faults(pai.store.r)
+    faults = gpufaults.read_faults(pai.store.r)
     now = now_ms()
     return [_node_view(node, allocations[node.name], flags.get(node.name, NodeFlags()), now,
                        pai.settings.node_lost_seconds, faults.get(node.name))
@@ -150,7 +151,7 @@ def clear_gpu_fault(name: str, index: int) -> dict[str, Any]:
     view = _node_or_404(name)
     if index not in {g["index"] for g in view["gpus"]}:
         raise ApiError("NoGpuError", f"node {name} has no GPU {index}", 404)
-    cleared = gpuhealth.clear_fault(platform().store.r, name, index)
+    cleared = gpufaults.clear_fault(platform().store.r, name, index)
     if cleared is None:
         raise ApiError("NoGpuFaultError", f"GPU {index} of node {name} is healthy", 404)
     log.info("%s cleared GPU %d of node %s (was: %s)", current_user().username, index, name,

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from werkzeug.exceptions import HTTPException
 
-from shared.accounts import NoSuchAccount
+from shared.state.accounts import NoSuchAccount
 
 log = logging.getLogger("pai.api")
 

@@ -5,7 +5,7 @@ that the task runs now, and the caller's cap of concurrent execs (a lease
 per exec, services/api/follows.py's leases under keys.exec_leases); then it
 writes the request with the audit record (the job's "exec" event and the
 counter) in one transaction, sends the request's id to the task's node, and
-waits for the node's answer (shared/execs.py). The API never reaches a
+waits for the node's answer (shared/state/execs.py). The API never reaches a
 node's Docker engine itself.
 """
 
@@ -26,11 +26,11 @@ from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.api.schemas import ExecRequestSchema
-from shared import execs, keys, telemetry
-from shared.execs import ExecRequest, Outcome
-from shared.models import Job, split_job_id
-from shared.states import JobState, TaskState
-from shared.store import Store, connect
+from shared.domain.models import Job, split_job_id
+from shared.domain.states import JobState, TaskState
+from shared.state import execs, keys, telemetry
+from shared.state.execs import ExecRequest, Outcome
+from shared.state.store import Store, connect
 
 bp = Blueprint("execs", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")

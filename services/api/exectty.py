@@ -6,10 +6,10 @@ nor an admin / no such job or task), 409 (the task is not running), 429 (the
 caller holds PAI_EXEC_TTY_PER_USER sessions: a lease each, as log follows,
 services/api/follows.py, under keys.exec_tty_leases), 503 (this process
 serves as many as it may). After it, binary frames are the terminal's bytes
-both ways, text frames JSON control messages (shared/execsessions.py).
+both ways, text frames JSON control messages (shared/state/execsessions.py).
 
 The API never reaches the node's Docker engine: the session travels through
-Redis (shared/execsessions.py) to the node's launcher (services/launcher/
+Redis (shared/state/execsessions.py) to the node's launcher (services/launcher/
 exectty.py). Under gunicorn's gevent worker the session is a greenlet, its
 output read with XREAD BLOCK on a Redis pool of its own, as log follows.
 """
@@ -41,8 +41,10 @@ from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.api.schemas import ControlMessageSchema, ExecTtyQuerySchema
-from shared import execsessions, keys, telemetry
-from shared.execsessions import (
+from shared.domain.jobspec import flat_errors
+from shared.infra.clock import now_ms
+from shared.state import execsessions, keys, telemetry
+from shared.state.execsessions import (
     ControlError,
     EndReason,
     Refusal,
@@ -51,9 +53,7 @@ from shared.execsessions import (
     Start,
     TtyRequest,
 )
-from shared.jobspec import flat_errors
-from shared.models import now_ms
-from shared.store import Store, connect
+from shared.state.store import Store, connect
 
 bp = Blueprint("exectty", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")

@@ -28,9 +28,9 @@ from flask import Flask, Response
 from services.api.errors import ApiError
 from services.api.loghub import LogHub
 from services.api.platform import extension_of
-from shared import keys
-from shared.config import Settings
-from shared.store import Store, connect
+from shared.infra.config import Settings
+from shared.state import keys
+from shared.state.store import Store, connect
 
 LEASE_SECONDS = 30.0
 RENEW_SECONDS = LEASE_SECONDS / 3

@@ -31,20 +31,26 @@ from services.api.schemas import (
     TaskSamplesQuerySchema,
 )
 from services.api.storage import check_job_storage
-from shared import idle, keys, logfiles, ssh, tasksamples
-from shared.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
-from shared.archive import diagnostics_of
-from shared.capabilities import refused_capabilities
-from shared.feasibility import infeasible_reasons
-from shared.jobspec import InvalidJobConfig, ValidatedConfig, shown_config, validate_job_config
-from shared.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
-from shared.lifecycle import delete_job, queue_new_job, request_stop
-from shared.models import Job, JobSpec, Node, job_id_of, now_ms
-from shared.priority import PriorityClass
-from shared.retention import remove_logs
-from shared.states import JobState, TaskState
-from shared.storage import task_log_parts
-from shared.store import Expect, ExpectationFailed, JobConflict
+from shared.domain.archive import diagnostics_of
+from shared.domain.capabilities import refused_capabilities
+from shared.domain.feasibility import infeasible_reasons
+from shared.domain.jobspec import (
+    InvalidJobConfig,
+    ValidatedConfig,
+    shown_config,
+    validate_job_config,
+)
+from shared.domain.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
+from shared.domain.models import Job, JobSpec, Node, job_id_of
+from shared.domain.priority import PriorityClass
+from shared.domain.states import JobState, TaskState
+from shared.domain.storage import task_log_parts
+from shared.infra.clock import now_ms
+from shared.state import idle, keys, logfiles, sshkeys, tasksamples
+from shared.state.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
+from shared.state.lifecycle import delete_job, queue_new_job, request_stop
+from shared.state.retention import remove_logs
+from shared.state.store import Expect, ExpectationFailed, JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
@@ -294,8 +300,8 @@ def _submit_decided(username: str, body: Any,
         return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
     try:
         # One round trip: the job, its indexes, its queue place, its event and
-        # the scheduler's pass flag (shared/store.py `insert_job`).
-        with ssh.key_kept(pai.store.r, job_id_of(username, spec.name), spec.ssh):
+        # the scheduler's pass flag (shared/state/store.py `insert_job`).
+        with sshkeys.key_kept(pai.store.r, job_id_of(username, spec.name), spec.ssh):
             queued = queue_new_job(pai.store, username, stored, user_id=owner.uid,
                                    expectations=[*submit_expectations(), *expected]
                                    if remembered else [])
@@ -407,7 +413,7 @@ def detail(username: str, name: str) -> dict[str, Any]:
     roles = [r["name"] for r in config["taskRoles"]]
     rank = store.r.zrank(keys.vc_queue(job.virtual_cluster), job.id)
     attempts = store.get_attempts(job.id)
-    # a compacted record leaves out what its last attempt tells (shared/archive.py)
+    # a compacted record leaves out what its last attempt tells (shared/domain/archive.py)
     job.exit_diagnostics = diagnostics_of(job.state.value, job.exit_diagnostics, attempts)
     tasks = store.get_tasks(job.id, job.attempt)
     flagged = idle.flagged_tasks(store.r, job.id, job.attempt, tasks, now_ms(),
@@ -608,7 +614,7 @@ def idle_gpu_tasks() -> list[dict[str, Any]]:
 
 def _filed_in(job: Job, attempt: int, role: str, index: int) -> str | None:
     """The log tree, when this task's log has left Redis for its file there
-    (its job finished and was compacted: shared/retention.py)."""
+    (its job finished and was compacted: shared/state/retention.py)."""
     store, log_dir = platform().store, platform().settings.task_log_dir
     if not log_dir or not job.state.is_final:
         return None

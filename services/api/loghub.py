@@ -29,7 +29,7 @@ import redis
 from gevent import monkey
 
 from services.api import sse
-from shared.store import Store
+from shared.state.store import Store
 
 log = logging.getLogger("pai.api")
 

@@ -7,7 +7,7 @@ Two collectors in a registry made per app (no module globals):
   node and scheduler heartbeats. Nothing is cached, so any API worker
   answers the same.
 - `RecordedCollector` exports what the services counted into Redis
-  (shared/telemetry.py): scheduling passes, placements, submit-to-running
+  (shared/state/telemetry.py): scheduling passes, placements, submit-to-running
   times, task exits, API request latency.
 
 A scrape while Redis is down still answers: `pai_redis_up 0` and the
@@ -36,13 +36,14 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from shared import keys, telemetry, usage
-from shared.accounts import DEFAULT_VC, Accounts, VirtualCluster
-from shared.cluster import held, held_by_vc, node_is_live
-from shared.config import Settings
-from shared.models import Allocation, now_ms, split_job_id
-from shared.states import JobState
-from shared.store import Store
+from shared.domain.cluster import held, held_by_vc, node_is_live
+from shared.domain.models import Allocation, split_job_id
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.state import keys, telemetry, usage
+from shared.state.accounts import DEFAULT_VC, Accounts, VirtualCluster
+from shared.state.store import Store
 
 log = logging.getLogger("pai.api")
 
@@ -291,7 +292,7 @@ class ClusterCollector(Collector):
 
 
 class RecordedCollector(Collector):
-    """The counters and histograms services record in Redis (shared/telemetry.py)."""
+    """The counters and histograms services record in Redis (shared/state/telemetry.py)."""
 
     def __init__(self, r: Any,
                  metrics: Sequence[telemetry.RecordedMetric] = telemetry.RECORDED) -> None:

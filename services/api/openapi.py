@@ -3,7 +3,7 @@
 Nothing here is written per endpoint. Paths and path parameters come from
 Flask's URL map (an `int` converter is an integer), operations from the YAML
 after `---` in each view's docstring, bodies from the marshmallow schemas in
-`services.api.schemas` and `shared.jobspec`. The conventions every operation
+`services.api.schemas` and `shared.domain.jobspec`. The conventions every operation
 shares are applied once, by `_ConventionsPlugin`, from what the code itself
 declares, so a docstring lists only what is particular to its view: its
 success responses (`200: User` for a JSON body of one schema) and its other
@@ -39,8 +39,8 @@ from werkzeug.routing import Rule
 from services.api import schemas
 from services.api.auth import ADMIN_ONLY, PUBLIC_ENDPOINTS
 from services.api.bodies import BODY_SCHEMA
-from shared.jobspec import MAX_ENVS, BoundedList, EnvVars, JobConfigSchema
-from shared.jobspec_v2 import JobConfigV2Schema
+from shared.domain.jobspec import MAX_ENVS, BoundedList, EnvVars, JobConfigSchema
+from shared.domain.jobspec_v2 import JobConfigV2Schema
 
 bp = Blueprint("openapi", __name__, url_prefix="/api/v1")
 

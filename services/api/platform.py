@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 from flask import Flask, current_app
 
-from shared.config import Settings
-from shared.messaging import Messenger
-from shared.store import Store
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger
+from shared.state.store import Store
 
 
 @dataclass

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.models import Attempt, Job, Task
+from shared.domain.models import Attempt, Job, Task
 
 
 def job_summary(job: Job) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shared.config import Settings
+    from shared.infra.config import Settings
 
 
 def main() -> None:
@@ -32,8 +32,8 @@ def serve(make_app: Callable[[Settings], Any]) -> None:
     from gunicorn.app.base import BaseApplication
 
     from services.api.serving import BodyDeadline, gunicorn_options
-    from shared.config import load_settings
-    from shared.logs import setup_logging
+    from shared.infra.config import load_settings
+    from shared.infra.logs import setup_logging
 
     settings = load_settings()
     setup_logging("api", settings.log_level, settings.log_format)

@@ -2,7 +2,7 @@
 (a view declares one with `@takes`, services/api/bodies.py) and what the OpenAPI document shows,
 one declaration for both, so the served spec is what the code enforces.
 Responses are described here too, and a test holds every response to them.
-The job config is not repeated: it is `shared.jobspec.JobConfigSchema`.
+The job config is not repeated: it is `shared.domain.jobspec.JobConfigSchema`.
 This module imports no view (the views import it).
 """
 
@@ -22,15 +22,16 @@ from marshmallow import (
     validates_schema,
 )
 
-from shared import execs, execsessions, jobsort
-from shared.capabilities import GRANTABLE
-from shared.cluster import BORROWED, GUARANTEED, NODE_STATES
-from shared.jobspec import JobConfigSchema, WholeNumber
-from shared.jobspec_v2 import JobConfigV2Schema
-from shared.names import INPUT_PATTERN
-from shared.priority import CLASS_NAMES
-from shared.states import JobState, TaskState
-from shared.usage import ON_EXHAUSTED, PERIODS
+from shared.domain import jobsort
+from shared.domain.capabilities import GRANTABLE
+from shared.domain.cluster import BORROWED, GUARANTEED, NODE_STATES
+from shared.domain.jobspec import JobConfigSchema, WholeNumber
+from shared.domain.jobspec_v2 import JobConfigV2Schema
+from shared.domain.names import INPUT_PATTERN
+from shared.domain.priority import CLASS_NAMES
+from shared.domain.states import JobState, TaskState
+from shared.state import execs, execsessions
+from shared.state.usage import ON_EXHAUSTED, PERIODS
 
 MIN_PASSWORD, MAX_PASSWORD = 6, 256
 DEFAULT_EXPIRATION_S = 7 * 24 * 3600
@@ -401,7 +402,7 @@ class StopAcceptedSchema(Schema):
 
 
 def _check_argv(argv: list[str]) -> None:
-    """A command line an exec may run (shared/execs.py), else its problems as
+    """A command line an exec may run (shared/state/execs.py), else its problems as
     the `command` field's errors."""
     problems = execs.argv_problems(argv)
     if problems:
@@ -714,7 +715,7 @@ class NodePutSchema(_Request):
 
 # ---------------------------------------------------------------- usage
 
-USAGE_DIMENSIONS = ("day", "user", "vc", "job")  # shared.usage.DIMENSIONS
+USAGE_DIMENSIONS = ("day", "user", "vc", "job")  # shared.state.usage.DIMENSIONS
 MAX_USAGE_DAYS = 732  # one report's span: two years of daily roll-ups
 USAGE_DEFAULT_DAYS = 30
 

@@ -33,8 +33,8 @@ from typing import Any
 import gevent
 from werkzeug.exceptions import RequestTimeout
 
-from shared.config import Settings
-from shared.logs import logging_config
+from shared.infra.config import Settings
+from shared.infra.logs import logging_config
 
 # A worker that does not check in for this long (a request stuck in pure
 # computation) is restarted; follows and slow clients never block check-in.

@@ -19,10 +19,11 @@ from services.api.auth import current_user
 from services.api.errors import ApiError
 from services.api.jobs import get_job_or_404
 from services.api.platform import platform
-from shared import ssh, telemetry
-from shared.models import Job, JobSpec, Task
-from shared.states import TaskState
-from shared.store import Store
+from shared.domain import ssh
+from shared.domain.models import Job, JobSpec, Task
+from shared.domain.states import TaskState
+from shared.state import sshkeys, telemetry
+from shared.state.store import Store
 
 bp = Blueprint("ssh", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")
@@ -60,7 +61,7 @@ def _ssh_job(username: str, name: str) -> tuple[Job, JobSpec]:
 
 
 def _key_pair(job: Job) -> ssh.KeyPair:
-    pair = ssh.read_key(platform().store.r, job.id)
+    pair = sshkeys.read_key(platform().store.r, job.id)
     if pair is None:  # finished and compacted: the key went with the job's other records
         raise ApiError("NoSshError", f"job {job.name} has no SSH key any more (it ended and "
                        "its records were compacted)", 404)

@@ -5,7 +5,7 @@ there) and, read-only, folders an admin shared with them or with one of
 their virtual clusters. Admins manage those shares here:
 `GET/PUT/DELETE /api/v1/storage/shares/<name>` with
 `{"path": ..., "users": [...], "virtualClusters": [...]}`. The rules
-themselves are shared/storage.py's; this module reads and writes the
+themselves are shared/domain/storage.py's; this module reads and writes the
 shares (one Redis hash, written compare-and-set) and turns a refusal into
 a 403 naming each field.
 """
@@ -21,12 +21,13 @@ from services.api.auth import admin_only, current_user
 from services.api.bodies import load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
-from shared import keys, storage
-from shared.accounts import User
-from shared.jobspec import MAX_PATH_CHARS
-from shared.names import NAME_PATTERN, canonical_name
-from shared.storage import Caller, Share
-from shared.store import Pipe, Store
+from shared.domain import storage
+from shared.domain.jobspec import MAX_PATH_CHARS
+from shared.domain.names import NAME_PATTERN, canonical_name
+from shared.domain.storage import Caller, Share
+from shared.state import keys
+from shared.state.accounts import User
+from shared.state.store import Pipe, Store
 
 bp = Blueprint("storage", __name__, url_prefix="/api/v1/storage")
 

@@ -1,5 +1,5 @@
 """Usage reports: GPU-, CPU- and memory-seconds per user, VC, day or job,
-as JSON or as CSV for chargeback (shared/usage.py does the arithmetic)."""
+as JSON or as CSV for chargeback (shared/state/usage.py does the arithmetic)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.schemas import UsageQuerySchema
 from services.api.vcs import budget_view
-from shared import keys, usage
-from shared.models import Allocation, Task, job_id_of, now_ms, task_key
+from shared.domain.models import Allocation, Task, job_id_of, task_key
+from shared.infra.clock import now_ms
+from shared.state import keys, usage
 
 bp = Blueprint("usage", __name__, url_prefix="/api/v1")
 

@@ -15,7 +15,7 @@ from services.api.schemas import (
     UserCreateSchema,
     UserVirtualClustersSchema,
 )
-from shared.accounts import AccountError, UserExists
+from shared.state.accounts import AccountError, UserExists
 
 bp = Blueprint("users", __name__, url_prefix="/api/v1")
 

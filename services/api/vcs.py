@@ -11,13 +11,13 @@ from services.api.bodies import load_body, takes
 from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.schemas import UserBudgetPutSchema, VirtualClusterPutSchema
-from shared import keys
-from shared.accounts import DEFAULT_VC, AccountError, NoSuchAccount, VirtualCluster
-from shared.capabilities import capability_list_errors
-from shared.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_work, vc_policies
-from shared.models import now_ms
-from shared.states import JobState
-from shared.usage import Budget, Owner, Spend, read_spends
+from shared.domain.capabilities import capability_list_errors
+from shared.domain.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_work, vc_policies
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.state import keys
+from shared.state.accounts import DEFAULT_VC, AccountError, NoSuchAccount, VirtualCluster
+from shared.state.usage import Budget, Owner, Spend, read_spends
 
 bp = Blueprint("vcs", __name__, url_prefix="/api/v1")
 

@@ -39,9 +39,9 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from shared.models import JobSpec, Task
-from shared.ssh import PORT_LABEL as SSH_PORT_LABEL
-from shared.ssh import PORT_VARIABLE as SSH_PORT_VARIABLE
+from shared.domain.models import JobSpec, Task
+from shared.domain.ssh import PORT_LABEL as SSH_PORT_LABEL
+from shared.domain.ssh import PORT_VARIABLE as SSH_PORT_VARIABLE
 
 DEFAULT_PORT_LABEL = "default"
 NO_GPUS_NVIDIA = "none"  # the NVIDIA runtime then mounts no GPU at all
@@ -161,7 +161,7 @@ def task_environment(
     put("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", index)
     for label, ports in _port_lists(current).items():
         put(f"PAI_CONTAINER_HOST_{env_name_part(label)}_PORT_LIST", _joined(ports))
-    if current.ports.get(SSH_PORT_LABEL):  # an SSH job (shared/ssh.py), as OpenPAI names it
+    if current.ports.get(SSH_PORT_LABEL):  # an SSH job (shared/domain/ssh.py), as OpenPAI names it
         put(SSH_PORT_VARIABLE, current.ports[SSH_PORT_LABEL][0])
     put("PAI_TASK_ROLE_COUNT", len(spec.task_roles))
     put("PAI_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles))

@@ -1,6 +1,6 @@
 """Interactive exec on a node: a program with a TTY, pumped between Docker and Redis.
 
-The launcher claims a session (shared/execsessions.py) once, checks that
+The launcher claims a session (shared/state/execsessions.py) once, checks that
 its task runs here in the job's current attempt, and runs the program with
 Docker's exec API (tty and stdin on). Two threads pump it: this one reads
 the exec's socket into the session's output stream, a second pops the
@@ -28,12 +28,12 @@ from docker.errors import APIError, NotFound
 from docker.utils import socket as docker_socket
 
 from services.launcher.runtime import DockerRuntime
-from shared import execsessions
-from shared.config import Settings
-from shared.execs import ExecRequest
-from shared.execsessions import EndReason, Refusal, Resize, Sessions, TtyRequest
-from shared.models import now_ms
-from shared.store import Store, connect
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.state import execsessions
+from shared.state.execs import ExecRequest
+from shared.state.execsessions import EndReason, Refusal, Resize, Sessions, TtyRequest
+from shared.state.store import Store, connect
 
 log = logging.getLogger("pai.launcher")
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import docker
 
-from shared.config import Settings
-from shared.models import Gpu, Node
-from shared.nvml import Nvml
+from shared.domain.models import Gpu, Node
+from shared.infra.config import Settings
+from shared.node.nvml import Nvml
 
 log = logging.getLogger("pai.launcher")
 

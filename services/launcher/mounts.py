@@ -1,12 +1,12 @@
 """The storage a task's container sees: dataDir, codeDir and outputDir.
 
 The API already accepted these paths (their form, and that the user may name
-them: shared/storage.py); this is defence in depth on the node that mounts
+them: shared/domain/storage.py); this is defence in depth on the node that mounts
 them, and the only place that looks at the storage itself: a path must
 resolve (symlinks too) under a storage root and be reached from the root
 without passing a link, the root must be there (an unmounted NFS share must
 not become a local folder), dataDir and codeDir must exist, and outputDir is
-created for the job by a walk that follows no link (shared/safefs.py).
+created for the job by a walk that follows no link (shared/infra/safefs.py).
 `hdfs://` URIs are the job's business: they are only in its environment.
 """
 
@@ -16,9 +16,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared import safefs, storage
-from shared.models import JobSpec
-from shared.storage import StoragePath, StoragePathError
+from shared.domain import storage
+from shared.domain.models import JobSpec
+from shared.domain.storage import StoragePath, StoragePathError
+from shared.infra import safefs
 
 CODE_MOUNT = "/pai/code"
 OUTPUT_DIR_MODE = 0o777  # the job's image may run as any user

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 
 from services.launcher.worker import create_launcher_app
-from shared.config import load_settings
-from shared.logs import setup_logging
-from shared.messaging import launcher_queue
-from shared.supervise import serve
+from shared.infra.config import load_settings
+from shared.infra.logs import setup_logging
+from shared.infra.messaging import launcher_queue
+from shared.infra.supervise import serve
 
 # Container creation blocks on Docker (and image pulls); threads let one slow
 # pull not hold up the node's other launches.
@@ -39,7 +39,7 @@ def worker() -> None:
 
 def main() -> None:
     """`pai-launcher`: the worker under a supervisor that starts it again if it
-    crashes (shared/supervise.py)."""
+    crashes (shared/infra/supervise.py)."""
     serve("launcher", "services.launcher.run", worker)
 
 

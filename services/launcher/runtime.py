@@ -26,12 +26,13 @@ from docker.types import DeviceRequest, Mount
 from docker.utils import socket as docker_socket
 
 from services.launcher.mounts import TaskSetupError, plan_storage
-from shared import execs, ssh
-from shared.capabilities import dropped_capabilities
-from shared.config import Settings
-from shared.containers import TaskRef, task_labels
-from shared.engine import EngineCalls
-from shared.models import JobSpec, Node, Task
+from shared.domain import ssh
+from shared.domain.capabilities import dropped_capabilities
+from shared.domain.models import JobSpec, Node, Task
+from shared.infra.config import Settings
+from shared.node.containers import TaskRef, task_labels
+from shared.node.engine import EngineCalls
+from shared.state import execs
 
 log = logging.getLogger("pai.launcher")
 
@@ -167,7 +168,7 @@ class DockerRuntime:
 
         - never privileged, and `no-new-privileges`: no setuid binary or file
           capability raises a process above what the container started with;
-        - the capabilities of shared/capabilities.py DROPPED removed from
+        - the capabilities of shared/domain/capabilities.py DROPPED removed from
           Docker's default set (NET_RAW, MKNOD, SYS_CHROOT, AUDIT_WRITE,
           SETFCAP, SETPCAP, NET_BIND_SERVICE; each with its reason there),
           keeping CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETUID, SETGID so
@@ -175,12 +176,12 @@ class DockerRuntime:
         - the job's `extras.capabilities` added back: the API admitted them
           only because the VC's admin-set allow-list names them;
         - SYS_CHROOT back for a job that asked for SSH: the image's sshd
-          chroots its pre-authentication child (shared/ssh.py);
+          chroots its pre-authentication child (shared/domain/ssh.py);
         - a pids limit, so a fork bomb stops inside its container;
         - `--init`: PID 1 forwards the stop signal and reaps zombies.
         """
         requested = set(spec.capabilities)
-        if spec.ssh is not None:  # sshd's privilege separation chroots (shared/ssh.py)
+        if spec.ssh is not None:  # sshd's privilege separation chroots (shared/domain/ssh.py)
             requested |= set(ssh.CAPABILITIES)
         return {
             "privileged": False,

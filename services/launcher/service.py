@@ -28,18 +28,20 @@ from services.launcher.exectty import TtySessions
 from services.launcher.mounts import TaskSetupError
 from services.launcher.runtime import DockerRuntime, ImageUnavailable
 from services.launcher.ssh import SshdOutcome, install_keys, start_sshd
-from shared import ssh
-from shared.accounts import Accounts
-from shared.capabilities import refused_capabilities
-from shared.completion import NON_RETRYABLE_PREFIX
-from shared.config import Settings
-from shared.containers import LABEL_NODE, TaskRef
-from shared.execs import Claims, ExecRequest, ExecResult, Outcome
-from shared.lifecycle import LIVE_JOB_STATES, record_task_exit
-from shared.messaging import Messenger
-from shared.models import JobSpec, Node, Task, now_ms, task_key
-from shared.states import JobState, TaskState
-from shared.store import Store, task_is_live
+from shared.domain import ssh
+from shared.domain.capabilities import refused_capabilities
+from shared.domain.completion import NON_RETRYABLE_PREFIX
+from shared.domain.models import JobSpec, Node, Task, task_key
+from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger
+from shared.node.containers import LABEL_NODE, TaskRef
+from shared.state import sshkeys
+from shared.state.accounts import Accounts
+from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
+from shared.state.lifecycle import LIVE_JOB_STATES, record_task_exit
+from shared.state.store import Store, task_is_live
 
 log = logging.getLogger("pai.launcher")
 
@@ -142,7 +144,7 @@ class Launcher:
         container before it starts (services/launcher/ssh.py)."""
         if spec.ssh is None:
             return None
-        pair = ssh.read_key(self.store.r, job_id) if spec.ssh.job_key else None
+        pair = sshkeys.read_key(self.store.r, job_id) if spec.ssh.job_key else None
         if spec.ssh.job_key and pair is None:
             log.error("job %s asked for SSH but has no key pair: only the user's key (if "
                       "any) is authorized", job_id)
@@ -232,7 +234,7 @@ class Launcher:
     # ----------------------------------------------------------------- exec
 
     def exec_command(self, request_id: str) -> None:
-        """Claim an exec request and run it in the pool (shared/execs.py).
+        """Claim an exec request and run it in the pool (shared/state/execs.py).
 
         The claim takes the request once, and only for this node: a message
         delivered again finds it taken, one naming another node is left

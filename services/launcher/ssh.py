@@ -1,6 +1,6 @@
 """SSH in a task's container: its authorized keys, and the image's sshd.
 
-For a job that asked for SSH (shared/ssh.py), the launcher
+For a job that asked for SSH (shared/domain/ssh.py), the launcher
 
 1. writes /root/.ssh/authorized_keys (0600, in /root/.ssh 0700, owned by
    root) into the container after Docker created it and before it starts
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from docker import APIClient
 from docker.errors import APIError, NotFound
 
-from shared import ssh
+from shared.domain import ssh
 
 log = logging.getLogger("pai.launcher")
 

@@ -9,11 +9,11 @@ from celery import Celery
 from services.launcher.inventory import discover_node
 from services.launcher.runtime import DockerRuntime
 from services.launcher.service import Launcher
-from shared import messaging
-from shared.config import Settings
-from shared.containers import docker_client
-from shared.messaging import Messenger, make_celery
-from shared.store import Store
+from shared.infra import messaging
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.node.containers import docker_client
+from shared.state.store import Store
 
 
 def create_launcher_app(

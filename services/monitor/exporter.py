@@ -20,8 +20,8 @@ from prometheus_client.registry import Collector
 
 from services.monitor.nodemetrics import NODE_SERIES, Series, SeriesSpec, Type
 from services.monitor.sampling import IdleStop, NodeSampler, NvmlReader
-from shared.config import Settings
-from shared.store import Store
+from shared.infra.config import Settings
+from shared.state.store import Store
 
 log = logging.getLogger(__name__)
 

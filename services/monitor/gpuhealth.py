@@ -1,7 +1,7 @@
 """The node's GPU health watch: NVML's signals and injected faults become
 unhealthy marks, and the tasks on a newly marked GPU fail as the platform's
 fault (retried elsewhere, uncharged). What counts as failing is decided in
-shared/gpuhealth.py; this is the IO around it.
+shared/domain/gpuhealth.py; this is the IO around it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from redis.exceptions import RedisError
 from requests.exceptions import RequestException
 
 from services.monitor.observations import UNKNOWN_EXIT_CODE
-from shared import gpuhealth
-from shared.containers import TaskRef
-from shared.lifecycle import record_task_exit
-from shared.models import now_ms
-from shared.nvml import Nvml
-from shared.store import Store
+from shared.domain import gpuhealth
+from shared.infra.clock import now_ms
+from shared.node.containers import TaskRef
+from shared.node.nvml import Nvml
+from shared.state import gpufaults
+from shared.state.lifecycle import record_task_exit
+from shared.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class GpuHealthWatch:
             except self.nvml.error as error:
                 log.warning("NVML failed while reading GPU health (%s); next round", error)
         found += [(index, reason, gpuhealth.INJECTED)
-                  for index, reason in gpuhealth.take_injections(self.store.r, self.node)]
+                  for index, reason in gpufaults.take_injections(self.store.r, self.node)]
         return found
 
     def check(self) -> list[gpuhealth.GpuFault]:
@@ -82,11 +83,11 @@ class GpuHealthWatch:
         marked = []
         for index, reason, source in self.observe():
             fault = gpuhealth.GpuFault(self.node, index, reason, now_ms(), source)
-            if gpuhealth.mark_fault(self.store.r, fault):
+            if gpufaults.mark_fault(self.store.r, fault):
                 log.error("GPU %d of node %s is unhealthy: %s; no new work goes to it",
                           index, self.node, reason)
                 marked.append(fault)
-        faults = gpuhealth.read_faults(self.store.r).get(self.node, {})
+        faults = gpufaults.read_faults(self.store.r).get(self.node, {})
         for fault in faults.values():
             self.fail_tasks_on(fault)
         return marked

@@ -2,7 +2,7 @@
 
 The Redis stream keeps only the last PAI_LOG_MAX_LINES lines of a task; the
 file keeps all of them, at `<PAI_LOG_DIR>/<job id>/<attempt>/<role>-<index>.log`
-(shared/storage.py `task_log_parts` is the one place that says so). Lines
+(shared/domain/storage.py `task_log_parts` is the one place that says so). Lines
 are appended batch by batch right after the same batch reached the stream,
 so the file is complete when the task exits and a restarted monitor (which
 resumes shipping after the last line in Redis) never writes a line twice. A
@@ -12,7 +12,7 @@ lines) from the file, never from the stream.
 The log tree is the platform's: no container mounts it (the API refuses any
 job path that overlaps it, admins' too), so no job can plant a link in it.
 The monitor runs as root on the node, so it still writes by a walk that
-follows no link (shared/safefs.py): a job's output never lands in a file the
+follows no link (shared/infra/safefs.py): a job's output never lands in a file the
 job chose. It used to go to `<outputDir>/logs/`, which the job can write,
 so a planted `logs` link made the monitor append to any host file.
 """
@@ -23,10 +23,10 @@ import logging
 import os
 from collections.abc import Sequence
 
-from shared import safefs
-from shared.containers import TaskRef
-from shared.logfiles import TreeModes, cut_marker, ensure_tree
-from shared.storage import task_log_parts
+from shared.domain.storage import task_log_parts
+from shared.infra import safefs
+from shared.node.containers import TaskRef
+from shared.state.logfiles import TreeModes, cut_marker, ensure_tree
 
 log = logging.getLogger(__name__)
 

@@ -44,10 +44,10 @@ from services.monitor.loglines import (
     split_timestamp,
 )
 from services.monitor.observations import Phase, describe, phase_of
-from shared import keys
-from shared.containers import TaskRef
-from shared.engine import BROKEN_STREAM_ERRORS, EngineCalls
-from shared.store import Store
+from shared.node.containers import TaskRef
+from shared.node.engine import BROKEN_STREAM_ERRORS, EngineCalls
+from shared.state import keys
+from shared.state.store import Store
 
 log = logging.getLogger(__name__)
 

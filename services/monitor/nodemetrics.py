@@ -62,7 +62,7 @@ TASK_GPU_UTILIZATION = SeriesSpec("pai_task_gpu_utilization_percent", Type.GAUGE
                                   "Utilization of each GPU assigned to a task.", TASK_GPU_LABELS)
 TASK_GPU_IDLE = SeriesSpec("pai_task_gpu_idle_seconds", Type.GAUGE,
                            "How long every GPU of a task flagged idle has stayed below "
-                           "PAI_IDLE_GPU_PERCENT (shared/idle.py); absent while not flagged.",
+                           "PAI_IDLE_GPU_PERCENT (shared/state/idle.py); absent while not flagged.",
                            TASK_LABELS)
 GPU_UNHEALTHY = SeriesSpec("pai_gpu_unhealthy", Type.GAUGE,
                            "1 for each GPU of the node marked unhealthy, with why (XID, ECC, "

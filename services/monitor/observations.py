@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from shared.containers import TaskRef, task_ref_from_labels
+from shared.node.containers import TaskRef, task_ref_from_labels
 
 # A task whose exit code is unknown (its container is gone): never 0, and
 # outside the range a process can exit with.

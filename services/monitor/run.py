@@ -19,14 +19,14 @@ from services.monitor.exporter import NodeExporter
 from services.monitor.gpuhealth import GpuHealthWatch, stop_container
 from services.monitor.sampling import IdleStop
 from services.monitor.service import Monitor
-from shared import telemetry
-from shared.config import Settings, load_settings
-from shared.containers import TaskRef, docker_client
-from shared.lifecycle import LIVE_JOB_STATES, request_stop
-from shared.logs import setup_logging
-from shared.messaging import Messenger, make_celery
-from shared.states import JobState
-from shared.store import Store
+from shared.domain.states import JobState
+from shared.infra.config import Settings, load_settings
+from shared.infra.logs import setup_logging
+from shared.infra.messaging import Messenger, make_celery
+from shared.node.containers import TaskRef, docker_client
+from shared.state import telemetry
+from shared.state.lifecycle import LIVE_JOB_STATES, request_stop
+from shared.state.store import Store
 
 log = logging.getLogger("pai.monitor")
 

@@ -37,15 +37,16 @@ from services.monitor.nodemetrics import (
     node_series,
     task_labels,
 )
-from shared import gpuhealth, keys, tasksamples
-from shared.accounts import Accounts
-from shared.config import Settings
-from shared.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
-from shared.engine import EngineCalls
-from shared.idle import IdleAction, IdlePolicy, Verdict, decide, stop_reason
-from shared.models import Allocation, attempt_task_key, now_ms, split_job_id
-from shared.nvml import Nvml, text
-from shared.store import Store
+from shared.domain.models import Allocation, attempt_task_key, split_job_id
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.node.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
+from shared.node.engine import EngineCalls
+from shared.node.nvml import Nvml, text
+from shared.state import gpufaults, keys, tasksamples
+from shared.state.accounts import Accounts
+from shared.state.idle import IdleAction, IdlePolicy, Verdict, decide, stop_reason
+from shared.state.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class NodeSampler:
 
     def _faults(self) -> dict[int, str]:
         try:
-            faults = gpuhealth.read_faults(self.store.r).get(self.node, {})
+            faults = gpufaults.read_faults(self.store.r).get(self.node, {})
         except RedisError as error:
             log.warning("cannot read the node's GPU faults (%s): none shown", error)
             return {}

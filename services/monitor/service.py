@@ -44,24 +44,25 @@ from services.monitor.observations import (
     parse_container_event,
     phase_of,
 )
-from shared.config import Settings
-from shared.containers import (
+from shared.domain.models import Task, task_key
+from shared.domain.states import TaskState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger
+from shared.node.containers import (
     LABEL_JOB,
     LABEL_NODE,
     TaskRef,
     task_ref_from_labels,
 )
-from shared.engine import EngineCalls
-from shared.lifecycle import (
+from shared.node.engine import EngineCalls
+from shared.state.lifecycle import (
     LIVE_JOB_STATES,
     ExitReport,
     mark_task_running,
     record_task_exit,
 )
-from shared.messaging import Messenger
-from shared.models import Task, now_ms, task_key
-from shared.states import TaskState
-from shared.store import Store
+from shared.state.store import Store
 
 log = logging.getLogger(__name__)
 

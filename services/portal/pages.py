@@ -14,14 +14,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from shared import jobsort, ssh
+from shared.domain import jobsort, ssh
 
 PAGE_SIZES = (20, 50, 100)
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE = 10**6  # past any real job count: the API's own offset bound stays far away
 
 # The job table sorts every page by any column: the API sorts the whole
-# filtered list (`GET /api/v1/jobs?sort=&order=`, shared/jobsort.py).
+# filtered list (`GET /api/v1/jobs?sort=&order=`, shared/domain/jobsort.py).
 # Earlier links named some columns otherwise; a bookmark keeps working.
 SORT_ALIASES = {"created": jobsort.SUBMIT_TIME, "user": "username", "vc": "virtualCluster"}
 

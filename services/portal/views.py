@@ -45,9 +45,9 @@ from flask.typing import ResponseReturnValue
 from services.api import auth, jobs
 from services.api.errors import ApiError
 from services.portal import pages
-from shared.config import Settings
-from shared.models import now_ms
-from shared.states import JobState
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
 
 bp = Blueprint("portal", __name__, template_folder="templates", static_folder="static",
                static_url_path="/portal/static")

@@ -26,9 +26,9 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from shared.cluster import gpu_type_matches, held
-from shared.models import Allocation, JobSpec, Node, TaskPlacement, task_key
-from shared.priority import PriorityClass
+from shared.domain.cluster import gpu_type_matches, held
+from shared.domain.models import Allocation, JobSpec, Node, TaskPlacement, task_key
+from shared.domain.priority import PriorityClass
 
 
 @dataclass(frozen=True)

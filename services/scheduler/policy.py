@@ -64,11 +64,11 @@ from services.scheduler.core import (
     place_gang,
     place_some,
 )
-from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
-from shared.config import Settings
-from shared.models import Allocation, TaskPlacement, split_job_id
-from shared.priority import PriorityClass
-from shared.usage import Spend
+from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
+from shared.domain.models import Allocation, TaskPlacement, split_job_id
+from shared.domain.priority import PriorityClass
+from shared.infra.config import Settings
+from shared.state.usage import Spend
 
 # Reason codes of a waiting job (jobStatus.waiting.reason)
 NO_NODES = "NoNodes"

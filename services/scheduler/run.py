@@ -7,10 +7,10 @@ import threading
 from collections.abc import Callable
 
 from services.scheduler.worker import create_scheduler_app
-from shared import telemetry
-from shared.config import load_settings
-from shared.logs import setup_logging
-from shared.supervise import serve
+from shared.infra.config import load_settings
+from shared.infra.logs import setup_logging
+from shared.infra.supervise import serve
+from shared.state import telemetry
 
 log = logging.getLogger("pai.scheduler")
 
@@ -54,7 +54,7 @@ def worker() -> None:
 
 def main() -> None:
     """`pai-scheduler`: the worker under a supervisor that starts it again if it
-    crashes (shared/supervise.py)."""
+    crashes (shared/infra/supervise.py)."""
     serve("scheduler", "services.scheduler.run", worker)
 
 

@@ -23,11 +23,28 @@ from redis.exceptions import RedisError
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request, paused_gc
 from services.scheduler.policy import Attained, Las, Preemption, RunningJob
-from shared import gpuhealth, keys, messaging, retention, telemetry, usage
-from shared.accounts import Accounts, VirtualCluster
-from shared.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
-from shared.config import Settings
-from shared.lifecycle import (
+from shared.domain import gpuhealth
+from shared.domain.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
+from shared.domain.models import (
+    Allocation,
+    Attempt,
+    Job,
+    JobSpec,
+    Task,
+    attempt_task_key,
+    parse_attempt_task_key,
+    split_job_id,
+    task_key,
+)
+from shared.domain.priority import PriorityClass, queue_order
+from shared.domain.states import JobState, TaskState
+from shared.infra import messaging
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger
+from shared.state import keys, retention, telemetry, usage
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import (
     PlacementCommit,
     commit_placement,
     commit_placements,
@@ -38,22 +55,7 @@ from shared.lifecycle import (
     set_mode,
     set_waiting_many,
 )
-from shared.messaging import Messenger
-from shared.models import (
-    Allocation,
-    Attempt,
-    Job,
-    JobSpec,
-    Task,
-    attempt_task_key,
-    now_ms,
-    parse_attempt_task_key,
-    split_job_id,
-    task_key,
-)
-from shared.priority import PriorityClass, queue_order
-from shared.states import JobState, TaskState
-from shared.store import Store, compact_json, task_is_live
+from shared.state.store import Store, compact_json, task_is_live
 
 log = logging.getLogger("pai.scheduler")
 
@@ -539,7 +541,7 @@ class Scheduler:
             self._hard_stops.clear()
 
     def _record_pass(self, seconds: float, placed_by_vc: Counter[str]) -> None:
-        """Count the pass for Prometheus (through Redis: see shared/telemetry.py)."""
+        """Count the pass for Prometheus (through Redis: see shared/state/telemetry.py)."""
         pipe = self.store.r.pipeline(transaction=False)
         telemetry.record(pipe, telemetry.SCHEDULER_PASS, value=seconds)
         for vc, placed in placed_by_vc.items():

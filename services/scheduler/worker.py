@@ -10,10 +10,10 @@ from __future__ import annotations
 from celery import Celery
 
 from services.scheduler.service import Scheduler
-from shared import messaging
-from shared.config import Settings
-from shared.messaging import Messenger, make_celery
-from shared.store import Store
+from shared.infra import messaging
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state.store import Store
 
 
 def create_scheduler_app(settings: Settings) -> tuple[Celery, Scheduler]:

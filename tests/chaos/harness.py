@@ -29,7 +29,7 @@ from docker.errors import DockerException
 
 from bench import BenchError, free_port
 from bench.live_platform import BIN, Processes, platform_env, wait_for
-from shared.containers import LABEL_NODE
+from shared.node.containers import LABEL_NODE
 from tests.conftest import _start_redis, redis_credentials
 
 ADMIN = ("root", "root-password")

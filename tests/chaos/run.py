@@ -23,8 +23,8 @@ from typing import Any
 
 import docker
 
-from shared import keys
-from shared.store import Store
+from shared.state import keys
+from shared.state.store import Store
 from tests.chaos import audit
 from tests.chaos.harness import USER, Api, ChaosCluster, free_and_total
 from tests.chaos.workload import RUNS, ChaosJob, Fault, fault_plan, workload

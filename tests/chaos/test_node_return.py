@@ -12,7 +12,7 @@ import docker
 import pytest
 
 from bench.live_platform import wait_for
-from shared.containers import LABEL_ATTEMPT, LABEL_JOB
+from shared.node.containers import LABEL_ATTEMPT, LABEL_JOB
 from tests.chaos.harness import NODE_SERVICES, USER, Api, ChaosCluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis, pytest.mark.chaos]

@@ -42,7 +42,7 @@ import requests
 import yaml
 
 from bench.live_platform import wait_for
-from shared.storage import task_log_parts
+from shared.domain.storage import task_log_parts
 
 pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.timeout(900)]
 

@@ -12,7 +12,7 @@ import redis
 import requests
 
 from bench.live_platform import Platform, wait_for
-from shared import gpuhealth
+from shared.state import gpufaults
 
 pytestmark = pytest.mark.docker
 
@@ -36,7 +36,7 @@ def test_an_injected_xid_retries_the_task_elsewhere_uncharged(
     [failed] = first["containerGpus"]
     r = redis.Redis.from_url(platform.env["PAI_REDIS_URL"], decode_responses=True)
     try:
-        gpuhealth.inject(r, platform.node, failed, xid=79)
+        gpufaults.inject(r, platform.node, failed, xid=79)
 
         def retried_and_running() -> dict[str, Any] | None:
             detail = platform.detail(name)

@@ -11,8 +11,8 @@ from typing import Any
 import requests
 
 from bench.live_platform import Platform, wait_for
-from shared.config import Settings
-from shared.messaging import Messenger, make_celery
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV_DUMP = "env | grep -E '^(PAI_|NVIDIA_|CUDA_)' | sed 's/^/ENV /'; "

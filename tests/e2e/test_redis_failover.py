@@ -2,7 +2,7 @@
 Sentinel's promotion of a replica loses no job (docs/high-availability.md).
 
 A group of one primary and two replicas (append-only files on, the
-platform's ACL, the write guard of shared/sentinelconf.py) and three
+platform's ACL, the write guard of shared/infra/sentinelconf.py) and three
 sentinels, all real redis-server processes on free 127.0.0.1 ports in a temp
 dir; the platform's services reach it through one `redis+sentinel://`
 setting. The API is probed all along: 503 is allowed while the primary
@@ -27,8 +27,8 @@ import redis
 import requests
 
 from bench.live_platform import Platform, free_port, platform_env, wait_for
-from shared.redisacl import Credentials, ensure_credentials
-from shared.sentinelconf import (
+from shared.infra.redisacl import Credentials, ensure_credentials
+from shared.infra.sentinelconf import (
     REPLICATION_FILE,
     replication_text,
     sentinel_text,

@@ -10,7 +10,7 @@ import redis
 from flask.testing import FlaskClient
 
 from services.api.app import create_app
-from shared.config import Settings
+from shared.infra.config import Settings
 from tests.integration.api_client import AuthedClient, new_user, signed_in
 
 

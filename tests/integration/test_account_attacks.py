@@ -12,10 +12,10 @@ import redis
 from flask.testing import FlaskClient
 
 from services.api.app import create_app
-from shared import keys
-from shared.accounts import AccountError, Accounts, NoSuchAccount, VirtualCluster
-from shared.config import Settings
-from shared.store import Store
+from shared.infra.config import Settings
+from shared.state import keys
+from shared.state.accounts import AccountError, Accounts, NoSuchAccount, VirtualCluster
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, config, error_of, new_user
 from tests.integration.interleave import Hook, with_hooks
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from shared.accounts import Accounts, VirtualCluster
-from shared.store import Store
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.store import Store
 
 
 def test_deleting_a_vc_takes_it_from_its_users(redis_client: redis.Redis) -> None:

@@ -16,10 +16,10 @@ import yaml
 from flask.testing import FlaskClient
 
 from services.api.app import MAX_BODY_BYTES, create_app
-from shared import keys
-from shared.config import ConfigError, Settings
-from shared.models import now_ms
-from shared.store import Store
+from shared.infra.clock import now_ms
+from shared.infra.config import ConfigError, Settings
+from shared.state import keys
+from shared.state.store import Store
 from tests.integration.api_client import (
     DAY_S,
     AuthedClient,

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys
-from shared.models import JobSpec
-from shared.store import Store
+from shared.domain.models import JobSpec
+from shared.state import keys
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, config, error_of
 
 pytestmark = pytest.mark.redis

@@ -26,7 +26,7 @@ import requests
 from bench import free_port
 from pai_cli.sse import Event, parse_events
 from services.monitor.logs import append_log_entries
-from shared.containers import TaskRef
+from shared.node.containers import TaskRef
 from tests.conftest import REPO_ROOT
 from tests.integration.api_client import config
 

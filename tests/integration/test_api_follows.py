@@ -26,9 +26,9 @@ from services.api.follows import (
     _ProcessSlots,
 )
 from services.monitor.logs import append_log_entries
-from shared.config import Settings
-from shared.containers import TaskRef
-from shared.store import Store
+from shared.infra.config import Settings
+from shared.node.containers import TaskRef
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, config, error_of, new_user, signed_in
 
 pytestmark = pytest.mark.redis

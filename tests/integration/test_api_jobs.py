@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from shared import keys
-from shared.models import Gpu, Node
-from shared.store import Store
+from shared.domain.models import Gpu, Node
+from shared.state import keys
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, config
 
 

@@ -10,13 +10,14 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from shared import keys
-from shared.accounts import Accounts, VirtualCluster
-from shared.jobspec import validate_job_config
-from shared.lifecycle import initial_tasks
-from shared.models import Attempt, Job, JobSpec, job_id_of, now_ms
-from shared.states import JobState
-from shared.store import Store
+from shared.domain.jobspec import validate_job_config
+from shared.domain.models import Attempt, Job, JobSpec, job_id_of
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.state import keys
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import initial_tasks
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, config, error_of
 from tests.integration.test_api_auth import wait_past
 

@@ -10,11 +10,12 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import jobsort, keys
-from shared.models import Job
-from shared.retention import compact_job
-from shared.states import JobState
-from shared.store import Store
+from shared.domain import jobsort
+from shared.domain.models import Job
+from shared.domain.states import JobState
+from shared.state import keys
+from shared.state.retention import compact_job
+from shared.state.store import Store
 from tests.conftest import operator_url
 from tests.integration.api_client import AuthedClient, error_of
 from tests.integration.test_api_list import Jobs, jobs, mixed, names

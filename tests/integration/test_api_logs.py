@@ -14,9 +14,9 @@ from flask.testing import FlaskClient
 
 from services.api.app import create_app
 from services.monitor.logs import append_log_entries
-from shared.config import Settings
-from shared.containers import TaskRef
-from shared.store import Store
+from shared.infra.config import Settings
+from shared.node.containers import TaskRef
+from shared.state.store import Store
 
 pytestmark = pytest.mark.redis
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys
-from shared.models import Allocation, Gpu, Node
-from shared.store import Store
+from shared.domain.models import Allocation, Gpu, Node
+from shared.state import keys
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, error_of
 
 pytestmark = pytest.mark.redis

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys
+from shared.state import keys
 from tests.integration.api_client import AuthedClient, config, error_of
 
 SUBMIT = "/api/v1/user/bob/jobs?dryRun=true"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.api.app import create_app
-from shared.config import Settings
+from shared.infra.config import Settings
 from tests.chaos.harness import ChaosRedis
 
 pytestmark = pytest.mark.redis

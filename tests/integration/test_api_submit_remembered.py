@@ -13,7 +13,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from shared import keys
+from shared.state import keys
 from tests.conftest import operator_url
 from tests.integration.api_client import AuthedClient, config, error_of, new_user
 

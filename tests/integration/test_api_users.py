@@ -9,7 +9,7 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from shared import keys
+from shared.state import keys
 from tests.integration.api_client import (
     AuthedClient,
     config,

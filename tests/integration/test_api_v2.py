@@ -11,7 +11,7 @@ import pytest
 import redis
 import yaml
 
-from shared import keys
+from shared.state import keys
 from tests.integration.api_client import AuthedClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "v2-two-roles.yaml"

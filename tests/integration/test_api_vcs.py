@@ -10,10 +10,10 @@ import pytest
 import redis
 from flask.testing import FlaskClient
 
-from shared import keys
-from shared.lifecycle import commit_placement, mark_task_running
-from shared.models import Gpu, Node, TaskPlacement
-from shared.store import Store
+from shared.domain.models import Gpu, Node, TaskPlacement
+from shared.state import keys
+from shared.state.lifecycle import commit_placement, mark_task_running
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, config, error_of, new_user
 
 

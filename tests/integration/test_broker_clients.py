@@ -15,8 +15,8 @@ import pytest
 import redis
 from kombu import Connection
 
-from shared.config import Settings
-from shared.messaging import (
+from shared.infra.config import Settings
+from shared.infra.messaging import (
     ATTEMPT_ENDED,
     SCHEDULE,
     SCHEDULER_QUEUE,

@@ -11,9 +11,9 @@ import redis
 from flask import Flask
 
 from pai_cli.commands.jobs import JOB_SORTS
-from shared import jobsort
-from shared.states import JobState
-from shared.store import Store
+from shared.domain import jobsort
+from shared.domain.states import JobState
+from shared.state.store import Store
 from tests.integration.test_api_list import Jobs
 from tests.integration.test_cli_nodes import api, pai_as, run
 

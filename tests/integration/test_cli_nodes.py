@@ -17,9 +17,9 @@ from pai_cli.logins import Cluster, Logins, save
 from pai_cli.main import cli
 from services.api.app import create_app
 from services.api.auth import issue_token
-from shared.config import Settings
-from shared.models import Allocation, Gpu, Node
-from shared.store import Store
+from shared.domain.models import Allocation, Gpu, Node
+from shared.infra.config import Settings
+from shared.state.store import Store
 from tests.integration.api_client import new_user, served, signed_in
 
 pytestmark = pytest.mark.redis

@@ -13,10 +13,10 @@ import pytest
 import redis
 from flask import Flask
 
-from shared import usage
-from shared.accounts import Accounts, VirtualCluster
-from shared.models import now_ms
-from shared.store import Store
+from shared.infra.clock import now_ms
+from shared.state import usage
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.store import Store
 from tests.integration.test_cli_nodes import api, pai_as, run  # noqa: F401 (api: a fixture)
 
 pytestmark = pytest.mark.redis

@@ -1,4 +1,4 @@
-"""`shared.engine.EngineCalls` on the real engine: the SDK's results and errors.
+"""`shared.node.engine.EngineCalls` on the real engine: the SDK's results and errors.
 
 The launcher creates and starts containers and the monitor removes them
 through these calls, so they must do what the SDK's calls did: the same
@@ -19,7 +19,7 @@ import pytest
 import requests
 from docker.errors import APIError, ImageNotFound, NotFound
 
-from shared.engine import EngineCalls
+from shared.node.engine import EngineCalls
 
 pytestmark = pytest.mark.docker
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import docker
 import pytest
 
-from shared.config import load_settings
-from shared.containers import EngineAdapter, docker_client, reuse_engine_connections
+from shared.infra.config import load_settings
+from shared.node.containers import EngineAdapter, docker_client, reuse_engine_connections
 
 pytestmark = pytest.mark.docker
 

@@ -43,11 +43,12 @@ from services.api.auth import issue_token
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
-from shared import keys, messaging, telemetry
-from shared.config import Settings
-from shared.containers import LABEL_NODE, TaskRef
-from shared.lifecycle import record_task_exit
-from shared.store import Store
+from shared.infra import messaging
+from shared.infra.config import Settings
+from shared.node.containers import LABEL_NODE, TaskRef
+from shared.state import keys, telemetry
+from shared.state.lifecycle import record_task_exit
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, served
 from tests.integration.test_api_capacity import Api
 from tests.integration.test_execs import run_task

@@ -28,14 +28,16 @@ from services.api.app import create_app
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
-from shared import execs, keys, messaging, telemetry
-from shared.accounts import Accounts
-from shared.config import Settings
-from shared.containers import LABEL_NODE, TaskRef
-from shared.execs import ExecRequest, Outcome
-from shared.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
-from shared.models import TaskPlacement, now_ms
-from shared.store import Store
+from shared.domain.models import TaskPlacement
+from shared.infra import messaging
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.node.containers import LABEL_NODE, TaskRef
+from shared.state import execs, keys, telemetry
+from shared.state.accounts import Accounts
+from shared.state.execs import ExecRequest, Outcome
+from shared.state.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, error_of, signed_in
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

@@ -1,4 +1,4 @@
-"""A terminal session's keys in a real Redis (shared/execsessions.py): the
+"""A terminal session's keys in a real Redis (shared/state/execsessions.py): the
 claim, the bounds both ways, and nothing left once it ended."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from shared import execsessions, keys
-from shared.execsessions import EndReason, Refusal, Resize, Sessions, TtyRequest
+from shared.state import execsessions, keys
+from shared.state.execsessions import EndReason, Refusal, Resize, Sessions, TtyRequest
 
 pytestmark = pytest.mark.redis
 

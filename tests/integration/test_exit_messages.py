@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.service import Scheduler
-from shared.lifecycle import mark_task_running, record_task_exit, submit_job
-from shared.states import TaskState
-from shared.store import Store
+from shared.domain.states import TaskState
+from shared.state.lifecycle import mark_task_running, record_task_exit, submit_job
+from shared.state.store import Store
 from tests.integration.test_scheduler import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis

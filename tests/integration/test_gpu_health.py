@@ -12,15 +12,16 @@ from flask import Flask
 
 from services.monitor.gpuhealth import GpuHealthWatch
 from services.scheduler.service import Scheduler
-from shared import gpuhealth, keys
-from shared.config import Settings
-from shared.containers import TaskRef
-from shared.lifecycle import commit_placement, mark_task_running, submit_job
-from shared.messaging import Messenger, make_celery
-from shared.models import TaskPlacement
-from shared.nvml import Nvml
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.domain import gpuhealth
+from shared.domain.models import TaskPlacement
+from shared.domain.states import JobState, TaskState
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.node.containers import TaskRef
+from shared.node.nvml import Nvml
+from shared.state import gpufaults, keys
+from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient
 from tests.integration.test_cli_nodes import api, pai_as, run  # noqa: F401 (api: a fixture)
 from tests.integration.test_scheduler import add_node, config
@@ -56,7 +57,7 @@ class Recorder:
 def test_the_scheduler_places_nothing_on_an_unhealthy_gpu(
         store: Store, scheduler: Scheduler) -> None:
     add_node(store, gpus=2)
-    gpuhealth.inject(store.r, "n1", 0, xid=79)
+    gpufaults.inject(store.r, "n1", 0, xid=79)
     assert [f.index for f in Recorder().watch(store).check()] == [0]
     submit_job(store, "alice", config("one", gpus=1))
     submit_job(store, "alice", config("two", gpus=1))
@@ -69,7 +70,7 @@ def test_the_scheduler_places_nothing_on_an_unhealthy_gpu(
 def test_a_commit_planned_before_the_mark_is_refused(store: Store) -> None:
     add_node(store, gpus=2)
     job = submit_job(store, "alice", config("late", gpus=1))
-    gpuhealth.mark_fault(store.r, gpuhealth.GpuFault("n1", 0, "XID 48", 1))
+    gpufaults.mark_fault(store.r, gpuhealth.GpuFault("n1", 0, "XID 48", 1))
     assert not commit_placement(store, job.id, version=job.version, attempt=0, placements=[
         TaskPlacement("main", 0, "n1", "127.0.0.1", (0,), 1, 128, {})],
         launch_deadline_ms=DEADLINE_MS)
@@ -88,7 +89,7 @@ def test_a_task_on_a_failed_gpu_fails_as_the_platforms_fault_and_is_retried_unch
     failed_gpu = task.gpus[1]
 
     recorder = Recorder()
-    gpuhealth.inject(store.r, "n1", failed_gpu, xid=79)
+    gpufaults.inject(store.r, "n1", failed_gpu, xid=79)
     [fault] = recorder.watch(store).check()
     assert (fault.index, fault.reason, fault.source) == (failed_gpu, "XID 79 (injected)",
                                                          "injected")
@@ -106,7 +107,7 @@ def test_a_task_on_a_failed_gpu_fails_as_the_platforms_fault_and_is_retried_unch
     again = store.get_tasks(job.id, 1)[0]
     assert again.state == TaskState.LAUNCHING and failed_gpu not in again.gpus
     # a second round, and a repeated injection, change nothing
-    gpuhealth.inject(store.r, "n1", failed_gpu, xid=79)
+    gpufaults.inject(store.r, "n1", failed_gpu, xid=79)
     assert recorder.watch(store).check() == [] and len(recorder.told) == 1
 
 
@@ -117,7 +118,7 @@ def test_a_task_left_on_a_marked_gpu_is_failed_on_the_next_round(
     job = submit_job(store, "alice", config("left", gpus=1))
     scheduler.run_pass()
     assert mark_task_running(store, job.id, 0, "main", 0, "container")
-    gpuhealth.mark_fault(store.r, gpuhealth.GpuFault("n1", 0, "XID 79", 1))
+    gpufaults.mark_fault(store.r, gpuhealth.GpuFault("n1", 0, "XID 79", 1))
     recorder = Recorder()
     assert recorder.watch(store).check() == []  # nothing new to mark...
     assert recorder.told == [(TaskRef(job.id, 0, "main", 0), True)]  # ...but its task failed
@@ -126,7 +127,7 @@ def test_a_task_left_on_a_marked_gpu_is_failed_on_the_next_round(
 
 def test_a_malformed_injection_is_skipped(store: Store) -> None:
     store.r.rpush(keys.gpu_fault_injections("n1"), "not json", '{"gpu": "x"}')
-    gpuhealth.inject(store.r, "n1", 3, reason="fell off the bus")
+    gpufaults.inject(store.r, "n1", 3, reason="fell off the bus")
     assert [(f.index, f.reason) for f in Recorder().watch(store).check()] == [
         (3, "fell off the bus (injected)")]
     assert not store.r.exists(keys.gpu_fault_injections("n1"))
@@ -138,7 +139,7 @@ def test_a_malformed_injection_is_skipped(store: Store) -> None:
 def test_nodes_show_the_fault_and_an_admin_clears_it(
         redis_client: redis.Redis, admin: AuthedClient, alice: AuthedClient) -> None:
     add_node(Store(redis_client), gpus=2)
-    gpuhealth.mark_fault(redis_client, gpuhealth.GpuFault("n1", 1, "XID 79", 1234))
+    gpufaults.mark_fault(redis_client, gpuhealth.GpuFault("n1", 1, "XID 79", 1234))
     [node] = alice.get("/api/v1/nodes").json
     assert (node["gpuUnhealthy"], node["gpuFree"]) == (1, 1)
     assert [(g["healthy"], g["unhealthyReason"], g["unhealthySince"]) for g in node["gpus"]] == [
@@ -158,7 +159,7 @@ def test_nodes_show_the_fault_and_an_admin_clears_it(
 def test_pai_nodes_shows_the_fault_and_clear_gpu_clears_it(
         api: tuple[str, Flask], tmp_path: Path,  # noqa: F811
         redis_client: redis.Redis) -> None:
-    gpuhealth.mark_fault(redis_client, gpuhealth.GpuFault("n1", 1, "XID 79", 1234))
+    gpufaults.mark_fault(redis_client, gpuhealth.GpuFault("n1", 1, "XID 79", 1234))
     root = pai_as(api, tmp_path, "root")
     assert "GPU 1 unhealthy: XID 79" in run(root, "nodes").stdout
     refused = run(pai_as(api, tmp_path, "alice"), "nodes", "clear-gpu", "n1", "1")

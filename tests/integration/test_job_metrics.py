@@ -34,11 +34,11 @@ from services.monitor.nodemetrics import (
     TASK_MEMORY,
     Series,
 )
-from shared import tasksamples
-from shared.config import Settings
-from shared.models import now_ms
-from shared.states import JobState
-from shared.store import Store
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.state import tasksamples
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, error_of, new_user, signed_in
 from tests.integration.test_api_list import Jobs
 from tests.integration.test_portal import portal_login

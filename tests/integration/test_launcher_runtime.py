@@ -30,17 +30,18 @@ from docker.models.containers import Container
 from services.launcher.inventory import discover_node
 from services.launcher.runtime import DockerRuntime
 from services.launcher.service import EXIT_IMAGE_UNAVAILABLE, EXIT_SETUP_FAILED, Launcher
-from shared.accounts import Accounts, VirtualCluster
-from shared.capabilities import DROPPED
-from shared.completion import NON_RETRYABLE_PREFIX
-from shared.config import Settings
-from shared.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
-from shared.jobspec import validate_job_config
-from shared.lifecycle import commit_placement, mark_preempted, request_stop, submit_job
-from shared.messaging import SCHEDULER_QUEUE, Messenger, make_celery
-from shared.models import Job, Node, Task, TaskPlacement, now_ms
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.domain.capabilities import DROPPED
+from shared.domain.completion import NON_RETRYABLE_PREFIX
+from shared.domain.jobspec import validate_job_config
+from shared.domain.models import Job, Node, Task, TaskPlacement
+from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import SCHEDULER_QUEUE, Messenger, make_celery
+from shared.node.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import commit_placement, mark_preempted, request_stop, submit_job
+from shared.state.store import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 

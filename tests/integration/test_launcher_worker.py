@@ -14,13 +14,14 @@ from celery.contrib.testing.worker import start_worker
 
 from services.launcher.run import worker_argv
 from services.launcher.worker import create_launcher_app
-from shared import messaging
-from shared.config import Settings
-from shared.containers import LABEL_NODE, TaskRef
-from shared.lifecycle import commit_placement, submit_job
-from shared.messaging import Messenger, make_celery
-from shared.models import TaskPlacement, now_ms
-from shared.store import Store
+from shared.domain.models import TaskPlacement
+from shared.infra import messaging
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.node.containers import LABEL_NODE, TaskRef
+from shared.state.lifecycle import commit_placement, submit_job
+from shared.state.store import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 

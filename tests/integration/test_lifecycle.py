@@ -1,4 +1,4 @@
-"""Job and task lifecycles through `shared.lifecycle`, on a real throwaway Redis.
+"""Job and task lifecycles through `shared.state.lifecycle`, on a real throwaway Redis.
 
 Each transition is a compare-and-set: the concurrency tests run two writers,
 each with its own connection, against the same job at the same moment.
@@ -15,9 +15,18 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys
-from shared.completion import NON_RETRYABLE_PREFIX
-from shared.lifecycle import (
+from shared.domain.completion import NON_RETRYABLE_PREFIX
+from shared.domain.models import (
+    Gpu,
+    Job,
+    Node,
+    TaskPlacement,
+    attempt_task_key,
+    parse_attempt_task_key,
+)
+from shared.domain.states import JobState, TaskState
+from shared.state import keys
+from shared.state.lifecycle import (
     ExitReport,
     commit_placement,
     delete_job,
@@ -29,9 +38,7 @@ from shared.lifecycle import (
     set_waiting,
     submit_job,
 )
-from shared.models import Gpu, Job, Node, TaskPlacement, attempt_task_key, parse_attempt_task_key
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.state.store import Store
 from tests.integration.interleave import Hook, with_hooks
 
 pytestmark = pytest.mark.redis

@@ -28,13 +28,13 @@ from flask.testing import FlaskClient
 from services.api.app import create_app
 from services.monitor.logfile import TaskLogFile
 from services.monitor.logs import append_log_entries
-from shared import keys, logfiles, retention
-from shared.config import Settings
-from shared.containers import TaskRef
-from shared.lifecycle import request_stop
-from shared.models import now_ms
-from shared.storage import task_log_parts
-from shared.store import Store
+from shared.domain.storage import task_log_parts
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.node.containers import TaskRef
+from shared.state import keys, logfiles, retention
+from shared.state.lifecycle import request_stop
+from shared.state.store import Store
 from tests.integration.api_client import login
 
 pytestmark = [pytest.mark.redis,

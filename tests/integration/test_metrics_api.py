@@ -15,13 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.api.app import create_app
 from services.api.metrics import ClusterCollector, RecordedCollector, metric_names
 from services.scheduler.service import Scheduler
-from shared import keys, telemetry
-from shared.accounts import Accounts, VirtualCluster
-from shared.config import Settings
-from shared.lifecycle import mark_task_running, record_task_exit, submit_job
-from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, Node, now_ms
-from shared.store import Store
+from shared.domain.models import Gpu, Node
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state import keys, telemetry
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import mark_task_running, record_task_exit, submit_job
+from shared.state.store import Store
 
 pytestmark = pytest.mark.redis
 

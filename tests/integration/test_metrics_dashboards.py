@@ -21,7 +21,7 @@ from services.api.app import create_app
 from services.api.metrics import metric_names as registry_names
 from services.monitor.exporter import build_registry
 from services.monitor.nodemetrics import GpuSample, TaskSample, node_series
-from shared.config import Settings
+from shared.infra.config import Settings
 from tests.unit.test_metrics_promql import metric_names, variable_metric_names
 
 pytestmark = pytest.mark.redis

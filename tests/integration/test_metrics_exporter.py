@@ -13,7 +13,7 @@ from bench import free_port
 from services.monitor.exporter import NodeExporter
 from services.monitor.nodemetrics import NVML_UP, TASK_CPU, TASK_MEMORY
 from services.monitor.sampling import NvmlReader
-from shared.nvml import Nvml
+from shared.node.nvml import Nvml
 from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

@@ -25,13 +25,14 @@ from docker.models.containers import Container
 
 from services.monitor.logs import close_stream
 from services.monitor.service import Monitor, ReconcileSummary
-from shared.config import Settings
-from shared.containers import TaskRef, container_name, task_labels
-from shared.lifecycle import commit_placement, record_task_exit, submit_job
-from shared.messaging import ATTEMPT_ENDED, TASK_ENDED, Messenger, make_celery
-from shared.models import Job, Node, Task, TaskPlacement, attempt_task_key, now_ms
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.domain.models import Job, Node, Task, TaskPlacement, attempt_task_key
+from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import ATTEMPT_ENDED, TASK_ENDED, Messenger, make_celery
+from shared.node.containers import TaskRef, container_name, task_labels
+from shared.state.lifecycle import commit_placement, record_task_exit, submit_job
+from shared.state.store import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 

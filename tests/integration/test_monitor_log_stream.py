@@ -23,9 +23,9 @@ import pytest
 from docker.errors import NotFound
 
 from services.monitor.logs import LogShipping, LogStream
-from shared.containers import TaskRef
-from shared.engine import EngineCalls
-from shared.states import TaskState
+from shared.domain.states import TaskState
+from shared.node.containers import TaskRef
+from shared.node.engine import EngineCalls
 from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

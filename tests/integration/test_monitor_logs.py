@@ -13,9 +13,9 @@ import pytest
 
 from services.monitor.loglines import MAX_LINE_BYTES
 from services.monitor.logs import LogShipping, close_stream
-from shared import keys
-from shared.containers import TaskRef
-from shared.states import JobState
+from shared.domain.states import JobState
+from shared.node.containers import TaskRef
+from shared.state import keys
 from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
 from tests.threads import wakeups
 

@@ -15,11 +15,12 @@ import pytest
 from docker.models.containers import Container
 
 from services.monitor.observations import ExitObservation
-from shared.containers import LABEL_TASK_RETRY, TaskRef, task_labels
-from shared.lifecycle import commit_placement, submit_job
-from shared.messaging import START_TASK, launcher_queue
-from shared.models import TaskPlacement, now_ms
-from shared.states import JobState, TaskState
+from shared.domain.models import TaskPlacement
+from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
+from shared.infra.messaging import START_TASK, launcher_queue
+from shared.node.containers import LABEL_TASK_RETRY, TaskRef, task_labels
+from shared.state.lifecycle import commit_placement, submit_job
 from tests.integration.test_monitor_lifecycle import USER, Rig, rig
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from shared import keys
-from shared.nameindex import CHUNK_NAMES, NameIndex
+from shared.state import keys
+from shared.state.nameindex import CHUNK_NAMES, NameIndex
 
 pytestmark = pytest.mark.redis
 

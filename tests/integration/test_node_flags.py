@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from shared import keys
-from shared.cluster import NodeFlags
-from shared.models import Node
-from shared.store import NodeNotFound, Pipe, Store
+from shared.domain.cluster import NodeFlags
+from shared.domain.models import Node
+from shared.state import keys
+from shared.state.store import NodeNotFound, Pipe, Store
 
 pytestmark = pytest.mark.redis
 

@@ -30,11 +30,11 @@ from schemathesis.specs.openapi.checks import (
 from services.api.app import BLUEPRINTS, create_app
 from services.api.auth import PUBLIC_ENDPOINTS
 from services.api.openapi import build_spec
-from shared import jobsort
-from shared.config import Settings
-from shared.models import Gpu, Node, Task
-from shared.states import TaskState
-from shared.store import Store
+from shared.domain import jobsort
+from shared.domain.models import Gpu, Node, Task
+from shared.domain.states import TaskState
+from shared.infra.config import Settings
+from shared.state.store import Store
 
 ADMIN, PASSWORD = "root", "root-password"
 SPEC = "/api/v1/openapi.json"

@@ -12,19 +12,19 @@ import pytest
 import redis
 
 from services.scheduler.service import Scheduler
-from shared import keys
-from shared.config import Settings
-from shared.lifecycle import (
+from shared.domain.models import Gpu, Job, Node, TaskPlacement
+from shared.domain.states import JobState, TaskState
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state import keys
+from shared.state.lifecycle import (
     commit_placement,
     drop_stale_from_queue,
     mark_task_running,
     record_task_exit,
     submit_job,
 )
-from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, Job, Node, TaskPlacement
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.state.store import Store
 from tests.integration.test_lifecycle import DEADLINE_MS, ROUNDS, race
 
 pytestmark = pytest.mark.redis

@@ -21,19 +21,20 @@ import redis
 from services.scheduler import service
 from services.scheduler.service import DIRTY, PassStats, Scheduler
 from services.scheduler.worker import create_scheduler_app
-from shared import keys, messaging
-from shared.config import Settings
-from shared.lifecycle import (
+from shared.domain.models import Gpu, Node
+from shared.domain.states import JobState, TaskState
+from shared.infra import messaging
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state import keys
+from shared.state.lifecycle import (
     delete_job,
     mark_task_running,
     record_task_exit,
     request_stop,
     submit_job,
 )
-from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, Node
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.state.store import Store
 
 GPUS = 4
 
@@ -271,7 +272,7 @@ def test_the_caches_keep_only_what_is_queued_or_placed(
     records) goes once they are gone, so a scheduler that runs for months
     holds about what its cluster and queue hold."""
     monkeypatch.setattr(service, "PRUNE_SLACK", 0)
-    monkeypatch.setattr("shared.store.MAX_GONE_ALLOCATIONS", 0)
+    monkeypatch.setattr("shared.state.store.MAX_GONE_ALLOCATIONS", 0)
     running, waiting = fill_and_queue(store, worker, 2)
     scheduler = worker.scheduler
     assert {job_id for job_id, _ in scheduler._specs} == set(running + waiting)

@@ -19,10 +19,15 @@ import pytest
 import redis
 
 from services.scheduler.service import DIRTY, Scheduler
-from shared import keys
-from shared.config import Settings
-from shared.gpuhealth import GpuFault, mark_fault
-from shared.lifecycle import (
+from shared.domain.gpuhealth import GpuFault
+from shared.domain.models import Gpu, Job, Node, TaskPlacement
+from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import START_TASKS, Messenger, make_celery
+from shared.state import keys
+from shared.state.gpufaults import mark_fault
+from shared.state.lifecycle import (
     PlacementCommit,
     commit_placement,
     commit_placements,
@@ -30,10 +35,7 @@ from shared.lifecycle import (
     set_waiting_many,
     submit_job,
 )
-from shared.messaging import START_TASKS, Messenger, make_celery
-from shared.models import Gpu, Job, Node, TaskPlacement, now_ms
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.state.store import Store
 from tests.conftest import operator_url
 from tests.integration.interleave import Hook, with_hooks
 

@@ -16,11 +16,13 @@ from flask.testing import FlaskClient
 
 from services.api.app import create_app
 from services.portal import pages
-from shared import jobsort, keys, tasksamples
-from shared.config import Settings
-from shared.lifecycle import commit_placement, mark_task_running
-from shared.models import Gpu, Node, TaskPlacement, attempt_task_key, now_ms
-from shared.store import Store
+from shared.domain import jobsort
+from shared.domain.models import Gpu, Node, TaskPlacement, attempt_task_key
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.state import keys, tasksamples
+from shared.state.lifecycle import commit_placement, mark_task_running
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, config
 from tests.integration.test_api_auth import wait_past
 

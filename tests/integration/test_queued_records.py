@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.service import Scheduler
-from shared import keys
-from shared.lifecycle import submit_job
-from shared.models import Job
-from shared.store import Store
+from shared.domain.models import Job
+from shared.state import keys
+from shared.state.lifecycle import submit_job
+from shared.state.store import Store
 from tests.integration.test_scheduler import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis

@@ -13,11 +13,12 @@ from flask.testing import FlaskClient
 
 from bench import free_port
 from services.api.platform import Platform
-from shared.config import Settings
-from shared.lifecycle import initial_tasks
-from shared.messaging import Messenger, make_celery
-from shared.models import Attempt, Job, JobSpec, job_id_of, now_ms
-from shared.store import JobConflict, Store
+from shared.domain.models import Attempt, Job, JobSpec, job_id_of
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state.lifecycle import initial_tasks
+from shared.state.store import JobConflict, Store
 from tests.conftest import operator_url
 from tests.integration.api_client import AuthedClient, config, error_of
 

@@ -23,19 +23,20 @@ from flask.testing import FlaskClient
 from services.api.app import create_app
 from services.monitor.logfile import TaskLogFile
 from services.monitor.logs import append_log_entries
-from shared import keys, logfiles, retention
-from shared.config import Settings
-from shared.containers import TaskRef
-from shared.lifecycle import (
+from shared.domain.models import Gpu, Node, TaskPlacement
+from shared.domain.storage import task_log_parts
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.node.containers import TaskRef
+from shared.state import keys, logfiles, retention
+from shared.state.lifecycle import (
     commit_placement,
     mark_task_running,
     record_task_exit,
     request_stop,
     set_waiting,
 )
-from shared.models import Gpu, Node, TaskPlacement, now_ms
-from shared.storage import task_log_parts
-from shared.store import Store
+from shared.state.store import Store
 from tests.conftest import REPO_ROOT
 from tests.integration.api_client import login
 
@@ -373,10 +374,10 @@ def test_a_deleted_compacted_job_leaves_no_key_and_its_name_starts_afresh(
 
 SWEEP = """
 import sys
-from shared import retention
-from shared.config import Settings
-from shared.models import now_ms
-from shared.store import Store
+from shared.state import retention
+from shared.infra.config import Settings
+from shared.infra.clock import now_ms
+from shared.state.store import Store
 settings = Settings(redis_url=sys.argv[1], storage_roots=(sys.argv[2],), retention_batch=1)
 store = Store.from_url(settings.redis_url)
 for _ in range(100_000):

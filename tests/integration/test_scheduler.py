@@ -11,20 +11,21 @@ import pytest
 import redis
 
 from services.scheduler.service import Scheduler
-from shared import keys
-from shared.accounts import Accounts, VirtualCluster
-from shared.config import Settings
-from shared.lifecycle import (
+from shared.domain.models import Gpu, Node, TaskPlacement
+from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import START_TASK, START_TASKS, Messenger, make_celery
+from shared.state import keys
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import (
     commit_placement,
     delete_job,
     mark_task_running,
     record_task_exit,
     submit_job,
 )
-from shared.messaging import START_TASK, START_TASKS, Messenger, make_celery
-from shared.models import Gpu, Node, TaskPlacement, now_ms
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.state.store import Store
 from tests.integration.interleave import Hook, with_hooks
 
 

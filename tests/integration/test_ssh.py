@@ -38,13 +38,13 @@ from services.api.auth import issue_token
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
 from services.scheduler.service import Scheduler
-from shared import keys, telemetry
-from shared.config import Settings
-from shared.containers import LABEL_NODE, TaskRef
-from shared.lifecycle import mark_task_running
-from shared.messaging import Messenger, make_celery
-from shared.retention import compact_job
-from shared.store import Store
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.node.containers import LABEL_NODE, TaskRef
+from shared.state import keys, telemetry
+from shared.state.lifecycle import mark_task_running
+from shared.state.retention import compact_job
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, error_of, served
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

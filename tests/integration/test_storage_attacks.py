@@ -16,10 +16,10 @@ from flask.testing import FlaskClient
 from services.api.app import create_app
 from services.launcher.service import EXIT_SETUP_FAILED
 from services.monitor.logs import LogShipping
-from shared import keys
-from shared.containers import TaskRef
-from shared.lifecycle import record_task_exit
-from shared.states import TaskState
+from shared.domain.states import TaskState
+from shared.node.containers import TaskRef
+from shared.state import keys
+from shared.state.lifecycle import record_task_exit
 from tests.integration.api_client import AuthedClient, new_user, signed_in
 from tests.integration.test_launcher_runtime import USER, WAIT_SECONDS, Rig
 from tests.integration.test_launcher_runtime import rig as rig  # the fixture

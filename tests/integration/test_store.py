@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys
-from shared.jobspec import MAX_TOTAL_TASKS
-from shared.lifecycle import request_stop, submit_job
-from shared.models import Allocation, Attempt, Gpu, Job, Node, Task, job_id_of
-from shared.priority import PriorityClass, queue_order
-from shared.states import JobState, TaskState
-from shared.store import MAX_TRANSACTION_RETRIES, Contention, JobConflict, Pipe, Store
+from shared.domain.jobspec import MAX_TOTAL_TASKS
+from shared.domain.models import Allocation, Attempt, Gpu, Job, Node, Task, job_id_of
+from shared.domain.priority import PriorityClass, queue_order
+from shared.domain.states import JobState, TaskState
+from shared.state import keys
+from shared.state.lifecycle import request_stop, submit_job
+from shared.state.store import MAX_TRANSACTION_RETRIES, Contention, JobConflict, Pipe, Store
 
 pytestmark = pytest.mark.redis
 

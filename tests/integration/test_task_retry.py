@@ -1,4 +1,4 @@
-"""taskRetryCount (OpenPAI v2's per-role retry) through `shared.lifecycle` on
+"""taskRetryCount (OpenPAI v2's per-role retry) through `shared.state.lifecycle` on
 a real Redis: a failed task starts again by itself, on its allocation, with
 its own counter, before its failure counts for the job; a report of an
 earlier container never touches the new one, and duplicate exit messages
@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys, usage
-from shared.completion import NON_RETRYABLE_PREFIX
-from shared.lifecycle import (
+from shared.domain.completion import NON_RETRYABLE_PREFIX
+from shared.domain.models import Gpu, Job, Node, Task, attempt_task_key
+from shared.domain.states import JobState, TaskState
+from shared.state import keys, usage
+from shared.state.lifecycle import (
     ExitReport,
     mark_preempted,
     mark_task_running,
@@ -22,9 +24,7 @@ from shared.lifecycle import (
     request_stop,
     submit_job,
 )
-from shared.models import Gpu, Job, Node, Task, attempt_task_key
-from shared.states import JobState, TaskState
-from shared.store import Store
+from shared.state.store import Store
 from tests.integration.test_lifecycle import ROUNDS, place, race
 
 pytestmark = pytest.mark.redis

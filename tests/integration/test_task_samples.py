@@ -16,13 +16,14 @@ from flask.testing import FlaskClient
 from services.api.app import create_app
 from services.monitor.run import idle_stopper
 from services.monitor.sampling import NodeSampler, NvmlReader
-from shared import keys, retention, tasksamples, telemetry
-from shared.accounts import Accounts, VirtualCluster
-from shared.lifecycle import commit_placement, record_task_exit, submit_job
-from shared.messaging import STOP_JOB
-from shared.models import Gpu, Node, TaskPlacement, attempt_task_key, now_ms
-from shared.nvml import Nvml
-from shared.states import JobState
+from shared.domain.models import Gpu, Node, TaskPlacement, attempt_task_key
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.infra.messaging import STOP_JOB
+from shared.node.nvml import Nvml
+from shared.state import keys, retention, tasksamples, telemetry
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import commit_placement, record_task_exit, submit_job
 from tests.integration.api_client import AuthedClient, error_of, new_user, signed_in
 from tests.integration.test_metrics_exporter import _NoNvml
 from tests.integration.test_monitor_lifecycle import GATE, USER, Rig, release, wait_for

@@ -11,14 +11,15 @@ import redis
 
 from services.scheduler import service as scheduler_service
 from services.scheduler.service import Scheduler
-from shared import keys
-from shared.completion import RETRY_BACKOFF_BASE_SECONDS
-from shared.config import Settings
-from shared.lifecycle import mark_task_running, record_task_exit, request_stop, submit_job
-from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, Job, Node, now_ms
-from shared.states import JobState
-from shared.store import Store
+from shared.domain.completion import RETRY_BACKOFF_BASE_SECONDS
+from shared.domain.models import Gpu, Job, Node
+from shared.domain.states import JobState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state import keys
+from shared.state.lifecycle import mark_task_running, record_task_exit, request_stop, submit_job
+from shared.state.store import Store
 
 pytestmark = pytest.mark.redis
 

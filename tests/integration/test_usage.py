@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import redis
 
-from shared import keys, telemetry, usage
-from shared.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
-from shared.models import Gpu, Node, TaskPlacement, now_ms
-from shared.store import Store
+from shared.domain.models import Gpu, Node, TaskPlacement
+from shared.infra.clock import now_ms
+from shared.state import keys, telemetry, usage
+from shared.state.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient
 
 pytestmark = pytest.mark.redis

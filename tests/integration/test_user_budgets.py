@@ -14,14 +14,15 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.scheduler.service import Scheduler
-from shared import keys, retention, usage
-from shared.accounts import Accounts, VirtualCluster
-from shared.config import Settings
-from shared.lifecycle import commit_placement, mark_task_running, submit_job
-from shared.messaging import Messenger, make_celery
-from shared.models import Gpu, Node, TaskPlacement, now_ms
-from shared.states import TaskState
-from shared.store import Store
+from shared.domain.models import Gpu, Node, TaskPlacement
+from shared.domain.states import TaskState
+from shared.infra.clock import now_ms
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state import keys, retention, usage
+from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
+from shared.state.store import Store
 from tests.integration.api_client import AuthedClient, error_of, new_user
 
 MINUTE = 60_000

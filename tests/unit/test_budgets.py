@@ -1,4 +1,4 @@
-"""GPU-hour budgets: the spend of a VC's period (shared/usage.py) and how the
+"""GPU-hour budgets: the spend of a VC's period (shared/state/usage.py) and how the
 policy treats a VC that has spent its budget (services/scheduler/policy.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 
 from services.scheduler.core import JobRequest
 from services.scheduler.policy import BUDGET, INSUFFICIENT, QUOTA, plan
-from shared.cluster import BORROWED, GUARANTEED, VcPolicy
-from shared.usage import Budget, DayUsage, Spend, day_start_ms, period_first_day, spend
+from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
+from shared.state.usage import Budget, DayUsage, Spend, day_start_ms, period_first_day, spend
 from tests.unit.test_policy import (
     NOW,
     PROD,

@@ -1,4 +1,4 @@
-"""What job containers lose and what an admin may give back (shared/capabilities.py),
+"""What job containers lose and what an admin may give back (shared/domain/capabilities.py),
 and the pids limit setting: pure rules, no engine."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.capabilities import (
+from shared.domain.capabilities import (
     DROPPED,
     EXTRA_GRANTABLE,
     GRANTABLE,
@@ -16,7 +16,7 @@ from shared.capabilities import (
     dropped_capabilities,
     refused_capabilities,
 )
-from shared.config import ConfigError, load_settings
+from shared.infra.config import ConfigError, load_settings
 
 # Docker's default capability set (moby's oci/caps/defaults.go).
 DOCKER_DEFAULTS = {"CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID",

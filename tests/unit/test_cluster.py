@@ -1,11 +1,11 @@
-"""shared/cluster.py: node liveness, what allocations hold, per-VC usage and
+"""shared/domain/cluster.py: node liveness, what allocations hold, per-VC usage and
 whether placements fit: the one judgement every service uses."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.cluster import (
+from shared.domain.cluster import (
     Held,
     can_ever_hold,
     gpus_by_vc,
@@ -15,7 +15,7 @@ from shared.cluster import (
     node_state,
     placement_fits,
 )
-from shared.models import Allocation, Gpu, Node, TaskPlacement
+from shared.domain.models import Allocation, Gpu, Node, TaskPlacement
 
 
 def node(gpus: int = 4, cpus: int = 16, memory: int = 1000) -> Node:

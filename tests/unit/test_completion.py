@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.completion import (
+from shared.domain.completion import (
     MAX_PLATFORM_RETRIES,
     NON_RETRYABLE_PREFIX,
     RETRY_BACKOFF_BASE_SECONDS,
@@ -20,8 +20,8 @@ from shared.completion import (
     evaluate_completion,
     retry_backoff_seconds,
 )
-from shared.models import JobSpec, Task
-from shared.states import JobState, TaskState
+from shared.domain.models import JobSpec, Task
+from shared.domain.states import JobState, TaskState
 
 R, S, F, W, L, X = (TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED,
                     TaskState.WAITING, TaskState.LAUNCHING, TaskState.STOPPED)

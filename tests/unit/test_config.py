@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from shared.config import (
+from shared.infra.config import (
     DEFAULT_REDIS_URL,
     DEFAULT_SECRET,
     ConfigError,

@@ -1,11 +1,11 @@
-"""Task container names and labels (shared/containers.py): one container per
+"""Task container names and labels (shared/node/containers.py): one container per
 task retry, each mapped back to its task and retry from its labels alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.containers import (
+from shared.node.containers import (
     LABEL_TASK_RETRY,
     TaskRef,
     container_name,

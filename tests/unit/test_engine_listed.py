@@ -1,5 +1,5 @@
 """A row of Docker's container list read as an inspected container
-(shared/engine.py `listed_attrs`): what a model's id, name, labels and status
+(shared/node/engine.py `listed_attrs`): what a model's id, name, labels and status
 say must be the same either way, so reconcile and the sampler need no
 inspect per container."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import docker
 import pytest
 
-from shared.engine import listed_attrs
+from shared.node.engine import listed_attrs
 
 LABELS = {"pai.job": "alice~mnist", "pai.attempt": "0", "pai.role": "main", "pai.index": "0"}
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from marshmallow import ValidationError
 
 from services.api.schemas import ExecRequestSchema
-from shared import execs
-from shared.execs import ExecRequest, ExecResult, Outcome, OutputCap, demux, in_container
+from shared.state import execs
+from shared.state.execs import ExecRequest, ExecResult, Outcome, OutputCap, demux, in_container
 
 CONTAINER = "65139d40e65f8ad18d90816a770539312135f56a0be5e9dac66afd96f8ca8aa4"
 OTHER = "0" * 64

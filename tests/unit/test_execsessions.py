@@ -1,4 +1,4 @@
-"""The pure parts of interactive exec (shared/execsessions.py, and the
+"""The pure parts of interactive exec (shared/state/execsessions.py, and the
 API's parser of its control messages, ControlMessageSchema): control
 messages, window sizes, the input entries, and when a session must end."""
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.api.exectty import parse_control
-from shared import execsessions
-from shared.execsessions import (
+from shared.state import execsessions
+from shared.state.execsessions import (
     ControlError,
     EndReason,
     Entry,

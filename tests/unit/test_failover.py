@@ -1,11 +1,11 @@
 """What a Sentinel client may repeat across a primary switch, and how long it
-waits (shared/failover.py): pure rules, no Redis."""
+waits (shared/infra/failover.py): pure rules, no Redis."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.failover import (
+from shared.infra.failover import (
     FIRST_PAUSE_SECONDS,
     LONGEST_PAUSE_SECONDS,
     FailoverRedis,

@@ -1,4 +1,4 @@
-"""GPU health rules (shared/gpuhealth.py) and the NVML readings behind them.
+"""GPU health rules (shared/domain/gpuhealth.py) and the NVML readings behind them.
 
 NVML is absent here (the real library raises NVMLError_LibraryNotFound): the
 health watch then reads nothing and only the injection hook marks GPUs; the
@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from services.monitor.gpuhealth import GpuHealthWatch
-from shared.gpuhealth import (
+from shared.domain.gpuhealth import (
     HW_POWER_BRAKE_SLOWDOWN,
     HW_THERMAL_SLOWDOWN,
     GpuFault,
@@ -25,8 +25,8 @@ from shared.gpuhealth import (
     reading_faults,
     xid_fault,
 )
-from shared.models import Gpu, Node, TaskPlacement
-from shared.nvml import Nvml
+from shared.domain.models import Gpu, Node, TaskPlacement
+from shared.node.nvml import Nvml
 
 R = GpuReading
 

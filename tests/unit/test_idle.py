@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.idle import IdleAction, IdlePolicy, Verdict, decide, idle_run, is_idle, verdict
-from shared.tasksamples import Sample, max_samples, task_gpu_percent
+from shared.state.idle import IdleAction, IdlePolicy, Verdict, decide, idle_run, is_idle, verdict
+from shared.state.tasksamples import Sample, max_samples, task_gpu_percent
 
 POLICY = IdlePolicy(percent=5.0, window_ms=1000, grace_ms=500)
 STOPPING = IdlePolicy(percent=5.0, window_ms=1000, grace_ms=500, action=IdleAction.STOP)

@@ -1,4 +1,4 @@
-"""The job list's sort keys and order (shared/jobsort.py), without Redis."""
+"""The job list's sort keys and order (shared/domain/jobsort.py), without Redis."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import jobsort
+from shared.domain import jobsort
 
 NOW = 100_000
 
@@ -38,7 +38,7 @@ def test_sort_values(sort: str, job_id: str, fields: dict[str, str], value: Any)
 
 
 def test_every_read_field_is_a_job_field() -> None:
-    from shared.models import Job
+    from shared.domain.models import Job
     known = set(Job(id="a~b", username="a", name="b", virtual_cluster="default").to_fields())
     assert all(set(f.reads) <= known for f in jobsort.SORT_FIELDS.values())
     assert jobsort.SORTS[0] == jobsort.SUBMIT_TIME  # the default, first in the API's list

@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pai_cli.jobfile import strip_json_comments
-from shared.jobspec import (
+from shared.domain.jobspec import (
     InvalidJobConfig,
     ValidatedConfig,
     validate_job_config,
 )
-from shared.models import JobSpec
+from shared.domain.models import JobSpec
 
 ROOTS = ("/data",)
 USER = "alice"

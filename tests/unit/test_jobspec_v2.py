@@ -1,4 +1,4 @@
-"""Protocol v2 -> the v1 config a job runs from (shared/jobspec_v2.py).
+"""Protocol v2 -> the v1 config a job runs from (shared/domain/jobspec_v2.py).
 
 One row per v2 feature: what the user writes, and the v1 field, ignored
 field or error path it must become.
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from shared.jobspec import InvalidJobConfig
-from shared.jobspec_v2 import REDACTED, convert_v2, is_v2
+from shared.domain.jobspec import InvalidJobConfig
+from shared.domain.jobspec_v2 import REDACTED, convert_v2, is_v2
 
 BASE: dict[str, Any] = {
     "protocolVersion": 2, "name": "job1", "type": "job",

@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shared.config import parse_sentinel_url
+from shared.infra.config import parse_sentinel_url
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -67,8 +67,9 @@ def resource_id(resource: dict[str, Any]) -> str:
 
 
 def known_settings() -> set[str]:
-    """Every PAI_* name shared/config.py reads."""
-    return set(re.findall(r'"(PAI_[A-Z0-9_]+)"', (ROOT / "shared" / "config.py").read_text()))
+    """Every PAI_* name shared/infra/config.py reads."""
+    source = (ROOT / "shared" / "infra" / "config.py").read_text()
+    return set(re.findall(r'"(PAI_[A-Z0-9_]+)"', source))
 
 
 def secrets_example() -> dict[str, str]:

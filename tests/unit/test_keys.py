@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shared import keys
+from shared.state import keys
 
 JOB = "alice~mnist"
 
@@ -87,7 +87,7 @@ def test_literal_key(actual: str, expected: str) -> None:
 
 
 def test_state_key_from_an_enum_uses_its_value() -> None:
-    from shared.states import JobState
+    from shared.domain.states import JobState
 
     assert keys.state_jobs(JobState.WAITING) == "pai:state:WAITING:jobs"
 

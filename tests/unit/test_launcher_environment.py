@@ -13,8 +13,8 @@ from services.launcher.environment import (
     gpu_environment,
     task_environment,
 )
-from shared.models import JobSpec, Task
-from shared.states import TaskState
+from shared.domain.models import JobSpec, Task
+from shared.domain.states import TaskState
 
 # The seed's distributed TensorFlow example: 2 ps servers and 2 workers.
 SEED_CONFIG: dict[str, Any] = {

@@ -15,8 +15,8 @@ from services.launcher.inventory import (
     real_memory_mb,
     virtual_gpus,
 )
-from shared.config import Settings
-from shared.models import Gpu
+from shared.domain.models import Gpu
+from shared.infra.config import Settings
 
 GIB = 1024**3
 

@@ -17,8 +17,8 @@ from services.launcher.mounts import (
     host_path,
     plan_storage,
 )
-from shared.models import JobSpec
-from shared.storage import StoragePath
+from shared.domain.models import JobSpec
+from shared.domain.storage import StoragePath
 
 
 def spec(**dirs: str) -> JobSpec:

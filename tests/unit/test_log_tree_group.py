@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from services.monitor.logfile import TaskLogFile
-from shared import logfiles, safefs
-from shared.config import ConfigError, load_settings
-from shared.containers import TaskRef
-from shared.logfiles import TreeModes
+from shared.infra import safefs
+from shared.infra.config import ConfigError, load_settings
+from shared.node.containers import TaskRef
+from shared.state import logfiles
+from shared.state.logfiles import TreeModes
 
 GROUP = 10001  # the image's group pai; root may give a file any group
 PARTS = ("job", "0", "main-0.log")

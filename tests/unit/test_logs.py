@@ -1,4 +1,4 @@
-"""The one logging setup (shared/logs.py) and its settings."""
+"""The one logging setup (shared/infra/logs.py) and its settings."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from gunicorn.config import Config
 from gunicorn.glogging import Logger
 
 from services.api.serving import gunicorn_options
-from shared.config import ConfigError, load_settings
-from shared.logs import GUNICORN_LOGGERS, formatter, leave_logging_alone, setup_logging
+from shared.infra.config import ConfigError, load_settings
+from shared.infra.logs import GUNICORN_LOGGERS, formatter, leave_logging_alone, setup_logging
 
 
 def record(message: str, exc: bool = False) -> logging.LogRecord:
@@ -78,7 +78,7 @@ def restore_logging() -> Iterator[None]:
     already_setup = CeleryLogging._setup
     yield
     CeleryLogging._setup = already_setup
-    signals.setup_logging.disconnect(leave_logging_alone, dispatch_uid="shared.logs")
+    signals.setup_logging.disconnect(leave_logging_alone, dispatch_uid="shared.infra.logs")
     for logger, level, handlers, propagate in saved:
         logger.setLevel(level)
         logger.handlers[:] = handlers

@@ -1,11 +1,11 @@
-"""The Celery broker the platform's Redis setting gives (shared/messaging.py)."""
+"""The Celery broker the platform's Redis setting gives (shared/infra/messaging.py)."""
 
 from __future__ import annotations
 
 from kombu import Connection
 
-from shared.config import Settings
-from shared.messaging import (
+from shared.infra.config import Settings
+from shared.infra.messaging import (
     SENTINEL_TRANSPORT,
     TRANSPORT,
     VISIBILITY_TIMEOUT_SECONDS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.config import ConfigError, load_settings
+from shared.infra.config import ConfigError, load_settings
 
 
 def test_the_exporter_listens_on_the_node_ip_by_default() -> None:

@@ -25,7 +25,7 @@ from services.monitor.nodemetrics import (
     node_series,
 )
 from services.monitor.sampling import NvmlReader, container_pids
-from shared.nvml import Nvml
+from shared.node.nvml import Nvml
 
 NODE = "gpu-01"
 TASK_LABELS = (NODE, "alice", "mnist", "worker", "1", "0", "vision")

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from shared import telemetry
-from shared.telemetry import Kind, RecordedMetric
+from shared.state import telemetry
+from shared.state.telemetry import Kind, RecordedMetric
 
 HIST = RecordedMetric("pai_test_seconds", Kind.HISTOGRAM, "test", ("vc",), (0.1, 1.0, 10.0))
 COUNT = RecordedMetric("pai_test", Kind.COUNTER, "test", ("state", "class"))

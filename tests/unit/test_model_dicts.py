@@ -8,8 +8,8 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.models import Allocation, Attempt, Job, Task
-from shared.states import JobState, TaskState
+from shared.domain.models import Allocation, Attempt, Job, Task
+from shared.domain.states import JobState, TaskState
 
 text = st.text(max_size=12)
 small = st.integers(min_value=0, max_value=10**13)

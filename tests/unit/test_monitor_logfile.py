@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.monitor.logfile import TaskLogFile, log_file_parts
-from shared.containers import TaskRef
+from shared.node.containers import TaskRef
 
 REF = TaskRef("alice~job", 0, "main", 0)
 HOST_CONTENT = b"root:x:0:0:root:/root:/bin/sh\n"

@@ -18,7 +18,7 @@ from services.monitor.observations import (
     parse_container_event,
     phase_of,
 )
-from shared.containers import TaskRef, task_labels
+from shared.node.containers import TaskRef, task_labels
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.nameindex import _Chunk, job_name
+from shared.state.nameindex import _Chunk, job_name
 
 NAMES = st.text(alphabet="abAB-.1", min_size=1, max_size=8)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from shared.names import canonical_name
+from shared.domain.names import canonical_name
 
 
 @pytest.mark.parametrize(("raw", "stored"), [

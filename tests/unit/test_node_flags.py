@@ -1,4 +1,4 @@
-"""An admin's hold on a node (shared/cluster.py): how a change moves the
+"""An admin's hold on a node (shared/domain/cluster.py): how a change moves the
 flags, and the state the API shows from them, its heartbeat and its tasks."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.cluster import NODE_STATES, NodeFlags, change_flags, node_view_state
+from shared.domain.cluster import NODE_STATES, NodeFlags, change_flags, node_view_state
 
 NOW = 1_700_000_000_000
 READY = NodeFlags()

@@ -1,4 +1,4 @@
-"""shared/nvml.py, the one NVML session type: the launcher's GPU list from it
+"""shared/node/nvml.py, the one NVML session type: the launcher's GPU list from it
 (the monitor's samples are tested in test_metrics_node.py).
 
 A machine without a driver is the real case here (nvidia-ml-py raises
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from services.launcher.inventory import read_nvml_gpus
 from services.monitor.sampling import NvmlReader
-from shared.models import Gpu
-from shared.nvml import MIB, Nvml, text, topology_groups
+from shared.domain.models import Gpu
+from shared.node.nvml import MIB, Nvml, text, topology_groups
 
 
 class StandInError(Exception):

@@ -1,4 +1,4 @@
-"""CPU-heavy calls off the event loop (shared/offload.py).
+"""CPU-heavy calls off the event loop (shared/infra/offload.py).
 
 Threat: under the API's gevent workers one argon2 hash (~150 ms) holds
 every other request of its process; a stream of logins (or of guesses)
@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from shared.offload import OffLoopHasher, off_loop
+from shared.infra.offload import OffLoopHasher, off_loop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ UNDER_GEVENT = """
 from gevent import monkey
 monkey.patch_all()
 import threading
-from shared.offload import OffLoopHasher, off_loop
+from shared.infra.offload import OffLoopHasher, off_loop
 loop_thread = threading.get_native_id()
 assert off_loop(threading.get_native_id) != loop_thread, "ran on the event loop"
 hasher = OffLoopHasher(time_cost=1, memory_cost=64, parallelism=1)

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from services.scheduler.core import Cluster, JobRequest, job_request, place_some
 from services.scheduler.policy import INSUFFICIENT, PREEMPTING, UNSCHEDULABLE, plan
-from shared.cluster import BORROWED, GUARANTEED, VcPolicy
-from shared.feasibility import infeasible_reasons
-from shared.models import Gpu, JobSpec, Node
-from shared.priority import PriorityClass
+from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
+from shared.domain.feasibility import infeasible_reasons
+from shared.domain.models import Gpu, JobSpec, Node
+from shared.domain.priority import PriorityClass
 from tests.unit.test_policy import NOW, Run, req, run_plan, scenario
 
 

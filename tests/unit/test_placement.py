@@ -18,8 +18,8 @@ from services.scheduler.core import (
     place_gang,
 )
 from services.scheduler.policy import Plan, plan
-from shared.cluster import vc_policies
-from shared.models import Allocation, Gpu, Node
+from shared.domain.cluster import vc_policies
+from shared.domain.models import Allocation, Gpu, Node
 
 
 def node(name: str, gpus: int = 8, cpus: int = 16, memory: int = 65536,

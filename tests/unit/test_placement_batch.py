@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from shared.lifecycle import _record_json
-from shared.models import Allocation, Task
-from shared.states import TaskState
+from shared.domain.models import Allocation, Task
+from shared.domain.states import TaskState
+from shared.state.lifecycle import _record_json
 
 
 def launching_task() -> Task:

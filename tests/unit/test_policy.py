@@ -26,10 +26,10 @@ from services.scheduler.policy import (
     fifo_plan,
     plan,
 )
-from shared.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches, vc_policies
-from shared.config import ConfigError, load_settings
-from shared.models import Allocation
-from shared.priority import PriorityClass, queue_order
+from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches, vc_policies
+from shared.domain.models import Allocation
+from shared.domain.priority import PriorityClass, queue_order
+from shared.infra.config import ConfigError, load_settings
 
 NOW = 1_000_000
 PORTS = (15000, 15099)

@@ -1,4 +1,4 @@
-"""The one Redis ACL (shared/redisacl.py) and how services get its password."""
+"""The one Redis ACL (shared/infra/redisacl.py) and how services get its password."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import ConfigError, load_settings
-from shared.redisacl import OPERATOR_USER, PLATFORM_USER, acl_text, ensure_credentials, main
+from shared.infra.config import ConfigError, load_settings
+from shared.infra.redisacl import OPERATOR_USER, PLATFORM_USER, acl_text, ensure_credentials, main
 
 
 def test_the_acl_locks_the_default_user_and_denies_dangerous_commands() -> None:

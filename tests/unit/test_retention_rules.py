@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.monitor.logfile import within_cap
-from shared.archive import (
+from shared.domain.archive import (
     Archive,
     diagnostics_of,
     finished_task,
@@ -18,11 +18,11 @@ from shared.archive import (
     task_ref,
     told_by_attempts,
 )
-from shared.config import ConfigError, load_settings, parse_size
-from shared.logfiles import KEEP, Repair, cut_marker, make_whole, numbered_tail, plan_repair
-from shared.models import Attempt, Job, Task
-from shared.retention import compacted_record
-from shared.states import JobState, TaskState
+from shared.domain.models import Attempt, Job, Task
+from shared.domain.states import JobState, TaskState
+from shared.infra.config import ConfigError, load_settings, parse_size
+from shared.state.logfiles import KEEP, Repair, cut_marker, make_whole, numbered_tail, plan_repair
+from shared.state.retention import compacted_record
 
 CONFIG = {"jobName": "mnist", "image": "busybox", "taskRoles": [
     {"name": "ps", "taskNumber": 1, "command": "true"},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import safefs
+from shared.infra import safefs
 
 HOST_CONTENT = b"root:x:0:0:root:/root:/bin/sh\n"
 

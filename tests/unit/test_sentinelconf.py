@@ -1,12 +1,12 @@
-"""The Sentinel group's configuration files (shared/sentinelconf.py)."""
+"""The Sentinel group's configuration files (shared/infra/sentinelconf.py)."""
 
 from __future__ import annotations
 
 import stat
 from pathlib import Path
 
-from shared.redisacl import PASSWORD_FILE
-from shared.sentinelconf import (
+from shared.infra.redisacl import PASSWORD_FILE
+from shared.infra.sentinelconf import (
     REPLICATION_FILE,
     SENTINEL_FILE,
     main,

@@ -7,8 +7,8 @@ import pytest
 
 from bench import sim
 from services.scheduler.policy import DEFAULT_LAS
-from shared.cluster import VcPolicy
-from shared.priority import PriorityClass
+from shared.domain.cluster import VcPolicy
+from shared.domain.priority import PriorityClass
 
 TEST, OPPO = PriorityClass.TEST, PriorityClass.OPPO
 

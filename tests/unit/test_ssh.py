@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from services.api.ssh import containers, key_pair
 from services.launcher.environment import task_environment
 from services.launcher.ssh import keys_archive, sshd_script
-from shared import ssh
-from shared.jobspec import InvalidJobConfig, validate_job_config
-from shared.jobspec_v2 import convert_v2
-from shared.models import JobSpec, Task
-from shared.states import TaskState
+from shared.domain import ssh
+from shared.domain.jobspec import InvalidJobConfig, validate_job_config
+from shared.domain.jobspec_v2 import convert_v2
+from shared.domain.models import JobSpec, Task
+from shared.domain.states import TaskState
 
 
 def _public(comment: str = "alice@laptop") -> str:

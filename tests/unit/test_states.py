@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.states import (
+from shared.domain.states import (
     JOB_FINAL,
     JOB_MOVES,
     TASK_FINAL,

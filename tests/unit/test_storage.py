@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.launcher.mounts import TaskSetupError, host_path
-from shared.jobspec import _resolve_dir
-from shared.storage import (
+from shared.domain.jobspec import _resolve_dir
+from shared.domain.storage import (
     Caller,
     Share,
     StoragePath,

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared.supervise import Supervisor
+from shared.infra.supervise import Supervisor
 from tests.threads import wakeups
 
 

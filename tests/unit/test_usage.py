@@ -1,4 +1,4 @@
-"""Usage arithmetic (shared/usage.py): day splits, roll-ups and reports, exact."""
+"""Usage arithmetic (shared/state/usage.py): day splits, roll-ups and reports, exact."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.models import Allocation, Task
-from shared.states import TaskState
-from shared.usage import (
+from shared.domain.models import Allocation, Task
+from shared.domain.states import TaskState
+from shared.state.usage import (
     DAY_MS,
     DayUsage,
     Filter,

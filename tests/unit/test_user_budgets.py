@@ -1,5 +1,5 @@
 """Per-user GPU-hour budgets within a VC: the spend of a user's period
-(shared/usage.py) and how the policy treats a user who has spent theirs
+(shared/state/usage.py) and how the policy treats a user who has spent theirs
 (services/scheduler/policy.py): like a spent VC, for that user's jobs only."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from services.scheduler.core import JobRequest
 from services.scheduler.policy import BUDGET, INSUFFICIENT, USER_BUDGET, Plan, plan
-from shared.cluster import BORROWED, GUARANTEED, VcPolicy
-from shared.priority import PriorityClass
-from shared.usage import (
+from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
+from shared.domain.priority import PriorityClass
+from shared.state.usage import (
     Budget,
     DayUsage,
     Spend,
@@ -56,7 +56,7 @@ def test_used_per_owner(rows: list[DayUsage], expected: dict[tuple[str, str], fl
 
 
 def test_the_per_user_field_is_not_a_report_row() -> None:
-    from shared.usage import parse_day
+    from shared.state.usage import parse_day
     assert parse_day("2026-11-25", {vc_user_total_field("a", "alice"): "5"}) == []
 
 
@@ -285,7 +285,7 @@ def test_a_spent_user_who_runs_as_oppo_is_a_user_who_submitted_oppo(world: World
 ])
 def test_the_budgets_of_a_vcs_users(own: dict[str, float], default: float | None,
                                     users: list[str], expected: dict[str, float]) -> None:
-    from shared.accounts import VirtualCluster
+    from shared.state.accounts import VirtualCluster
     vc = VirtualCluster("research", 4, budget_period="day", on_budget_exhausted="wait",
                         user_gpu_hours_budgets=own, default_user_gpu_hours_budget=default)
     assert vc.user_budgets(users) == {("research", user): Budget(hours, "day", "wait")

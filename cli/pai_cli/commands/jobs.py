@@ -33,7 +33,7 @@ from pai_cli.waiting import (
 )
 
 JOB_STATES = ("WAITING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED")
-# The fields `GET /api/v1/jobs?sort=` sorts the whole list by (shared/jobsort.py SORTS)
+# The fields `GET /api/v1/jobs?sort=` sorts the whole list by (shared/domain/jobsort.py SORTS)
 JOB_SORTS = ("submitTime", "name", "username", "virtualCluster", "state", "gpus", "retries",
              "completedTime", "duration")
 GPU_LOOKUPS = 8  # parallel config reads when the job list carries no GPU counts
