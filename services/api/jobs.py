@@ -37,6 +37,7 @@ from shared.domain.feasibility import infeasible_reasons
 from shared.domain.jobspec import (
     InvalidJobConfig,
     ValidatedConfig,
+    is_job_name,
     shown_config,
     validate_job_config,
 )
@@ -92,7 +93,7 @@ def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
     id), not merely a later user of the same name."""
     username = username.lower()  # user names are case-insensitive
     caller = require_self_or_admin(username, f"{action} for this job") if owner_only else None
-    job = platform().store.get_job(job_id_of(username, name))
+    job = platform().store.get_job(job_id_of(username, name)) if is_job_name(name) else None
     if job is None:
         raise ApiError("NoJobError", f"job {name} of user {username} not found", 404)
     if caller is not None and not caller.admin and job.user_id and job.user_id != caller.uid:

@@ -51,10 +51,19 @@ DEFAULT_SHM_MB = 64
 IGNORED_ENVS = ("isDebug", "paiAzRDMA")
 
 _JOB_NAME = r"^[A-Za-z0-9._~-]+$"
+MAX_JOB_NAME = 255
 _ROLE_NAME = r"^[A-Za-z0-9._~]+$"
 _VC_NAME = r"^[A-Za-z0-9_-]+$"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 _PAI_VAR = re.compile(r"\$(?:\{(PAI_\w+)\}|(PAI_\w+))")
+
+
+def is_job_name(name: str) -> bool:
+    """Whether `name` is one a job may have (the rule `jobName` is held to).
+    A name no job can have is no job's: a reader answers "not found" without
+    asking Redis, where `mnist:config` would read another key of job `mnist`."""
+    return len(name) <= MAX_JOB_NAME and name not in (".", "..") \
+        and re.fullmatch(_JOB_NAME, name) is not None
 
 
 class InvalidJobConfig(ValueError):
@@ -276,7 +285,7 @@ class _ImageAuthSchema(_StrictSchema):
 
 class _JobSchema(_StrictSchema):
     jobName = fields.String(required=True, validate=[
-        validate.Length(min=1, max=255), _pattern(_JOB_NAME), _not_dot_segment])
+        validate.Length(min=1, max=MAX_JOB_NAME), _pattern(_JOB_NAME), _not_dot_segment])
     image = fields.String(required=True,
                           validate=[validate.Length(min=1, max=1024), _not_blank])
     dataDir = _path_field()

@@ -19,6 +19,7 @@ from pai_cli.jobfile import strip_json_comments
 from shared.domain.jobspec import (
     InvalidJobConfig,
     ValidatedConfig,
+    is_job_name,
     validate_job_config,
 )
 from shared.domain.models import JobSpec
@@ -625,3 +626,24 @@ def test_bad_scheduling_fields_are_refused(extra: dict[str, Any]) -> None:
 ])
 def test_gang_allocation_reaches_the_spec(extras: dict[str, Any], gang: bool) -> None:
     assert JobSpec.from_config(validate(config(extras=extras)).config).gang_allocation is gang
+
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("mnist", True),
+    ("a.b_c~d-e", True),
+    ("x" * 255, True),
+    ("x" * 256, False),
+    ("mnist:config", False),
+    ("mnist/config", False),
+    ("", False),
+    (".", False),
+    ("..", False),
+], ids=["plain", "every allowed sign", "longest", "one too long", "a colon", "a slash",
+        "empty", "dot", "dot dot"])
+def test_is_job_name_is_the_rule_jobname_is_held_to(name: str, expected: bool) -> None:
+    assert is_job_name(name) is expected
+    if expected:
+        assert validate(config(jobName=name)).config["jobName"] == name
+    else:
+        assert "jobName" in rejected(config(jobName=name))
