@@ -260,6 +260,9 @@ class Task:
     launched_ms: int | None = None
     started_ms: int | None = None
     completed_ms: int | None = None
+    # When the task took its allocation; unlike launched_ms, a relaunch on the
+    # same allocation (taskRetryCount) keeps it: usage is charged from here.
+    placed_ms: int | None = None
     # Task retries so far (taskRetryCount): which container of the task is
     # the current one (shared/node/containers.py names each apart)
     retries: int = 0

@@ -375,7 +375,7 @@ def _bind_task(task: Task, placement: TaskPlacement, launched_ms: int) -> bool:
     _move_task(task, TaskState.LAUNCHING)
     task.node, task.ip, task.gpus, task.ports = \
         placement.node, placement.ip, list(placement.gpus), placement.ports
-    task.launched_ms = launched_ms
+    task.launched_ms = task.placed_ms = launched_ms
     return True
 
 

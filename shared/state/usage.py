@@ -1,8 +1,8 @@
 """Usage accounting: who held which GPUs, CPUs and memory, for how long.
 
 A task's usage is one interval: from its placement (the allocation's start,
-`Task.launched_ms`) to its exit (`Task.completed_ms`), times what its
-allocation holds. It is recorded once, when the task's exit is settled
+`Task.placed_ms`, which a task retry's relaunch keeps) to its exit
+(`Task.completed_ms`), times what its allocation holds. It is recorded once, when the task's exit is settled
 (shared/state/lifecycle.py `record_task_exit`, inside that compare-and-set), and
 rolled up by UTC day, user, virtual cluster and job. Tasks still holding
 their allocation count up to "now" when usage is read.
@@ -147,8 +147,10 @@ def running_intervals(held: Iterable[tuple[Allocation, Task | None]],
 
 
 def task_interval(alloc: Allocation, task: Task, end_ms: int) -> Interval:
-    """What `task` held through `alloc`, from its placement to `end_ms`."""
-    start = task.launched_ms if task.launched_ms is not None else end_ms
+    """What `task` held through `alloc`, from its placement to `end_ms`.
+    A task bound before placed_ms existed has only its launch time."""
+    placed = task.placed_ms if task.placed_ms is not None else task.launched_ms
+    start = placed if placed is not None else end_ms
     return Interval(job_id=alloc.job_id, attempt=alloc.attempt, role=alloc.role,
                     index=alloc.index, user=split_job_id(alloc.job_id)[0], vc=alloc.vc,
                     start_ms=start, end_ms=max(start, end_ms), gpus=len(alloc.gpus),

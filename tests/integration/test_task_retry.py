@@ -6,6 +6,7 @@ relaunch it once."""
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any
 
@@ -15,6 +16,7 @@ import redis
 from shared.domain.completion import NON_RETRYABLE_PREFIX
 from shared.domain.models import Gpu, Job, Node, Task, attempt_task_key
 from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
 from shared.state import keys, usage
 from shared.state.lifecycle import (
     ExitReport,
@@ -57,6 +59,15 @@ def task0(store: Store, job_id: str, attempt: int = 0) -> Task:
     task = store.get_task(job_id, attempt, "main", 0)
     assert task is not None
     return task
+
+
+def _clock_past(ms: int) -> None:
+    """Return once this host's clock reads later than `ms` (a millisecond at most)."""
+    for _ in range(10_000):
+        if now_ms() > ms:
+            return
+        time.sleep(0.0001)
+    raise AssertionError(f"the clock did not move past {ms}")
 
 
 def job_of(store: Store, job_id: str) -> Job:
@@ -196,15 +207,20 @@ def test_the_old_exit_racing_the_new_start_never_fails_the_new_container(
 def test_a_retried_task_is_charged_once_from_placement_to_its_last_exit(
         store: Store, redis_client: redis.Redis) -> None:
     """Usage accounting (issue 20) beside task retries: the allocation is held
-    through every retry, so one record covers placement to the last exit."""
+    through every retry, so one record covers placement to the last exit,
+    not only the last relaunch's run."""
     job = started(store, "charged", 2)
+    placed_ms = task0(store, job.id).launched_ms
+    assert placed_ms is not None
+    _clock_past(placed_ms)  # so the relaunch is stamped later than the placement
     assert fail(store, job.id, 0, relaunch_deadline_ms=2**41) is not None
     assert mark_task_running(store, job.id, 0, "main", 0, "c1", task_retry=1)
     assert record_task_exit(store, job.id, 0, "main", 0, exit_code=0, task_retry=1) is not None
 
     task = task0(store, job.id)
-    assert task.launched_ms is not None and task.completed_ms is not None
+    assert task.launched_ms is not None and task.launched_ms > placed_ms  # the relaunch
+    assert task.completed_ms is not None
     day = usage.day_of(task.completed_ms)
     rows = [row for row in usage.read_days(redis_client, [day]) if row.job == job.id]
     assert len(rows) == 1
-    assert rows[0].gpu_ms == task.completed_ms - task.launched_ms
+    assert rows[0].gpu_ms == task.completed_ms - placed_ms

@@ -21,7 +21,7 @@ tasks = st.builds(
     ports=st.dictionaries(text, st.lists(small, max_size=4), max_size=3),
     container_id=st.none() | text, exit_code=maybe, diagnostics=text,
     platform_failure=st.booleans(), launched_ms=maybe, started_ms=maybe, completed_ms=maybe,
-    retries=small)
+    placed_ms=maybe, retries=small)
 jobs = st.builds(Job, id=text, username=text, name=text, virtual_cluster=text,
                  state=st.sampled_from(JobState), version=small, completed_ms=maybe,
                  exit_code=maybe, exit_diagnostics=text, started_ms=maybe,

@@ -105,6 +105,21 @@ def test_running_tasks_count_until_now_and_settled_ones_not_again() -> None:
     assert task_interval(alloc, running, MIDNIGHT - 5).duration_ms == 0
 
 
+@pytest.mark.parametrize(("placed", "launched", "start"), [
+    pytest.param(MIDNIGHT, MIDNIGHT, MIDNIGHT, id="never relaunched"),
+    pytest.param(MIDNIGHT, MIDNIGHT + HOUR, MIDNIGHT, id="relaunched: from the placement"),
+    pytest.param(None, MIDNIGHT + HOUR, MIDNIGHT + HOUR, id="bound before placed_ms: launch"),
+    pytest.param(None, None, MIDNIGHT + 2 * HOUR, id="never bound: nothing"),
+])
+def test_a_task_is_charged_from_its_placement(placed: int | None, launched: int | None,
+                                              start: int) -> None:
+    alloc = Allocation(job_id="alice~a", attempt=0, role="main", index=0, node="n1",
+                       gpus=(0,), cpus=1, memory_mb=100, ports=())
+    task = Task("main", 0, TaskState.SUCCEEDED, node="n1", placed_ms=placed,
+                launched_ms=launched)
+    assert task_interval(alloc, task, MIDNIGHT + 2 * HOUR).start_ms == start
+
+
 def test_an_interval_key_tells_a_resubmitted_job_from_the_deleted_one() -> None:
     first, again = interval(MIDNIGHT, MIDNIGHT + 1), interval(MIDNIGHT + 5, MIDNIGHT + 9)
     assert first.key == "alice~a:0:main:0@" + str(MIDNIGHT) and first.key != again.key
