@@ -32,7 +32,7 @@ from redis.client import Pipeline
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from shared.infra.config import SentinelTarget
+from shared.infra.redisurl import SentinelTarget
 
 T = TypeVar("T")
 

@@ -16,8 +16,9 @@ from celery import Celery
 from kombu.transport import redis as kombu_redis
 from kombu.utils.uuid import uuid
 
-from shared.infra.config import SentinelTarget, Settings, parse_sentinel_url
+from shared.infra.config import Settings
 from shared.infra.failover import FAILOVER_WAIT_SECONDS, SENTINEL_TIMEOUT_SECONDS
+from shared.infra.redisurl import SentinelTarget, parse_sentinel_url
 
 SCHEDULER_QUEUE = "scheduler"
 

@@ -1,4 +1,4 @@
-"""Settings from the environment (DESIGN.md section 8), given as mappings."""
+"""Settings from the environment (shared/infra/config.py), given as mappings."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from shared.infra.config import (
     DEFAULT_REDIS_URL,
     DEFAULT_SECRET,
     ConfigError,
-    SentinelTarget,
     Settings,
     load_settings,
     parse_sentinel_url,
 )
+from shared.infra.redisurl import SentinelTarget
 
 
 def test_defaults_with_an_empty_environment() -> None:

@@ -11,7 +11,6 @@ The build runs offline, on a copy of k8s/; nothing talks to a cluster.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shared.infra.config import parse_sentinel_url
+from shared.infra.config import SETTINGS, parse_sentinel_url
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -67,9 +66,8 @@ def resource_id(resource: dict[str, Any]) -> str:
 
 
 def known_settings() -> set[str]:
-    """Every PAI_* name shared/infra/config.py reads."""
-    source = (ROOT / "shared" / "infra" / "config.py").read_text()
-    return set(re.findall(r'"(PAI_[A-Z0-9_]+)"', source))
+    """Every PAI_* setting the platform declares (shared/infra/config.py)."""
+    return {declaration.env for declaration in SETTINGS}
 
 
 def secrets_example() -> dict[str, str]:

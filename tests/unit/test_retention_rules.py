@@ -20,7 +20,8 @@ from shared.domain.archive import (
 )
 from shared.domain.models import Attempt, Job, Task
 from shared.domain.states import JobState, TaskState
-from shared.infra.config import ConfigError, load_settings, parse_size
+from shared.infra.config import ConfigError, load_settings
+from shared.infra.settingtypes import parse_size
 from shared.state.logfiles import KEEP, Repair, cut_marker, make_whole, numbered_tail, plan_repair
 from shared.state.retention import compacted_record
 
