@@ -181,13 +181,16 @@ def read_document() -> Any:
     return read_yaml() if request.mimetype in YAML_TYPES else read_json()
 
 
-def load(schema: Schema, data: Any) -> dict[str, Any]:
-    """`data` loaded by `schema`; a 400 naming every refused field."""
+def load(schema: Schema, data: Any, what: str = "request body") -> dict[str, Any]:
+    """`data` loaded by `schema`; a 400 naming every refused field (or query
+    parameter: services/api/queries.py)."""
     try:
         loaded: dict[str, Any] = schema.load(data)
     except ValidationError as error:
-        raise ApiError("BadRequestError", "the request body is not valid", 400,
-                       fields=flat_errors(error.messages)) from None
+        refused = flat_errors(error.messages)
+        said = "; ".join(f"{name}: {' '.join(problems)}" for name, problems in refused.items())
+        raise ApiError("BadRequestError", f"the {what} is not valid: {said}", 400,
+                       fields=refused) from None
     return loaded
 
 

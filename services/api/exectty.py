@@ -34,13 +34,13 @@ from wsproto.events import CloseConnection, Message, TextMessage
 from wsproto.utilities import LocalProtocolError
 
 from services.api.auth import current_user
-from services.api.bodies import load
 from services.api.errors import ApiError
 from services.api.execs import admitted, running_node
 from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
-from services.api.schemas import ControlMessageSchema, ExecTtyQuerySchema
+from services.api.queries import ExecTtyQuerySchema, load_query
+from services.api.schemas import ControlMessageSchema
 from shared.domain.jobspec import flat_errors
 from shared.infra.clock import now_ms
 from shared.state import execsessions, keys, telemetry
@@ -151,10 +151,7 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
     """
     job = get_job_or_404(username, name, owner_only=True, action="run commands in the tasks")
     pai = platform()
-    args = request.args
-    query = load(ExecTtyQuerySchema(), {
-        **{k: v for k, v in args.items() if k != "command"},
-        **({"command": args.getlist("command")} if "command" in args else {})})
+    query = load_query(ExecTtyQuerySchema())
     if request.environ.get("HTTP_UPGRADE", "").lower() != "websocket":
         raise ApiError("BadRequestError", "this is the interactive exec: open a WebSocket "
                        "(Upgrade: websocket); run one command with POST on this path", 400)

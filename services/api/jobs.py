@@ -17,19 +17,21 @@ from redis.exceptions import RedisError
 
 from services.api import jobmetrics, sse
 from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
-from services.api.bodies import load, load_body, read_document, read_yaml, takes
+from services.api.bodies import load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
 from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
-from services.api.render import job_detail, job_summary
-from services.api.schemas import (
-    MAX_TAIL,
+from services.api.queries import (
     JobListQuerySchema,
     JobMetricsQuerySchema,
-    StopRequestSchema,
+    SubmitQuerySchema,
+    TaskLogQuerySchema,
     TaskSamplesQuerySchema,
+    load_query,
 )
+from services.api.render import job_detail, job_summary
+from services.api.schemas import MAX_TAIL, StopRequestSchema
 from services.api.storage import check_job_storage
 from shared.domain.archive import diagnostics_of
 from shared.domain.capabilities import refused_capabilities
@@ -44,7 +46,7 @@ from shared.domain.jobspec import (
 from shared.domain.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
 from shared.domain.models import Job, JobSpec, Node, job_id_of
 from shared.domain.priority import PriorityClass
-from shared.domain.states import JobState, TaskState
+from shared.domain.states import TaskState
 from shared.domain.storage import task_log_parts
 from shared.infra.clock import now_ms
 from shared.state import idle, keys, logfiles, sshkeys, tasksamples
@@ -59,9 +61,6 @@ bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 MAX_METRIC_TASKS = 64  # tasks a job's metrics answer holds at most, by role and index
 MAX_METRIC_SAMPLES = 20_000  # samples read per task when the monitor's are shown
 MAX_IDLE_SHOWN = 200  # idle tasks listed at most, longest idle first
-# The list's order and sort field, by the schema (offset and limit are clamped, not refused)
-_LIST_ORDERING = JobListQuerySchema(only=("order", "sort"))
-MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 FOLLOW_MAX_SECONDS = 24 * 3600
 KEEPALIVE_SECONDS = 15
 # Feasibility at submit is judged against nodes read at most this long ago.
@@ -122,7 +121,8 @@ def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
           description: dryRun; the config as it would be stored
           content: {application/json: {schema: DryRun}}
     """
-    return _submit(username or current_user().username, _config_body())
+    dry_run = load_query(SubmitQuerySchema())["dryRun"]
+    return _submit(username or current_user().username, _config_body(), dry_run)
 
 
 @bp_v2.post("/jobs", endpoint="submit")
@@ -145,11 +145,12 @@ def submit_v2() -> tuple[dict[str, Any], int]:
           description: dryRun; the config as it would be stored
           content: {application/json: {schema: DryRun}}
     """
+    dry_run = load_query(SubmitQuerySchema())["dryRun"]
     body = _config_body(read_yaml)
     if not is_v2(body):
         raise ApiError("InvalidJobConfigError", "this endpoint takes protocol v2 configs",
                        400, fields={"protocolVersion": ["Must be 2."]})
-    return _submit(current_user().username, body)
+    return _submit(current_user().username, body, dry_run)
 
 
 def _check_vc(username: str, vc_name: str, vc: VirtualCluster | None, gpus: int,
@@ -241,15 +242,15 @@ def _known_nodes() -> list[Node]:
     return nodes
 
 
-def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
+def _submit(username: str, body: Any, dry_run: bool) -> tuple[dict[str, Any], int]:
     """Decide on what this process remembers (the token check, the VC) with
     the write holding to it (services/api/auth.py `authenticate`). What is
     not written does not hold to anything, so a refusal decided on
     remembered records, and a dry run, are decided again on fresh reads: a
     VC granted a moment ago is usable, a revoked token answers 401."""
-    if request.args.get("dryRun", "").lower() not in ("1", "true"):
+    if not dry_run:
         try:
-            return _submit_decided(username, body, remembered=True)
+            return _submit_decided(username, body, remembered=True, dry_run=False)
         except ExpectationFailed:
             pass
         except ApiError as error:
@@ -259,11 +260,11 @@ def _submit(username: str, body: Any) -> tuple[dict[str, Any], int]:
                 raise
     if g.get("token_remembered"):
         reverify()  # 401 if the token no longer holds
-    return _submit_decided(username, body, remembered=False)
+    return _submit_decided(username, body, remembered=False, dry_run=dry_run)
 
 
-def _submit_decided(username: str, body: Any,
-                    remembered: bool) -> tuple[dict[str, Any], int]:
+def _submit_decided(username: str, body: Any, remembered: bool,
+                    dry_run: bool) -> tuple[dict[str, Any], int]:
     username = username.lower()  # user names are case-insensitive
     caller = require_self_or_admin(username, "submit jobs")
     pai = platform()
@@ -297,7 +298,7 @@ def _submit_decided(username: str, body: Any,
         stored = {**validated.config, V2_SUBMISSION: validated.shown}
         shown = shown_config(redact(validated.config, validated.secrets))
     extra = {"notes": notes} if notes else {}
-    if request.args.get("dryRun", "").lower() in ("1", "true"):
+    if dry_run:
         return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
     try:
         # One round trip: the job, its indexes, its queue place, its event and
@@ -346,26 +347,14 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
                 - {type: array, items: JobSummary}
                 - JobPage
     """
-    args = request.args
-    try:
-        offset = min(MAX_OFFSET, max(0, int(args.get("offset", 0))))
-        limit = min(1000, max(1, int(args.get("limit", 50))))
-    except ValueError:
-        raise ApiError("BadRequestError", "offset and limit must be integers") from None
-    state = args.get("state") or None
-    if state is not None and state not in JobState.__members__:
-        raise ApiError("BadRequestError",
-                       f"state is one of {', '.join(JobState.__members__)}")
-    ordering = load(_LIST_ORDERING, {k: v for k, v in args.items()
-                                     if k in _LIST_ORDERING.fields and v})
-    with_total = args.get("withTotalCount", "").lower() in ("1", "true")
+    query = load_query(JobListQuerySchema())
     jobs, total = platform().store.list_jobs(
-        username=args.get("username") or None, vc=args.get("vc") or None, state=state,
-        keyword=args.get("keyword") or None, offset=offset, limit=limit,
-        count_total=with_total, oldest_first=ordering["order"] == "asc",
-        sort=ordering["sort"])
+        username=query.get("username"), vc=query.get("vc"), state=query.get("state"),
+        keyword=query.get("keyword"), offset=query["offset"], limit=query["limit"],
+        count_total=query["withTotalCount"], oldest_first=query["order"] == "asc",
+        sort=query["sort"])
     rows = [job_summary(j) for j in jobs]
-    if with_total:
+    if query["withTotalCount"]:
         return {"totalCount": total, "data": rows}
     return rows
 
@@ -482,19 +471,14 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
             text/event-stream: {schema: {type: string}}
     """
     job = get_job_or_404(username, name, owner_only=True, action="read the logs")
-    try:
-        attempt = int(request.args.get("attempt", job.attempt))
-        tail = min(MAX_TAIL, max(0, int(request.args.get("tail", 1000))))
-    except ValueError:
-        raise ApiError("BadRequestError", "attempt and tail must be integers") from None
-    if attempt < 0 or attempt > job.attempt:
-        raise ApiError("BadRequestError", f"job {name} has attempts 0..{job.attempt}")
+    query = load_query(TaskLogQuerySchema())
+    attempt, tail = _attempt_asked(job, query), query["tail"]
     if not platform().store.task_exists(job.id, attempt, role, index):
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
     log_dir = _filed_in(job, attempt, role, index)
     if log_dir is not None:
-        return _filed_log(log_dir, job.id, attempt, role, index, tail)
-    if request.args.get("follow", "").lower() in ("1", "true"):
+        return _filed_log(log_dir, job.id, attempt, role, index, tail, query["follow"])
+    if query["follow"]:
         resume = request.headers.get("Last-Event-ID") or None
         if resume is not None and sse.parse_stream_id(resume) is None:
             raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
@@ -527,7 +511,7 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
       responses: {200: TaskSamples}
     """
     job = get_job_or_404(username, name, owner_only=True, action="read the samples")
-    query = load(TaskSamplesQuerySchema(), request.args)
+    query = load_query(TaskSamplesQuerySchema())
     attempt = _attempt_asked(job, query)
     store = platform().store
     if not store.task_exists(job.id, attempt, role, index):
@@ -551,7 +535,7 @@ def job_metrics(username: str, name: str) -> dict[str, Any]:
       responses: {200: JobMetrics}
     """
     job = get_job_or_404(username, name, owner_only=True, action="read the metrics")
-    query = load(JobMetricsQuerySchema(), request.args)
+    query = load_query(JobMetricsQuerySchema())
     attempt = _attempt_asked(job, query)
     settings = platform().settings
     to_ms = query.get("to", job.completed_ms if job.state.is_final and job.completed_ms
@@ -625,7 +609,7 @@ def _filed_in(job: Job, attempt: int, role: str, index: int) -> str | None:
 
 
 def _filed_log(log_dir: str, job_id: str, attempt: int, role: str, index: int,
-               tail: int) -> Response:
+               tail: int, follow: bool) -> Response:
     """A finished task's log from its file, in the shapes the stream gives:
     the last `tail` lines as text, or followed (the tail, then the end: the
     task has ended). A follow's event ids are line numbers (`0-<n>`), so a
@@ -633,7 +617,7 @@ def _filed_log(log_dir: str, job_id: str, attempt: int, role: str, index: int,
     The file says itself where lines were dropped or cut."""
     parts = task_log_parts(job_id, attempt, role, index)
     try:
-        if request.args.get("follow", "").lower() not in ("1", "true"):
+        if not follow:
             text = "".join(line + "\n" for line in logfiles.tail(log_dir, parts, tail))
             return Response(text, mimetype="text/plain")
         resume = request.headers.get("Last-Event-ID") or None

@@ -8,7 +8,6 @@ This module imports no view (the views import it).
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from marshmallow import (
@@ -17,12 +16,10 @@ from marshmallow import (
     Schema,
     ValidationError,
     fields,
-    post_load,
     validate,
     validates_schema,
 )
 
-from shared.domain import jobsort
 from shared.domain.capabilities import GRANTABLE
 from shared.domain.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.domain.jobspec import JobConfigSchema, WholeNumber
@@ -235,13 +232,6 @@ class TaskStatusSchema(Schema):
                               "PAI_IDLE_GPU_PERCENT for PAI_IDLE_GPU_SECONDS: since when"})
 
 
-class TaskSamplesQuerySchema(Schema):
-    attempt = fields.Integer(validate=validate.Range(min=0),
-                             metadata={"description": "default: the job's current attempt"})
-    limit = fields.Integer(load_default=2000, validate=validate.Range(min=1, max=20_000),
-                           metadata={"description": "the last samples to send"})
-
-
 class TaskSampleSchema(Schema):
     time = _ms()
     cpuPercent = fields.Float(required=True, allow_none=True,
@@ -255,25 +245,6 @@ class TaskSamplesSchema(Schema):
     attempt = fields.Integer(required=True)
     intervalSeconds = fields.Float(required=True)
     samples = fields.List(fields.Nested(TaskSampleSchema), required=True)
-
-
-MAX_METRICS_STEP_SECONDS = 86_400
-
-
-class JobMetricsQuerySchema(Schema):
-    attempt = fields.Integer(validate=validate.Range(min=0),
-                             metadata={"description": "default: the job's current attempt"})
-    from_ = fields.Integer(data_key="from", validate=validate.Range(min=0), metadata={
-        **_MS, "description": "default: when the job was submitted"})
-    to = fields.Integer(validate=validate.Range(min=0), metadata={
-        **_MS, "description": "default: when the job finished, else now"})
-    step = fields.Float(validate=validate.Range(min=1, max=MAX_METRICS_STEP_SECONDS), metadata={
-        "description": "seconds between points; at least the span in 1,000 points"})
-
-    @validates_schema
-    def check_span(self, data: dict[str, Any], **_: object) -> None:
-        if "from_" in data and "to" in data and data["from_"] >= data["to"]:
-            raise ValidationError(["must be before `to`"], "from")
 
 
 class JobMetricsSampleSchema(TaskSampleSchema):
@@ -351,40 +322,6 @@ class SubmittedSchema(Schema):
         "description": "what pai does differently from OpenPAI with this job"})
 
 
-class SubmitQuerySchema(Schema):
-    dryRun = fields.Boolean(load_default=False,
-                            metadata={"description": "validate and answer 200; store nothing"})
-
-
-LIST_ORDERS = ("desc", "asc")  # by the sort field (submit time unless named): down, or up
-
-
-class JobListQuerySchema(Schema):
-    offset = fields.Integer(load_default=0, validate=validate.Range(min=0),
-                            metadata={"description": "past the last job: an empty page"})
-    limit = fields.Integer(load_default=50, validate=validate.Range(min=1, max=1000))
-    state = fields.String(validate=validate.OneOf(JOB_STATES))
-    username = fields.String()
-    vc = fields.String(metadata={"description": "virtual cluster"})
-    keyword = fields.String(metadata={"description": "part of the job name"})
-    order = fields.String(load_default="desc", validate=validate.OneOf(LIST_ORDERS), metadata={
-        "description": "desc (largest, newest first) or asc, by `sort`"})
-    sort = fields.String(load_default=jobsort.SUBMIT_TIME, validate=validate.OneOf(jobsort.SORTS),
-                         metadata={"description": "the field the whole filtered list is "
-                                   "sorted by; equal values in submit-time order, then id"})
-    withTotalCount = fields.Boolean(
-        load_default=False, metadata={"description": "answer {totalCount, data}, not a list"})
-
-
-class TaskLogQuerySchema(Schema):
-    attempt = fields.Integer(validate=validate.Range(min=0),
-                             metadata={"description": "default: the job's current attempt"})
-    tail = fields.Integer(load_default=1000, validate=validate.Range(min=0, max=MAX_TAIL),
-                          metadata={"description": "the last lines to send"})
-    follow = fields.Boolean(load_default=False, metadata={
-        "description": "server-sent events: the tail, then new lines until the task ends"})
-
-
 class DryRunSchema(Schema):
     config = fields.Nested(JobConfigSchema, required=True,
                            metadata={"description": "the config as it would be stored"})
@@ -401,7 +338,7 @@ class StopAcceptedSchema(Schema):
     state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
 
 
-def _check_argv(argv: list[str]) -> None:
+def check_argv(argv: list[str]) -> None:
     """A command line an exec may run (shared/state/execs.py), else its problems as
     the `command` field's errors."""
     problems = execs.argv_problems(argv)
@@ -431,31 +368,10 @@ class ExecRequestSchema(_Request):
 
     @validates_schema
     def check_command(self, data: dict[str, Any], **_: object) -> None:
-        _check_argv(data.get("command") or [])
+        check_argv(data.get("command") or [])
         if data.get("timeoutSec", 0) > self.max_timeout:
             raise ValidationError([f"at most {self.max_timeout} seconds on this platform"],
                                   "timeoutSec")
-
-
-class ExecTtyQuerySchema(Schema):
-    """The query of the interactive exec's WebSocket (services/api/exectty.py)."""
-
-    tty = fields.Boolean(required=True, validate=validate.Equal(True), metadata={
-        "description": "1: a terminal session over a WebSocket (run a command without one "
-                       "with POST)"})
-    command = fields.List(fields.String(), validate=validate.Length(min=1, max=execs.MAX_ARGS),
-                          metadata={"description": "the program and its arguments, one "
-                                                   "`command=` each (default: a start message, "
-                                                   "or /bin/sh)"})
-    cols = fields.Integer(load_default=execsessions.DEFAULT_COLS,
-                          validate=validate.Range(min=1, max=execsessions.MAX_WINDOW))
-    rows = fields.Integer(load_default=execsessions.DEFAULT_ROWS,
-                          validate=validate.Range(min=1, max=execsessions.MAX_WINDOW))
-
-    @validates_schema
-    def check_command(self, data: dict[str, Any], **_: object) -> None:
-        if "command" in data:
-            _check_argv(data["command"])
 
 
 def _window_side(name: str) -> fields.Integer:
@@ -498,7 +414,7 @@ class ControlMessageSchema(Schema):
                 if side not in data:
                     raise ValidationError(f"{side} must be a whole number", side)
         if data["type"] == "start" and data.get("command") is not None:
-            _check_argv(data["command"])
+            check_argv(data["command"])
 
 
 class ExecResultSchema(Schema):
@@ -714,54 +630,6 @@ class NodePutSchema(_Request):
 
 
 # ---------------------------------------------------------------- usage
-
-USAGE_DIMENSIONS = ("day", "user", "vc", "job")  # shared.state.usage.DIMENSIONS
-MAX_USAGE_DAYS = 732  # one report's span: two years of daily roll-ups
-USAGE_DEFAULT_DAYS = 30
-
-
-class _CommaList(fields.String):
-    """A list sent as one comma-separated query value (`day,user`)."""
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
-        text = super()._deserialize(value, attr, data, **kwargs)
-        return [part.strip() for part in text.split(",") if part.strip()]
-
-
-class UsageQuerySchema(Schema):
-    user = fields.String(validate=validate.Regexp(INPUT_PATTERN), metadata={
-        "description": "one user's usage (anyone but an admin sees only their own)"})
-    vc = fields.String(validate=validate.Regexp(INPUT_PATTERN),
-                       metadata={"description": "one virtual cluster's usage"})
-    from_ = fields.Date(data_key="from", metadata={
-        "description": "first UTC day, YYYY-MM-DD (default: 29 days before `to`)"})
-    to = fields.Date(metadata={"description": "last UTC day, included (default: today)"})
-    groupBy = _CommaList(load_default=lambda: ["user"], validate=[
-        validate.Length(min=1, max=len(USAGE_DIMENSIONS)),
-        validate.ContainsOnly(USAGE_DIMENSIONS)], metadata={
-        "description": "one or more of day, user, vc, job, comma-separated (default user)"})
-    format = fields.String(load_default="json", validate=validate.OneOf(["json", "csv"]),
-                           metadata={"description": "csv: the rows as a CSV file"})
-
-    @validates_schema
-    def check_span(self, data: dict[str, Any], **_: object) -> None:
-        first, last = _usage_span(data)
-        if first > last:
-            raise ValidationError("must not be after `to` (default: today)", "from")
-        if (last - first).days >= MAX_USAGE_DAYS:
-            raise ValidationError(f"a report spans at most {MAX_USAGE_DAYS} days", "from")
-
-    @post_load
-    def fill_span(self, data: dict[str, Any], **_: object) -> dict[str, Any]:
-        data["from_"], data["to"] = _usage_span(data)
-        return data
-
-
-def _usage_span(data: dict[str, Any]) -> tuple[dt.date, dt.date]:
-    """The report's first and last day, defaults filled in (UTC)."""
-    last = data.get("to") or dt.datetime.now(dt.UTC).date()
-    return data.get("from_") or last - dt.timedelta(days=USAGE_DEFAULT_DAYS - 1), last
-
 
 class UsageRowSchema(Schema):
     day = fields.String(metadata={"description": "UTC day, YYYY-MM-DD (when grouped by day)"})

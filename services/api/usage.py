@@ -8,13 +8,12 @@ import io
 import json
 from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response
 
 from services.api.auth import accounts, current_user
-from services.api.bodies import load
 from services.api.errors import ApiError
 from services.api.platform import platform
-from services.api.schemas import UsageQuerySchema
+from services.api.queries import UsageQuerySchema, load_query
 from services.api.vcs import budget_view
 from shared.domain.models import Allocation, Task, job_id_of, task_key
 from shared.infra.clock import now_ms
@@ -106,7 +105,7 @@ def get_usage() -> Any:
             application/json: {schema: UsageReport}
             text/csv: {schema: {type: string}}
     """
-    query = load(UsageQuerySchema(), request.args)
+    query = load_query(UsageQuerySchema())
     user, vc = _scope(query)
     first, last = query["from_"].isoformat(), query["to"].isoformat()
     by = [d for d in usage.DIMENSIONS if d in query["groupBy"]]
