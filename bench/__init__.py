@@ -1,9 +1,10 @@
-"""Benchmarks (DESIGN.md section 10): figures beside a reference from the same run.
+"""Benchmarks (docs/design.md, "Performance"): figures beside a reference from the same run.
 
 Each `bench/bench_<name>.py` exposes `run() -> Figures`; `python -m bench
 [name...]` runs them and prints what they return. A figure is a number or a
 string; a table is a mapping of row name -> figures. Nothing here asserts a
-time: the figures go to docs/performance.md, read by people.
+time: the figures go to docs/performance-log.md (and, where they stand,
+docs/performance.md), read by people.
 
 The helpers below are what every benchmark needs: a throwaway Redis it can
 fill and flush, and percentiles of timed calls.

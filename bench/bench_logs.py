@@ -19,7 +19,7 @@ names), with its default log bound (PAI_LOG_MAX_LINES = 100,000).
   SDK's `logs(stream=True, follow=True)`: the engine's own delivery, which
   the platform's log shipping reads from.
 
-Nothing is asserted; docs/performance.md records the figures.
+Nothing is asserted; docs/performance-log.md records the figures.
 """
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ def _known_nodes() -> list[Node]:
     """Every node that ever reported, as read at most NODES_FRESH_SECONDS ago.
 
     Reading and parsing every node's inventory on each submit made a submit
-    cost O(nodes) (31 ms of CPU with 1,000 nodes, docs/performance.md); the
+    cost O(nodes) (31 ms of CPU with 1,000 nodes, docs/performance-log.md); the
     inventories change only when a node registers again.
     """
     cache = current_app.extensions.setdefault(NODES_EXTENSION, {})

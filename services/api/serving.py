@@ -1,6 +1,6 @@
 """How gunicorn serves the API, so that no client can hold its workers.
 
-The worker is gevent's (DESIGN.md section 11: log follows and slow clients
+The worker is gevent's (docs/design.md, "Reliability and security": log follows and slow clients
 do not hold request workers). Every connection is a greenlet, not a thread:
 a log follow waiting on Redis (redis-py over gevent's patched sockets) or a
 client that sends slowly costs memory, not one of a few threads. What is
@@ -48,7 +48,7 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "bind": f"{settings.api_host}:{settings.api_port}",
         # One process per core: a gevent worker uses one core however many
-        # connections it serves (docs/performance.md, "API submit").
+        # connections it serves (docs/performance-log.md, "API submit").
         "workers": settings.api_workers,
         # Each worker listens on a socket of its own (SO_REUSEPORT) and the
         # kernel spreads new connections over them; on one shared socket the

@@ -1,4 +1,5 @@
-"""The environment of a task's container (DESIGN.md section 5). No IO.
+"""The environment of a task's container (docs/design.md, "Inside a job
+container"). No IO.
 
 Every variable is computed from the job's spec and the placed tasks of one
 attempt, so peers find each other (`PAI_TASK_ROLE_0_HOST_LIST`, ...) without
@@ -101,7 +102,7 @@ def task_environment(
     spec: JobSpec, username: str, tasks: Sequence[Task], role: str, index: int, *,
     default_fs_uri: str, renumbered_gpus: bool = False, attempt: int = 0,
 ) -> dict[str, str]:
-    """Every variable of DESIGN.md section 5 for task `role`[`index`].
+    """Every variable of docs/design.md, "Inside a job container", for task `role`[`index`].
 
     `tasks` are the attempt's tasks, all placed (node IP and ports set).
     Raises KeyError when the task is not among them, IncompletePlacement when

@@ -520,7 +520,7 @@ def paused_gc() -> Iterator[None]:
 
     A pass allocates an object or more per queued job; every so many the
     collector walks the whole heap (the queue included), which made a pass
-    over 50,000 jobs grow faster than the queue (docs/performance.md).
+    over 50,000 jobs grow faster than the queue (docs/performance-log.md).
     Refcounting still frees everything. Nested and threaded uses are safe:
     the collector is back on when the last one leaves, if it was on before.
     """

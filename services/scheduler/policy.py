@@ -1,6 +1,6 @@
 """The scheduling policy: a snapshot in, decisions out. No IO, no clock.
 
-What it decides each pass (../shared/DESIGN.md section 12, docs/scheduling.md):
+What it decides each pass (docs/design.md, "Scheduling policy"; docs/scheduling.md):
 
 - **Guarantees.** A VC's `gpuQuota` is guaranteed. A queued job that fits in
   what its VC's guarantee has left (counting only running work of its class

@@ -1,4 +1,5 @@
-"""When does an attempt end, and does the job retry? (DESIGN.md section 4)
+"""When does an attempt end, and does the job retry? (docs/design.md,
+"States and completion")
 
 Pure functions over the job's spec and its tasks' states: the monitor calls
 them on every task exit, inside a compare-and-set, so their answer is the
@@ -114,7 +115,7 @@ def retry_backoff_seconds(retries: int) -> int:
 def decide_retry(
     outcome: AttemptOutcome, *, retry_count: int, retries: int, platform_retries: int,
 ) -> RetryDecision:
-    """Whether a failed attempt gets a fresh one (DESIGN.md section 4)."""
+    """Whether a failed attempt gets a fresh one (docs/design.md, "States and completion")."""
     if outcome.state != JobState.FAILED or not outcome.retryable:
         return RetryDecision(False, False)
     if outcome.platform_failure:

@@ -1,4 +1,5 @@
-"""Riding through a Redis primary switch (Sentinel failover, DESIGN.md section 7).
+"""Riding through a Redis primary switch (Sentinel failover;
+docs/design.md, "Redis and Celery").
 
 When Sentinel promotes a replica, every connection to the old primary breaks
 and, for a few seconds, the sentinels still name the dead server. A command

@@ -96,7 +96,7 @@ class ReusedClients:
     A redis-py client holds no connection of its own (each command borrows
     one from the pool), so one client serves every thread; but making one
     builds its table of some 170 reply callbacks, which was a tenth of the
-    scheduler's CPU per message (docs/performance.md). A new pool (kombu
+    scheduler's CPU per message (docs/performance-log.md). A new pool (kombu
     makes one after a reconnect) gets a new client.
     """
 

@@ -4,7 +4,7 @@ A short job costs the launcher a create and a start and the monitor a log
 follow and a remove. Through the SDK each is a `requests` call: session
 merging, cookie jars, hooks, adapters and urllib3 on top of the HTTP itself,
 about 0.5 ms of CPU a call against 0.12 ms for the same request over
-`http.client` (docs/performance.md). `EngineCalls` sends exactly the requests the SDK
+`http.client` (docs/performance-log.md). `EngineCalls` sends exactly the requests the SDK
 sends (the container config is still built by the SDK) and raises exactly
 the SDK's errors (`docker.errors.create_api_error_from_http_exception`), so
 callers handle NotFound, ImageNotFound and conflicts as before.

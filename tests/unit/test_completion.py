@@ -1,4 +1,4 @@
-"""Completion and retry policy (DESIGN.md section 4), one case per rule."""
+"""Completion and retry policy (docs/design.md, "States and completion"), one case per rule."""
 
 from __future__ import annotations
 

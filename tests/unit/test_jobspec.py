@@ -1,4 +1,5 @@
-"""The v1 job config contract (DESIGN.md section 3 and "Storage" in section 5).
+"""The v1 job config contract (docs/design.md, "Job protocol" and the
+storage rules of "Inside a job container").
 
 Each rule has a valid and an invalid case in the tables below, so a change to
 a rule shows up as a named failing case rather than a silent drift.

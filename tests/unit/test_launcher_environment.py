@@ -1,4 +1,4 @@
-"""The environment a task's container gets (DESIGN.md section 5)."""
+"""The environment a task's container gets (docs/design.md, "Inside a job container")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The job and task state tables (DESIGN.md section 4): what may follow what."""
+"""The job and task state tables (docs/design.md, "States and completion"): what may follow what."""
 
 from __future__ import annotations
 
