@@ -1,6 +1,6 @@
 """Session fixtures shared by every test: a throwaway Redis and the Docker engine.
 
-Both are real (DESIGN.md section 9). `make test` makes sure `redis-server` is
+Both are real (docs/design.md, "Running and testing"). `make test` makes sure `redis-server` is
 installed, that a Docker engine answers (DOCKER_HOST) and that the test image
 exists; run bare `pytest` and these fixtures still start Redis themselves and
 build the image, but they fail, never skip, when Docker does not answer.
@@ -15,10 +15,8 @@ import contextlib
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import docker
 import pytest
@@ -27,67 +25,20 @@ from docker.errors import DockerException, ImageNotFound
 from docker.models.containers import Container
 
 from bench import free_port
-from shared.infra.redisacl import Credentials, ensure_credentials
+from tests.support import REPO_ROOT
+from tests.support.redis_server import (
+    operator_url,
+    redis_credentials,
+    remember_operator,
+    start_redis,
+    stop_redis,
+)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_IMAGE = "pai-test/busybox:latest"
 BUILD_TEST_IMAGE = REPO_ROOT / "scripts" / "build-test-image.sh"
 SSH_TEST_IMAGE = "pai-test/sshd:latest"
 BUILD_SSH_TEST_IMAGE = REPO_ROOT / "scripts" / "build-ssh-test-image.sh"
 SESSION_LABEL = "pai.test.session"
-
-
-def redis_credentials(datadir: Path) -> Credentials:
-    """The ACL of a test redis-server kept in `datadir` (same passwords across
-    restarts): tests run Redis exactly as deployments do, no login without a password."""
-    return ensure_credentials(datadir / "acl")
-
-
-def _start_redis(binary: str, datadir: Path, port: int) -> subprocess.Popen[bytes] | None:
-    """Start redis-server on `port`; None when it died (e.g. someone took the port)."""
-    credentials = redis_credentials(datadir)
-    options = {
-        "aclfile": str(credentials.acl_file),
-        "protected-mode": "yes",
-        "bind": "127.0.0.1",
-        "port": str(port),
-        "dir": str(datadir),
-        "save": "",  # no RDB snapshots: the append-only file is what the platform uses
-        "appendonly": "yes",
-        "daemonize": "no",
-        "logfile": str(datadir / "redis.log"),
-    }
-    proc = subprocess.Popen(
-        [binary, *(arg for name, value in options.items() for arg in (f"--{name}", value))],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis.from_url(credentials.url("127.0.0.1", port),
-                                  socket_connect_timeout=0.5)
-    deadline = time.monotonic() + 15
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                return None
-            try:
-                if client.ping():
-                    return proc
-            except redis.ConnectionError:
-                time.sleep(0.05)
-    finally:
-        client.close()
-    _stop(proc)
-    return None
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +57,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     datadir = tmp_path_factory.mktemp("redis")
     for _ in range(5):
         port = free_port()
-        proc = _start_redis(binary, datadir, port)
+        proc = start_redis(binary, datadir, port)
         if proc is not None:
             break
     else:
@@ -115,22 +66,11 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert proc is not None
     credentials = redis_credentials(datadir)
     url = credentials.url("127.0.0.1", port)
-    _admin_urls[url] = credentials.url("127.0.0.1", port, operator=True)
+    remember_operator(url, credentials.url("127.0.0.1", port, operator=True))
     try:
         yield url
     finally:
-        _stop(proc)
-
-
-# The operator URL of each test redis-server, by its platform URL: flushing a
-# database is an operator's command, not the platform's.
-_admin_urls: dict[str, str] = {}
-
-
-def operator_url(platform_url: str) -> str:
-    """The operator's URL for the test Redis at `platform_url` (the same URL
-    when it came from PAI_TEST_REDIS_URL, whose user is the caller's own)."""
-    return _admin_urls.get(platform_url, platform_url)
+        stop_redis(proc)
 
 
 @pytest.fixture

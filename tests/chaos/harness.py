@@ -30,7 +30,7 @@ from docker.errors import DockerException
 from bench import BenchError, free_port
 from bench.live_platform import BIN, Processes, platform_env, wait_for
 from shared.node.containers import LABEL_NODE
-from tests.conftest import _start_redis, redis_credentials
+from tests.support.redis_server import redis_credentials, start_redis
 
 ADMIN = ("root", "root-password")
 USER = ("alice", "alice-password")
@@ -56,7 +56,7 @@ class ChaosRedis:
 
     def start(self) -> None:
         for _ in range(3):  # the port may linger a moment after a kill
-            self.proc = _start_redis(self.binary, self.datadir, self.port)
+            self.proc = start_redis(self.binary, self.datadir, self.port)
             if self.proc is not None:
                 self.down_since = None
                 return

@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from bench.live_platform import Platform, free_port, wait_for
-from tests.e2e.conftest import running_platform
+from tests.support.platform import running_platform
 
 BOUND = 20_000
 LINES = 100_000

@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from bench.live_platform import Platform, platform_env, wait_for
-from tests.e2e.conftest import running_platform
+from tests.support.platform import running_platform
 from tests.support.redis_group import RedisGroup
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

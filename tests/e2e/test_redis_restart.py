@@ -13,8 +13,8 @@ import docker
 import pytest
 
 from bench.live_platform import Platform, free_port, wait_for
-from tests.conftest import _start_redis, _stop, redis_credentials
-from tests.e2e.conftest import running_platform
+from tests.support.platform import running_platform
+from tests.support.redis_server import redis_credentials, start_redis, stop_redis
 
 
 class OwnRedis:
@@ -26,7 +26,7 @@ class OwnRedis:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = _start_redis(self.binary, self.datadir, self.port)
+        self.proc = start_redis(self.binary, self.datadir, self.port)
         assert self.proc is not None, "redis-server did not start"
 
     @property
@@ -35,7 +35,7 @@ class OwnRedis:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop(self.proc)  # SIGTERM: Redis flushes its append-only file and exits
+            stop_redis(self.proc)  # SIGTERM: Redis flushes its append-only file and exits
             self.proc = None
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bench.live_platform import Platform, platform_env, run_id, wait_for
-from tests.e2e.conftest import running_platform
+from tests.support.platform import running_platform
 
 
 @pytest.fixture(scope="module")

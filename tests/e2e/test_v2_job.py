@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from bench.live_platform import USER, USER_PASSWORD, Platform
 from pai_cli.main import cli
-from tests.e2e.conftest import one_node_platform
+from tests.support.platform import one_node_platform
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "v2-two-roles.yaml"
 

@@ -11,7 +11,7 @@ from flask.testing import FlaskClient
 
 from services.api.app import create_app
 from shared.infra.config import Settings
-from tests.integration.api_client import AuthedClient, new_user, signed_in
+from tests.support.api import AuthedClient, new_user, signed_in
 
 
 @pytest.fixture

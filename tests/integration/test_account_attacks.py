@@ -16,8 +16,8 @@ from shared.infra.config import Settings
 from shared.state import keys
 from shared.state.accounts import AccountError, Accounts, NoSuchAccount, VirtualCluster
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, config, error_of, new_user
-from tests.integration.interleave import Hook, with_hooks
+from tests.support.api import AuthedClient, config, error_of, new_user
+from tests.support.interleave import Hook, with_hooks
 
 pytestmark = pytest.mark.redis
 

@@ -2,7 +2,7 @@
 
 Tokens are signed, expire and can be revoked (logout, an admin, a password
 change); a user cannot stop, read the config of, read the logs of or delete
-another user's job, and admins can (DESIGN.md sections 6 and 11).
+another user's job, and admins can (docs/design.md, "REST API" and "Reliability and security").
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from shared.infra.clock import now_ms
 from shared.infra.config import ConfigError, Settings
 from shared.state import keys
 from shared.state.store import Store
-from tests.integration.api_client import (
+from tests.support.api import (
     DAY_S,
     AuthedClient,
     config,
     error_of,
     login,
+    whoami,
 )
 
 
@@ -52,19 +53,6 @@ def forge(settings: Settings, username: str, *, issued_ms: int | None = None,
     claims.update(overrides)
     claims = {k: v for k, v in claims.items() if v is not None}
     return jwt.encode(claims, secret or settings.secret_key, algorithm="HS256")
-
-
-def wait_past(stamp_ms: int) -> None:
-    """Until the clock is past `stamp_ms` (at most a few ms, never a sleep)."""
-    for _ in range(10_000_000):
-        if now_ms() > stamp_ms:
-            return
-    raise AssertionError("the clock did not move")
-
-
-def whoami(client: AuthedClient, username: str) -> int:
-    status: int = client.get(f"/api/v1/user/{username}").status_code
-    return status
 
 
 # ------------------------------------------------------------------ login

@@ -15,7 +15,7 @@ import redis
 from shared.domain.models import JobSpec
 from shared.state import keys
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, config, error_of
+from tests.support.api import AuthedClient, config, error_of
 
 pytestmark = pytest.mark.redis
 

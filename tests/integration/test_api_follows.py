@@ -29,7 +29,7 @@ from services.monitor.logs import append_log_entries
 from shared.infra.config import Settings
 from shared.node.containers import TaskRef
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, config, error_of, new_user, signed_in
+from tests.support.api import AuthedClient, config, error_of, new_user, signed_in
 
 pytestmark = pytest.mark.redis
 

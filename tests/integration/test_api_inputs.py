@@ -10,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from services.api.app import BLUEPRINTS
-from tests.integration.api_client import AuthedClient, config, error_of
+from tests.support.api import AuthedClient, config, error_of
 
 pytestmark = pytest.mark.redis
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.api_client import AuthedClient, config, error_of
+from tests.support.api import AuthedClient, config, error_of
 
 # Names that are another key of the job `mnist` (shared/state/keys.py).
 KEY_NAMES = ["mnist:config", "mnist:attempts", "mnist:events", "mnist:attempt:0:tasks"]

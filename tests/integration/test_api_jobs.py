@@ -10,7 +10,7 @@ import redis
 from shared.domain.models import Gpu, Node
 from shared.state import keys
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, config
+from tests.support.api import AuthedClient, config
 
 
 @pytest.fixture

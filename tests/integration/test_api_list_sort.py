@@ -16,9 +16,9 @@ from shared.domain.states import JobState
 from shared.state import keys
 from shared.state.retention import compact_job
 from shared.state.store import Store
-from tests.conftest import operator_url
-from tests.integration.api_client import AuthedClient, error_of
-from tests.integration.test_api_list import Jobs, jobs, mixed, names
+from tests.support.api import AuthedClient, error_of
+from tests.support.joblist import Jobs, jobs, mixed, names
+from tests.support.redis_server import operator_url
 
 __all__ = ["jobs", "mixed"]  # the fixtures, shared with test_api_list.py
 

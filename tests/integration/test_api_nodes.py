@@ -11,7 +11,7 @@ import redis
 from shared.domain.models import Allocation, Gpu, Node
 from shared.state import keys
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, error_of
+from tests.support.api import AuthedClient, error_of
 
 pytestmark = pytest.mark.redis
 

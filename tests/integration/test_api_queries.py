@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.api_client import AuthedClient, config, error_of
+from tests.support.api import AuthedClient, config, error_of
 
 JOB = "/api/v1/user/alice/jobs/mnist"
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from shared.state import keys
-from tests.integration.api_client import AuthedClient, config, error_of
+from tests.support.api import AuthedClient, config, error_of
 
 SUBMIT = "/api/v1/user/bob/jobs?dryRun=true"
 SHARES = "/api/v1/storage/shares"

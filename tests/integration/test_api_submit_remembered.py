@@ -14,8 +14,8 @@ import redis
 from flask.testing import FlaskClient
 
 from shared.state import keys
-from tests.conftest import operator_url
-from tests.integration.api_client import AuthedClient, config, error_of, new_user
+from tests.support.api import AuthedClient, config, error_of, new_user
+from tests.support.redis_server import operator_url
 
 pytestmark = pytest.mark.redis
 

@@ -10,13 +10,13 @@ import redis
 from flask.testing import FlaskClient
 
 from shared.state import keys
-from tests.integration.api_client import (
+from tests.support.api import (
     AuthedClient,
     config,
     error_of,
     login,
+    whoami,
 )
-from tests.integration.test_api_auth import whoami
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import redis
 import yaml
 
 from shared.state import keys
-from tests.integration.api_client import AuthedClient
+from tests.support.api import AuthedClient
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "v2-two-roles.yaml"
 

@@ -14,7 +14,7 @@ from shared.domain.models import Gpu, Node, TaskPlacement
 from shared.state import keys
 from shared.state.lifecycle import commit_placement, mark_task_running
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, config, error_of, new_user
+from tests.support.api import AuthedClient, config, error_of, new_user
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from shared.state import usage
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, error_of
+from tests.support.api import AuthedClient, error_of
 
 MINUTE = 60_000
 

@@ -14,8 +14,8 @@ from pai_cli.commands.jobs import JOB_SORTS
 from shared.domain import jobsort
 from shared.domain.states import JobState
 from shared.state.store import Store
-from tests.integration.test_api_list import Jobs
-from tests.integration.test_cli_nodes import api, pai_as, run
+from tests.support.cli import api, pai_as, run
+from tests.support.joblist import Jobs
 
 pytestmark = pytest.mark.redis
 __all__ = ["api"]  # the fixture, shared with test_cli_nodes.py

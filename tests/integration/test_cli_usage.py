@@ -17,7 +17,7 @@ from shared.infra.clock import now_ms
 from shared.state import usage
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.store import Store
-from tests.integration.test_cli_nodes import api, pai_as, run  # noqa: F401 (api: a fixture)
+from tests.support.cli import api, pai_as, run  # noqa: F401 (api: a fixture)
 
 pytestmark = pytest.mark.redis
 

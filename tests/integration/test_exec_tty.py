@@ -49,9 +49,9 @@ from shared.node.containers import LABEL_NODE, TaskRef
 from shared.state import keys, telemetry
 from shared.state.lifecycle import record_task_exit
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, served
-from tests.integration.test_api_capacity import Api
-from tests.integration.test_execs import run_task
+from tests.support.api import AuthedClient, served
+from tests.support.api_process import Api
+from tests.support.launcher_rig import run_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 

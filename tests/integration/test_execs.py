@@ -28,22 +28,19 @@ from services.api.app import create_app
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
-from shared.domain.models import TaskPlacement
 from shared.infra import messaging
-from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.node.containers import LABEL_NODE, TaskRef
 from shared.state import execs, keys, telemetry
-from shared.state.accounts import Accounts
 from shared.state.execs import ExecRequest, Outcome
-from shared.state.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
+from shared.state.lifecycle import record_task_exit
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, error_of, signed_in
+from tests.support.api import AuthedClient, error_of, signed_in
+from tests.support.launcher_rig import JOB, run_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 WAIT_SECONDS = 30
-JOB = "debugme"
 EXEC_URL = f"/api/v1/user/alice/jobs/{JOB}/tasks/main/0/exec"
 
 
@@ -79,29 +76,6 @@ def worker(launcher_app: tuple[Celery, Launcher], settings: Settings) -> Iterato
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       queues=[messaging.launcher_queue(settings.node_name)]):
         yield launcher
-
-
-def run_task(store: Store, launcher: Launcher, image: str, *, owner: str = "alice",
-             name: str = JOB) -> str:
-    """A job of one task placed on the launcher's node, its container started
-    and the task RUNNING; the job's id."""
-    user = Accounts(store).get_user(owner)
-    assert user is not None
-    config = {"jobName": name, "image": image,
-              "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 128,
-                             "shmMB": 16, "command": "sleep 300"}]}
-    job = submit_job(store, owner, config, user_id=user.uid)
-    node = launcher.node.name
-    assert commit_placement(
-        store, job.id, version=job.version, attempt=0,
-        placements=[TaskPlacement("main", 0, node, "127.0.0.1", (), 1, 128,
-                                  {"default": [21000]})],
-        launch_deadline_ms=now_ms() + 60_000)
-    launcher.start_task(job.id, 0, "main", 0)
-    container = launcher.runtime.find(TaskRef(job.id, 0, "main", 0))
-    assert container is not None and container.status == "running"
-    assert mark_task_running(store, job.id, 0, "main", 0, str(container.id))
-    return job.id
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from services.scheduler.service import Scheduler
 from shared.domain.states import TaskState
 from shared.state.lifecycle import mark_task_running, record_task_exit, submit_job
 from shared.state.store import Store
-from tests.integration.test_scheduler import add_node, config, scheduler, store
+from tests.support.scheduling import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis
 __all__ = ["scheduler", "store"]  # the fixtures, used by name

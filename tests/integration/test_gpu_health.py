@@ -22,9 +22,9 @@ from shared.node.nvml import Nvml
 from shared.state import gpufaults, keys
 from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient
-from tests.integration.test_cli_nodes import api, pai_as, run  # noqa: F401 (api: a fixture)
-from tests.integration.test_scheduler import add_node, config
+from tests.support.api import AuthedClient
+from tests.support.cli import api, pai_as, run  # noqa: F401 (api: a fixture)
+from tests.support.scheduling import add_node, config
 
 pytestmark = pytest.mark.redis
 

@@ -6,7 +6,6 @@ each with its own connection, against the same job at the same moment.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
@@ -39,11 +38,10 @@ from shared.state.lifecycle import (
     submit_job,
 )
 from shared.state.store import Store
-from tests.integration.interleave import Hook, with_hooks
+from tests.support.interleave import Hook, with_hooks
+from tests.support.lifecycle import DEADLINE_MS, ROUNDS, job_of, place, placements, race
 
 pytestmark = pytest.mark.redis
-
-DEADLINE_MS = 2**41  # a launch deadline far in the future
 
 
 @pytest.fixture
@@ -64,34 +62,6 @@ def config(name: str = "mnist", roles: list[dict[str, Any]] | None = None,
            **extra: Any) -> dict[str, Any]:
     return {"jobName": name, "image": "busybox",
             "taskRoles": roles or [role("main", 1)], **extra}
-
-
-def job_of(store: Store, job_id: str) -> Job:
-    job = store.get_job(job_id)
-    assert job is not None
-    return job
-
-
-def placements(store: Store, job_id: str, node: str = "n1") -> list[TaskPlacement]:
-    """Every task of the current attempt on `node`, one free GPU and port each."""
-    job = job_of(store, job_id)
-    if not store.r.exists(keys.node(node)):
-        store.register_node(Node(node, "10.0.0.1", cpus=1024, memory_mb=1 << 30,
-                                 gpus=[Gpu(i) for i in range(1024)]))
-    first = len(store.get_allocations(store.r, node))  # past what earlier tests took
-    return [
-        TaskPlacement(role=t.role, index=t.index, node=node, ip="10.0.0.1",
-                      gpus=(first + i,), cpus=1, memory_mb=512,
-                      ports={"default": [20000 + first + i]})
-        for i, t in enumerate(store.get_tasks(job_id, job.attempt))
-    ]
-
-
-def place(store: Store, job_id: str, node: str = "n1") -> None:
-    job = job_of(store, job_id)
-    assert commit_placement(store, job_id, version=job.version, attempt=job.attempt,
-                            placements=placements(store, job_id, node),
-                            launch_deadline_ms=DEADLINE_MS)
 
 
 def start_all(store: Store, job_id: str) -> None:
@@ -546,36 +516,6 @@ def test_exit_of_an_unknown_task_or_job_is_none(store: Store) -> None:
 
 
 # ------------------------------------------------------------- concurrency
-
-ROUNDS = 50
-
-
-def race(redis_server: str, *calls: Callable[[Store], Any]) -> list[Any]:
-    """Run each call in its own thread with its own connection, all at one moment."""
-    barrier = threading.Barrier(len(calls))
-    results: list[Any] = [None] * len(calls)
-    errors: list[BaseException] = []
-    stores = [Store.from_url(redis_server) for _ in calls]
-
-    def run(i: int) -> None:
-        try:
-            stores[i].r.ping()  # connect before the barrier, so the calls line up
-            barrier.wait(timeout=30)
-            results[i] = calls[i](stores[i])
-        except BaseException as exc:  # reported to the test below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    for s in stores:
-        s.r.close()
-    assert not any(t.is_alive() for t in threads)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def exit_in(store: Store, job_id: str, index: int, code: int) -> ExitReport | None:

@@ -35,7 +35,7 @@ from shared.node.containers import TaskRef
 from shared.state import keys, logfiles, retention
 from shared.state.lifecycle import request_stop
 from shared.state.store import Store
-from tests.integration.api_client import login
+from tests.support.api import login
 
 pytestmark = [pytest.mark.redis,
               pytest.mark.skipif(os.geteuid() != 0, reason="plays root and uid 10001")]

@@ -22,7 +22,7 @@ from services.api.metrics import metric_names as registry_names
 from services.monitor.exporter import build_registry
 from services.monitor.nodemetrics import GpuSample, TaskSample, node_series
 from shared.infra.config import Settings
-from tests.unit.test_metrics_promql import metric_names, variable_metric_names
+from tests.support.promql import metric_names, variable_metric_names
 
 pytestmark = pytest.mark.redis
 

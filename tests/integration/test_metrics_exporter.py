@@ -14,26 +14,17 @@ from services.monitor.exporter import NodeExporter
 from services.monitor.nodemetrics import NVML_UP, TASK_CPU, TASK_MEMORY
 from services.monitor.sampling import NvmlReader
 from shared.node.nvml import Nvml
-from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
+from tests.support.monitor_rig import GATE, NoNvml, Rig, release, rig
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 __all__ = ["rig"]  # the fixture, used by name
 
 
-class _NoNvml:
-    """pynvml as on a machine without the NVIDIA driver."""
-
-    class NVMLError(Exception):
-        pass
-
-    def nvmlInit(self) -> None:  # pynvml's name
-        raise self.NVMLError("NVML Shared Library Not Found")
-
-
 def test_a_running_tasks_cpu_and_memory_are_served(rig: Rig) -> None:
     settings = dataclasses.replace(rig.settings, monitor_host="127.0.0.1",
                                    monitor_port=free_port())
-    exporter = NodeExporter(settings, rig.store, rig.docker, NvmlReader(Nvml(_NoNvml())))
+    exporter = NodeExporter(settings, rig.store, rig.docker, NvmlReader(Nvml(NoNvml())))
     job_id = rig.place()
     container = rig.run(job_id, GATE)
     wait_for(lambda: container.reload() or container.status == "running", "the container to run")

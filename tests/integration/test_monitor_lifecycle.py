@@ -8,196 +8,24 @@ through reconcile alone (a monitor that was down).
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
-import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
-import docker
 import pytest
-import redis
-from docker.errors import NotFound
 from docker.models.containers import Container
 
 from services.monitor.logs import close_stream
 from services.monitor.service import Monitor, ReconcileSummary
-from shared.domain.models import Job, Node, Task, TaskPlacement, attempt_task_key
+from shared.domain.models import Job, attempt_task_key
 from shared.domain.states import JobState, TaskState
-from shared.infra.clock import now_ms
-from shared.infra.config import Settings
-from shared.infra.messaging import ATTEMPT_ENDED, TASK_ENDED, Messenger, make_celery
-from shared.node.containers import TaskRef, container_name, task_labels
-from shared.state.lifecycle import commit_placement, record_task_exit, submit_job
-from shared.state.store import Store
+from shared.infra.messaging import ATTEMPT_ENDED, TASK_ENDED
+from shared.state.lifecycle import record_task_exit
+from tests.support.monitor_rig import GATE, Rig, release
+from tests.support.monitor_rig import rig as rig  # the fixture
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
-WAIT_SECONDS = 60.0
-USER = "alice"
 T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T], what: str, timeout: float = WAIT_SECONDS) -> T:
-    """Poll until `probe` returns something truthy; fail (never hang) after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
-
-
-# Until the task exits, the container waits for this file (made by `release`).
-GATE = "while [ ! -f /tmp/go ]; do sleep 0.05; done"
-
-
-class Rig:
-    """One test's node: Redis, Docker, a job placed there, monitors and containers."""
-
-    def __init__(self, redis_url: str, client: redis.Redis, docker_client: docker.DockerClient,
-                 image: str, test_labels: dict[str, str]) -> None:
-        self.redis, self.docker, self.image, self.test_labels = client, docker_client, image, \
-            test_labels
-        self.node = f"node-mon-{uuid.uuid4().hex[:8]}"
-        self.settings = Settings(redis_url=redis_url, node_name=self.node, log_max_lines=10_000)
-        self.store = Store(client)
-        self.store.register_node(Node(name=self.node, ip="127.0.0.1", cpus=64, memory_mb=1 << 20))
-        self.celery = make_celery(self.settings, name="pai-monitor-test")
-        self.messenger = Messenger(self.celery)
-        self._monitors: list[Monitor] = []
-        self._watchers: list[tuple[threading.Event, threading.Thread]] = []
-        self._containers: list[Container] = []
-
-    # --------------------------------------------------------------- set-up
-
-    def monitor(self, docker_client: docker.DockerClient | None = None) -> Monitor:
-        monitor = Monitor(self.settings, self.store, self.messenger,
-                          docker_client or self.docker, self.node)
-        self._monitors.append(monitor)
-        return monitor
-
-    def watch(self, monitor: Monitor) -> None:
-        """Run the monitor's event watcher in the background until teardown."""
-        stop = threading.Event()
-        thread = threading.Thread(target=monitor.watch_events, args=(stop, time.time() - 1),
-                                  name="test-monitor-events", daemon=True)
-        thread.start()
-        self._watchers.append((stop, thread))
-
-    def place(self, *, tasks: int = 1, retry_count: int = 0, memory_mb: int = 128) -> str:
-        """Submit a one-role job and place all its tasks on this node: they are LAUNCHING."""
-        config = {
-            "jobName": f"job-{uuid.uuid4().hex[:8]}", "image": self.image,
-            "retryCount": retry_count,
-            "taskRoles": [{"name": "main", "taskNumber": tasks, "cpuNumber": 1,
-                           "memoryMB": memory_mb, "gpuNumber": 0, "command": "true"}],
-        }
-        job = submit_job(self.store, USER, config)
-        placements = [
-            TaskPlacement(role="main", index=i, node=self.node, ip="127.0.0.1", gpus=(),
-                          cpus=1, memory_mb=memory_mb, ports={"default": [15000 + i]})
-            for i in range(tasks)
-        ]
-        assert commit_placement(self.store, job.id, version=job.version, attempt=0,
-                                placements=placements, launch_deadline_ms=now_ms() + 600_000)
-        return job.id
-
-    def run(self, job_id: str, script: str, *, index: int = 0, attempt: int = 0,
-            **options: Any) -> Container:
-        """Start the task's container as the launcher would (name, labels, host network)."""
-        ref = TaskRef(job_id, attempt, "main", index)
-        labels = {**task_labels(ref, node=self.node, username=USER, vc="default"),
-                  **self.test_labels}
-        container: Container = self.docker.containers.run(
-            self.image, ["/bin/sh", "-c", script], name=container_name(*_parts(ref)),
-            labels=labels, network_mode="host", detach=True, **options)
-        self._containers.append(container)
-        return container
-
-    def create(self, job_id: str, *, index: int = 0, attempt: int = 0) -> Container:
-        """Create the task's container and leave it unstarted (a launcher
-        killed between the two)."""
-        ref = TaskRef(job_id, attempt, "main", index)
-        labels = {**task_labels(ref, node=self.node, username=USER, vc="default"),
-                  **self.test_labels}
-        container: Container = self.docker.containers.create(
-            self.image, ["/bin/sh", "-c", "true"], name=container_name(*_parts(ref)),
-            labels=labels, network_mode="host")
-        self._containers.append(container)
-        return container
-
-    def close(self) -> None:
-        for stop, _thread in self._watchers:
-            stop.set()
-        for _stop, thread in self._watchers:
-            thread.join(WAIT_SECONDS)
-        for monitor in self._monitors:
-            monitor.close()
-        self.celery.close()
-        for container in self._containers:
-            with contextlib.suppress(NotFound):
-                container.remove(force=True)
-
-    # ------------------------------------------------------------- reading
-
-    def job(self, job_id: str) -> Job:
-        job = self.store.get_job(job_id)
-        assert job is not None
-        return job
-
-    def task(self, job_id: str, index: int = 0, attempt: int = 0) -> Task:
-        tasks = {t.index: t for t in self.store.get_tasks(job_id, attempt)}
-        return tasks[index]
-
-    def log(self, job_id: str, index: int = 0, attempt: int = 0) -> list[str]:
-        return [line for _id, line in self.store.read_log(job_id, attempt, "main", index)]
-
-    def messages(self) -> list[tuple[str, list[Any]]]:
-        """(task name, args) of every message sent to the scheduler, oldest first."""
-        sent = []
-        for raw in reversed(self.redis.lrange("scheduler", 0, -1)):
-            message = json.loads(raw)
-            body = json.loads(base64.b64decode(message["body"]))
-            sent.append((message["headers"]["task"], body[0]))
-        return sent
-
-    def gone(self, container: Container) -> bool:
-        try:
-            self.docker.containers.get(str(container.id))
-        except NotFound:
-            return True
-        return False
-
-    def exited(self, container: Container) -> Container:
-        container.wait(timeout=WAIT_SECONDS)
-        container.reload()
-        return container
-
-
-def _parts(ref: TaskRef) -> tuple[str, int, str, int]:
-    return ref.job_id, ref.attempt, ref.role, ref.index
-
-
-def release(container: Container) -> None:
-    """Let a container waiting on GATE go on."""
-    result = container.exec_run(["touch", "/tmp/go"])
-    assert result.exit_code == 0, result.output
-
-
-@pytest.fixture
-def rig(redis_server: str, redis_client: redis.Redis, docker_client: docker.DockerClient,
-        test_image: str, test_labels: dict[str, str]) -> Iterator[Rig]:
-    rig = Rig(redis_server, redis_client, docker_client, test_image, test_labels)
-    try:
-        yield rig
-    finally:
-        rig.close()
 
 
 def _final_job(rig: Rig, job_id: str) -> Job:
@@ -434,7 +262,6 @@ def test_a_multi_task_job_succeeds_when_every_task_has(rig: Rig) -> None:
     ended = wait_for(lambda: [args for name, args in rig.messages() if name == ATTEMPT_ENDED],
                      "the attempt-ended message")
     assert ended == [[job_id, 0]]
-
 
 
 def test_the_watcher_carries_on_after_the_event_stream_breaks(rig: Rig) -> None:

@@ -26,7 +26,8 @@ from services.monitor.logs import LogShipping, LogStream
 from shared.domain.states import TaskState
 from shared.node.containers import TaskRef
 from shared.node.engine import EngineCalls
-from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
+from tests.support.monitor_rig import GATE, Rig, release, rig
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 __all__ = ["rig"]  # the fixture, used by name

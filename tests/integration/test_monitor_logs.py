@@ -16,8 +16,9 @@ from services.monitor.logs import LogShipping, close_stream
 from shared.domain.states import JobState
 from shared.node.containers import TaskRef
 from shared.state import keys
-from tests.integration.test_monitor_lifecycle import GATE, Rig, release, rig, wait_for
-from tests.threads import wakeups
+from tests.support.monitor_rig import GATE, Rig, release, rig
+from tests.support.polling import wait_for
+from tests.support.threads import wakeups
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 __all__ = ["rig"]  # the fixture, used by name

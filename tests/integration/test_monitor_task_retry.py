@@ -21,7 +21,7 @@ from shared.infra.clock import now_ms
 from shared.infra.messaging import START_TASK, launcher_queue
 from shared.node.containers import LABEL_TASK_RETRY, TaskRef, task_labels
 from shared.state.lifecycle import commit_placement, submit_job
-from tests.integration.test_monitor_lifecycle import USER, Rig, rig
+from tests.support.monitor_rig import USER, Rig, rig
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 __all__ = ["rig"]  # the fixture, used by name

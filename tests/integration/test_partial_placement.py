@@ -25,7 +25,7 @@ from shared.state.lifecycle import (
     submit_job,
 )
 from shared.state.store import Store
-from tests.integration.test_lifecycle import DEADLINE_MS, ROUNDS, race
+from tests.support.lifecycle import DEADLINE_MS, ROUNDS, race
 
 pytestmark = pytest.mark.redis
 

@@ -2,7 +2,7 @@
 
 A pass binds all its gangs in one script call; each gang is still its own
 compare-and-set. These tests change the world between the pass's decision
-and the script (tests/integration/interleave.py), and check that exactly the
+and the script (tests/support/interleave.py), and check that exactly the
 gangs it no longer allows are left out, and that a batch of one decides as
 `commit_placement` does on every case that one refuses.
 """
@@ -36,8 +36,8 @@ from shared.state.lifecycle import (
     submit_job,
 )
 from shared.state.store import Store
-from tests.conftest import operator_url
-from tests.integration.interleave import Hook, with_hooks
+from tests.support.interleave import Hook, with_hooks
+from tests.support.redis_server import operator_url
 
 DEADLINE_MS = 2**41
 

@@ -15,7 +15,7 @@ from shared.domain.models import Job
 from shared.state import keys
 from shared.state.lifecycle import submit_job
 from shared.state.store import Store
-from tests.integration.test_scheduler import add_node, config, scheduler, store
+from tests.support.scheduling import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis
 __all__ = ["scheduler", "store"]  # the fixtures, used by name

@@ -19,8 +19,8 @@ from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state.lifecycle import initial_tasks
 from shared.state.store import JobConflict, Store
-from tests.conftest import operator_url
-from tests.integration.api_client import AuthedClient, config, error_of
+from tests.support.api import AuthedClient, config, error_of
+from tests.support.redis_server import operator_url
 
 pytestmark = pytest.mark.redis
 

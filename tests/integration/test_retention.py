@@ -37,8 +37,8 @@ from shared.state.lifecycle import (
     set_waiting,
 )
 from shared.state.store import Store
-from tests.conftest import REPO_ROOT
-from tests.integration.api_client import login
+from tests.support import REPO_ROOT
+from tests.support.api import login
 
 pytestmark = pytest.mark.redis
 

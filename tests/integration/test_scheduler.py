@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from services.scheduler.service import Scheduler
-from shared.domain.models import Gpu, Node, TaskPlacement
+from shared.domain.models import TaskPlacement
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
@@ -26,29 +26,10 @@ from shared.state.lifecycle import (
     submit_job,
 )
 from shared.state.store import Store
-from tests.integration.interleave import Hook, with_hooks
-
-
-@pytest.fixture
-def store(redis_client: redis.Redis) -> Store:
-    return Store(redis_client)
-
-
-@pytest.fixture
-def scheduler(redis_server: str, store: Store) -> Scheduler:
-    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
-    return Scheduler(settings, store, Messenger(make_celery(settings)))
-
-
-def add_node(store: Store, name: str = "n1", gpus: int = 8) -> None:
-    store.register_node(Node(name, "127.0.0.1", cpus=16, memory_mb=32000,
-                             gpus=[Gpu(i) for i in range(gpus)], port_range=(20000, 20100)))
-
-
-def config(name: str, gpus: int = 1, tasks: int = 1, retry: int = 0) -> dict[str, Any]:
-    return {"jobName": name, "image": "busybox", "retryCount": retry,
-            "taskRoles": [{"name": "main", "taskNumber": tasks, "cpuNumber": 1,
-                           "memoryMB": 128, "gpuNumber": gpus, "command": "true"}]}
+from tests.support.interleave import Hook, with_hooks
+from tests.support.scheduling import add_node, config
+from tests.support.scheduling import scheduler as scheduler  # the fixtures
+from tests.support.scheduling import store as store
 
 
 def launcher_messages(r: redis.Redis, node: str) -> list[list[Any]]:
@@ -181,7 +162,7 @@ def other(redis_server: str) -> Iterator[Store]:
 
 
 def interleaved(redis_client: redis.Redis, scheduler: Scheduler, *hooks: Hook) -> Scheduler:
-    """The scheduler, meeting `hooks` at the points they name (tests/integration/interleave.py)."""
+    """The scheduler, meeting `hooks` at the points they name (tests/support/interleave.py)."""
     return Scheduler(scheduler.settings, Store(with_hooks(redis_client, *hooks)),
                      scheduler.messenger)
 

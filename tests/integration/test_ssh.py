@@ -45,7 +45,7 @@ from shared.state import keys, telemetry
 from shared.state.lifecycle import mark_task_running
 from shared.state.retention import compact_job
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, error_of, served
+from tests.support.api import AuthedClient, error_of, served
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 

@@ -20,9 +20,9 @@ from shared.domain.states import TaskState
 from shared.node.containers import TaskRef
 from shared.state import keys
 from shared.state.lifecycle import record_task_exit
-from tests.integration.api_client import AuthedClient, new_user, signed_in
-from tests.integration.test_launcher_runtime import USER, WAIT_SECONDS, Rig
-from tests.integration.test_launcher_runtime import rig as rig  # the fixture
+from tests.support.api import AuthedClient, new_user, signed_in
+from tests.support.launcher_rig import USER, WAIT_SECONDS, Rig
+from tests.support.launcher_rig import rig as rig  # the fixture
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 

@@ -6,7 +6,6 @@ relaunch it once."""
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Any
 
@@ -16,7 +15,6 @@ import redis
 from shared.domain.completion import NON_RETRYABLE_PREFIX
 from shared.domain.models import Gpu, Job, Node, Task, attempt_task_key
 from shared.domain.states import JobState, TaskState
-from shared.infra.clock import now_ms
 from shared.state import keys, usage
 from shared.state.lifecycle import (
     ExitReport,
@@ -27,7 +25,8 @@ from shared.state.lifecycle import (
     submit_job,
 )
 from shared.state.store import Store
-from tests.integration.test_lifecycle import ROUNDS, place, race
+from tests.support.lifecycle import ROUNDS, place, race
+from tests.support.polling import wait_past
 
 pytestmark = pytest.mark.redis
 
@@ -59,15 +58,6 @@ def task0(store: Store, job_id: str, attempt: int = 0) -> Task:
     task = store.get_task(job_id, attempt, "main", 0)
     assert task is not None
     return task
-
-
-def _clock_past(ms: int) -> None:
-    """Return once this host's clock reads later than `ms` (a millisecond at most)."""
-    for _ in range(10_000):
-        if now_ms() > ms:
-            return
-        time.sleep(0.0001)
-    raise AssertionError(f"the clock did not move past {ms}")
 
 
 def job_of(store: Store, job_id: str) -> Job:
@@ -212,7 +202,7 @@ def test_a_retried_task_is_charged_once_from_placement_to_its_last_exit(
     job = started(store, "charged", 2)
     placed_ms = task0(store, job.id).launched_ms
     assert placed_ms is not None
-    _clock_past(placed_ms)  # so the relaunch is stamped later than the placement
+    wait_past(placed_ms)  # so the relaunch is stamped later than the placement
     assert fail(store, job.id, 0, relaunch_deadline_ms=2**41) is not None
     assert mark_task_running(store, job.id, 0, "main", 0, "c1", task_retry=1)
     assert record_task_exit(store, job.id, 0, "main", 0, exit_code=0, task_retry=1) is not None

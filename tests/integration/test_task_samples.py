@@ -24,9 +24,9 @@ from shared.node.nvml import Nvml
 from shared.state import keys, retention, tasksamples, telemetry
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.lifecycle import commit_placement, record_task_exit, submit_job
-from tests.integration.api_client import AuthedClient, error_of, new_user, signed_in
-from tests.integration.test_metrics_exporter import _NoNvml
-from tests.integration.test_monitor_lifecycle import GATE, USER, Rig, release, wait_for
+from tests.support.api import AuthedClient, error_of, new_user, signed_in
+from tests.support.monitor_rig import GATE, USER, NoNvml, Rig, release
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -71,7 +71,7 @@ def running(rig: Rig) -> tuple[str, Container]:
 
 
 def sampler(rig: Rig, *, stop: bool = False) -> NodeSampler:
-    return NodeSampler(rig.settings, rig.store, rig.docker, NvmlReader(Nvml(_NoNvml())),
+    return NodeSampler(rig.settings, rig.store, rig.docker, NvmlReader(Nvml(NoNvml())),
                        stop_idle=idle_stopper(rig.store, rig.messenger) if stop else None)
 
 

@@ -17,7 +17,7 @@ from shared.infra.clock import now_ms
 from shared.state import keys, telemetry, usage
 from shared.state.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient
+from tests.support.api import AuthedClient
 
 pytestmark = pytest.mark.redis
 

@@ -23,7 +23,7 @@ from shared.state import keys, retention, usage
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, error_of, new_user
+from tests.support.api import AuthedClient, error_of, new_user
 
 MINUTE = 60_000
 DAY = 24 * 3600_000

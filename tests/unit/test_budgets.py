@@ -10,7 +10,7 @@ from services.scheduler.core import JobRequest
 from services.scheduler.policy import BUDGET, INSUFFICIENT, QUOTA, plan
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
 from shared.state.usage import Budget, DayUsage, Spend, day_start_ms, period_first_day, spend
-from tests.unit.test_policy import (
+from tests.support.policy import (
     NOW,
     PROD,
     Run,

@@ -18,7 +18,7 @@ from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
 from shared.domain.feasibility import infeasible_reasons
 from shared.domain.models import Gpu, JobSpec, Node
 from shared.domain.priority import PriorityClass
-from tests.unit.test_policy import NOW, Run, req, run_plan, scenario
+from tests.support.policy import NOW, Run, req, run_plan, scenario
 
 
 def loose(job_id: str, gpus: int, *, tasks: int, seq: int = 0, vc: str = "default",

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from shared.infra.supervise import Supervisor
-from tests.threads import wakeups
+from tests.support.threads import wakeups
 
 
 def script(body: str) -> list[str]:

@@ -24,7 +24,7 @@ from shared.state.usage import (
     retained_from,
     vc_user_total_field,
 )
-from tests.unit.test_policy import NOW, PROD, Run, World, placed, preempted, req, scenario, worlds
+from tests.support.policy import NOW, PROD, Run, World, placed, preempted, req, scenario, worlds
 
 HOUR = 3600 * 1000
 WEDNESDAY = day_start_ms("2026-11-25") + 15 * HOUR
