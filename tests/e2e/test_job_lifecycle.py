@@ -13,6 +13,7 @@ import requests
 from bench.live_platform import Platform, wait_for
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
+from tests.support.platform import gate, launcher_idle, open_gate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV_DUMP = "env | grep -E '^(PAI_|NVIDIA_|CUDA_)' | sed 's/^/ENV /'; "
@@ -145,15 +146,15 @@ def test_stop_running_job(platform: Platform, unique: Callable[[str], str]) -> N
 def test_gang_of_six_gpus_waits_for_the_first(platform: Platform,
                                               unique: Callable[[str], str]) -> None:
     first, second = unique("gang-a"), unique("gang-b")
-    command = ENV_DUMP + "sleep 3"
-    platform.submit(platform.config(first, command, gpus=6))
+    platform.submit(platform.config(first, ENV_DUMP + gate(), gpus=6))
     platform.wait_state(first, "RUNNING")
-    platform.submit(platform.config(second, command, gpus=6))
+    platform.submit(platform.config(second, ENV_DUMP, gpus=6))
 
     waiting = wait_for(lambda: platform.detail(second)["jobStatus"]["waitingReason"],
                        what="a waiting reason")
     assert "needs 6 GPUs on one node; the most free on any node is 2" in waiting
     assert platform.detail(second)["jobStatus"]["state"] == "WAITING"
+    open_gate(platform, first)
 
     a = platform.wait_state(first)
     b = platform.wait_state(second)
@@ -170,11 +171,13 @@ def test_gang_of_six_gpus_waits_for_the_first(platform: Platform,
 def test_duplicate_start_message_runs_the_task_once(platform: Platform,
                                                     unique: Callable[[str], str]) -> None:
     name = unique("dup")
-    platform.submit(platform.config(name, 'echo ran >> "$PAI_OUTPUT_DIR/runs"; sleep 2'))
+    platform.submit(platform.config(name, 'echo ran >> "$PAI_OUTPUT_DIR/runs"; ' + gate()))
     detail = platform.wait_state(name, "RUNNING")
     messenger = Messenger(make_celery(Settings(redis_url=platform.env["PAI_REDIS_URL"])))
     for _ in range(2):
         messenger.start_task(platform.node, f"alice~{name}", 0, "main", 0)
+    wait_for(lambda: launcher_idle(platform), what="the launcher to handle both starts")
+    open_gate(platform, name)
 
     detail = platform.wait_state(name)
 
@@ -186,12 +189,15 @@ def test_duplicate_start_message_runs_the_task_once(platform: Platform,
 def test_launcher_killed_right_after_starting_a_container(
         platform: Platform, unique: Callable[[str], str]) -> None:
     name = unique("kill-launcher")
-    platform.submit(platform.config(name, 'echo ran >> "$PAI_OUTPUT_DIR/runs"; sleep 2',
+    platform.submit(platform.config(name, 'echo ran >> "$PAI_OUTPUT_DIR/runs"; ' + gate(),
                                     tasks=2))
     wait_for(lambda: platform.job_containers(name), interval=0.02,
              what="a container of the job")
     platform.kill("launcher")
     platform.start("launcher")
+    platform.wait_state(name, "RUNNING")
+    wait_for(lambda: len(platform.job_containers(name)) == 2, what="both tasks' containers")
+    open_gate(platform, name)
 
     detail = platform.wait_state(name)
 
@@ -204,9 +210,10 @@ def test_launcher_killed_right_after_starting_a_container(
 def test_monitor_down_while_a_container_exits(platform: Platform,
                                               unique: Callable[[str], str]) -> None:
     name = unique("monitor-down")
-    platform.submit(platform.config(name, "echo before exit; sleep 2; exit 4"))
+    platform.submit(platform.config(name, "echo before exit; " + gate() + "exit 4"))
     platform.wait_state(name, "RUNNING")
     platform.kill("monitor")
+    open_gate(platform, name)
     wait_for(lambda: all(c.status == "exited" for c in platform.job_containers(name)),
              what="the container to exit while the monitor is down")
     assert platform.detail(name)["jobStatus"]["state"] == "RUNNING"

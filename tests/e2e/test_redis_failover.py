@@ -23,13 +23,14 @@ import pytest
 import requests
 
 from bench.live_platform import Platform, platform_env, wait_for
-from tests.support.platform import running_platform
+from tests.support.platform import gate, open_gate, running_platform
 from tests.support.redis_group import RedisGroup
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
 JOBS_BEFORE, JOBS_DURING = 10, 3
-JOB_COMMAND = "echo started; sleep 3; echo finished"
+# Every job runs until the test opens its gate, after the primary's switch.
+JOB_COMMAND = "echo started; " + gate() + "echo finished"
 
 
 class ApiProbe:
@@ -76,11 +77,14 @@ def answered(call: Callable[[], requests.Response], what: str) -> requests.Respo
 
 
 def final_state(pai: Platform, name: str) -> dict[str, Any]:
+    """The job's detail once it has finished, its gate opened once it runs."""
     def settled() -> dict[str, Any] | None:
         resp = answered(lambda: pai.http.get(f"{pai.url}/api/v1/user/alice/jobs/{name}",
                                              timeout=30), f"the detail of {name}")
         assert resp.status_code == 200, f"job {name} lost: {resp.status_code} {resp.text}"
         detail: dict[str, Any] = resp.json()
+        if detail["jobStatus"]["state"] == "RUNNING":
+            open_gate(pai, name)
         return detail if detail["jobStatus"]["state"] in {"SUCCEEDED", "FAILED",
                                                           "STOPPED"} else None
 

@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from bench.live_platform import Platform, free_port, wait_for
-from tests.support.platform import running_platform
+from tests.support.platform import gate, open_gate, running_platform
 from tests.support.redis_server import redis_credentials, start_redis, stop_redis
 
 
@@ -67,12 +67,14 @@ def on_own_redis(platform: Platform, own_redis: OwnRedis, docker_client: docker.
 def test_a_redis_restart_loses_no_job(on_own_redis: Platform, own_redis: OwnRedis) -> None:
     pai = on_own_redis
     running, queued = "across-restart", "queued-across-restart"
-    assert pai.submit(pai.config(running, "echo before; sleep 4; echo after")).status_code == 202
+    assert pai.submit(pai.config(running, "echo before; " + gate() + "echo after")) \
+        .status_code == 202
     pai.wait_state(running, "RUNNING")
     assert pai.submit(pai.config(queued, "echo queued ran", gpus=8)).status_code == 202
 
     own_redis.stop()
     own_redis.start()
+    open_gate(pai, running)  # the job ran through the restart
 
     first = pai.wait_state(running, timeout=180)
     second = pai.wait_state(queued, timeout=180)

@@ -16,7 +16,7 @@ import docker
 import pytest
 
 from bench.live_platform import Platform, wait_for
-from tests.support.platform import one_node_platform
+from tests.support.platform import gate, one_node_platform, open_gate
 
 pytestmark = pytest.mark.docker
 
@@ -49,6 +49,12 @@ def cluster(redis_server: str, docker_client: docker.DockerClient, test_image: s
                          json={"virtualClusters": ["default", "research"]},
                          timeout=30).status_code == 200
         yield pai
+
+
+def passed_over(pai: Platform, name: str) -> bool:
+    """Whether a pass has given job `name` its waiting reason ("Queued" until then)."""
+    status = pai.detail(name)["jobStatus"]
+    return bool(status["waiting"]) and status["waiting"]["reason"] != "Queued"
 
 
 def job(pai: Platform, name: str, command: str, gpus: int, **extra: Any) -> dict[str, Any]:
@@ -87,8 +93,8 @@ def test_a_borrowing_job_is_preempted_for_the_owner_and_runs_again_uncharged(
 def test_a_big_job_is_not_starved_by_small_jobs_submitted_after_it(
         cluster: Platform, unique: Callable[[str], str]) -> None:
     early = [unique("early") for _ in range(4)]
-    for name in early:
-        cluster.submit_accepted(job(cluster, name, "sleep 3", 1))
+    for name in early:  # they hold 4 of the 8 GPUs until the test opens their gates
+        cluster.submit_accepted(job(cluster, name, gate(), 1))
     for name in early:
         cluster.wait_state(name, "RUNNING")
     big = unique("big")
@@ -98,9 +104,13 @@ def test_a_big_job_is_not_starved_by_small_jobs_submitted_after_it(
         late.append(unique("late"))
         cluster.submit_accepted(job(cluster, late[-1], "sleep 1", 1))
 
+    for name in (big, *late):  # a pass has looked at every one of them
+        wait_for(lambda name=name: passed_over(cluster, name), what=f"a pass's reason for {name}")
     waiting = cluster.detail(big)["jobStatus"]
-    if waiting["state"] == "WAITING":
-        assert waiting["waiting"]["position"] == 1
+    assert waiting["state"] == "WAITING" and waiting["waiting"]["position"] == 1
+    assert all(cluster.detail(name)["jobStatus"]["state"] == "WAITING" for name in late)
+    for name in early:
+        open_gate(cluster, name)
 
     started = cluster.wait_state(big)["taskRoles"]["main"]["taskStatuses"][0]["startedTime"]
     for name in late:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import docker
 import pytest
+import redis
 
 from bench import BenchError
-from bench.live_platform import Platform, platform_env, run_id, running
+from bench.live_platform import USER, Platform, platform_env, run_id, running
+from shared.infra.messaging import launcher_queue
 
 
 @contextlib.contextmanager
@@ -46,3 +48,29 @@ def one_node_platform(redis_server: str, docker_client: docker.DockerClient, ima
     with running_platform(env, run_dir, docker_client, image) as pai:
         yield pai
 
+
+# A job that must still be running when the test acts waits at a gate the
+# test opens, instead of sleeping a guess at how long the test will take.
+GATE_FILE = ".pai-test-go"
+GATE_SECONDS = 300  # a test that never opens its gate leaves no job running past this
+
+
+def gate() -> str:
+    """Shell that waits, polling every 0.1 s for at most GATE_SECONDS, until
+    the test opens the job's gate (`open_gate`): the file GATE_FILE in the
+    job's own output folder, which the test reaches on the shared storage."""
+    return (f'i=0; while [ ! -e "$PAI_OUTPUT_DIR/{GATE_FILE}" ] && [ $i -lt '
+            f'{GATE_SECONDS * 10} ]; do sleep 0.1; i=$((i+1)); done; ')
+
+
+def open_gate(pai: Platform, name: str, user: str = USER) -> None:
+    """Let job `name`'s tasks past their gate (its output folder exists once
+    one of its containers has started)."""
+    (pai.storage / user / name / "output" / GATE_FILE).touch()
+
+
+def launcher_idle(pai: Platform) -> bool:
+    """Whether no message waits in the node's launcher queue and none is
+    being handled by any worker (kombu's `unacked` hash holds those)."""
+    with redis.Redis.from_url(pai.env["PAI_REDIS_URL"]) as client:
+        return client.llen(launcher_queue(pai.node)) == 0 and client.hlen("unacked") == 0
