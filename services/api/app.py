@@ -19,6 +19,7 @@ from services.api import (
     metrics,
     openapi,
     storage,
+    tasklogs,
     usage,
     users,
     vcs,
@@ -34,8 +35,8 @@ from shared.state.store import Store
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("pai.api")
-BLUEPRINTS = (auth.bp, users.bp, jobs.bp, jobs.bp_v2, vcs.bp, cluster.bp, openapi.bp, storage.bp,
-              execs.bp, usage.bp, exectty.bp, ssh_api.bp)
+BLUEPRINTS = (auth.bp, users.bp, jobs.bp, jobs.bp_v2, tasklogs.bp, vcs.bp, cluster.bp, openapi.bp,
+              storage.bp, execs.bp, usage.bp, exectty.bp, ssh_api.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:

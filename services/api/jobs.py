@@ -1,37 +1,34 @@
-"""Jobs: submit (v1 JSON or YAML, and protocol v2 at /api/v2/jobs), read, stop, and logs."""
+"""Jobs: submit (v1 JSON or YAML, and protocol v2 at /api/v2/jobs), list, read, stop,
+delete, and a job's samples and metrics (its tasks' logs: services/api/tasklogs.py)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import yaml
-from flask import Blueprint, Response, current_app, g, request, stream_with_context
+from flask import Blueprint, Response, current_app, g, request
 from kombu.exceptions import OperationalError
+from marshmallow import Schema
 from redis.exceptions import RedisError
 
-from services.api import jobmetrics, sse
+from services.api import jobmetrics
 from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
 from services.api.bodies import load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
-from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
-from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
 from services.api.queries import (
     JobListQuerySchema,
     JobMetricsQuerySchema,
     SubmitQuerySchema,
-    TaskLogQuerySchema,
     TaskSamplesQuerySchema,
     load_query,
 )
 from services.api.render import job_detail, job_summary
-from services.api.schemas import MAX_TAIL, StopRequestSchema
+from services.api.schemas import StopRequestSchema
 from services.api.storage import check_job_storage
 from shared.domain.archive import diagnostics_of
 from shared.domain.capabilities import refused_capabilities
@@ -47,9 +44,8 @@ from shared.domain.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
 from shared.domain.models import Job, JobSpec, Node, job_id_of
 from shared.domain.priority import PriorityClass
 from shared.domain.states import TaskState
-from shared.domain.storage import task_log_parts
 from shared.infra.clock import now_ms
-from shared.state import idle, keys, logfiles, sshkeys, tasksamples
+from shared.state import idle, keys, sshkeys, tasksamples
 from shared.state.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
 from shared.state.lifecycle import delete_job, queue_new_job, request_stop
 from shared.state.retention import remove_logs
@@ -61,8 +57,6 @@ bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
 MAX_METRIC_TASKS = 64  # tasks a job's metrics answer holds at most, by role and index
 MAX_METRIC_SAMPLES = 20_000  # samples read per task when the monitor's are shown
 MAX_IDLE_SHOWN = 200  # idle tasks listed at most, longest idle first
-FOLLOW_MAX_SECONDS = 24 * 3600
-KEEPALIVE_SECONDS = 15
 # Feasibility at submit is judged against nodes read at most this long ago.
 NODES_FRESH_SECONDS = 1.0
 NODES_EXTENSION = "pai.known_nodes"
@@ -456,38 +450,22 @@ def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
     return {"message": f"stop requested for job {name}", "state": job.state.value}, 202
 
 
-@bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/log")
-def task_log(username: str, name: str, role: str, index: int) -> Response:
-    """A task's log: the last lines as text, or followed as server-sent events.
-    ---
-    get:
-      errors: [400, 403, 404]
-      parameters:
-      - {in: query, schema: TaskLogQuerySchema}
-      responses:
-        200:
-          content:
-            text/plain: {schema: {type: string}}
-            text/event-stream: {schema: {type: string}}
-    """
-    job = get_job_or_404(username, name, owner_only=True, action="read the logs")
-    query = load_query(TaskLogQuerySchema())
-    attempt, tail = _attempt_asked(job, query), query["tail"]
+def task_asked(username: str, name: str, role: str, index: int, schema: Schema, *,
+               action: str) -> tuple[Job, dict[str, Any], int]:
+    """The job, if the caller owns it or is an admin (else 403/404), the query
+    loaded by `schema`, and the attempt it names, which has task
+    `role`[`index`] (else 404)."""
+    job, query, attempt = _job_asked(username, name, schema, action=action)
     if not platform().store.task_exists(job.id, attempt, role, index):
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
-    log_dir = _filed_in(job, attempt, role, index)
-    if log_dir is not None:
-        return _filed_log(log_dir, job.id, attempt, role, index, tail, query["follow"])
-    if query["follow"]:
-        resume = request.headers.get("Last-Event-ID") or None
-        if resume is not None and sse.parse_stream_id(resume) is None:
-            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
-        return _follow_response(job.id, attempt, role, index, tail, resume)
-    lines = platform().store.read_log(job.id, attempt, role, index, tail=tail)
-    marker = _dropped_marker(job.id, attempt, role, index, tail)
-    text = "".join(line + "\n" for line in ([marker] if marker else [])
-                   + [line for _, line in lines])
-    return Response(text, mimetype="text/plain")
+    return job, query, attempt
+
+
+def _job_asked(username: str, name: str, schema: Schema, *,
+               action: str) -> tuple[Job, dict[str, Any], int]:
+    job = get_job_or_404(username, name, owner_only=True, action=action)
+    query = load_query(schema)
+    return job, query, _attempt_asked(job, query)
 
 
 def _attempt_asked(job: Job, query: dict[str, Any]) -> int:
@@ -510,12 +488,9 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
       - {in: query, schema: TaskSamplesQuerySchema}
       responses: {200: TaskSamples}
     """
-    job = get_job_or_404(username, name, owner_only=True, action="read the samples")
-    query = load_query(TaskSamplesQuerySchema())
-    attempt = _attempt_asked(job, query)
+    job, query, attempt = task_asked(username, name, role, index, TaskSamplesQuerySchema(),
+                                     action="read the samples")
     store = platform().store
-    if not store.task_exists(job.id, attempt, role, index):
-        raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
     found = tasksamples.read(store.r, job.id, attempt, role, index, limit=query["limit"])
     return {"attempt": attempt, "intervalSeconds": platform().settings.task_sample_seconds,
             "samples": [sample.to_dict() for sample in found]}
@@ -534,9 +509,8 @@ def job_metrics(username: str, name: str) -> dict[str, Any]:
       - {in: query, schema: JobMetricsQuerySchema}
       responses: {200: JobMetrics}
     """
-    job = get_job_or_404(username, name, owner_only=True, action="read the metrics")
-    query = load_query(JobMetricsQuerySchema())
-    attempt = _attempt_asked(job, query)
+    job, query, attempt = _job_asked(username, name, JobMetricsQuerySchema(),
+                                     action="read the metrics")
     settings = platform().settings
     to_ms = query.get("to", job.completed_ms if job.state.is_final and job.completed_ms
                       else now_ms())
@@ -595,153 +569,3 @@ def idle_gpu_tasks() -> list[dict[str, Any]]:
                      "taskRole": task.role, "taskIndex": task.index, "node": task.node,
                      "gpus": list(held.gpus), "idleSince": task.since_ms})
     return rows
-
-
-def _filed_in(job: Job, attempt: int, role: str, index: int) -> str | None:
-    """The log tree, when this task's log has left Redis for its file there
-    (its job finished and was compacted: shared/state/retention.py)."""
-    store, log_dir = platform().store, platform().settings.task_log_dir
-    if not log_dir or not job.state.is_final:
-        return None
-    archive = store.read_archive(store.r, job.id)
-    return log_dir if archive is not None and archive.log_is_filed(attempt, role, index) \
-        else None
-
-
-def _filed_log(log_dir: str, job_id: str, attempt: int, role: str, index: int,
-               tail: int, follow: bool) -> Response:
-    """A finished task's log from its file, in the shapes the stream gives:
-    the last `tail` lines as text, or followed (the tail, then the end: the
-    task has ended). A follow's event ids are line numbers (`0-<n>`), so a
-    client resuming with Last-Event-ID gets the lines after the one it saw.
-    The file says itself where lines were dropped or cut."""
-    parts = task_log_parts(job_id, attempt, role, index)
-    try:
-        if not follow:
-            text = "".join(line + "\n" for line in logfiles.tail(log_dir, parts, tail))
-            return Response(text, mimetype="text/plain")
-        resume = request.headers.get("Last-Event-ID") or None
-        if resume is not None and sse.parse_stream_id(resume) is None:
-            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
-        ms, _, number = (resume or "").partition("-")
-        after = int(number) if resume is not None and int(ms) == 0 else None
-        lines = list(itertools.islice(logfiles.numbered_tail(log_dir, parts, tail, after),
-                                      MAX_TAIL))
-    except OSError as error:
-        raise ApiError("LogUnavailableError",
-                       f"the log file of {role}[{index}] cannot be read: {error.strerror}",
-                       503) from None
-    frames = [sse.frame(line, event_id=f"0-{n}") for n, line in lines]
-    if not frames:
-        frames = [sse.comment("following")]
-    return Response([*frames, sse.frame("", event="end")], mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-def _dropped_marker(job_id: str, attempt: int, role: str, index: int, tail: int) -> str | None:
-    """The line that says the log's start was dropped, when the lines asked for
-    reach back past what the bounded stream keeps."""
-    pai = platform()
-    kept, added = pai.store.log_extent(job_id, attempt, role, index)
-    if added <= kept or tail <= kept:
-        return None
-    return (f"[pai: {added - kept} earlier lines dropped; the log keeps the last "
-            f"{pai.settings.log_max_lines} lines]")
-
-
-def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int,
-                     resume: str | None) -> Response:
-    """The follow stream, once the caller holds a follow lease (else 429/503).
-
-    The lease goes back when the response closes: when the stream ends, and
-    when the server finds the client gone and closes it (services/api/follows.py).
-    """
-    username = current_user().username
-    follows = follows_of(current_app, platform().settings)
-    try:
-        lease = follows.open(username)
-    except FollowRefused as refused:
-        return refused.response()
-    try:
-        response = Response(
-            stream_with_context(_follow(follows, job_id, attempt, role, index, tail, resume,
-                                        renew=lambda: follows.leases.renew(username, lease))),
-            mimetype="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response.call_on_close(lambda: follows.close(username, lease))
-    except BaseException:
-        follows.close(username, lease)
-        raise
-    return response
-
-
-def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, tail: int,
-            resume_after: str | None, renew: Callable[[], bool]) -> Iterator[str]:
-    """Server-sent events: the last lines, then new ones until the task ends.
-
-    Each line carries its stream id, so a client that reconnects with
-    Last-Event-ID resumes after the last line it saw; a comment every
-    KEEPALIVE_SECONDS tells a quiet log from a dead server. Frames come from
-    services/api/sse.py, so no line a job prints can start a field or an
-    event. New lines come from the process's one reader of this log
-    (services/api/loghub.py); this follow joins it before reading its own
-    start, and skips what it has sent. It renews its lease as it goes; a
-    follow whose lease is gone ends without the end event, so its client
-    reconnects and resumes.
-    """
-    store, hub = follows.store, follows.hub
-    feed = hub.join(TaskLog(job_id, attempt, role, index))
-    try:
-        with feed.cond:
-            position = feed.end
-        last = resume_after or store.last_log_id(job_id, attempt, role, index)
-        sent = False
-        if resume_after is None:
-            marker = _dropped_marker(job_id, attempt, role, index, tail) if tail else None
-            if marker:
-                sent = True
-                yield sse.frame(marker)
-            for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
-                sent = True
-                last = max(last, entry_id, key=stream_position)
-                yield sse.frame(line, event_id=entry_id)
-        if not sent:  # the answer's headers leave with its first bytes: do not wait
-            yield sse.comment("following")
-        catch_up = True
-        deadline = time.monotonic() + FOLLOW_MAX_SECONDS
-        quiet_since = time.monotonic()
-        # Follows that start together would renew together, all on one user's
-        # key: a random first renewal spreads them out.
-        renewed = quiet_since - random.uniform(0, RENEW_SECONDS)
-        while time.monotonic() < deadline:
-            if time.monotonic() - renewed >= RENEW_SECONDS:
-                if not renew():
-                    return
-                renewed = time.monotonic()
-            with feed.cond:
-                if feed.end <= position and not feed.settled and not catch_up:
-                    # The reader wakes us for lines and the end; we wake ourselves
-                    # only for what is due: the next renewal or keep-alive.
-                    now = time.monotonic()
-                    feed.cond.wait(timeout=max(0.05, min(renewed + RENEW_SECONDS,
-                                                         quiet_since + KEEPALIVE_SECONDS) - now))
-                batch, position, dropped = feed.since(position)
-                settled = feed.settled
-            frames = []
-            if catch_up or dropped:  # from Redis: what the feed does not hold for us
-                catch_up = False
-                frames = [(entry_id, sse.frame(line, event_id=entry_id)) for entry_id, line
-                          in store.read_log(job_id, attempt, role, index, after=last)]
-            for entry_id, frame in frames + batch:
-                if stream_position(entry_id) > stream_position(last):
-                    last = entry_id
-                    quiet_since = time.monotonic()
-                    yield frame
-            if settled:
-                break
-            if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
-                quiet_since = time.monotonic()
-                yield sse.comment("keep-alive")
-    finally:
-        hub.leave(feed)
-    yield sse.frame("", event="end")

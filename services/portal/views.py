@@ -42,7 +42,7 @@ from flask import (
 )
 from flask.typing import ResponseReturnValue
 
-from services.api import auth, jobs
+from services.api import auth, tasklogs
 from services.api.errors import ApiError
 from services.portal import pages
 from shared.domain.states import JobState
@@ -364,7 +364,7 @@ def stop_one(username: str, name: str) -> ResponseReturnValue:
 def task_log(username: str, name: str, role: str, index: int) -> ResponseReturnValue:
     """The API's log view itself (text, or followed as server-sent events),
     for the session's user: an EventSource cannot send a bearer token."""
-    return jobs.task_log(username, name, role, index)
+    return tasklogs.task_log(username, name, role, index)
 
 
 def _examples_dir() -> Path | None:
