@@ -22,10 +22,10 @@ from flask import Blueprint, current_app
 from services.api.auth import current_user
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
+from services.api.execschemas import ExecRequestSchema
 from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
-from services.api.schemas import ExecRequestSchema
 from shared.domain.models import Job, split_job_id
 from shared.domain.states import JobState, TaskState
 from shared.state import execs, keys, telemetry

@@ -36,11 +36,11 @@ from wsproto.utilities import LocalProtocolError
 from services.api.auth import current_user
 from services.api.errors import ApiError
 from services.api.execs import admitted, running_node
+from services.api.execschemas import ControlMessageSchema
 from services.api.follows import FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.api.queries import ExecTtyQuerySchema, load_query
-from services.api.schemas import ControlMessageSchema
 from shared.domain.jobspec import flat_errors
 from shared.infra.clock import now_ms
 from shared.state import execsessions, keys, telemetry

@@ -29,14 +29,15 @@ from marshmallow import (
 )
 
 from services.api.bodies import load
-from services.api.schemas import JOB_STATES, MAX_TAIL, check_argv
+from services.api.execschemas import check_argv
+from services.api.schemabase import MS
+from services.api.schemas import JOB_STATES, MAX_TAIL
 from shared.domain import jobsort
 from shared.domain.names import INPUT_PATTERN
 from shared.state import execs, execsessions
 
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 MAX_LIST_LIMIT = 1000
-_MS = {"description": "epoch milliseconds"}
 
 
 def load_query(schema: Schema) -> dict[str, Any]:
@@ -132,9 +133,9 @@ MAX_METRICS_STEP_SECONDS = 86_400
 class JobMetricsQuerySchema(Schema):
     attempt = _attempt()
     from_ = fields.Integer(data_key="from", validate=validate.Range(min=0), metadata={
-        **_MS, "description": "default: when the job was submitted"})
+        **MS, "description": "default: when the job was submitted"})
     to = fields.Integer(validate=validate.Range(min=0), metadata={
-        **_MS, "description": "default: when the job finished, else now"})
+        **MS, "description": "default: when the job finished, else now"})
     step = fields.Float(validate=validate.Range(min=1, max=MAX_METRICS_STEP_SECONDS), metadata={
         "description": "seconds between points; at least the span in 1,000 points"})
 

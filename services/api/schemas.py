@@ -2,17 +2,14 @@
 (a view declares one with `@takes`, services/api/bodies.py) and what the OpenAPI document shows,
 one declaration for both, so the served spec is what the code enforces.
 Responses are described here too, and a test holds every response to them.
-The job config is not repeated: it is `shared.domain.jobspec.JobConfigSchema`.
-This module imports no view (the views import it).
+The job config is not repeated: it is `shared.domain.jobspec.JobConfigSchema`;
+exec's and SSH's are in services/api/execschemas.py, query strings' in
+services/api/queries.py. This module imports no view (the views import it).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from marshmallow import (
-    EXCLUDE,
-    RAISE,
     Schema,
     ValidationError,
     fields,
@@ -20,6 +17,8 @@ from marshmallow import (
     validates_schema,
 )
 
+from services.api.execschemas import ExecRequestSchema, ExecResultSchema, SshInfoSchema
+from services.api.schemabase import MS, RequestSchema, epoch_ms, flag
 from shared.domain.capabilities import GRANTABLE
 from shared.domain.cluster import BORROWED, GUARANTEED, NODE_STATES
 from shared.domain.jobspec import JobConfigSchema, WholeNumber
@@ -27,7 +26,6 @@ from shared.domain.jobspec_v2 import JobConfigV2Schema
 from shared.domain.names import INPUT_PATTERN
 from shared.domain.priority import CLASS_NAMES
 from shared.domain.states import JobState, TaskState
-from shared.state import execs, execsessions
 from shared.state.usage import ON_EXHAUSTED, PERIODS
 
 MIN_PASSWORD, MAX_PASSWORD = 6, 256
@@ -37,37 +35,9 @@ MAX_TAIL = 100_000  # log lines one plain read returns
 MAX_REASON = 512  # characters of an admin's reason for cordoning a node
 
 JOB_STATES = [s.value for s in JobState]
-_MS = {"description": "epoch milliseconds"}
-
-
-def _ms(*, allow_none: bool = False) -> fields.Integer:
-    return fields.Integer(required=True, allow_none=allow_none, metadata=_MS)
 
 
 # ---------------------------------------------------------------- common
-
-
-class _Request(Schema):
-    """A request body: a field the schema does not know is a 400 naming it
-    (a typo must not be silently ignored)."""
-
-    class Meta:
-        unknown = RAISE
-
-
-class _JsonBoolean(fields.Boolean):
-    """Only JSON's true and false: a set of {True} alone would still let 1 in
-    (1 == True in Python)."""
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
-        if type(value) is not bool:
-            raise self.make_error("invalid", input=value)
-        return value
-
-
-def _flag(**kwargs: object) -> fields.Boolean:
-    """JSON's true and false only (not "yes", 1 or "on")."""
-    return _JsonBoolean(**kwargs)  # type: ignore[arg-type]
 
 
 class ErrorSchema(Schema):
@@ -90,7 +60,7 @@ class HealthSchema(Schema):
 # ---------------------------------------------------------------- tokens
 
 
-class TokenRequestSchema(_Request):
+class TokenRequestSchema(RequestSchema):
     username = fields.String(required=True, validate=validate.Length(min=1))
     password = fields.String(required=True, validate=validate.Length(min=1))
     expiration = fields.Integer(load_default=DEFAULT_EXPIRATION_S,
@@ -102,7 +72,7 @@ class TokenSchema(Schema):
     token = fields.String(required=True)
     user = fields.String(required=True)
     admin = fields.Boolean(required=True)
-    expires = _ms()
+    expires = epoch_ms()
 
 
 # ---------------------------------------------------------------- users
@@ -117,29 +87,29 @@ class UserSchema(Schema):
     username = fields.String(required=True)
     admin = fields.Boolean(required=True)
     virtualClusters = fields.List(fields.String(), required=True)
-    createdTime = _ms()
+    createdTime = epoch_ms()
 
 
-class UserCreateSchema(_Request):
+class UserCreateSchema(RequestSchema):
     username = fields.String(required=True, validate=validate.Regexp(INPUT_PATTERN))
     password = _password()
-    admin = _flag(load_default=False)
+    admin = flag(load_default=False)
     virtualClusters = fields.List(fields.String(validate=validate.Length(max=64)),
                                   load_default=lambda: ["default"],
                                   validate=validate.Length(max=1000))
 
 
-class PasswordChangeSchema(_Request):
+class PasswordChangeSchema(RequestSchema):
     newPassword = _password()
     oldPassword = fields.String(
         metadata={"description": "required unless an admin changes another user's"})
 
 
-class AdminFlagSchema(_Request):
-    value = _flag(required=True)
+class AdminFlagSchema(RequestSchema):
+    value = flag(required=True)
 
 
-class UserVirtualClustersSchema(_Request):
+class UserVirtualClustersSchema(RequestSchema):
     virtualClusters = fields.List(fields.String(validate=validate.Length(max=64)),
                                   required=True, validate=validate.Length(max=1000))
 
@@ -155,12 +125,12 @@ class JobSummarySchema(Schema):
                              validate=validate.OneOf([*JOB_STATES, "WAITING_FOR_RESOURCES"]))
     executionType = fields.String(required=True, validate=validate.OneOf(["START", "STOP"]))
     retries = fields.Integer(required=True)
-    createdTime = _ms()
-    completedTime = _ms(allow_none=True)
+    createdTime = epoch_ms()
+    completedTime = epoch_ms(allow_none=True)
     appExitCode = fields.Integer(required=True, allow_none=True)
     virtualCluster = fields.String(required=True)
     gpus = fields.Integer(required=True, metadata={"description": "GPUs the job asks for"})
-    startedTime = _ms(allow_none=True)  # when the current attempt started running
+    startedTime = epoch_ms(allow_none=True)  # when the current attempt started running
     priorityClass = fields.String(required=True, validate=validate.OneOf(CLASS_NAMES))
     waitingReason = fields.String(required=True, metadata={
         "description": "why it waits, in a sentence (\"\" when not waiting)"})
@@ -183,7 +153,7 @@ class WaitingSchema(Schema):
         "description": "place in its virtual cluster's queue, 1 = next"})
     ahead = fields.Integer(required=True)
     blockedBy = fields.List(fields.Nested(BlockerSchema), required=True)
-    estimatedStartTime = _ms(allow_none=True)
+    estimatedStartTime = epoch_ms(allow_none=True)
 
 
 class JobPageSchema(Schema):
@@ -201,7 +171,7 @@ class JobStatusSchema(JobSummarySchema):
     waiting = fields.Nested(WaitingSchema, required=True, allow_none=True)
     preemptedBy = fields.String(required=True, allow_none=True, metadata={
         "description": "being preempted to make room for this job"})
-    preemptionDeadline = _ms(allow_none=True)
+    preemptionDeadline = epoch_ms(allow_none=True)
     preemptions = fields.Integer(required=True, metadata={
         "description": "attempts ended by preemption (never counted in retries)"})
 
@@ -221,19 +191,19 @@ class TaskStatusSchema(Schema):
     containerExitCode = fields.Integer(required=True, allow_none=True)
     containerExitDiagnostics = fields.String(required=True)
     containerLog = fields.String(required=True)
-    launchedTime = _ms(allow_none=True)
-    startedTime = _ms(allow_none=True)
-    completedTime = _ms(allow_none=True)
+    launchedTime = epoch_ms(allow_none=True)
+    startedTime = epoch_ms(allow_none=True)
+    completedTime = epoch_ms(allow_none=True)
     retries = fields.Integer(required=True, metadata={
         "description": "times this task was started again by itself after a failure "
                        "(its role's taskRetryCount), within this attempt"})
     idleSince = fields.Integer(required=True, allow_none=True, metadata={
-        **_MS, "description": "set while every GPU of the running task has stayed below "
+        **MS, "description": "set while every GPU of the running task has stayed below "
                               "PAI_IDLE_GPU_PERCENT for PAI_IDLE_GPU_SECONDS: since when"})
 
 
 class TaskSampleSchema(Schema):
-    time = _ms()
+    time = epoch_ms()
     cpuPercent = fields.Float(required=True, allow_none=True,
                               metadata={"description": "100 = one core busy"})
     memoryBytes = fields.Integer(required=True, allow_none=True)
@@ -265,8 +235,8 @@ class JobMetricsSchema(Schema):
         "description": "why the samples are shown though Prometheus is configured"})
     attempt = fields.Integer(required=True)
     final = fields.Boolean(required=True, metadata={"description": "the job has ended"})
-    from_ = fields.Integer(data_key="from", required=True, metadata=_MS)
-    to = _ms()
+    from_ = fields.Integer(data_key="from", required=True, metadata=MS)
+    to = epoch_ms()
     stepSeconds = fields.Float(required=True, metadata={
         "description": "Prometheus' step, or the monitor's sampling interval"})
     tasks = fields.List(fields.Nested(JobMetricsTaskSchema), required=True)
@@ -280,7 +250,7 @@ class IdleGpuTaskSchema(Schema):
     taskIndex = fields.Integer(required=True)
     node = fields.String(required=True)
     gpus = fields.List(fields.Integer(), required=True)
-    idleSince = _ms()
+    idleSince = epoch_ms()
 
 
 class TaskRoleNameSchema(Schema):
@@ -295,9 +265,9 @@ class TaskRoleStatusSchema(Schema):
 class AttemptSchema(Schema):
     attemptIndex = fields.Integer(required=True)
     state = fields.String(required=True)
-    createdTime = _ms()
-    startedTime = _ms(allow_none=True)
-    completedTime = _ms(allow_none=True)
+    createdTime = epoch_ms()
+    startedTime = epoch_ms(allow_none=True)
+    completedTime = epoch_ms(allow_none=True)
     exitCode = fields.Integer(required=True, allow_none=True)
     reason = fields.String(required=True)
     platformFailure = fields.Boolean(required=True)
@@ -329,133 +299,13 @@ class DryRunSchema(Schema):
     notes = fields.List(fields.String())
 
 
-class StopRequestSchema(_Request):
+class StopRequestSchema(RequestSchema):
     value = fields.String(required=True, validate=validate.OneOf(["STOP"]))
 
 
 class StopAcceptedSchema(Schema):
     message = fields.String(required=True)
     state = fields.String(required=True, validate=validate.OneOf(JOB_STATES))
-
-
-def check_argv(argv: list[str]) -> None:
-    """A command line an exec may run (shared/state/execs.py), else its problems as
-    the `command` field's errors."""
-    problems = execs.argv_problems(argv)
-    if problems:
-        raise ValidationError(problems, "command")
-
-
-class ExecRequestSchema(_Request):
-    """A command to run in a task's running container. The largest timeout is
-    the platform's setting (PAI_EXEC_MAX_TIMEOUT_SECONDS): the view loads the
-    body with `ExecRequestSchema(max_timeout=...)`."""
-
-    command = fields.List(
-        fields.String(), required=True,
-        validate=validate.Length(min=1, max=execs.MAX_ARGS),
-        metadata={"description": "the program and its arguments (no shell unless you "
-                                 "run one)", "example": ["nvidia-smi"]})
-    timeoutSec = fields.Integer(
-        load_default=execs.DEFAULT_TIMEOUT_SECONDS, strict=True,
-        validate=validate.Range(min=1, max=execs.MAX_TIMEOUT_SECONDS),
-        metadata={"description": "the command is killed after this long"})
-
-    def __init__(self, *args: Any, max_timeout: int = execs.MAX_TIMEOUT_SECONDS,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.max_timeout = max_timeout
-
-    @validates_schema
-    def check_command(self, data: dict[str, Any], **_: object) -> None:
-        check_argv(data.get("command") or [])
-        if data.get("timeoutSec", 0) > self.max_timeout:
-            raise ValidationError([f"at most {self.max_timeout} seconds on this platform"],
-                                  "timeoutSec")
-
-
-def _window_side(name: str) -> fields.Integer:
-    """One side of a control message's window: a JSON whole number (not 80.5,
-    "80" or true) within the largest window."""
-    return fields.Integer(
-        strict=True,
-        validate=validate.Range(min=1, max=execsessions.MAX_WINDOW,
-                                error=f"{name} must be between {{min}} and {{max}}"),
-        error_messages={"invalid": f"{name} must be a whole number",
-                        "null": f"{name} must be a whole number"})
-
-
-class ControlMessageSchema(Schema):
-    """A text frame of the interactive exec (services/api/exectty.py): {"type":
-    "resize", "cols", "rows"} or {"type": "start", "command"?, "cols"?, "rows"?}.
-    Other keys are left alone, as a newer client may send them."""
-
-    class Meta:
-        unknown = EXCLUDE
-
-    error_messages = {"type": "a text frame must be a JSON object"}
-
-    type = fields.String(
-        required=True,
-        validate=validate.OneOf(("resize", "start"),
-                                error="unknown message type {input!r}: resize or start"),
-        error_messages={"required": "unknown message type None: resize or start",
-                        "invalid": "unknown message type: resize or start"})
-    cols = _window_side("cols")
-    rows = _window_side("rows")
-    command = fields.List(
-        fields.String(error_messages={"invalid": "command must be a list of strings"}),
-        error_messages={"invalid": "command must be a list of strings"})
-
-    @validates_schema
-    def check_message(self, data: dict[str, Any], **_: object) -> None:
-        if data["type"] == "resize" or "cols" in data or "rows" in data:
-            for side in ("cols", "rows"):
-                if side not in data:
-                    raise ValidationError(f"{side} must be a whole number", side)
-        if data["type"] == "start" and data.get("command") is not None:
-            check_argv(data["command"])
-
-
-class ExecResultSchema(Schema):
-    exitCode = fields.Integer(required=True, allow_none=True, metadata={
-        "description": "the command's exit status; null when it could not be read"})
-    output = fields.String(required=True, metadata={
-        "description": "stdout and stderr as they came, at most 1 MiB"})
-    truncated = fields.Boolean(required=True, metadata={
-        "description": "the command printed more than the output holds"})
-    timedOut = fields.Boolean(required=True, metadata={
-        "description": "the command outlived timeoutSec and was killed"})
-
-
-# ---------------------------------------------------------------- ssh
-
-
-class SshContainerSchema(Schema):
-    id = fields.String(required=True, metadata={"description": "<role>-<index>"})
-    sshIp = fields.String(required=True, metadata={"description": "the node's IP"})
-    sshPort = fields.String(required=True, metadata={
-        "description": "the task's ssh port (a string, as OpenPAI answers it)"})
-
-
-class SshKeyPairSchema(Schema):
-    folderPath = fields.String(required=True, metadata={
-        "description": "where the key files are served (OpenPAI: an HDFS folder)"})
-    publicKeyFileName = fields.String(required=True)
-    privateKeyFileName = fields.String(required=True)
-    privateKeyDirectDownloadLink = fields.String(required=True, metadata={
-        "description": "GET it with your token: the private key as text"})
-    publicKey = fields.String(required=True)
-    privateKey = fields.String(required=True, metadata={
-        "description": "the job's private key, OpenSSH format (`ssh -i` takes it)"})
-
-
-class SshInfoSchema(Schema):
-    """OpenPAI's answer at GET .../ssh: the running tasks' sshd addresses and
-    the job's key pair (null when the job authorizes only the user's key)."""
-
-    containers = fields.List(fields.Nested(SshContainerSchema), required=True)
-    keyPair = fields.Nested(SshKeyPairSchema, required=True, allow_none=True)
 
 
 # ---------------------------------------------------------------- cluster
@@ -523,14 +373,14 @@ class VirtualClusterSchema(Schema):
                        "as user~name"})
 
 
-class UserBudgetPutSchema(_Request):
+class UserBudgetPutSchema(RequestSchema):
     gpuHoursBudget = fields.Float(
         required=True, allow_nan=False, validate=validate.Range(min=0, max=1e9),
         metadata={"description": "GPU-hours the user's jobs in the VC may use per the VC's "
                                  "budgetPeriod (0: spent from the start)"})
 
 
-class VirtualClusterPutSchema(_Request):
+class VirtualClusterPutSchema(RequestSchema):
     gpuQuota = WholeNumber(allow_none=True, load_default=None,
                            validate=validate.Range(min=0, max=1_000_000),
                            metadata={"description": "GPUs guaranteed, or null for none"})
@@ -576,7 +426,7 @@ class NodeGpuSchema(Schema):
                        "admin clears it"})
     unhealthyReason = fields.String(required=True, metadata={
         "description": "what failed (XID, ECC, pages, thermal); empty while healthy"})
-    unhealthySince = _ms(allow_none=True)
+    unhealthySince = epoch_ms(allow_none=True)
 
 
 class NodeSchema(Schema):
@@ -592,8 +442,8 @@ class NodeSchema(Schema):
     cordonReason = fields.String(required=True, metadata={
         "description": "the admin's reason while cordoned or draining"})
     cordonedBy = fields.String(required=True, allow_none=True)
-    cordonedTime = _ms(allow_none=True)
-    lastHeartbeat = _ms()
+    cordonedTime = epoch_ms(allow_none=True)
+    lastHeartbeat = epoch_ms()
     gpus = fields.List(fields.Nested(NodeGpuSchema), required=True)
     gpuTotal = fields.Integer(required=True)
     gpuUnhealthy = fields.Integer(required=True, metadata={
@@ -610,11 +460,11 @@ class NodeSchema(Schema):
     tasks = fields.Integer(required=True)
 
 
-class NodePutSchema(_Request):
-    schedulable = _flag(metadata={
+class NodePutSchema(RequestSchema):
+    schedulable = flag(metadata={
         "description": "false: cordon (no new work; tasks run on); true: uncordon, ending "
                        "any drain"})
-    drain = _flag(metadata={
+    drain = flag(metadata={
         "description": "true: cordon, and preempt and requeue the jobs on it; false: end "
                        "the drain, the node stays cordoned"})
     reason = fields.String(validate=validate.Length(max=MAX_REASON), metadata={
@@ -645,7 +495,7 @@ class UsageReportSchema(Schema):
     from_ = fields.String(required=True, data_key="from")
     to = fields.String(required=True)
     groupBy = fields.List(fields.String(), required=True)
-    asOf = _ms()
+    asOf = epoch_ms()
     rows = fields.List(fields.Nested(UsageRowSchema), required=True)
     retainedFrom = fields.String(required=True, allow_none=True, metadata={
         "description": "the oldest day still kept (PAI_USAGE_RETENTION_DAYS; null: all)"})

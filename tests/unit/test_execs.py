@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from marshmallow import ValidationError
 
-from services.api.schemas import ExecRequestSchema
+from services.api.execschemas import ExecRequestSchema
 from shared.state import execs
 from shared.state.execs import ExecRequest, ExecResult, Outcome, OutputCap, demux, in_container
 
