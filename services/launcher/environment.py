@@ -37,7 +37,7 @@ Choices where OpenPAI leaves room:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from shared.domain.models import JobSpec, Task
@@ -106,8 +106,30 @@ def task_environment(
 
     `tasks` are the attempt's tasks, all placed (node IP and ports set).
     Raises KeyError when the task is not among them, IncompletePlacement when
-    a task lacks its IP or default port.
+    a task lacks its IP or default port. Where two sources name one variable
+    the first wins: the GPUs, the task's own, its peers', then the job's
+    `jobEnvs`, which may add variables but change none of the platform's.
     """
+    by_role, current = _placed_roles(spec, tasks, role, index)
+    env: dict[str, str] = {}
+    sources: list[Iterable[tuple[str, Any]]] = [
+        gpu_environment(current.gpus, renumbered_gpus=renumbered_gpus).items(),
+        _own_variables(spec, username, current, attempt, default_fs_uri),
+        _peer_variables(spec, by_role),
+        [("PAI_PREEMPTION_FILE", PREEMPTION_FILE)],
+        ((str(key), env_value(value)) for key, value in spec.job_envs.items()),
+    ]
+    for pairs in sources:
+        for name, value in pairs:
+            env.setdefault(name, value if isinstance(value, str) else str(value))
+    return env
+
+
+def _placed_roles(spec: JobSpec, tasks: Sequence[Task], role: str,
+                  index: int) -> tuple[dict[str, list[Task]], Task]:
+    """The attempt's tasks by role, in index order, and task `role`[`index`]:
+    every role complete, the task itself placed (for a job without gang
+    allocation, peers not placed yet are left out)."""
     by_role: dict[str, list[Task]] = {r.name: [] for r in spec.task_roles}
     for task in tasks:
         by_role.setdefault(task.role, []).append(task)
@@ -120,74 +142,68 @@ def task_environment(
         if len(by_role[r.name]) != r.task_number:
             raise IncompletePlacement(
                 f"role {r.name} has {len(by_role[r.name])} of its {r.task_number} tasks")
-    role_spec = spec.role(role)
-    role_no = [r.name for r in spec.task_roles].index(role)
     _host_port(current)  # raises early if this task itself is not placed
-    if not spec.gang_allocation:  # peers not placed yet are left out of the lists
+    if not spec.gang_allocation:
         by_role = {name: [t for t in members if t.ip and t.default_port is not None]
                    for name, members in by_role.items()}
+    return by_role, current
 
-    env: dict[str, str] = {}
 
-    def put(name: str, value: Any) -> None:
-        env.setdefault(name, value if isinstance(value, str) else str(value))
-
-    for name, value in gpu_environment(current.gpus, renumbered_gpus=renumbered_gpus).items():
-        put(name, value)
-
-    # The job and this task (the seed's table, then OpenPAI's later names).
-    put("PAI_JOB_NAME", spec.name)
+def _own_variables(spec: JobSpec, username: str, current: Task, attempt: int,
+                   default_fs_uri: str) -> Iterator[tuple[str, Any]]:
+    """The job and this task: the seed's table, then OpenPAI's later names."""
+    role, index = current.role, current.index
+    role_spec = spec.role(role)
+    yield "PAI_JOB_NAME", spec.name
     # Which attempt of the job this is (0 first): a job that resumes from a
     # checkpoint, or marks its own runs, tells a retry from the first run.
-    put("PAI_JOB_ATTEMPT_ID", attempt)
-    put("PAI_USER_NAME", username)
-    put("PAI_USERNAME", username)
-    put("PAI_DEFAULT_FS_URI", default_fs_uri)
-    put("PAI_DATA_DIR", spec.data_dir)
-    put("PAI_OUTPUT_DIR", spec.output_dir)
-    put("PAI_CODE_DIR", spec.code_dir)
-    put("PAI_TASK_ROLE_NAME", role)
-    put("PAI_TASK_ROLE_NUM", role_spec.task_number)
-    put("PAI_TASK_CPU_NUM", role_spec.cpu_number)
-    put("PAI_TASK_MEM_MB", role_spec.memory_mb)
-    put("PAI_TASK_GPU_NUM", role_spec.gpu_number)
-    put("PAI_TASK_ROLE_INDEX", index)
-    put("PAI_TASK_ROLE_NO", role_no)
-    put("PAI_TASKS_NUM", spec.total_tasks)
-    put("PAI_TASK_ROLES_NUM", len(spec.task_roles))
-    put("PAI_KILL_ALL_ON_COMPLETED_TASK_NUM", spec.kill_all_on_completed_task_number)
-    put("PAI_CURRENT_CONTAINER_IP", current.ip or "")
-    put("PAI_CURRENT_CONTAINER_PORT", current.default_port)
-    put("PAI_CURRENT_TASK_ROLE_NAME", role)
-    put("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", index)
+    yield "PAI_JOB_ATTEMPT_ID", attempt
+    yield "PAI_USER_NAME", username
+    yield "PAI_USERNAME", username
+    yield "PAI_DEFAULT_FS_URI", default_fs_uri
+    yield "PAI_DATA_DIR", spec.data_dir
+    yield "PAI_OUTPUT_DIR", spec.output_dir
+    yield "PAI_CODE_DIR", spec.code_dir
+    yield "PAI_TASK_ROLE_NAME", role
+    yield "PAI_TASK_ROLE_NUM", role_spec.task_number
+    yield "PAI_TASK_CPU_NUM", role_spec.cpu_number
+    yield "PAI_TASK_MEM_MB", role_spec.memory_mb
+    yield "PAI_TASK_GPU_NUM", role_spec.gpu_number
+    yield "PAI_TASK_ROLE_INDEX", index
+    yield "PAI_TASK_ROLE_NO", [r.name for r in spec.task_roles].index(role)
+    yield "PAI_TASKS_NUM", spec.total_tasks
+    yield "PAI_TASK_ROLES_NUM", len(spec.task_roles)
+    yield "PAI_KILL_ALL_ON_COMPLETED_TASK_NUM", spec.kill_all_on_completed_task_number
+    yield "PAI_CURRENT_CONTAINER_IP", current.ip or ""
+    yield "PAI_CURRENT_CONTAINER_PORT", current.default_port
+    yield "PAI_CURRENT_TASK_ROLE_NAME", role
+    yield "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", index
     for label, ports in _port_lists(current).items():
-        put(f"PAI_CONTAINER_HOST_{env_name_part(label)}_PORT_LIST", _joined(ports))
+        yield f"PAI_CONTAINER_HOST_{env_name_part(label)}_PORT_LIST", _joined(ports)
     if current.ports.get(SSH_PORT_LABEL):  # an SSH job (shared/domain/ssh.py), as OpenPAI names it
-        put(SSH_PORT_VARIABLE, current.ports[SSH_PORT_LABEL][0])
-    put("PAI_TASK_ROLE_COUNT", len(spec.task_roles))
-    put("PAI_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles))
+        yield SSH_PORT_VARIABLE, current.ports[SSH_PORT_LABEL][0]
+    yield "PAI_TASK_ROLE_COUNT", len(spec.task_roles)
+    yield "PAI_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles)
 
-    # Peers: the seed's by-number host lists first, as its examples rely on them.
+
+def _peer_variables(spec: JobSpec,
+                    by_role: dict[str, list[Task]]) -> Iterator[tuple[str, Any]]:
+    """Where every task of the job is: the seed's by-number host lists first,
+    as its examples rely on them, then by role name."""
     for number, r in enumerate(spec.task_roles):
-        put(f"PAI_TASK_ROLE_{number}_HOST_LIST", _joined(_host_port(t) for t in by_role[r.name]))
+        yield f"PAI_TASK_ROLE_{number}_HOST_LIST", _joined(_host_port(t) for t in by_role[r.name])
     for r in spec.task_roles:
         name = env_name_part(r.name)
         members = by_role[r.name]
-        put(f"PAI_TASK_ROLE_{name}_HOST_LIST", _joined(_host_port(t) for t in members))
-        put(f"PAI_TASK_ROLE_TASK_COUNT_{name}", r.task_number)
-        put(f"PAI_RESOURCE_{name}", _joined((r.gpu_number, r.cpu_number, r.memory_mb, r.shm_mb)))
-        put(f"PAI_MIN_FAILED_TASK_COUNT_{name}", r.min_failed_task_count or 1)
-        put(f"PAI_MIN_SUCCEEDED_TASK_COUNT_{name}", r.min_succeeded_task_count or -1)
+        yield f"PAI_TASK_ROLE_{name}_HOST_LIST", _joined(_host_port(t) for t in members)
+        yield f"PAI_TASK_ROLE_TASK_COUNT_{name}", r.task_number
+        yield f"PAI_RESOURCE_{name}", _joined((r.gpu_number, r.cpu_number, r.memory_mb, r.shm_mb))
+        yield f"PAI_MIN_FAILED_TASK_COUNT_{name}", r.min_failed_task_count or 1
+        yield f"PAI_MIN_SUCCEEDED_TASK_COUNT_{name}", r.min_succeeded_task_count or -1
         for task in members:
-            put(f"PAI_HOST_IP_{name}_{task.index}", task.ip or "")
+            yield f"PAI_HOST_IP_{name}_{task.index}", task.ip or ""
             for label, ports in _port_lists(task).items():
-                put(f"PAI_PORT_LIST_{name}_{task.index}_{env_name_part(label)}", _joined(ports))
-
-    put("PAI_PREEMPTION_FILE", PREEMPTION_FILE)
-
-    for key, value in spec.job_envs.items():
-        put(str(key), env_value(value))
-    return env
+                yield f"PAI_PORT_LIST_{name}_{task.index}_{env_name_part(label)}", _joined(ports)
 
 
 def preemption_notice(by: str, deadline_ms: int) -> str:
