@@ -266,99 +266,42 @@ def _known(data: dict[str, Any], schema: Schema, path: str) -> list[str]:
     return [f"{path}{key}" for key in data if key not in declared]
 
 
+@dataclass
+class _Conversion:
+    """What converting one v2 config gathers as it goes: the parameters and
+    secrets its text may name, and every error and ignored field, by v2 path."""
+
+    parameters: dict[str, Any]
+    secrets: dict[str, str]
+    errors: dict[str, list[str]]
+    ignored: list[str]
+
+    def refuse(self, path: str, message: str) -> None:
+        self.errors.setdefault(path, []).append(message)
+
+    def substitute(self, text: str, path: str) -> str:
+        return _substitute(text, self.parameters, self.secrets, path, self.errors)
+
+
 def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> ConvertedConfig:
     """A v2 config as the v1 config it runs from, or InvalidJobConfig naming
     every offending field by its v2 path."""
-    if not isinstance(raw, dict):
-        raise InvalidJobConfig("job config must be an object",
-                               {"_schema": ["Job config must be an object."]})
-    try:
-        job: dict[str, Any] = _SCHEMA.load(raw)
-    except ValidationError as error:
-        found = {_dict_path(path): messages
-                 for path, messages in flat_errors(error.messages).items()}
-        raise InvalidJobConfig(f"job config has {len(found)} invalid field(s)", found) \
-            from None
-    errors: dict[str, list[str]] = {}
+    job = _loaded(raw)
     ignored = _known(job, _SCHEMA, "")
     ignored += [f"{key}" for key in ("version", "contributor", "description") if key in job]
-    notes: list[str] = []
-    parameters = dict(job.get("parameters") or {})
-    secrets = _secret_leaves(job.get("secrets"))
-
-    images: dict[str, str] = {}
-    auths: dict[str, dict[str, str]] = {}  # image -> the registry login its pull uses
-    for index, pre in enumerate(job.get("prerequisites") or []):
-        where = f"prerequisites.{index}"
-        if pre["type"] != "dockerimage":
-            errors.setdefault(f"{where}.type", []).append(
-                f"pai does not run {pre['type']} prerequisites; put the step in the task "
-                f"role's commands (a job that silently skipped it would fail later).")
-            continue
-        if not isinstance(pre["uri"], str) or not pre["uri"].strip():
-            errors.setdefault(f"{where}.uri", []).append("Must be an image name.")
-            continue
-        images[pre["name"]] = _substitute(pre["uri"], parameters, secrets, f"{where}.uri",
-                                          errors)
-        if "auth" in pre:
-            auth = {key: _substitute(str(value), parameters, secrets, f"{where}.auth.{key}",
-                                     errors)
-                    for key, value in pre["auth"].items()
-                    if key in ("username", "password", "registryuri")}
-            ignored += _known(pre["auth"], _V2AuthSchema(), f"{where}.auth.")
-            if auth.get("username"):
-                auths[images[pre["name"]]] = auth
-        ignored += _known(pre, _V2PrerequisiteSchema(), f"{where}.")
-
-    deployment = _deployment(job, errors)
+    conversion = _Conversion(dict(job.get("parameters") or {}),
+                             _secret_leaves(job.get("secrets")), {}, ignored)
+    images, auths = _images(job, conversion)
+    deployment = _deployment(job, conversion.errors)
     roles: list[dict[str, Any]] = []
     role_images: set[str] = set()
     for name, role in job["taskRoles"].items():
-        where = f"taskRoles.{name}"
-        image = images.get(role["dockerImage"])
-        if image is None:
-            errors.setdefault(f"{where}.dockerImage", []).append(
-                f"No dockerimage prerequisite named {role['dockerImage']!r}.")
-        else:
-            role_images.add(image)
-        for key in ("data", "output", "script"):
-            if key in role:
-                errors.setdefault(f"{where}.{key}", []).append(
-                    f"pai does not run {key} prerequisites; put the step in commands.")
-        resource = role["resourcePerInstance"]
-        steps = (deployment.get(name, {}).get("preCommands") or []) \
-            + (role.get("commands") or []) \
-            + (deployment.get(name, {}).get("postCommands") or [])
-        command = "\n".join(_substitute(line, parameters, secrets, f"{where}.commands", errors)
-                            for line in steps)
-        v1: dict[str, Any] = {
-            "name": name, "taskNumber": role["instances"], "cpuNumber": resource["cpu"],
-            "memoryMB": resource["memoryMB"], "gpuNumber": resource["gpu"],
-            "command": command,
-            "portList": [{"label": label, "beginAt": 0, "portNumber": count}
-                         for label, count in (resource.get("ports") or {}).items()],
-        }
-        completion = role.get("completion") or {}
-        failed, succeeded = completion.get("minFailedInstances"), \
-            completion.get("minSucceededInstances")
-        if failed is not None:
-            v1["minFailedTaskCount"] = failed  # -1: never fails on task failures
-        if succeeded is not None and succeeded != -1:
-            v1["minSucceededTaskCount"] = succeeded
-        options = dict(role.get("extraContainerOptions") or {})
-        if "shmMB" in options:
-            v1["shmMB"] = options.pop("shmMB")
-        ignored += [f"{where}.extraContainerOptions.{key}" for key in options]
-        if role.get("taskRetryCount"):
-            v1["taskRetryCount"] = role["taskRetryCount"]
-        if "instances" in resource:
-            ignored.append(f"{where}.resourcePerInstance.instances")
-        ignored += _known(role, _V2TaskRoleSchema(), f"{where}.")
+        v1, image = _role_as_v1(name, role, images, deployment.get(name, {}), conversion)
         roles.append(v1)
+        role_images.update([image] if image is not None else [])
     if len(role_images) > 1:
-        errors.setdefault("taskRoles", []).append(
-            "pai runs one image per job; these task roles name different images.")
-
+        conversion.refuse("taskRoles",
+                          "pai runs one image per job; these task roles name different images.")
     config: dict[str, Any] = {"jobName": job["name"], "image": next(iter(role_images), ""),
                               "taskRoles": roles}
     if config["image"] in auths:
@@ -369,6 +312,111 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     if defaults.get("virtualCluster"):
         config["virtualCluster"] = defaults["virtualCluster"]
     ignored += _known(defaults, _V2DefaultsSchema(), "defaults.")
+    _take_extras(job, config, ignored)
+    if conversion.errors:
+        raise InvalidJobConfig(f"job config has {len(conversion.errors)} invalid field(s)",
+                               conversion.errors)
+    try:
+        validated = validate_job_config(config, username=username, storage_roots=storage_roots)
+    except InvalidJobConfig as error:
+        raise InvalidJobConfig(error.message, {_v2_path(k, roles): v
+                                               for k, v in error.fields.items()}) from None
+    return ConvertedConfig(config=validated.config, ignored=ignored + validated.ignored,
+                           notes=validated.notes, shown=shown_submission(raw),
+                           secrets=tuple(v for v in conversion.secrets.values() if v))
+
+
+def _loaded(raw: Any) -> dict[str, Any]:
+    """`raw` loaded by the v2 schema, or InvalidJobConfig by v2 path."""
+    if not isinstance(raw, dict):
+        raise InvalidJobConfig("job config must be an object",
+                               {"_schema": ["Job config must be an object."]})
+    try:
+        job: dict[str, Any] = _SCHEMA.load(raw)
+    except ValidationError as error:
+        found = {_dict_path(path): messages
+                 for path, messages in flat_errors(error.messages).items()}
+        raise InvalidJobConfig(f"job config has {len(found)} invalid field(s)", found) \
+            from None
+    return job
+
+
+def _images(job: dict[str, Any],
+            conversion: _Conversion) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The dockerimage prerequisites by name, and the registry login each
+    image's pull uses; other kinds of prerequisite are refused."""
+    images: dict[str, str] = {}
+    auths: dict[str, dict[str, str]] = {}  # image -> the registry login its pull uses
+    for index, pre in enumerate(job.get("prerequisites") or []):
+        where = f"prerequisites.{index}"
+        if pre["type"] != "dockerimage":
+            conversion.refuse(
+                f"{where}.type",
+                f"pai does not run {pre['type']} prerequisites; put the step in the task "
+                f"role's commands (a job that silently skipped it would fail later).")
+            continue
+        if not isinstance(pre["uri"], str) or not pre["uri"].strip():
+            conversion.refuse(f"{where}.uri", "Must be an image name.")
+            continue
+        images[pre["name"]] = conversion.substitute(pre["uri"], f"{where}.uri")
+        if "auth" in pre:
+            auth = {key: conversion.substitute(str(value), f"{where}.auth.{key}")
+                    for key, value in pre["auth"].items()
+                    if key in ("username", "password", "registryuri")}
+            conversion.ignored += _known(pre["auth"], _V2AuthSchema(), f"{where}.auth.")
+            if auth.get("username"):
+                auths[images[pre["name"]]] = auth
+        conversion.ignored += _known(pre, _V2PrerequisiteSchema(), f"{where}.")
+    return images, auths
+
+
+def _role_as_v1(name: str, role: dict[str, Any], images: dict[str, str],
+                deployment: dict[str, Any],
+                conversion: _Conversion) -> tuple[dict[str, Any], str | None]:
+    """A v2 task role as a v1 one (its deployment's pre- and postCommands
+    around its commands), and the image it names (None when none is known)."""
+    where = f"taskRoles.{name}"
+    image = images.get(role["dockerImage"])
+    if image is None:
+        conversion.refuse(f"{where}.dockerImage",
+                          f"No dockerimage prerequisite named {role['dockerImage']!r}.")
+    for key in ("data", "output", "script"):
+        if key in role:
+            conversion.refuse(f"{where}.{key}",
+                              f"pai does not run {key} prerequisites; put the step in commands.")
+    resource = role["resourcePerInstance"]
+    steps = (deployment.get("preCommands") or []) + (role.get("commands") or []) \
+        + (deployment.get("postCommands") or [])
+    v1: dict[str, Any] = {
+        "name": name, "taskNumber": role["instances"], "cpuNumber": resource["cpu"],
+        "memoryMB": resource["memoryMB"], "gpuNumber": resource["gpu"],
+        "command": "\n".join(conversion.substitute(line, f"{where}.commands")
+                             for line in steps),
+        "portList": [{"label": label, "beginAt": 0, "portNumber": count}
+                     for label, count in (resource.get("ports") or {}).items()],
+    }
+    completion = role.get("completion") or {}
+    failed, succeeded = completion.get("minFailedInstances"), \
+        completion.get("minSucceededInstances")
+    if failed is not None:
+        v1["minFailedTaskCount"] = failed  # -1: never fails on task failures
+    if succeeded is not None and succeeded != -1:
+        v1["minSucceededTaskCount"] = succeeded
+    options = dict(role.get("extraContainerOptions") or {})
+    if "shmMB" in options:
+        v1["shmMB"] = options.pop("shmMB")
+    conversion.ignored += [f"{where}.extraContainerOptions.{key}" for key in options]
+    if role.get("taskRetryCount"):
+        v1["taskRetryCount"] = role["taskRetryCount"]
+    if "instances" in resource:
+        conversion.ignored.append(f"{where}.resourcePerInstance.instances")
+    conversion.ignored += _known(role, _V2TaskRoleSchema(), f"{where}.")
+    return v1, image
+
+
+def _take_extras(job: dict[str, Any], config: dict[str, Any], ignored: list[str]) -> None:
+    """The extras pai acts on (the ssh plugin asking for a key, hivedScheduler's
+    class, capabilities, gangAllocation) into `config`; the rest ignored."""
     extras = dict(job.get("extras") or {})
     plugin = ssh.v2_plugin_parameters(extras.get(ssh.V2_PLUGINS))
     if plugin is not None and _asks_for_ssh(plugin[1]):  # acted on; other plugins are not
@@ -386,16 +434,6 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     ignored += [f"extras.{key}" for key in extras]
     if acted:
         config["extras"] = acted
-    if errors:
-        raise InvalidJobConfig(f"job config has {len(errors)} invalid field(s)", errors)
-    try:
-        validated = validate_job_config(config, username=username, storage_roots=storage_roots)
-    except InvalidJobConfig as error:
-        raise InvalidJobConfig(error.message, {_v2_path(k, roles): v
-                                               for k, v in error.fields.items()}) from None
-    return ConvertedConfig(config=validated.config, ignored=ignored + validated.ignored,
-                           notes=notes + validated.notes, shown=shown_submission(raw),
-                           secrets=tuple(v for v in secrets.values() if v))
 
 
 def _asks_for_ssh(parameters: Any) -> bool:
