@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.scheduler.core import Cluster, JobRequest, NodeFree, TaskRequest
-from services.scheduler.policy import Attained, Plan, RunningJob, fifo_plan, plan
+from services.scheduler.decisions import Attained, Plan, RunningJob
+from services.scheduler.policy import fifo_plan, plan
 from shared.domain.cluster import VcPolicy
 from shared.domain.models import Allocation
 from shared.domain.priority import PriorityClass

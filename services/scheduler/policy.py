@@ -49,230 +49,47 @@ trace with simulated time. Both run exactly this code.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from services.scheduler.core import (
     Cluster,
     JobRequest,
     NodeFree,
-    TaskRequest,
     copy_node,
     paused_gc,
     place_gang,
     place_some,
 )
+from services.scheduler.decisions import (
+    BUDGET,
+    DEFAULT_LAS,
+    INSUFFICIENT,
+    NEVER,
+    NO_GPU_TYPE,
+    NO_NODES,
+    PREEMPTING,
+    QUOTA,
+    RESERVED,
+    UNSCHEDULABLE,
+    USER_BUDGET,
+    Attained,
+    Blocker,
+    Las,
+    Placed,
+    Plan,
+    Preemption,
+    RunningJob,
+    Waiting,
+)
+from services.scheduler.standing import VcStanding, could_hold
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
-from shared.domain.models import Allocation, TaskPlacement, split_job_id
+from shared.domain.models import split_job_id
 from shared.domain.priority import PriorityClass
-from shared.infra.config import Settings
 from shared.state.usage import Spend
 
-# Reason codes of a waiting job (jobStatus.waiting.reason)
-NO_NODES = "NoNodes"
-UNSCHEDULABLE = "Unschedulable"  # no node could ever hold it as the cluster is
-NO_GPU_TYPE = "GpuTypeUnavailable"
-INSUFFICIENT = "InsufficientResources"
-RESERVED = "ReservedForOtherJob"
-PREEMPTING = "WaitingForPreemption"
-QUOTA = "QuotaExceeded"  # beyond its VC's guarantee, and the VC does not borrow
-BUDGET = "BudgetExhausted"  # its VC spent its GPU-hour budget, and its jobs wait
-USER_BUDGET = "UserBudgetExhausted"  # its user spent their budget in the VC, and waits
-
-NEVER = frozenset({NO_NODES, UNSCHEDULABLE, NO_GPU_TYPE})
-
 MAX_VICTIM_CANDIDATES = 256
-NO_GUARANTEE = VcPolicy(0, True)  # a VC nobody configured
-
-
-@dataclass(frozen=True)
-class Attained:
-    """What a job has had of the cluster before its current attempt: GPU
-    time (GPUs x milliseconds run, over its ended attempts) and since when it
-    waits (its submit, or the end of its last attempt)."""
-
-    gpu_ms: int = 0
-    waiting_since_ms: int = 0
-
-
-@dataclass(frozen=True)
-class Las:
-    """Least attained service within a class (Tiresias, NSDI'19: discretized
-    two-dimensional LAS, attained service = GPUs x time run).
-
-    A job's *level* is how many of `thresholds_gpu_ms` the GPU time it has
-    attained reaches (0: none, the first queue). A queued job's *queue* is
-    its level lowered by one for every `starve_ms` it has waited: within a
-    class lower queues go first, then submit order, so after waiting
-    `len(thresholds_gpu_ms) * starve_ms` a job is back in the first queue at
-    its submit place, and no job submitted after it passes it again.
-
-    `preempt`: a guaranteed job may also preempt running work of its own VC
-    and class in its first attempt whose level (by the GPU time of that
-    attempt so far) is above the job's own (not lifted by waiting): so a job
-    is preempted for less-served work at most once, and cannot starve that
-    way."""
-
-    thresholds_gpu_ms: tuple[int, ...] = ()
-    starve_ms: int = 1
-    preempt: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Las:
-        return cls(tuple(g * 1000 for g in settings.las_thresholds_gpu_seconds),
-                   max(1, int(settings.las_starve_seconds * 1000)), settings.las_preempt)
-
-    def level(self, gpu_ms: int) -> int:
-        return bisect.bisect_right(self.thresholds_gpu_ms, gpu_ms)
-
-    def queue_of(self, attained: Attained, now_ms: int) -> int:
-        waited = max(0, now_ms - attained.waiting_since_ms)
-        return max(0, self.level(attained.gpu_ms) - waited // self.starve_ms)
-
-
-DEFAULT_LAS = Las.from_settings(Settings())
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    """A placed job as the policy weighs it: what it holds and how it stands."""
-
-    job_id: str
-    vc: str
-    priority: PriorityClass
-    mode: str  # GUARANTEED or BORROWED
-    started_ms: int  # youngest is preempted first
-    allocations: tuple[Allocation, ...]
-    attempt: int = 0
-    grace_ms: int = 30_000
-    # Being preempted already: for whom, and when its grace period ends
-    preempted_by: str = ""
-    preempt_deadline_ms: int | None = None
-
-    def served_ms(self, now_ms: int) -> int:
-        """The GPU time this attempt has had so far (GPUs x milliseconds)."""
-        return self.gpus * max(0, now_ms - self.started_ms)
-
-    @property
-    def gpus(self) -> int:
-        return sum(len(a.gpus) for a in self.allocations)
-
-
-@dataclass(frozen=True)
-class Blocker:
-    """What holds a waiting job: kind is quota, reservation, job, resources,
-    nodes or gpuType; name says which."""
-
-    kind: str
-    name: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "name": self.name}
-
-
-@dataclass(frozen=True)
-class Waiting:
-    reason: str
-    message: str
-    blocked_by: tuple[Blocker, ...] = ()
-    estimated_start_ms: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        """The stored explanation (its position is read live from the VC's queue)."""
-        return {"reason": self.reason, "message": self.message,
-                "blockedBy": [b.to_dict() for b in self.blocked_by],
-                "estimatedStartTime": self.estimated_start_ms}
-
-
-@dataclass(frozen=True)
-class Placed:
-    """A job placed this pass: all its tasks, or (no gang allocation) those
-    that fit now."""
-
-    request: JobRequest
-    placements: tuple[TaskPlacement, ...]
-    mode: str
-
-    @property
-    def gpus(self) -> int:
-        return sum(len(p.gpus) for p in self.placements)
-
-    @property
-    def whole(self) -> bool:
-        return len(self.placements) == len(self.request.tasks)
-
-
-@dataclass(frozen=True)
-class Preemption:
-    victim: RunningJob
-    by: str  # the job it makes room for
-
-
-@dataclass
-class Plan:
-    placed: list[Placed] = field(default_factory=list)
-    preempt: list[Preemption] = field(default_factory=list)
-    # running jobs whose standing changed (promoted into, or pushed out of,
-    # their VC's guarantee): job id -> new mode
-    modes: dict[str, str] = field(default_factory=dict)
-    waiting: dict[str, Waiting] = field(default_factory=dict)
-    positions: dict[str, int] = field(default_factory=dict)  # in its VC's queue, 1 = next
-    reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # job id -> how many jobs had been placed when it reserved (what came
-    # after must not be on its nodes)
-    reserved_after: dict[str, int] = field(default_factory=dict)
-
-
-def _could_hold(node: NodeFree, task: TaskRequest, gpu_type: str | None) -> bool:
-    """Could the node, empty, hold the task (ports counted from each
-    request's `beginAt`)?"""
-    low, high = node.port_range
-    return (len(node.all_gpus or node.free_gpus) >= task.gpus
-            and (node.cpus or node.free_cpus) >= task.cpus
-            and (node.memory_mb or node.free_memory_mb) >= task.memory_mb
-            and high - low + 1 >= task.shape[3]
-            and all(high - max(low, p.begin_at) + 1 >= p.count for p in task.ports)
-            and (not gpu_type or not task.gpus or gpu_type_matches(node.gpu_model, gpu_type)))
-
-
-class _Standing:
-    """Per VC: its guarantee, what it holds, and its guaranteed GPUs by class."""
-
-    def __init__(self, vcs: Mapping[str, VcPolicy]) -> None:
-        self.vcs = vcs
-        self.used: dict[str, int] = {}
-        self.by_class: dict[str, list[int]] = {}  # VC -> guaranteed GPUs per class
-        self.demotable: dict[str, list[RunningJob]] = {}  # running guaranteed work
-
-    def policy(self, vc: str) -> VcPolicy:
-        return self.vcs.get(vc) or NO_GUARANTEE
-
-    def share(self, vc: str) -> float:
-        """How much of its guarantee a VC uses: the lowest goes first. A VC
-        with no guarantee comes after every VC with one."""
-        guarantee = self.policy(vc).guarantee
-        used = self.used.get(vc, 0)
-        return used / guarantee if guarantee else 1e18 + used
-
-    def guaranteed_gpus(self, vc: str, at_least: PriorityClass = PriorityClass.OPPO) -> int:
-        return sum(self.by_class.get(vc, (0, 0, 0))[at_least:])
-
-    def count(self, vc: str, priority: PriorityClass, gpus: int) -> None:
-        self.by_class.setdefault(vc, [0, 0, 0])[priority] += gpus
-
-    def fits_guarantee(self, request: JobRequest, policy: VcPolicy) -> bool:
-        """Would the job run on its VC's guarantee (counting the VC's
-        guaranteed work of its class or higher, and what its first waiting
-        job keeps)?"""
-        if request.priority == PriorityClass.OPPO:
-            return False
-        counts = self.by_class.get(request.vc)
-        used = sum(counts[request.priority:]) if counts else 0
-        return used + request.gpus <= policy.guarantee
-
-
 def plan(cluster: Cluster, queue: Sequence[JobRequest], running: Sequence[RunningJob],
          vcs: Mapping[str, VcPolicy], now_ms: int,
          attained: Mapping[str, Attained] | None = None, las: Las = DEFAULT_LAS,
@@ -305,7 +122,7 @@ class _Pass:
         self.queue = queue
         self.running = running
         self.now_ms = now_ms
-        self.standing = _Standing(vcs)
+        self.standing = VcStanding(vcs)
         self.out = Plan()
         self.reserved: dict[str, NodeFree] = {}  # node -> as it was when reserved
         self.reserved_for: dict[str, str] = {}  # node -> job id
@@ -588,7 +405,7 @@ class _Pass:
                            (Blocker("gpuType", request.gpu_type),))
         if not request.gang:  # each task on its own, one after another
             for task in {t.fit: t for t in request.tasks}.values():
-                if not any(_could_hold(n, task, request.gpu_type) for n in self.nodes):
+                if not any(could_hold(n, task, request.gpu_type) for n in self.nodes):
                     if self.empty is None:
                         self.empty = Cluster(n.emptied() for n in self.nodes)
                     short = self.empty.shortfall(task, request.gpu_type)
@@ -598,7 +415,7 @@ class _Pass:
         # Cheap first: each task fits some empty node, and the GPUs add up.
         capacity = sum(len(n.all_gpus or n.free_gpus) for n in self.nodes)
         if request.gpus <= capacity and all(
-                any(_could_hold(n, task, request.gpu_type) for n in self.nodes)
+                any(could_hold(n, task, request.gpu_type) for n in self.nodes)
                 for task in {t.fit: t for t in request.tasks}.values()):
             return None
         # Then exactly, on every node emptied, for the reason to give.

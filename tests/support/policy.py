@@ -9,14 +9,8 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from services.scheduler.core import Cluster, JobRequest, NodeFree, PortRequest, TaskRequest
-from services.scheduler.policy import (
-    DEFAULT_LAS,
-    Attained,
-    Las,
-    Plan,
-    RunningJob,
-    plan,
-)
+from services.scheduler.decisions import DEFAULT_LAS, Attained, Las, Plan, RunningJob
+from services.scheduler.policy import plan
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
 from shared.domain.models import Allocation
 from shared.domain.priority import PriorityClass

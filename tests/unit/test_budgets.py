@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 
 from services.scheduler.core import JobRequest
-from services.scheduler.policy import BUDGET, INSUFFICIENT, QUOTA, plan
+from services.scheduler.decisions import BUDGET, INSUFFICIENT, QUOTA
+from services.scheduler.policy import plan
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
 from shared.state.usage import Budget, DayUsage, Spend, day_start_ms, period_first_day, spend
 from tests.support.policy import (

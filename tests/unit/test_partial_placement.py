@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.core import Cluster, JobRequest, job_request, place_some
-from services.scheduler.policy import INSUFFICIENT, PREEMPTING, UNSCHEDULABLE, plan
+from services.scheduler.decisions import INSUFFICIENT, PREEMPTING, UNSCHEDULABLE
+from services.scheduler.policy import plan
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
 from shared.domain.feasibility import infeasible_reasons
 from shared.domain.models import Gpu, JobSpec, Node

@@ -17,7 +17,8 @@ from services.scheduler.core import (
     free_view,
     place_gang,
 )
-from services.scheduler.policy import Plan, plan
+from services.scheduler.decisions import Plan
+from services.scheduler.policy import plan
 from shared.domain.cluster import vc_policies
 from shared.domain.models import Allocation, Gpu, Node
 

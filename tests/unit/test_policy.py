@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.core import Cluster, JobRequest, PortRequest
-from services.scheduler.policy import (
+from services.scheduler.decisions import (
     DEFAULT_LAS,
     NO_GPU_TYPE,
     PREEMPTING,
@@ -19,9 +19,8 @@ from services.scheduler.policy import (
     UNSCHEDULABLE,
     Attained,
     Las,
-    fifo_plan,
-    plan,
 )
+from services.scheduler.policy import fifo_plan, plan
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches, vc_policies
 from shared.domain.priority import queue_order
 from shared.infra.config import ConfigError, load_settings

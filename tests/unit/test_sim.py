@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import sim
-from services.scheduler.policy import DEFAULT_LAS
+from services.scheduler.decisions import DEFAULT_LAS
 from shared.domain.cluster import VcPolicy
 from shared.domain.priority import PriorityClass
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.scheduler.core import JobRequest
-from services.scheduler.policy import BUDGET, INSUFFICIENT, USER_BUDGET, Plan, plan
+from services.scheduler.decisions import BUDGET, INSUFFICIENT, USER_BUDGET, Plan
+from services.scheduler.policy import plan
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
 from shared.domain.priority import PriorityClass
 from shared.state.usage import (
