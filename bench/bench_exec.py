@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import time
 
-from bench import BenchError, Figures, latency_figures, percentile, throwaway_redis
-from bench.live_platform import USER, running_platform
+from bench import BenchError, Figures, latency_figures, percentile
+from bench.live_platform import USER, one_task_running
 
 ROUNDS = 50
 WARMUP = 3
@@ -29,10 +29,7 @@ JOB = "exec-bench"
 
 def run() -> Figures:
     rounds = int(os.environ.get("PAI_BENCH_ROUNDS", ROUNDS))
-    with throwaway_redis() as url, running_platform(url) as pai:
-        pai.submit_accepted(pai.config(JOB, "sleep 3600"))
-        pai.wait_state(JOB, "RUNNING")
-        [container] = pai.job_containers(JOB)
+    with one_task_running(JOB) as (pai, container):
         api = pai.docker.api  # type: ignore[union-attr]
         exec_url = f"{pai.url}/api/v1/user/{USER}/jobs/{JOB}/tasks/main/0/exec"
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from simple_websocket import Client
 
-from bench import BenchError, Figures, latency_figures, percentile, throwaway_redis
-from bench.live_platform import USER, running_platform
+from bench import BenchError, Figures, latency_figures, percentile
+from bench.live_platform import USER, one_task_running
 
 ROUNDS = 50
 WARMUP = 3
@@ -62,10 +62,7 @@ def _echo_over_docker(sock: Any, key: bytes) -> float:
 
 def run() -> Figures:
     rounds = int(os.environ.get("PAI_BENCH_ROUNDS", ROUNDS))
-    with throwaway_redis() as url, running_platform(url) as pai:
-        pai.submit_accepted(pai.config(JOB, "sleep 3600"))
-        pai.wait_state(JOB, "RUNNING")
-        [container] = pai.job_containers(JOB)
+    with one_task_running(JOB) as (pai, container):
         ws_url = (f"{pai.url.replace('http', 'ws', 1)}/api/v1/user/{USER}/jobs/{JOB}"
                   "/tasks/main/0/exec?tty=1&command=cat")
         ws = Client.connect(ws_url, headers={

@@ -32,7 +32,7 @@ import requests
 from docker.errors import DockerException, ImageNotFound
 from docker.types import Mount
 
-from bench import BenchError, free_port
+from bench import BenchError, free_port, throwaway_redis
 from services.launcher.runtime import NO_NEW_PRIVILEGES
 from shared.domain.capabilities import dropped_capabilities
 from shared.infra.config import Settings
@@ -385,3 +385,15 @@ def running_platform(redis_url: str, *, gpus: int = 8, services: Sequence[str] =
     finally:
         if client is not None:
             client.close()
+
+
+@contextmanager
+def one_task_running(job: str) -> Iterator[tuple[Platform, Any]]:
+    """A benchmark's platform on a throwaway Redis with one task running
+    (`sleep 3600`, job `job` of USER): the platform and the task's container,
+    for what is measured against a running task (exec, terminals)."""
+    with throwaway_redis() as url, running_platform(url) as pai:
+        pai.submit_accepted(pai.config(job, "sleep 3600"))
+        pai.wait_state(job, "RUNNING")
+        [container] = pai.job_containers(job)
+        yield pai, container

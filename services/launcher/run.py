@@ -3,13 +3,11 @@ the heartbeat thread that keeps the node's lease."""
 
 from __future__ import annotations
 
-import threading
-
 from services.launcher.worker import create_launcher_app
 from shared.infra.config import load_settings
 from shared.infra.logs import setup_logging
 from shared.infra.messaging import launcher_queue
-from shared.infra.supervise import serve
+from shared.infra.supervise import serve, work_beside
 
 # Container creation blocks on Docker (and image pulls); threads let one slow
 # pull not hold up the node's other launches.
@@ -28,13 +26,8 @@ def worker() -> None:
     settings = load_settings()
     setup_logging("launcher", settings.log_level, settings.log_format)
     app, launcher = create_launcher_app(settings)
-    stop = threading.Event()
-    threading.Thread(target=launcher.heartbeat_loop, args=(stop,), daemon=True,
-                     name="heartbeat").start()
-    try:
-        app.worker_main(worker_argv(settings.node_name, settings.log_level))
-    finally:
-        stop.set()
+    work_beside(app, worker_argv(settings.node_name, settings.log_level),
+                launcher.heartbeat_loop, "heartbeat")
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from services.scheduler.worker import create_scheduler_app
 from shared.infra.config import load_settings
 from shared.infra.logs import setup_logging
-from shared.infra.supervise import serve
+from shared.infra.supervise import serve, work_beside
 from shared.state import telemetry
 
 log = logging.getLogger("pai.scheduler")
@@ -37,19 +37,13 @@ def worker() -> None:
     settings = load_settings()
     setup_logging("scheduler", settings.log_level, settings.log_format)
     app, scheduler = create_scheduler_app(settings)
-    stop = threading.Event()
     name = telemetry.scheduler_name()
-    threading.Thread(target=repair_loop,
-                     args=(scheduler.reconcile, stop, lambda: scheduler.heartbeat(name)),
-                     daemon=True, name="repair").start()
-    try:
-        app.worker_main([
-            "worker", "-Q", "scheduler", "--pool", "solo", "-n", "scheduler@%h",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--loglevel", settings.log_level,
-        ])
-    finally:
-        stop.set()
+    work_beside(app, ["worker", "-Q", "scheduler", "--pool", "solo", "-n", "scheduler@%h",
+                      "--without-gossip", "--without-mingle", "--without-heartbeat",
+                      "--loglevel", settings.log_level],
+                lambda stop: repair_loop(scheduler.reconcile, stop,
+                                         lambda: scheduler.heartbeat(name)),
+                "repair")
 
 
 def main() -> None:

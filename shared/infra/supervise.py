@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import Any
 
 log = logging.getLogger("pai.supervise")
 
@@ -151,3 +152,16 @@ def serve(name: str, module: str, worker: Callable[[], None],
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     raise SystemExit(supervisor.run())
+
+
+def work_beside(app: Any, argv: list[str], loop: Callable[[threading.Event], None],
+                name: str) -> None:
+    """Run the Celery worker `app` (with `argv`) in this thread and `loop(stop)`
+    in a daemon thread beside it (the launcher's heartbeat, the scheduler's
+    repair), told to stop when the worker returns."""
+    stop = threading.Event()
+    threading.Thread(target=loop, args=(stop,), daemon=True, name=name).start()
+    try:
+        app.worker_main(argv)
+    finally:
+        stop.set()

@@ -9,7 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from shared.infra.supervise import Supervisor
+import pytest
+
+from shared.infra.supervise import Supervisor, work_beside
 from tests.support.threads import wakeups
 
 
@@ -104,3 +106,34 @@ def test_a_supervisor_waiting_for_its_worker_does_not_wake_up(tmp_path: Path) ->
     thread.join(60)
     assert result == [0]
     assert woken <= 3
+
+
+class _Worker:
+    """A Celery app's worker_main as work_beside calls it: it returns when told."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.argv, self.loop_ran = fail, [""], threading.Event()
+
+    def worker_main(self, argv: list[str]) -> None:
+        assert self.loop_ran.wait(10), "the loop beside the worker never started"
+        self.argv = argv
+        if self.fail:
+            raise RuntimeError("the worker died")
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["the worker returns", "the worker raises"])
+def test_the_loop_beside_a_worker_is_stopped_when_the_worker_ends(fail: bool) -> None:
+    worker, stopped = _Worker(fail), threading.Event()
+
+    def loop(stop: threading.Event) -> None:
+        worker.loop_ran.set()
+        if stop.wait(10):
+            stopped.set()
+
+    if fail:
+        with pytest.raises(RuntimeError, match="the worker died"):
+            work_beside(worker, ["worker", "-Q", "q"], loop, "beside")
+    else:
+        work_beside(worker, ["worker", "-Q", "q"], loop, "beside")
+    assert worker.argv == ["worker", "-Q", "q"]
+    assert stopped.wait(10)
