@@ -8,12 +8,10 @@ made, and two racing starts end with one container.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import select
 import signal
-import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from shared.domain.models import JobSpec, Node, Task
 from shared.infra.config import Settings
 from shared.node.containers import TaskRef, task_labels
 from shared.node.engine import EngineCalls
+from shared.node.notices import warn_and_signal
 from shared.state import execs
 
 log = logging.getLogger("pai.launcher")
@@ -241,21 +240,7 @@ class DockerRuntime:
         container = self._ever_started(ref)
         if container is None:
             return False
-        folder, _, name = path.rpartition("/")
-        data = text.encode()
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo(f"{folder.strip('/')}/{name}")
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-        try:
-            container.put_archive("/", archive.getvalue())
-        except NotFound:
-            return True  # gone meanwhile: the monitor saw it exit
-        except APIError as error:  # the job made the path unwritable: it still gets the signal
-            log.warning("cannot write %s in %s: %s", path, container.name, _explain(error))
-        with contextlib.suppress(NotFound, APIError):  # exited meanwhile
-            container.kill(signal="SIGTERM")
+        warn_and_signal(container, path, text)
         return True
 
     # ------------------------------------------------------------------ exec

@@ -18,12 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 from docker.errors import APIError, NotFound
 
-from services.launcher.environment import (
-    PREEMPTION_FILE,
-    IncompletePlacement,
-    preemption_notice,
-    task_environment,
-)
+from services.launcher.environment import IncompletePlacement, task_environment
 from services.launcher.exectty import TtySessions
 from services.launcher.mounts import TaskSetupError
 from services.launcher.runtime import DockerRuntime, ImageUnavailable
@@ -32,15 +27,18 @@ from shared.domain import ssh
 from shared.domain.capabilities import refused_capabilities
 from shared.domain.completion import NON_RETRYABLE_PREFIX
 from shared.domain.models import JobSpec, Node, Task, task_key
+from shared.domain.notice import PREEMPTION_FILE, preemption_notice
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
 from shared.node.containers import LABEL_NODE, TaskRef
-from shared.state import sshkeys
+from shared.state import leases, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
+from shared.state.leases import Holder, NameLost
 from shared.state.lifecycle import LIVE_JOB_STATES, record_task_exit
+from shared.state.nodeagent import live_ms
 from shared.state.store import Store, task_is_live
 
 log = logging.getLogger("pai.launcher")
@@ -72,6 +70,9 @@ class Launcher:
                                             thread_name_prefix="exec")
         # Interactive sessions: slots and threads of their own (exectty.py).
         self.tty = TtySessions(settings, store, runtime, node.name, self._running_container)
+        # The node agent's hold on the node's name (shared/state/nodeagent.py),
+        # once claimed; None for a launcher set up by hand (tests).
+        self.holder: Holder | None = None
 
     # ---------------------------------------------------------------- start
 
@@ -301,20 +302,37 @@ class Launcher:
 
     # ------------------------------------------------------------ heartbeat
 
-    def heartbeat_loop(self, stop_event: threading.Event) -> None:
+    def heartbeat_loop(self, stop_event: threading.Event,
+                       name_lost: Callable[[str], None] | None = None) -> None:
         """Keep the node's lease: its full record every minute (and at start,
-        so a restarted launcher reports fresh figures), a heartbeat between."""
+        so a restarted launcher reports fresh figures), a renewal between.
+        With a holder, every write goes through the lease, so a launcher
+        whose name another machine took writes nothing (`name_lost` is told)."""
         registered_at: float | None = None
         while not stop_event.is_set():
             now = time.monotonic()
+            due = registered_at is None or now - registered_at >= REGISTER_SECONDS
             try:
-                if registered_at is None or now - registered_at >= REGISTER_SECONDS:
-                    self.store.register_node(self.node)
+                self._renew(due)
+                if due:
                     registered_at = now
-                else:
-                    self.store.heartbeat(self.node.name)
+            except NameLost as error:
+                log.error("launcher of node %s: %s", self.node.name, error)
+                if name_lost is not None:
+                    name_lost(str(error))
+                return
             except redis.RedisError as error:
                 log.warning("heartbeat of node %s failed: %s", self.node.name, error)
             except Exception:
                 log.exception("heartbeat of node %s failed", self.node.name)
             stop_event.wait(self.settings.heartbeat_seconds)
+
+    def _renew(self, with_record: bool) -> None:
+        if self.holder is None:
+            if with_record:
+                self.store.register_node(self.node)
+            else:
+                self.store.heartbeat(self.node.name)
+            return
+        leases.renew(self.store, self.holder, live_ms=live_ms(self.settings),
+                     inventory=self.node.to_dict() if with_record else None)

@@ -11,6 +11,7 @@ from shared.infra.config import load_settings
 from shared.infra.logs import setup_logging
 from shared.infra.supervise import serve
 from shared.state import telemetry
+from shared.state.clock import start_sync_thread
 
 log = logging.getLogger("pai.scheduler")
 
@@ -38,6 +39,7 @@ def worker() -> None:
     setup_logging("scheduler", settings.log_level, settings.log_format)
     app, scheduler = create_scheduler_app(settings)
     stop = threading.Event()
+    start_sync_thread(scheduler.store.r, stop)  # one clock with the nodes (Redis TIME)
     name = telemetry.scheduler_name()
     threading.Thread(target=repair_loop,
                      args=(scheduler.reconcile, stop, lambda: scheduler.heartbeat(name)),

@@ -286,6 +286,9 @@ class Settings:
     admin_password: str = DEFAULT_ADMIN_PASSWORD
     node_name: str = field(default_factory=socket.gethostname)
     node_ip: str = "127.0.0.1"
+    # False when PAI_NODE_IP was not set: a node agent then takes the address
+    # of its route to the control plane (shared/infra/nodeaddress.py).
+    node_ip_given: bool = True
     node_virtual_gpus: int | None = None
     # What the declared GPUs call themselves (a job's gpuType matches it) and
     # their topology groups as index ranges, inclusive; ungrouped: unknown.
@@ -299,6 +302,7 @@ class Settings:
     monitor_port: int = 9187
     # The node exporter listens where Prometheus reaches the node: its IP.
     monitor_host: str = "127.0.0.1"
+    monitor_host_given: bool = True  # False: the node's IP, whatever it turns out to be
     monitor_sample_seconds: float = 10.0
     # How often the monitor reads its GPUs' health (shared/domain/gpuhealth.py).
     gpu_health_seconds: float = 5.0
@@ -317,6 +321,20 @@ class Settings:
     idle_gpu_grace_seconds: float = 1800.0
     heartbeat_seconds: float = 5.0
     node_lost_seconds: float = 60.0
+    # A node agent that has not renewed its lease for this long stops its job
+    # containers (SIGTERM, then SIGKILL after the fence grace); the control
+    # plane hands its work elsewhere only after lease + grace + a margin, and
+    # never before PAI_NODE_LOST_SECONDS (shared/domain/lease.py).
+    node_lease_seconds: float = 30.0
+    node_fence_grace_seconds: float = 10.0
+    # A node back from a problem (lost, fenced, unhealthy) stays this long
+    # healthy before it takes work again.
+    node_settle_seconds: float = 30.0
+    # Where a node's monitor answers its peers' "do you reach the control
+    # plane?" (services/monitor/peers.py), on the node's IP.
+    node_peer_port: int = 9188
+    # The node agent's own files on the node's disk (the fence journal).
+    node_state_dir: str = "/var/lib/pai"
     launch_timeout_seconds: float = 120.0
     # A preempted job's grace between SIGTERM and SIGKILL, unless it asks for
     # another (`preemptionGracePeriodSec`), which is held to the maximum.
@@ -438,6 +456,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         admin_password=env.get("PAI_ADMIN_PASSWORD") or defaults.admin_password,
         node_name=env.get("PAI_NODE_NAME") or defaults.node_name,
         node_ip=env.get("PAI_NODE_IP") or defaults.node_ip,
+        node_ip_given=bool(env.get("PAI_NODE_IP")),
         node_virtual_gpus=virtual_gpus,
         node_gpu_model=_gpu_model(env, virtual_gpus),
         node_gpu_groups=_gpu_groups(env.get("PAI_NODE_GPU_GROUPS", ""), virtual_gpus),
@@ -450,6 +469,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         monitor_port=_int(env, "PAI_MONITOR_PORT", defaults.monitor_port) or defaults.monitor_port,
         monitor_host=env.get("PAI_MONITOR_HOST") or env.get("PAI_NODE_IP")
         or defaults.monitor_host,
+        monitor_host_given=bool(env.get("PAI_MONITOR_HOST") or env.get("PAI_NODE_IP")),
         monitor_sample_seconds=_seconds(env, "PAI_MONITOR_SAMPLE_SECONDS",
                                         defaults.monitor_sample_seconds),
         gpu_health_seconds=_seconds(env, "PAI_GPU_HEALTH_SECONDS", defaults.gpu_health_seconds),
@@ -465,6 +485,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                                         defaults.idle_gpu_grace_seconds),
         heartbeat_seconds=_seconds(env, "PAI_HEARTBEAT_SECONDS", defaults.heartbeat_seconds),
         node_lost_seconds=_seconds(env, "PAI_NODE_LOST_SECONDS", defaults.node_lost_seconds),
+        node_lease_seconds=_seconds(env, "PAI_NODE_LEASE_SECONDS", defaults.node_lease_seconds),
+        node_fence_grace_seconds=_seconds(env, "PAI_NODE_FENCE_GRACE_SECONDS",
+                                          defaults.node_fence_grace_seconds),
+        node_settle_seconds=_seconds(env, "PAI_NODE_SETTLE_SECONDS",
+                                     defaults.node_settle_seconds),
+        node_peer_port=_int(env, "PAI_NODE_PEER_PORT", defaults.node_peer_port)
+        or defaults.node_peer_port,
+        node_state_dir=env.get("PAI_NODE_STATE_DIR") or defaults.node_state_dir,
         launch_timeout_seconds=_seconds(env, "PAI_LAUNCH_TIMEOUT_SECONDS",
                                         defaults.launch_timeout_seconds),
         preemption_grace_seconds=_seconds(env, "PAI_PREEMPTION_GRACE_SECONDS",
@@ -542,6 +570,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                           f"not {settings.log_level!r}")
     if settings.exec_max_timeout_seconds > MAX_EXEC_TIMEOUT_SECONDS:
         raise ConfigError(f"PAI_EXEC_MAX_TIMEOUT_SECONDS is at most {MAX_EXEC_TIMEOUT_SECONDS}")
+    if settings.node_lease_seconds < 2 * settings.heartbeat_seconds:
+        raise ConfigError("PAI_NODE_LEASE_SECONDS must be at least twice PAI_HEARTBEAT_SECONDS "
+                          "(a lease has to survive a missed renewal)")
     if settings.container_pids_limit < 1:
         raise ConfigError("PAI_CONTAINER_PIDS_LIMIT must be at least 1 (a container needs "
                           "its own process)")

@@ -114,7 +114,7 @@ def test_lost_node_fails_tasks_as_platform_failures_and_retries(
     redis_client.zadd(keys.NODES, {"n1": 1})  # its last heartbeat was long ago
     add_node(store, "n2")
 
-    scheduler.fail_lost_nodes()
+    scheduler.warden.round()
 
     job = store.get_job("alice~a")
     assert job is not None
@@ -439,7 +439,7 @@ class RoundTrips:
 
 def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
         store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
-    """The sweep and the lost-node check read every allocation's task and
+    """The sweep and the nodes' judgement read every allocation's task and
     job in pipelines: a quiet round's round trips do not grow with the
     allocations (two running tasks, then twenty-four, on three nodes)."""
     for n in range(3):
@@ -456,11 +456,13 @@ def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
         assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == jobs
         counting = RoundTrips(redis_client)
         quiet = Scheduler(scheduler.settings, Store(counting), scheduler.messenger)
-        quiet.fail_lost_nodes()
+        quiet.warden.round()
         quiet.sweep_allocations()
         costs.append(counting.count)
     assert costs[0] == costs[1]
-    assert costs[0] <= 6  # heartbeats; the nodes (2), their allocations, tasks, jobs
+    # the renewals, clock and outage record; the leases; the judgement written;
+    # then the nodes (2), their allocations, tasks, jobs
+    assert costs[0] <= 8
     assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == 24
     assert not any(name == "pai.launcher.stop_task" for n in range(3)
                    for name, _ in launcher_tasks(redis_client, f"n{n}"))

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared.infra.supervise import Supervisor
+from shared.infra.supervise import EXIT_REFUSED, Supervisor
 from tests.threads import wakeups
 
 
@@ -104,3 +104,17 @@ def test_a_supervisor_waiting_for_its_worker_does_not_wake_up(tmp_path: Path) ->
     thread.join(60)
     assert result == [0]
     assert woken <= 3
+
+
+def test_a_worker_that_refuses_to_run_is_not_started_again(tmp_path: Path) -> None:
+    """A worker that exits with EXIT_REFUSED (another machine's agent holds
+    its node's name) would be refused again: the service ends with it."""
+    runs = tmp_path / "runs"
+    body = (f"import pathlib, sys\n"
+            f"p = pathlib.Path({str(runs)!r})\n"
+            f"p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
+            f"sys.exit({EXIT_REFUSED})\n")
+    supervisor = Supervisor("test", script(body), backoff_s=(0.0,))
+    assert supervisor.run() == EXIT_REFUSED
+    assert runs.read_text() == "x"
+    assert supervisor.restarts == []
