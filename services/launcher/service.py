@@ -33,7 +33,7 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
 from shared.node.containers import LABEL_NODE, TaskRef
-from shared.state import leases, sshkeys
+from shared.state import keys, leases, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.state.leases import Holder, NameLost
@@ -108,7 +108,7 @@ class Launcher:
             return
         spec = JobSpec.from_config(config)
         # Its current container: a task retry (taskRetryCount) gets a new one.
-        ref = TaskRef(job_id, attempt, role, index, task.retries)
+        ref = TaskRef(job_id, attempt, role, index, task.retries, job.submission)
         refused = self._revoked_capabilities(spec)
         if refused:  # admitted at submit; an admin took them back since
             self._settle(ref, EXIT_SETUP_FAILED,
@@ -204,9 +204,11 @@ class Launcher:
                                     "started")
 
     def _current(self, job_id: str, attempt: int, role: str, index: int) -> TaskRef:
-        """The task's current container (its latest task retry's)."""
+        """The task's current container (its latest task retry's, of the job's
+        current submission)."""
         task = self.store.get_task(job_id, attempt, role, index)
-        return TaskRef(job_id, attempt, role, index, task.retries if task else 0)
+        submission = self.store.r.hget(keys.job(job_id), "submission") or ""
+        return TaskRef(job_id, attempt, role, index, task.retries if task else 0, submission)
 
     def _settle_unstarted(self, ref: TaskRef, diagnostics: str) -> None:
         """A task of this node stopped before its container ever ran: settle
@@ -221,7 +223,8 @@ class Launcher:
         report = record_task_exit(
             self.store, ref.job_id, ref.attempt, ref.role, ref.index, exit_code=exit_code,
             diagnostics=diagnostics, platform_failure=platform_failure, task_retry=ref.retry,
-            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000))
+            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000),
+            submission=ref.submission)
         if report is None:
             return  # already settled by someone else
         if report.relaunched and report.node:  # its role's taskRetryCount covers it
@@ -273,7 +276,7 @@ class Launcher:
         if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:
             return None
         container = self.runtime.find(TaskRef(request.job_id, request.attempt, request.role,
-                                              request.index, task.retries))
+                                              request.index, task.retries, job.submission))
         if container is None or container.status != "running" \
                 or container.labels.get(LABEL_NODE) != self.node.name:
             return None

@@ -122,7 +122,8 @@ class Monitor:
         if ref is None:
             return False
         if mark_task_running(self.store, ref.job_id, ref.attempt, ref.role, ref.index,
-                             str(container.id), task_retry=ref.retry):
+                             str(container.id), task_retry=ref.retry,
+                             submission=ref.submission):
             self.shipping.ensure(container, ref)
             return True
         if phase_of(container.status) == Phase.RUNNING:
@@ -196,7 +197,8 @@ class Monitor:
             self.store, ref.job_id, ref.attempt, ref.role, ref.index,
             exit_code=observation.exit_code, diagnostics=observation.diagnostics,
             platform_failure=platform_failure, task_retry=ref.retry,
-            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000))
+            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000),
+            submission=ref.submission)
         if report is not None:
             log.info("%s ended: %s -> task %s, job %s%s", describe(ref), observation.diagnostics,
                      report.task_state, report.job_state, " (retried)" if report.retried else
@@ -239,7 +241,8 @@ class Monitor:
 
     def _launch_is_live(self, ref: TaskRef) -> bool:
         job = self.store.get_job(ref.job_id)
-        if job is None or job.attempt != ref.attempt or job.state not in LIVE_JOB_STATES:
+        if job is None or job.attempt != ref.attempt or job.state not in LIVE_JOB_STATES \
+                or (ref.submission and job.submission != ref.submission):
             return False
         task = self.store.get_task(ref.job_id, ref.attempt, ref.role, ref.index)
         return task is not None and not task.state.is_final and task.retries == ref.retry

@@ -33,6 +33,7 @@ from shared.domain.models import (
 )
 from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import TASK_FINAL, JobState, TaskState, check_job_move
+from shared.infra import links
 from shared.infra.clock import now_ms
 from shared.infra.config import parse_sentinel_url
 from shared.infra.failover import (
@@ -143,7 +144,7 @@ def connect(url: str, pool_size: int = POOL_SIZE) -> redis.Redis:
         return sentinel_client(target, pool_size=pool_size, pool_wait_seconds=POOL_WAIT_SECONDS)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=pool_size, timeout=POOL_WAIT_SECONDS,
-        decode_responses=True, health_check_interval=30)
+        decode_responses=True, **links.redis_options())
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # close() closes the pool, as from_url's does
     return client
