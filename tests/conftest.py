@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -120,6 +122,43 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
     finally:
         _stop(proc)
+
+
+@dataclass
+class OwnRedis:
+    """A redis-server of one test's own, which the test may stop, freeze
+    (SIGSTOP: a black hole, its port still open) or restart."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    datadir: Path
+    port: int
+
+    def freeze(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
+    binary = shutil.which("redis-server")
+    assert binary is not None, "redis-server is not on PATH: run `make test`"
+    datadir = tmp_path_factory.mktemp("own-redis")
+    proc = None
+    for _ in range(5):
+        port = free_port()
+        proc = _start_redis(binary, datadir, port)
+        if proc is not None:
+            break
+    assert proc is not None, "redis-server did not start"
+    server = OwnRedis(redis_credentials(datadir).url("127.0.0.1", port), proc, datadir, port)
+    try:
+        yield server
+    finally:
+        server.thaw()
+        _stop(server.proc)
 
 
 # The operator URL of each test redis-server, by its platform URL: flushing a

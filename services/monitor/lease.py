@@ -31,6 +31,7 @@ from shared.state.store import Store
 log = logging.getLogger(__name__)
 
 PEERS_REFRESH_SECONDS = 30.0
+WATCH_SECONDS = 1.0  # how often the watchdog looks at the silence
 
 
 @dataclass
@@ -77,51 +78,71 @@ class LeaseKeeper:
             if generation == self._generation:
                 self._phase = Phase.READY
 
-    # -------------------------------------------------------------- loop
+    # ------------------------------------------------------------- loops
 
     def run(self, stop: threading.Event) -> None:
-        """Renew every heartbeat until `stop`; act on silence."""
+        """Renew every heartbeat until `stop`, and watch the silence on a
+        thread of its own: a renewal blocked on a dead link (up to its
+        socket timeout) must not delay the fence."""
+        watchdog = threading.Thread(target=self.watch, args=(stop,), daemon=True,
+                                    name="pai-monitor-fence-watch")
+        watchdog.start()
         while not stop.is_set():
-            self.round()
+            self.renew_once()
             stop.wait(self.settings.heartbeat_seconds)
+        watchdog.join(WATCH_SECONDS * 2)
 
-    def round(self) -> None:
+    def watch(self, stop: threading.Event) -> None:
+        while not stop.wait(WATCH_SECONDS):
+            self.check_silence()
+
+    def renew_once(self) -> bool:
+        """One renewal; True when the control plane took it."""
+        sent = time.monotonic()
         try:
-            self._renew()
+            self._renew(sent)
+            return True
         except NameLost as error:
             self._name_lost(error)
         except redis.RedisError as error:
-            self._silent(error)
+            silence = time.monotonic() - self.contact.last_ok
+            if silence * 1000 < self.terms.lease_ms:
+                log.warning("node %s: lease renewal failed (%s); silent for %.0f s of its "
+                            "%.0f s lease", self.holder.node, error, silence,
+                            self.terms.lease_ms / 1000)
+        return False
 
-    def _renew(self) -> None:
-        away = self.contact.away
+    def _renew(self, sent: float) -> None:
+        """Renew; the contact counts from `sent`, when the renewal left (Redis
+        stamped it later), so this node never believes in a lease longer
+        than the one the control plane counts."""
         with self._lock:
+            away = self.contact.away
             if away:  # back from silence: reconcile (a new round of it) before READY
                 self._phase = Phase.RECONCILING
                 self._generation += 1
             phase = self._phase
         leases.renew(self.store, self.holder, live_ms=live_ms(self.settings), phase=phase,
                      problem=self.problem(), back=away)
-        now = time.monotonic()
-        if away:
-            log.warning("node %s: the control plane answers again after %.0f s%s; "
-                        "reconciling before taking work", self.holder.node,
-                        now - self.contact.last_ok,
-                        " (its job containers were fenced)" if self.contact.fenced else "")
-            self.reconcile_requested.set()
-        self.contact = Contact(now)
-        if now - self._peers_read >= PEERS_REFRESH_SECONDS:
+        with self._lock:
+            if away:
+                log.warning("node %s: the control plane answers again after %.0f s%s; "
+                            "reconciling before taking work", self.holder.node,
+                            sent - self.contact.last_ok,
+                            " (its job containers were fenced)" if self.contact.fenced else "")
+                self.reconcile_requested.set()
+            self.contact = Contact(max(sent, self.contact.last_ok))
+        if sent - self._peers_read >= PEERS_REFRESH_SECONDS:
             self._peers = leases.peers(self.store, self.holder.node)
-            self._peers_read = now
+            self._peers_read = sent
 
-    def _silent(self, error: Exception) -> None:
+    def check_silence(self) -> FenceAction:
+        """Past the lease without a renewal: ask the peers, then hold or fence."""
         silence = int((time.monotonic() - self.contact.last_ok) * 1000)
         if silence < self.terms.lease_ms:
-            log.warning("node %s: lease renewal failed (%s); silent for %.0f s of its %.0f s "
-                        "lease", self.holder.node, error, silence / 1000,
-                        self.terms.lease_ms / 1000)
-            return
-        self.contact.away = True
+            return FenceAction.RUN
+        with self._lock:
+            self.contact.away = True
         reports = ask_all(self.peer_key, self._peers)
         action = fence_action(silence, self.terms, len(self._peers) + 1, reports)
         if action == FenceAction.HOLD:
@@ -131,15 +152,18 @@ class LeaseKeeper:
                           1 + sum(r.silence_ms is not None for r in reports),
                           len(self._peers) + 1)
             self.contact.holding = True
-            return
+            return action
         self.contact.holding = False
-        answered = sum(r.in_contact for r in reports)
-        reason = (f"node {self.holder.node} lost the control plane for {silence // 1000} s "
-                  f"({answered} of {len(reports)} peer(s) still reach it)")
-        if not self.contact.fenced:
-            log.error("%s: fencing: stopping its job containers", reason)
-        self.fencer.fence(reason)  # again each round: one that failed to stop is retried
-        self.contact.fenced = True
+        if action == FenceAction.FENCE:
+            answered = sum(r.in_contact for r in reports)
+            reason = (f"node {self.holder.node} lost the control plane for "
+                      f"{silence // 1000} s ({answered} of {len(reports)} peer(s) still "
+                      f"reach it)")
+            if not self.contact.fenced:
+                log.error("%s: fencing: stopping its job containers", reason)
+            self.fencer.fence(reason)  # each round: a container that failed to stop again
+            self.contact.fenced = True
+        return action
 
     def _name_lost(self, error: NameLost) -> None:
         """Another holds the name now. Another machine's agent took it after

@@ -161,8 +161,7 @@ class NodeSilence:
 
     @property
     def declared_lost(self) -> bool:
-        return self.lease is not None and self.lease.lost_ms > 0 and \
-            self.lease.lost_ms >= self.renewed_ms
+        return self.lease is not None and self.lease.lost_ms > self.renewed_ms
 
 
 @dataclass(frozen=True)
