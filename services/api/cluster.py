@@ -192,6 +192,26 @@ def healthz() -> tuple[dict[str, Any], int]:
     return {"status": "ok", "redis": "ok"}, 200
 
 
+@bp.get("/prometheus/targets")
+def prometheus_targets() -> list[dict[str, Any]]:
+    """Every node's metrics exporter, in Prometheus' HTTP service discovery
+    form (`http_sd_configs`), so Prometheus follows the nodes as they join,
+    with their condition as a label. Public, as /metrics is.
+    ---
+    get:
+      security: []
+      responses:
+        200:
+          content: {application/json: {schema: {type: array, items: {type: object}}}}
+    """
+    pai = platform()
+    conditions = node_conditions(pai.store, pai.settings)
+    return [{"targets": [node.exporter],
+             "labels": {"node": node.name,
+                        "pai_node_condition": conditions.get(node.name, ("LOST", ""))[0]}}
+            for node in pai.store.get_nodes() if node.exporter]
+
+
 @bp.get("/metrics")
 def metrics() -> Response:
     """The platform's Prometheus metrics (text exposition format), computed now.

@@ -16,7 +16,9 @@ from shared.infra.logs import setup_logging
 from shared.infra.messaging import launcher_queue
 from shared.infra.nodeaddress import with_node_address
 from shared.infra.supervise import EXIT_REFUSED, serve
+from shared.node.health import storage_check
 from shared.node.identity import engine_identity
+from shared.state import storageid
 from shared.state.clock import start_sync_thread
 from shared.state.leases import Holder, Role, release
 from shared.state.nodeagent import NameRefused, claim_name, new_holder
@@ -48,6 +50,7 @@ def worker() -> None:
     stop = threading.Event()
     launcher.holder = hold_name(settings, launcher, stop)
     start_sync_thread(launcher.store.r, stop)
+    watch_storage(settings, launcher, stop)
 
     def name_lost(reason: str) -> None:
         """Another machine's agent took the name: take no more messages."""
@@ -64,11 +67,25 @@ def worker() -> None:
             release(launcher.store, launcher.holder)
 
 
+def watch_storage(settings: Settings, launcher: Launcher, stop: threading.Event) -> None:
+    """Check, every half minute on a thread of its own, that the storage roots
+    and the log tree are the cluster's shared storage (shared/node/health.py);
+    the launcher starts no container while they are not."""
+    folders = list(dict.fromkeys((*settings.storage_roots, *settings.platform_dirs)))
+    if not folders:
+        return
+    check = storage_check(folders, lambda: storageid.cluster_id(launcher.store))
+    check.run_once()
+    launcher.storage_problem = lambda: check.problem
+    threading.Thread(target=check.loop, args=(stop,), daemon=True,
+                     name="storage-check").start()
+
+
 def hold_name(settings: Settings, launcher: Launcher, stop: threading.Event) -> Holder:
     """Claim the node's name for this launcher, before it takes any message;
     exit (for good: the supervisor does not start it again) when another
     machine's agent holds it."""
-    engine = engine_identity(launcher.runtime.client, stop)
+    engine = engine_identity(launcher.runtime.client, settings.node_ip, stop)
     if engine is None:
         raise SystemExit(0)
     holder = new_holder(settings.node_name, engine, Role.LAUNCHER)

@@ -73,6 +73,10 @@ class Launcher:
         # The node agent's hold on the node's name (shared/state/nodeagent.py),
         # once claimed; None for a launcher set up by hand (tests).
         self.holder: Holder | None = None
+        # Why this node's storage is not the cluster's shared storage ("": it
+        # is, or no check runs), from run.py's storage check: no container
+        # starts meanwhile, so no job's output lands on the node's own disk.
+        self.storage_problem: Callable[[], str] = lambda: ""
 
     # ---------------------------------------------------------------- start
 
@@ -109,6 +113,12 @@ class Launcher:
         spec = JobSpec.from_config(config)
         # Its current container: a task retry (taskRetryCount) gets a new one.
         ref = TaskRef(job_id, attempt, role, index, task.retries, job.submission)
+        problem = self.storage_problem()
+        if problem:  # the node's fault, not the job's: placed again elsewhere, uncharged
+            log.warning("not starting %s: %s", what, problem)
+            self._settle(ref, EXIT_SETUP_FAILED, f"node {self.node.name}: {problem}",
+                         platform_failure=True)
+            return
         refused = self._revoked_capabilities(spec)
         if refused:  # admitted at submit; an admin took them back since
             self._settle(ref, EXIT_SETUP_FAILED,

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import docker
 
 from services.monitor.fence import FenceJournal, Fencer
-from services.monitor.health import Check, NodeHealth, engine_check, storage_check
 from services.monitor.lease import LeaseKeeper
 from services.monitor.peers import PeerServer, peer_key
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.node.containers import docker_client
+from shared.node.health import Check, NodeHealth, engine_check, storage_check
 from shared.node.identity import engine_identity
 from shared.state import clock, storageid
 from shared.state.leases import Holder, Role, release
@@ -49,7 +49,7 @@ class NodeAgent:
               stop: threading.Event, exit_process: Callable[[str], None]) -> NodeAgent | None:
         """The agent holding the node's name; None when refused (the reason
         given to `exit_process`) or stopped before."""
-        engine = engine_identity(client, stop)
+        engine = engine_identity(client, settings.node_ip, stop)
         if engine is None:
             return None
         holder = new_holder(settings.node_name, engine, Role.MONITOR)
@@ -94,24 +94,18 @@ def _checks(settings: Settings, store: Store, probe_client: docker.DockerClient
     checks = [engine_check(probe_client.ping, settings.heartbeat_seconds)]
     folders = list(dict.fromkeys((*settings.storage_roots, *settings.platform_dirs)))
     if folders:
-        known: list[str] = []
-
-        def identity() -> str:
-            """The cluster's id, read once (it never changes)."""
-            if not known:
-                known.append(storageid.cluster_id(store))
-            return known[0]
-
-        checks.append(storage_check(folders, identity, storageid.problem_with))
+        checks.append(storage_check(folders, lambda: storageid.cluster_id(store)))
     return checks
 
 
 def _serve_peers(settings: Settings, key: bytes, keeper: LeaseKeeper) -> PeerServer | None:
+    # Where the exporter listens (the node's IP, or every address in a
+    # container), told to peers as the node's IP.
     try:
-        return PeerServer(settings.node_ip, settings.node_peer_port, settings.node_name, key,
-                          keeper.silence)
+        return PeerServer(settings.monitor_host, settings.node_peer_port, settings.node_name,
+                          key, keeper.silence, advertised=settings.node_ip)
     except OSError as error:
         log.error("cannot answer peers on %s:%d (%s): this node's peers will not count it "
-                  "when the control plane is out", settings.node_ip, settings.node_peer_port,
-                  error)
+                  "when the control plane is out", settings.monitor_host,
+                  settings.node_peer_port, error)
         return None

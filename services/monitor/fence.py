@@ -137,8 +137,9 @@ class Fencer:
         with ThreadPoolExecutor(max(1, min(len(running), STOP_THREADS)),
                                 thread_name_prefix="fence") as pool:
             stopped = sum(pool.map(lambda c: self._stop(c, notice), running))
-        log.warning("fenced node %s: stopped %d of %d job container(s): %s", self.node,
-                    stopped, len(running), reason)
+        (log.warning if running else log.debug)(
+            "fenced node %s: stopped %d of %d job container(s): %s", self.node, stopped,
+            len(running), reason)
         if self._stopped is not None:
             self._stopped(stopped)
         return stopped

@@ -73,8 +73,10 @@ class PeerServer:
     """The node's answer to its peers, on its own port (PAI_NODE_PEER_PORT)."""
 
     def __init__(self, host: str, port: int, node: str, key: bytes,
-                 silence: Callable[[], tuple[int, int]]) -> None:
-        """`silence` gives (this node's silence, its quiet-after) in ms."""
+                 silence: Callable[[], tuple[int, int]], *, advertised: str = "") -> None:
+        """Listen on `host`:`port` (0: any free port); peers are told to ask
+        at `advertised` (the node's IP; default `host`) on the port it got.
+        `silence` gives (this node's silence, its quiet-after) in ms."""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -97,7 +99,7 @@ class PeerServer:
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
-        self.address = f"{host}:{self.server.server_address[1]}"
+        self.address = f"{advertised or host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True,
                                         name="pai-monitor-peers")
         outer._thread.start()

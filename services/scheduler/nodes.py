@@ -39,6 +39,8 @@ from shared.state.store import Store
 
 log = logging.getLogger("pai.scheduler")
 
+# How often the scheduler's repair loop judges the nodes (services/scheduler/run.py).
+REPAIR_SECONDS = 5.0
 # A node with a gray failure keeps its running tasks; these conditions give
 # its launches that have not started yet back to the queue.
 REPLACE_LAUNCHES = (Condition.NOT_READY,)
@@ -70,7 +72,8 @@ class NodeWarden:
         node costs."""
         view = leases.read_cluster(self.store)
         silences, now = view.silences, view.now_ms
-        judgement = judge_nodes(silences, now, view.outage, self.lost_floor_ms)
+        judgement = judge_nodes(silences, now, view.outage, self.lost_floor_ms,
+                                int(REPAIR_SECONDS * 1000))
         conditions = {name: condition_of(s, now, judgement.outage, self.lost_floor_ms,
                                          self.settle_ms)
                       for name, s in silences.items()}

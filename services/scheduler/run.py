@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from services.scheduler.nodes import REPAIR_SECONDS
 from services.scheduler.worker import create_scheduler_app
 from shared.infra.config import load_settings
 from shared.infra.logs import setup_logging
@@ -15,7 +16,7 @@ from shared.state.clock import start_sync_thread
 
 log = logging.getLogger("pai.scheduler")
 
-RECONCILE_SECONDS = 5.0
+RECONCILE_SECONDS = REPAIR_SECONDS
 
 
 def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event,

@@ -28,5 +28,6 @@ def loopback_refusal(node_ip: str, control_plane: Sequence[str]) -> str | None:
         return (f"PAI_NODE_IP is {node_ip}, a loopback address, but the control plane is "
                 f"at {elsewhere[0]}: other nodes could not reach this node's tasks. Set "
                 f"PAI_NODE_IP to this machine's address on the cluster network, or leave it "
-                f"unset to take the address of the route to the control plane")
+                f"unset to take the address of the route to the control plane (or, when "
+                f"the whole cluster is this one machine, set PAI_SINGLE_MACHINE=1)")
     return None

@@ -180,19 +180,20 @@ def silence_ms(renewed_ms: int, now_ms: int, outage: Outage) -> int:
 
 
 def judge_nodes(nodes: Mapping[str, NodeSilence], now_ms: int, outage: Outage,
-                lost_floor_ms: int) -> Judgement:
+                lost_floor_ms: int, round_ms: int = 5_000) -> Judgement:
     """Which nodes are lost now, and is the control plane itself out?
 
-    A gap since the last judgement longer than a node's quiet time means
-    nobody judged meanwhile (Redis down, the scheduler down or cut off): it
-    ends as an outage would, every node's silence counting from now. Then,
+    A gap since the last judgement (the judge runs every `round_ms`) longer
+    than both three rounds and the shortest lease means nobody judged
+    meanwhile (Redis down, the scheduler down or cut off): it ends as an
+    outage would, every node's silence counting from now. Then,
     among the nodes not yet declared lost that were already holding their
     lease when the quiet ones went quiet (a node that joined since cannot
     outvote them), a strict majority quiet is an outage of the control
     plane: nobody is lost while it lasts.
     """
-    gap_after = min((n.terms.quiet_after_ms for n in nodes.values()),
-                    default=LeaseTerms().quiet_after_ms)
+    gap_after = max(3 * round_ms, min((n.terms.lease_ms for n in nodes.values()),
+                                      default=LeaseTerms().lease_ms))
     ended_now = outage.checked_ms > 0 and now_ms - outage.checked_ms > gap_after \
         and not outage.in_progress
     if ended_now:

@@ -337,6 +337,9 @@ class Node:
     real_cpus: int = 0
     nvidia_runtime: bool = False
     heartbeat_ms: int = 0
+    # host:port of the node's metrics exporter (its monitor), which
+    # Prometheus finds through the API's service discovery
+    exporter: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -289,6 +289,10 @@ class Settings:
     # False when PAI_NODE_IP was not set: a node agent then takes the address
     # of its route to the control plane (shared/infra/nodeaddress.py).
     node_ip_given: bool = True
+    # Every service and job of the cluster runs on this one machine (the
+    # Compose trial, its control plane in containers): a loopback node IP is
+    # then right, though Redis is at a container's address.
+    single_machine: bool = False
     node_virtual_gpus: int | None = None
     # What the declared GPUs call themselves (a job's gpuType matches it) and
     # their topology groups as index ranges, inclusive; ungrouped: unknown.
@@ -457,6 +461,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         node_name=env.get("PAI_NODE_NAME") or defaults.node_name,
         node_ip=env.get("PAI_NODE_IP") or defaults.node_ip,
         node_ip_given=bool(env.get("PAI_NODE_IP")),
+        single_machine=_bool(env, "PAI_SINGLE_MACHINE"),
         node_virtual_gpus=virtual_gpus,
         node_gpu_model=_gpu_model(env, virtual_gpus),
         node_gpu_groups=_gpu_groups(env.get("PAI_NODE_GPU_GROUPS", ""), virtual_gpus),

@@ -56,7 +56,7 @@ def with_node_address(settings: Settings) -> Settings:
             ip = route_source(remote[0], port)
             log.info("PAI_NODE_IP not set: this node is %s, the address of its route to "
                      "the control plane (%s)", ip, remote[0])
-    refusal = loopback_refusal(ip, addresses)
+    refusal = None if settings.single_machine else loopback_refusal(ip, addresses)
     if refusal:
         raise ConfigError(refusal)
     host = settings.monitor_host if settings.monitor_host_given else ip

@@ -237,6 +237,23 @@ def test_a_container_of_an_earlier_submission_is_removed_not_adopted(rig: Rig) -
     assert [c.id for c in rig.containers_of(new)] == [current.id]
 
 
+def test_no_container_starts_while_the_nodes_storage_is_not_the_shared_one(rig: Rig) -> None:
+    """The node lost its NFS mount (its storage check says so): the task is
+    not started, so its output cannot land on the node's own disk; it fails
+    as the platform's fault, to run elsewhere uncharged."""
+    rig.launcher.storage_problem = lambda: (
+        f"storage {rig.storage} has no .pai-cluster file: the cluster's shared storage is "
+        "not mounted there")
+    job = rig.submit(rig.config())
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    assert rig.containers_of(job) == []
+    assert not (rig.storage / USER / job.name).exists()
+    task = rig.task(job)
+    assert (task.state, task.platform_failure) == (TaskState.FAILED, True)
+    assert "shared storage is not mounted" in task.diagnostics
+    assert rig.job(job).retries == 0
+
+
 def test_a_repeated_start_finds_the_same_container(rig: Rig) -> None:
     job = rig.submit(rig.config())
     rig.launcher.start_task(job.id, 0, "main", 0)

@@ -50,6 +50,8 @@ def test_the_control_plane_waits_for_lease_grace_and_margin_or_its_floor() -> No
                  ("a",), False, id="one of three silent past its time is lost"),
     pytest.param({"a": 59_000, "b": 1_000, "c": 2_000}, Outage(checked_ms=NOW - 5_000),
                  (), False, id="silent but not yet past its time"),
+    pytest.param({"a": 61_000, "b": 1_000, "c": 2_000}, Outage(checked_ms=NOW - 14_000),
+                 ("a",), False, id="a late round is no gap: the lost are still lost"),
     pytest.param({"a": 90_000, "b": 90_000, "c": 1_000}, Outage(checked_ms=NOW - 5_000),
                  (), True, id="two of three silent at once: the control plane is out"),
     pytest.param({"a": 90_000, "b": 1_000}, Outage(checked_ms=NOW - 5_000),

@@ -1,13 +1,15 @@
-"""What the node's monitor checks of its own machine, each in a thread of its
-own with a deadline, so that a hung engine or a hung NFS mount stalls only
-its check, never the lease or the node's other work:
+"""What a node agent checks of its own machine, each in a thread of its own
+with a deadline, so that a hung engine or a hung NFS mount stalls only its
+check, never the lease or the node's other work:
 
 - the Docker engine answers a ping;
 - each storage root and the log tree is the cluster's shared storage
-  (shared/state/storageid.py).
+  (shared/infra/sharedstorage.py).
 
-The problems found are renewed with the lease; a node with any takes no work
-(NOT_READY, with the reason, in `GET /nodes`).
+The monitor renews its problems with the lease (a node with any takes no
+work: NOT_READY, with the reason, in `GET /nodes`); the launcher starts no
+container while its storage check fails, so no job's output lands on the
+node's own disk.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+
+from shared.infra.sharedstorage import problem_with
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +89,12 @@ def engine_check(ping: Callable[[], object], interval: float) -> Check:
     return Check("docker engine", probe, interval, ENGINE_TIMEOUT_SECONDS)
 
 
-def storage_check(folders: Sequence[str], identity: Callable[[], str],
-                  problem_with: Callable[[str, str], str]) -> Check:
+def storage_check(folders: Sequence[str], identity: Callable[[], str]) -> Check:
+    """`identity` gives the cluster's id (read once: it never changes)."""
+    known: list[str] = []
+
     def probe() -> str:
-        expected = identity()
-        return "; ".join(p for p in (problem_with(f, expected) for f in folders) if p)
+        if not known:
+            known.append(identity())
+        return "; ".join(p for p in (problem_with(f, known[0]) for f in folders) if p)
     return Check("shared storage", probe, STORAGE_CHECK_SECONDS, STORAGE_TIMEOUT_SECONDS)
