@@ -42,6 +42,9 @@ class Contact:
     fenced: bool = False
     holding: bool = False
     away: bool = False  # silent past the lease: reconcile before READY again
+    # When an outage this node held through ended for others: its silence
+    # counts from here, as the control plane counts it from the outage's end
+    grace_from: float = 0.0
 
 
 class LeaseKeeper:
@@ -137,8 +140,15 @@ class LeaseKeeper:
             self._peers_read = sent
 
     def check_silence(self) -> FenceAction:
-        """Past the lease without a renewal: ask the peers, then hold or fence."""
-        silence = int((time.monotonic() - self.contact.last_ok) * 1000)
+        """Past the lease without a renewal: ask the peers, then hold or fence.
+
+        A node that held through the control plane's outage and then sees a
+        peer in contact again does not fence at once: the outage is over for
+        that peer, and this node gets its lease's time again to renew, as the
+        control plane gives every node its time again when an outage ends
+        (shared/domain/lease.py, `judge_nodes`)."""
+        now = time.monotonic()
+        silence = int((now - max(self.contact.last_ok, self.contact.grace_from)) * 1000)
         if silence < self.terms.lease_ms:
             return FenceAction.RUN
         with self._lock:
@@ -153,7 +163,12 @@ class LeaseKeeper:
                           len(self._peers) + 1)
             self.contact.holding = True
             return action
-        self.contact.holding = False
+        if self.contact.holding:
+            self.contact.holding = False
+            self.contact.grace_from = now
+            log.warning("node %s: the control plane answers other nodes again: this node has "
+                        "its lease's time to renew before it fences", self.holder.node)
+            return FenceAction.RUN
         if action == FenceAction.FENCE:
             answered = sum(r.in_contact for r in reports)
             reason = (f"node {self.holder.node} lost the control plane for "

@@ -229,3 +229,39 @@ def test_a_node_whose_name_another_machine_took_fences_and_leaves(
     container.reload()
     assert container.status == "exited"
     assert a.exits and "engine-elsewhere" in a.exits[0]
+
+
+def test_after_an_outage_a_straggler_gets_its_lease_again_before_it_fences(
+        cluster: Callable[..., Agent], own_redis: OwnRedis, docker_client: docker.DockerClient,
+        test_image: str, test_labels: dict[str, str]) -> None:
+    """Both nodes cut off alike: they hold. The control plane answers b again
+    first: a must not fence the instant it sees b in contact (it would stop
+    its jobs at the very end of an outage they rode out); it gets its lease's
+    time again to renew, and fences only if it stays cut off that long."""
+    port = own_redis.port  # a Redis of its own: no other test's nodes among the peers
+    relays = {name: Relay(port) for name in "ab"}
+    agents = {name: cluster(own_redis.url.replace(f":{port}", f":{relays[name].port}"), name)
+              for name in "ab"}
+    container = job_container(docker_client, test_image, agents["a"].name, test_labels)
+    stop = threading.Event()
+    try:
+        start(list(agents.values()), stop)
+        for relay in relays.values():
+            relay.cut.set()
+        wait_for(lambda: all(agent.keeper.contact.holding for agent in agents.values()),
+                 "both nodes to hold")
+        relays["b"].cut.clear()
+        back = wait_for(lambda: not agents["b"].keeper.contact.away and time.monotonic(),
+                        "b to reach the control plane again")
+        wait_for(lambda: agents["a"].keeper.contact.grace_from > 0,
+                 "a to see b in contact and give itself its lease again")
+        container.reload()
+        assert container.status == "running"
+        wait_for(lambda: container.reload() or container.status == "exited",
+                 "a, still cut off, to fence after its lease")
+        assert time.monotonic() - back >= 2.0  # its whole lease (2 s) after b was back
+        assert agents["a"].journal.reason_for(container.id) is not None
+    finally:
+        stop.set()
+        for relay in relays.values():
+            relay.close()
