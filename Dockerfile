@@ -50,8 +50,8 @@ RUN /opt/pai/bin/pip install --no-deps /src /src/cli \
     && /opt/pai/bin/pip uninstall -y pip \
     && /opt/pai/bin/python -c 'import services.api.app, services.scheduler.run, \
 services.launcher.run, services.monitor.run, pai_cli.main'
-COPY deploy/image/pai-node-agent deploy/image/pai-healthcheck /opt/pai/bin/
-RUN chmod 0755 /opt/pai/bin/pai-node-agent /opt/pai/bin/pai-healthcheck
+COPY deploy/image/pai-healthcheck /opt/pai/bin/
+RUN chmod 0755 /opt/pai/bin/pai-healthcheck
 
 # --- the image: the base, Python, the virtual environment, no build tools -----
 FROM ${BASE_IMAGE}

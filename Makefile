@@ -18,7 +18,7 @@ WITH_ENV := set -a; [ ! -f .run/env ] || . .run/env; set +a;
 PYTEST_ARGS ?=
 
 .PHONY: help install test lint up down demo bench bench-sim clean runtime-test runtime-up \
-	image offline-images compose-test test-chaos
+	image offline-images compose-test test-chaos test-cluster
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -40,6 +40,7 @@ $(STAMP): pyproject.toml cli/pyproject.toml
 runtime-test: install
 	@$(RUNTIME) redis-binary
 	@$(RUNTIME) prometheus-binary
+	@$(RUNTIME) cluster-tools
 	@$(RUNTIME) docker
 	@$(WITH_ENV) $(TEST_IMAGE)
 
@@ -57,6 +58,14 @@ CHAOS_SEEDS ?= 101 202 303
 test-chaos: runtime-test ## kill -9 every service, lose a node: nothing lost, doubled or leaked
 	$(WITH_ENV) unset PAI_REDIS_URL; CHAOS_SEEDS="$(CHAOS_SEEDS)" CHAOS_JOBS=$${CHAOS_JOBS:-200} \
 	    CHAOS_SECONDS=$${CHAOS_SECONDS:-120} $(VENV)/bin/pytest -s tests/chaos $(PYTEST_ARGS)
+
+# A control plane and three node hosts in network namespaces (root): the
+# faults of `make test`, with the partitions held 150 s and the outages 5 minutes.
+test-cluster: runtime-test ## pai across test hosts: partitions, outages, loss, skew, hangs
+	$(WITH_ENV) unset PAI_REDIS_URL; \
+	    PAI_CLUSTER_FAULT_SECONDS=$${PAI_CLUSTER_FAULT_SECONDS:-150} \
+	    PAI_CLUSTER_OUTAGE_SECONDS=$${PAI_CLUSTER_OUTAGE_SECONDS:-300} \
+	    $(VENV)/bin/pytest -s --timeout 1200 tests/cluster $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy, and mypy --strict on the pure domain (shared/domain)
 	$(VENV)/bin/ruff check .

@@ -191,6 +191,10 @@ def platform_env(redis_url: str, run_dir: Path, *, node: str, gpus: int = 8,
         "PAI_API_HOST": "127.0.0.1",
         "PAI_API_PORT": str(free_port()),
         "PAI_MONITOR_PORT": str(free_port()),
+        # Several nodes share this machine: each answers its peers on a port
+        # of its own, and keeps its fence journal apart
+        "PAI_NODE_PEER_PORT": "0",
+        "PAI_NODE_STATE_DIR": str(run_dir / "node-state"),
         "PAI_NODE_NAME": node,
         "PAI_NODE_IP": "127.0.0.1",
         "PAI_NODE_VIRTUAL_GPUS": str(gpus),

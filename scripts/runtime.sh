@@ -13,6 +13,8 @@
 #   redis-binary       make sure redis-server is installed (pytest starts its own)
 #   prometheus-binary  make sure prometheus and promtool are installed (the monitoring
 #                      tests start their own Prometheus and run promtool)
+#   cluster-tools      make sure ip, iptables, nsenter and faketime are installed (the
+#                      multi-host tier, tests/cluster)
 #   redis              PAI_REDIS_URL if it answers, else a private redis-server on
 #                      127.0.0.1:16379 (PAI_PRIVATE_REDIS_PORT) with data in .run/redis/
 #   docker             PAI_DOCKER_HOST/DOCKER_HOST or /var/run/docker.sock if it answers,
@@ -71,6 +73,15 @@ ensure_redis_binary() { ensure_commands redis-server "Redis 7" "" redis-server r
 # Debian's prometheus package may try to start its own service: the tests never use it.
 ensure_prometheus_binary() {
     ensure_commands prometheus "Prometheus 2" "" prometheus promtool
+}
+
+# The multi-host test tier (tests/cluster): namespaces, iptables in them,
+# nsenter, and faketime for a node whose clock is off.
+ensure_cluster_tools() {
+    ensure_commands iproute2 "iproute2" "" ip
+    ensure_commands iptables "iptables" "" iptables
+    ensure_commands util-linux "util-linux" "" nsenter
+    ensure_commands faketime "faketime" "" faketime
 }
 
 ensure_docker_package() {
@@ -369,6 +380,7 @@ ensure_docker() {
 case "${1:-}" in
     redis-binary) ensure_redis_binary ;;
     prometheus-binary) ensure_prometheus_binary ;;
+    cluster-tools) ensure_cluster_tools ;;
     redis) start_redis ;;
     docker) ensure_docker ;;
     stop-redis) stop_redis ;;

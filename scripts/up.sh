@@ -13,6 +13,7 @@ mkdir -p "$RUN/pids" "$RUN/logs"
 export PAI_NODE_IP=${PAI_NODE_IP:-127.0.0.1}
 export PAI_NODE_NAME=${PAI_NODE_NAME:-$(hostname -s | tr -c 'A-Za-z0-9_.\n-' '-')}
 export PAI_STORAGE_ROOTS=${PAI_STORAGE_ROOTS:-$RUN/storage}
+export PAI_NODE_STATE_DIR=${PAI_NODE_STATE_DIR:-$RUN/node}
 export PAI_API_HOST=${PAI_API_HOST:-127.0.0.1}
 export PAI_API_PORT=${PAI_API_PORT:-9186}
 # No Prometheus runs here: the job page's charts show the monitor's samples,

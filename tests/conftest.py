@@ -27,6 +27,7 @@ from docker.models.containers import Container
 from bench import free_port
 from tests.support import REPO_ROOT
 from tests.support.redis_server import (
+    OwnRedis,
     operator_url,
     redis_credentials,
     remember_operator,
@@ -71,6 +72,27 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
     finally:
         stop_redis(proc)
+
+
+@pytest.fixture
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
+    """A redis-server of this test's own, to stop, freeze or restart."""
+    binary = shutil.which("redis-server")
+    assert binary is not None, "redis-server is not on PATH: run `make test`"
+    datadir = tmp_path_factory.mktemp("own-redis")
+    proc = None
+    for _ in range(5):
+        port = free_port()
+        proc = start_redis(binary, datadir, port)
+        if proc is not None:
+            break
+    assert proc is not None, "redis-server did not start"
+    server = OwnRedis(redis_credentials(datadir).url("127.0.0.1", port), proc, datadir, port)
+    try:
+        yield server
+    finally:
+        server.thaw()
+        stop_redis(server.proc)
 
 
 @pytest.fixture

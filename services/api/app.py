@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from flask import Flask
@@ -30,6 +31,7 @@ from services.api.platform import Platform
 from services.portal import views as portal
 from shared.infra.config import Settings, load_settings
 from shared.infra.messaging import Messenger, make_celery
+from shared.state import clock, storageid
 from shared.state.accounts import Accounts
 from shared.state.store import Store
 
@@ -88,13 +90,21 @@ def _bootstrap_when_reachable(app: Flask, settings: Settings) -> None:
     An API process that starts while Redis is down (restarting, failing
     over) must still start: it answers 503 until Redis is back, then makes
     them on its first request (bootstrap is idempotent)."""
-    accounts = Accounts(app.extensions["pai"].store)
+    store = app.extensions["pai"].store
+    accounts = Accounts(store)
     done = threading.Event()
+    synced = [0.0]
 
     def bootstrap() -> None:
         if not done.is_set():
             accounts.bootstrap(settings.admin_user, settings.admin_password)
+            # the shared storage's identity, which every node agent checks
+            storageid.ensure(store, dict.fromkeys((*settings.storage_roots,
+                                                   *settings.platform_dirs)))
             done.set()
+        if time.monotonic() - synced[0] >= clock.SYNC_SECONDS:  # one clock with the nodes
+            synced[0] = time.monotonic()
+            clock.sync_quietly(store.r)
 
     try:
         bootstrap()

@@ -32,7 +32,8 @@ from shared.state.throttle import LoginLimits, record_failure, retry_after
 bp = Blueprint("auth", __name__, url_prefix="/api/v1")
 
 ALGORITHM = "HS256"
-PUBLIC_ENDPOINTS = {"auth.login", "cluster.healthz", "cluster.metrics", "openapi.spec", "static"}
+PUBLIC_ENDPOINTS = {"auth.login", "cluster.healthz", "cluster.metrics",
+                    "cluster.prometheus_targets", "openapi.spec", "static"}
 # The endpoints whose writes hold to the token check (`submit_expectations`),
 # so they may use one remembered for VERIFIED_TOKEN_SECONDS.
 CONDITIONAL_ENDPOINTS = frozenset({"jobs.submit", "jobs.submit_for_user", "jobs_v2.submit"})

@@ -14,13 +14,14 @@ from services.api.errors import ApiError
 from services.api.metrics import api_metrics
 from services.api.platform import platform
 from services.api.schemas import NodePutSchema
-from shared.domain.cluster import NodeFlags, held, node_is_live, node_view_state
+from shared.domain.cluster import NodeFlags, held, node_view_state
 from shared.domain.gpuhealth import GpuFault
+from shared.domain.lease import condition_of
 from shared.domain.models import Allocation, Node
-from shared.infra.clock import now_ms
-from shared.state import gpufaults
+from shared.infra.config import Settings
+from shared.state import gpufaults, leases
 from shared.state.lifecycle import claim_pass_request
-from shared.state.store import NodeNotFound
+from shared.state.store import NodeNotFound, Store
 
 log = logging.getLogger("pai.api")
 
@@ -28,16 +29,17 @@ bp = Blueprint("cluster", __name__)
 
 
 def _node_view(node: Node, allocations: list[Allocation], flags: NodeFlags,
-               now: int, lost_seconds: float,
+               condition: tuple[str, str],
                faults: Mapping[int, GpuFault] | None = None) -> dict[str, Any]:
     used = held(allocations)
     faults = faults or {}
     used_gpus = used.used_gpus(node)
-    live = node_is_live(node.heartbeat_ms, now, lost_seconds)
     return {
         "name": node.name,
         "ip": node.ip,
-        "state": node_view_state(live, flags, used.tasks),
+        "state": node_view_state(condition[0], flags, used.tasks),
+        "condition": condition[0],
+        "conditionReason": condition[1],
         "schedulable": flags.accepts_work,
         "draining": flags.drain,
         "cordonReason": flags.reason,
@@ -71,15 +73,27 @@ def _gpu_health(fault: GpuFault | None) -> dict[str, Any]:
 
 
 def _node_views(nodes: list[Node]) -> list[dict[str, Any]]:
-    """The nodes as the API shows them: three more round trips, however many."""
+    """The nodes as the API shows them: five more round trips, however many."""
     pai = platform()
     allocations = pai.store.all_allocations([node.name for node in nodes])
     flags = pai.store.node_flags()
     faults = gpufaults.read_faults(pai.store.r)
-    now = now_ms()
-    return [_node_view(node, allocations[node.name], flags.get(node.name, NodeFlags()), now,
-                       pai.settings.node_lost_seconds, faults.get(node.name))
+    conditions = node_conditions(pai.store, pai.settings)
+    return [_node_view(node, allocations[node.name], flags.get(node.name, NodeFlags()),
+                       conditions.get(node.name, ("LOST", "never renewed a lease")),
+                       faults.get(node.name))
             for node in nodes]
+
+
+def node_conditions(store: Store, settings: Settings) -> dict[str, tuple[str, str]]:
+    """Every node's condition and its reason, judged now from the leases as
+    the scheduler judges them (shared/domain/lease.py)."""
+    view = leases.read_cluster(store)
+    return {name: (condition.value, reason) for name, (condition, reason) in (
+        (name, condition_of(silence, view.now_ms, view.outage,
+                            int(settings.node_lost_seconds * 1000),
+                            int(settings.node_settle_seconds * 1000)))
+        for name, silence in view.silences.items())}
 
 
 def _node_or_404(name: str) -> dict[str, Any]:
@@ -176,6 +190,26 @@ def healthz() -> tuple[dict[str, Any], int]:
     except Exception as error:
         return {"status": "unhealthy", "redis": f"unreachable: {error}"}, 503
     return {"status": "ok", "redis": "ok"}, 200
+
+
+@bp.get("/prometheus/targets")
+def prometheus_targets() -> list[dict[str, Any]]:
+    """Every node's metrics exporter, in Prometheus' HTTP service discovery
+    form (`http_sd_configs`), so Prometheus follows the nodes as they join,
+    with their condition as a label. Public, as /metrics is.
+    ---
+    get:
+      security: []
+      responses:
+        200:
+          content: {application/json: {schema: {type: array, items: {type: object}}}}
+    """
+    pai = platform()
+    conditions = node_conditions(pai.store, pai.settings)
+    return [{"targets": [node.exporter],
+             "labels": {"node": node.name,
+                        "pai_node_condition": conditions.get(node.name, ("LOST", ""))[0]}}
+            for node in pai.store.get_nodes() if node.exporter]
 
 
 @bp.get("/metrics")

@@ -18,7 +18,6 @@ must not take the ones requests need. Followers of one log share one reader
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from flask import Flask, Response
 from services.api.errors import ApiError
 from services.api.loghub import LogHub
 from services.api.platform import extension_of
+from shared.infra.clock import now_ms as cluster_now_ms
 from shared.infra.config import Settings
 from shared.state import keys
 from shared.state.store import Store, connect
@@ -110,7 +110,7 @@ class FollowLeases:
 
     def acquire(self, username: str, now: float | None = None) -> str | None:
         """A new lease id, or None when the user holds `per_user` live leases."""
-        lease, now_ms = uuid.uuid4().hex, _ms(time.time() if now is None else now)
+        lease, now_ms = uuid.uuid4().hex, cluster_now_ms() if now is None else _ms(now)
         taken = self._acquire(keys=[self.key(username)],
                               args=[lease, now_ms, now_ms + _ms(self.lease_seconds),
                                     self.per_user])
@@ -118,7 +118,7 @@ class FollowLeases:
 
     def renew(self, username: str, lease: str, now: float | None = None) -> bool:
         """Extend the lease; False when it is gone (expired and dropped, or released)."""
-        now_ms = _ms(time.time() if now is None else now)
+        now_ms = cluster_now_ms() if now is None else _ms(now)
         return bool(self._renew(keys=[self.key(username)],
                                 args=[lease, now_ms, now_ms + _ms(self.lease_seconds)]))
 

@@ -36,12 +36,13 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
-from shared.domain.cluster import held, held_by_vc, node_is_live
+from shared.domain.cluster import held, held_by_vc
+from shared.domain.lease import condition_of
 from shared.domain.models import Allocation, split_job_id
 from shared.domain.states import JobState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
-from shared.state import keys, telemetry, usage
+from shared.state import keys, leases, telemetry, usage
 from shared.state.accounts import DEFAULT_VC, Accounts, VirtualCluster
 from shared.state.store import Store
 
@@ -203,10 +204,16 @@ class ClusterCollector(Collector):
             _gauge("pai_node_memory_bytes_total", "Memory a node offers.", ("node",)),
             _gauge("pai_node_memory_bytes_allocated", "Memory allocated to tasks on a node.",
                    ("node",)),
-            _gauge("pai_node_up", "1 while the node's heartbeat is fresh (the scheduler "
-                   "places tasks there), 0 once it is lost.", ("node",)),
+            _gauge("pai_node_up", "1 until the node is lost (its lease not renewed for its "
+                   "lease, grace and a margin), 0 once it is.", ("node",)),
+            _gauge("pai_node_ready", "1 while the node takes new work (its condition is "
+                   "READY: renewing, healthy, reconciled, settled).", ("node",)),
             _gauge("pai_node_last_heartbeat_timestamp_seconds",
-                   "When the node's launcher last reported.", ("node",)),
+                   "When the node last renewed its lease (the control plane's clock).",
+                   ("node",)),
+            _gauge("pai_control_plane_outage", "1 while most nodes stopped renewing at once: "
+                   "the control plane's own outage, during which no node is declared lost.",
+                   ()),
             _gauge("pai_scheduler_last_heartbeat_timestamp_seconds",
                    "When a scheduler replica last finished its repair pass.", ("scheduler",)),
         ]
@@ -272,6 +279,12 @@ class ClusterCollector(Collector):
                     now: int) -> dict[str, list[Allocation]]:
         nodes = self.store.get_nodes()
         allocations = self.store.all_allocations([n.name for n in nodes])
+        view = leases.read_cluster(self.store)
+        conditions = {name: condition_of(s, view.now_ms, view.outage,
+                                         int(self.settings.node_lost_seconds * 1000),
+                                         int(self.settings.node_settle_seconds * 1000))[0]
+                      for name, s in view.silences.items()}
+        families["pai_control_plane_outage"].add_metric([], 1 if view.outage.in_progress else 0)
         for node in nodes:
             used = held(allocations[node.name])
             families["pai_gpus_total"].add_metric([node.name], len(node.gpus))
@@ -284,8 +297,9 @@ class ClusterCollector(Collector):
             families["pai_node_memory_bytes_total"].add_metric([node.name], node.memory_mb * MIB)
             families["pai_node_memory_bytes_allocated"].add_metric(
                 [node.name], used.memory_mb * MIB)
-            live = node_is_live(node.heartbeat_ms, now, self.settings.node_lost_seconds)
-            families["pai_node_up"].add_metric([node.name], 1 if live else 0)
+            condition = conditions.get(node.name, "LOST")
+            families["pai_node_up"].add_metric([node.name], 0 if condition == "LOST" else 1)
+            families["pai_node_ready"].add_metric([node.name], 1 if condition == "READY" else 0)
             families["pai_node_last_heartbeat_timestamp_seconds"].add_metric(
                 [node.name], node.heartbeat_ms / 1000)
         return allocations

@@ -434,8 +434,15 @@ class NodeSchema(Schema):
     ip = fields.String(required=True)
     state = fields.String(required=True, validate=validate.OneOf(NODE_STATES), metadata={
         "description": "READY; CORDONED (no new work); DRAINING (its jobs being moved "
-                       "off); DRAINED (drained and empty); LOST (no heartbeat, whatever "
-                       "an admin set)"})
+                       "off); DRAINED (drained and empty); or, whatever an admin set, the "
+                       "node's condition when it is not READY: LOST, UNREACHABLE, "
+                       "NOT_READY, RECONCILING or SETTLING (docs/multi-node.md)"})
+    condition = fields.String(required=True, metadata={
+        "description": "the node's own condition, admins' holds aside: READY, LOST, "
+                       "UNREACHABLE, NOT_READY, RECONCILING or SETTLING"})
+    conditionReason = fields.String(required=True, metadata={
+        "description": "why the node is not READY (its lease, its engine, launcher or "
+                       "storage); empty when READY"})
     schedulable = fields.Boolean(required=True, metadata={
         "description": "whether new tasks may land on it"})
     draining = fields.Boolean(required=True)

@@ -15,7 +15,7 @@ from shared.domain.capabilities import capability_list_errors
 from shared.domain.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_work, vc_policies
 from shared.domain.states import JobState
 from shared.infra.clock import now_ms
-from shared.state import keys
+from shared.state import keys, leases
 from shared.state.accounts import DEFAULT_VC, AccountError, NoSuchAccount, VirtualCluster
 from shared.state.usage import Budget, Owner, Spend, read_spends
 
@@ -46,9 +46,9 @@ def _usage() -> tuple[dict[str, Held], dict[str, int]]:
 def _guarantees(vcs: list[VirtualCluster]) -> dict[str, VcPolicy]:
     """Every VC's guarantee in force (`default`'s depends on the live GPUs)."""
     settings, store = platform().settings, platform().store
-    now, flags = now_ms(), store.node_flags()
+    now, flags, unready = now_ms(), store.node_flags(), leases.read_unready(store.r)
     gpus = sum(len(n.gpus) for n in store.get_nodes()
-               if takes_work(n, flags.get(n.name), now, settings.node_lost_seconds))
+               if takes_work(n, flags.get(n.name), now, settings.node_lost_seconds, unready))
     return vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                        {vc.name: vc.borrowing for vc in vcs}, gpus)
 

@@ -41,16 +41,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from shared.domain.models import JobSpec, Task
+from shared.domain.notice import PREEMPTION_FILE
 from shared.domain.ssh import PORT_LABEL as SSH_PORT_LABEL
 from shared.domain.ssh import PORT_VARIABLE as SSH_PORT_VARIABLE
 
 DEFAULT_PORT_LABEL = "default"
 NO_GPUS_NVIDIA = "none"  # the NVIDIA runtime then mounts no GPU at all
 NO_GPUS_CUDA = ""  # CUDA then sees no device
-
-# Where a preempted task finds its notice (PAI_PREEMPTED=1 and more, one
-# VAR=value per line), written by the launcher before the SIGTERM.
-PREEMPTION_FILE = "/pai/preempted"
 
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]")
 
@@ -205,9 +202,3 @@ def _peer_variables(spec: JobSpec,
             for label, ports in _port_lists(task).items():
                 yield f"PAI_PORT_LIST_{name}_{task.index}_{env_name_part(label)}", _joined(ports)
 
-
-def preemption_notice(by: str, deadline_ms: int) -> str:
-    """The preemption file's text: a job sourcing it, or grepping for
-    PAI_PREEMPTED=1, learns it must save its state before the deadline."""
-    return (f"PAI_PREEMPTED=1\nPAI_PREEMPTED_BY={by}\n"
-            f"PAI_PREEMPTION_DEADLINE={deadline_ms // 1000}\n")

@@ -85,7 +85,17 @@ def build_node(
         port_range=settings.port_range,
         real_cpus=cpus,
         nvidia_runtime=nvidia_runtime and declared is None,
+        exporter=exporter_address(settings),
     )
+
+
+def exporter_address(settings: Settings) -> str:
+    """Where Prometheus reaches this node's monitor: its listening address, or
+    the node's IP when it listens on every address."""
+    host = settings.monitor_host
+    if host in ("0.0.0.0", "::", ""):
+        host = settings.node_ip
+    return f"[{host}]:{settings.monitor_port}" if ":" in host else f"{host}:{settings.monitor_port}"
 
 
 def describe_groups(gpus: list[Gpu]) -> str:

@@ -3,11 +3,27 @@ the heartbeat thread that keeps the node's lease."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import signal
+import threading
+
+from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
-from shared.infra.config import load_settings
+from shared.infra.config import ConfigError, Settings, load_settings
 from shared.infra.logs import setup_logging
 from shared.infra.messaging import launcher_queue
-from shared.infra.supervise import serve, work_beside
+from shared.infra.nodeaddress import with_node_address
+from shared.infra.supervise import EXIT_REFUSED, serve
+from shared.node.health import storage_check
+from shared.node.identity import engine_identity
+from shared.state import storageid
+from shared.state.clock import start_sync_thread
+from shared.state.leases import Holder, Role, release
+from shared.state.nodeagent import NameRefused, claim_name, new_holder
+
+log = logging.getLogger("pai.launcher")
 
 # Container creation blocks on Docker (and image pulls); threads let one slow
 # pull not hold up the node's other launches.
@@ -25,9 +41,60 @@ def worker_argv(node: str, log_level: str = "INFO") -> list[str]:
 def worker() -> None:
     settings = load_settings()
     setup_logging("launcher", settings.log_level, settings.log_format)
+    try:
+        settings = with_node_address(settings)
+    except ConfigError as error:
+        log.error("%s", error)
+        raise SystemExit(EXIT_REFUSED) from None
     app, launcher = create_launcher_app(settings)
-    work_beside(app, worker_argv(settings.node_name, settings.log_level),
-                launcher.heartbeat_loop, "heartbeat")
+    stop = threading.Event()
+    launcher.holder = hold_name(settings, launcher, stop)
+    start_sync_thread(launcher.store.r, stop)
+    watch_storage(settings, launcher, stop)
+
+    def name_lost(reason: str) -> None:
+        """Another machine's agent took the name: take no more messages."""
+        log.error("launcher of node %s stopping: %s", settings.node_name, reason)
+        os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
+
+    threading.Thread(target=launcher.heartbeat_loop, args=(stop, name_lost), daemon=True,
+                     name="heartbeat").start()
+    try:
+        app.worker_main(worker_argv(settings.node_name, settings.log_level))
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            release(launcher.store, launcher.holder)
+
+
+def watch_storage(settings: Settings, launcher: Launcher, stop: threading.Event) -> None:
+    """Check, every half minute on a thread of its own, that the storage roots
+    and the log tree are the cluster's shared storage (shared/node/health.py);
+    the launcher starts no container while they are not."""
+    folders = list(dict.fromkeys((*settings.storage_roots, *settings.platform_dirs)))
+    if not folders:
+        return
+    check = storage_check(folders, lambda: storageid.cluster_id(launcher.store))
+    check.run_once()
+    launcher.storage_problem = lambda: check.problem
+    threading.Thread(target=check.loop, args=(stop,), daemon=True,
+                     name="storage-check").start()
+
+
+def hold_name(settings: Settings, launcher: Launcher, stop: threading.Event) -> Holder:
+    """Claim the node's name for this launcher, before it takes any message;
+    exit (for good: the supervisor does not start it again) when another
+    machine's agent holds it."""
+    engine = engine_identity(launcher.runtime.client, settings.node_ip, stop)
+    if engine is None:
+        raise SystemExit(0)
+    holder = new_holder(settings.node_name, engine, Role.LAUNCHER)
+    try:
+        claim_name(launcher.store, holder, settings, peer="", stop=stop)
+    except NameRefused as error:
+        log.error("launcher refused: %s", error)
+        raise SystemExit(EXIT_REFUSED) from None
+    return holder
 
 
 def main() -> None:

@@ -8,12 +8,10 @@ made, and two racing starts end with one container.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import select
 import signal
-import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,8 +28,9 @@ from shared.domain import ssh
 from shared.domain.capabilities import dropped_capabilities
 from shared.domain.models import JobSpec, Node, Task
 from shared.infra.config import Settings
-from shared.node.containers import TaskRef, task_labels
+from shared.node.containers import TaskRef, made_for, task_labels
 from shared.node.engine import EngineCalls
+from shared.node.notices import warn_and_signal
 from shared.state import execs
 
 log = logging.getLogger("pai.launcher")
@@ -65,10 +64,19 @@ class DockerRuntime:
     # ------------------------------------------------------------------ find
 
     def find(self, ref: TaskRef) -> Container | None:
+        """The task's container; one of the same name made for an earlier
+        submission of the job's name (a node cut off while that job ended)
+        is stale: it is removed, never taken for this task's."""
         try:
-            return self.client.containers.get(ref.container_name)
+            container = self.client.containers.get(ref.container_name)
         except NotFound:
             return None
+        if made_for(container.labels, ref):
+            return container
+        log.warning("removing container %s: it was made for an earlier submission of %s",
+                    container.name, ref.job_id)
+        self._remove(container)
+        return None
 
     # ----------------------------------------------------------------- start
 
@@ -118,15 +126,28 @@ class DockerRuntime:
             "host_config": host_config,
         }
         try:
-            container_id = self._create(spec.image, [role.command], options, spec.image_auth)
+            container_id = self._create_or_find(spec, role.command, options, ref)
         except APIError as error:
-            if error.status_code == NAME_CONFLICT:
-                existing = self.find(ref)  # a repeated or concurrent launch made it
-                if existing is not None:
-                    return self._started(existing, prepare)
             raise TaskSetupError(f"Docker refused the container: {_explain(error)}") from None
+        if not isinstance(container_id, str):
+            return self._started(container_id, prepare)
         log.debug("created %s for %s", ref.container_name, ref)  # "started" follows at INFO
         return self._start_created(container_id, prepare)
+
+    def _create_or_find(self, spec: JobSpec, command: str, options: dict[str, Any],
+                        ref: TaskRef) -> str | Container:
+        """The new container's id, or the task's container a repeated (or
+        concurrent) launch made; a stale one in the way is removed first."""
+        for _ in range(2):
+            try:
+                return self._create(spec.image, [command], options, spec.image_auth)
+            except APIError as error:
+                if error.status_code != NAME_CONFLICT:
+                    raise
+                existing = self.find(ref)
+                if existing is not None:
+                    return existing
+        raise TaskSetupError(f"container {ref.container_name} keeps being made by another")
 
     def _create(self, image: str, command: list[str], options: dict[str, Any],
                 auth: Mapping[str, str] | None = None) -> str:
@@ -241,21 +262,7 @@ class DockerRuntime:
         container = self._ever_started(ref)
         if container is None:
             return False
-        folder, _, name = path.rpartition("/")
-        data = text.encode()
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo(f"{folder.strip('/')}/{name}")
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-        try:
-            container.put_archive("/", archive.getvalue())
-        except NotFound:
-            return True  # gone meanwhile: the monitor saw it exit
-        except APIError as error:  # the job made the path unwritable: it still gets the signal
-            log.warning("cannot write %s in %s: %s", path, container.name, _explain(error))
-        with contextlib.suppress(NotFound, APIError):  # exited meanwhile
-            container.kill(signal="SIGTERM")
+        warn_and_signal(container, path, text)
         return True
 
     # ------------------------------------------------------------------ exec

@@ -18,12 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import redis
 from docker.errors import APIError, NotFound
 
-from services.launcher.environment import (
-    PREEMPTION_FILE,
-    IncompletePlacement,
-    preemption_notice,
-    task_environment,
-)
+from services.launcher.environment import IncompletePlacement, task_environment
 from services.launcher.exectty import TtySessions
 from services.launcher.mounts import TaskSetupError
 from services.launcher.runtime import DockerRuntime, ImageUnavailable
@@ -32,15 +27,18 @@ from shared.domain import ssh
 from shared.domain.capabilities import refused_capabilities
 from shared.domain.completion import NON_RETRYABLE_PREFIX
 from shared.domain.models import JobSpec, Node, Task, task_key
+from shared.domain.notice import PREEMPTION_FILE, preemption_notice
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
 from shared.node.containers import LABEL_NODE, TaskRef
-from shared.state import sshkeys
+from shared.state import keys, leases, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
+from shared.state.leases import Holder, NameLost
 from shared.state.lifecycle import LIVE_JOB_STATES, record_task_exit
+from shared.state.nodeagent import live_ms
 from shared.state.store import Store, task_is_live
 
 log = logging.getLogger("pai.launcher")
@@ -72,6 +70,13 @@ class Launcher:
                                             thread_name_prefix="exec")
         # Interactive sessions: slots and threads of their own (exectty.py).
         self.tty = TtySessions(settings, store, runtime, node.name, self._running_container)
+        # The node agent's hold on the node's name (shared/state/nodeagent.py),
+        # once claimed; None for a launcher set up by hand (tests).
+        self.holder: Holder | None = None
+        # Why this node's storage is not the cluster's shared storage ("": it
+        # is, or no check runs), from run.py's storage check: no container
+        # starts meanwhile, so no job's output lands on the node's own disk.
+        self.storage_problem: Callable[[], str] = lambda: ""
 
     # ---------------------------------------------------------------- start
 
@@ -107,7 +112,13 @@ class Launcher:
             return
         spec = JobSpec.from_config(config)
         # Its current container: a task retry (taskRetryCount) gets a new one.
-        ref = TaskRef(job_id, attempt, role, index, task.retries)
+        ref = TaskRef(job_id, attempt, role, index, task.retries, job.submission)
+        problem = self.storage_problem()
+        if problem:  # the node's fault, not the job's: placed again elsewhere, uncharged
+            log.warning("not starting %s: %s", what, problem)
+            self._settle(ref, EXIT_SETUP_FAILED, f"node {self.node.name}: {problem}",
+                         platform_failure=True)
+            return
         refused = self._revoked_capabilities(spec)
         if refused:  # admitted at submit; an admin took them back since
             self._settle(ref, EXIT_SETUP_FAILED,
@@ -203,9 +214,11 @@ class Launcher:
                                     "started")
 
     def _current(self, job_id: str, attempt: int, role: str, index: int) -> TaskRef:
-        """The task's current container (its latest task retry's)."""
+        """The task's current container (its latest task retry's, of the job's
+        current submission)."""
         task = self.store.get_task(job_id, attempt, role, index)
-        return TaskRef(job_id, attempt, role, index, task.retries if task else 0)
+        submission = self.store.r.hget(keys.job(job_id), "submission") or ""
+        return TaskRef(job_id, attempt, role, index, task.retries if task else 0, submission)
 
     def _settle_unstarted(self, ref: TaskRef, diagnostics: str) -> None:
         """A task of this node stopped before its container ever ran: settle
@@ -220,7 +233,8 @@ class Launcher:
         report = record_task_exit(
             self.store, ref.job_id, ref.attempt, ref.role, ref.index, exit_code=exit_code,
             diagnostics=diagnostics, platform_failure=platform_failure, task_retry=ref.retry,
-            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000))
+            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000),
+            submission=ref.submission)
         if report is None:
             return  # already settled by someone else
         if report.relaunched and report.node:  # its role's taskRetryCount covers it
@@ -272,7 +286,7 @@ class Launcher:
         if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:
             return None
         container = self.runtime.find(TaskRef(request.job_id, request.attempt, request.role,
-                                              request.index, task.retries))
+                                              request.index, task.retries, job.submission))
         if container is None or container.status != "running" \
                 or container.labels.get(LABEL_NODE) != self.node.name:
             return None
@@ -301,20 +315,37 @@ class Launcher:
 
     # ------------------------------------------------------------ heartbeat
 
-    def heartbeat_loop(self, stop_event: threading.Event) -> None:
+    def heartbeat_loop(self, stop_event: threading.Event,
+                       name_lost: Callable[[str], None] | None = None) -> None:
         """Keep the node's lease: its full record every minute (and at start,
-        so a restarted launcher reports fresh figures), a heartbeat between."""
+        so a restarted launcher reports fresh figures), a renewal between.
+        With a holder, every write goes through the lease, so a launcher
+        whose name another machine took writes nothing (`name_lost` is told)."""
         registered_at: float | None = None
         while not stop_event.is_set():
             now = time.monotonic()
+            due = registered_at is None or now - registered_at >= REGISTER_SECONDS
             try:
-                if registered_at is None or now - registered_at >= REGISTER_SECONDS:
-                    self.store.register_node(self.node)
+                self._renew(due)
+                if due:
                     registered_at = now
-                else:
-                    self.store.heartbeat(self.node.name)
+            except NameLost as error:
+                log.error("launcher of node %s: %s", self.node.name, error)
+                if name_lost is not None:
+                    name_lost(str(error))
+                return
             except redis.RedisError as error:
                 log.warning("heartbeat of node %s failed: %s", self.node.name, error)
             except Exception:
                 log.exception("heartbeat of node %s failed", self.node.name)
             stop_event.wait(self.settings.heartbeat_seconds)
+
+    def _renew(self, with_record: bool) -> None:
+        if self.holder is None:
+            if with_record:
+                self.store.register_node(self.node)
+            else:
+                self.store.heartbeat(self.node.name)
+            return
+        leases.renew(self.store, self.holder, live_ms=live_ms(self.settings),
+                     inventory=self.node.to_dict() if with_record else None)

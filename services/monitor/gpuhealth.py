@@ -18,7 +18,7 @@ from requests.exceptions import RequestException
 from services.monitor.observations import UNKNOWN_EXIT_CODE
 from shared.domain import gpuhealth
 from shared.infra.clock import now_ms
-from shared.node.containers import TaskRef
+from shared.node.containers import LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB, LABEL_ROLE, TaskRef
 from shared.node.nvml import Nvml
 from shared.state import gpufaults
 from shared.state.lifecycle import record_task_exit
@@ -124,10 +124,16 @@ class GpuHealthWatch:
 
 
 def stop_container(client: docker.DockerClient, ref: TaskRef) -> None:
-    """Stop a task's container and wait for it; one already gone is done."""
-    try:
-        client.containers.get(ref.container_name).stop(timeout=STOP_SECONDS)
-    except NotFound:
-        pass
-    except APIError as error:
-        log.warning("could not stop %s on a failed GPU: %s", ref.container_name, error)
+    """Stop the task's running containers on this engine and wait for them,
+    found by their labels (whichever task retry or submission made them);
+    one already gone is done."""
+    filters = {"label": [f"{LABEL_JOB}={ref.job_id}", f"{LABEL_ATTEMPT}={ref.attempt}",
+                         f"{LABEL_ROLE}={ref.role}", f"{LABEL_INDEX}={ref.index}"],
+               "status": "running"}
+    for container in client.containers.list(filters=filters):
+        try:
+            container.stop(timeout=STOP_SECONDS)
+        except NotFound:
+            pass
+        except APIError as error:
+            log.warning("could not stop %s on a failed GPU: %s", container.name, error)

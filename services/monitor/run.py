@@ -15,14 +15,18 @@ from types import FrameType
 
 import docker
 
+from services.monitor.agent import NodeAgent
 from services.monitor.exporter import NodeExporter
 from services.monitor.gpuhealth import GpuHealthWatch, stop_container
+from services.monitor.lease import LeaseKeeper
 from services.monitor.sampling import IdleStop
 from services.monitor.service import Monitor
 from shared.domain.states import JobState
-from shared.infra.config import Settings, load_settings
+from shared.infra.config import ConfigError, Settings, load_settings
 from shared.infra.logs import setup_logging
 from shared.infra.messaging import Messenger, make_celery
+from shared.infra.nodeaddress import with_node_address
+from shared.infra.supervise import EXIT_REFUSED
 from shared.node.containers import TaskRef, docker_client
 from shared.state import telemetry
 from shared.state.lifecycle import LIVE_JOB_STATES, request_stop
@@ -34,15 +38,25 @@ RECONCILE_SECONDS = 10.0
 SHUTDOWN_JOIN_SECONDS = 15.0
 
 
-def reconcile_loop(monitor: Monitor, stop: threading.Event,
+def reconcile_loop(monitor: Monitor, stop: threading.Event, keeper: LeaseKeeper | None = None,
                    interval: float = RECONCILE_SECONDS) -> None:
-    """Reconcile every `interval` seconds: events can be missed, this cannot."""
-    while not stop.wait(interval):
+    """Reconcile every `interval` seconds (events can be missed, this cannot),
+    and at once when the lease keeper asks (the node is back from silence):
+    after a whole pass it tells the keeper, which may then say READY."""
+    requested = keeper.reconcile_requested if keeper is not None else threading.Event()
+    while not stop.is_set():
+        requested.wait(interval)
+        if stop.is_set():
+            return
+        requested.clear()
+        generation = keeper.reconcile_generation() if keeper is not None else 0
         try:
             summary = monitor.reconcile()
         except Exception:
             log.exception("reconcile failed; trying again in %.0f s", interval)
             continue
+        if keeper is not None:
+            keeper.reconciled(generation)
         if summary.vanished:
             log.warning("reconcile: %d task(s) lost their container", summary.vanished)
 
@@ -61,16 +75,20 @@ def gpu_health_watch(monitor: Monitor) -> GpuHealthWatch:
 
 def node_threads(monitor: Monitor, stop: threading.Event, since: float,
                  exporter: NodeExporter | None = None,
-                 health: GpuHealthWatch | None = None) -> list[threading.Thread]:
+                 health: GpuHealthWatch | None = None,
+                 keeper: LeaseKeeper | None = None) -> list[threading.Thread]:
     """Everything the monitor runs in the background, each until `stop` is set:
-    the event watcher, the reconcile loop, the exporter's sampler and the
-    GPU health watch."""
+    the event watcher, the reconcile loop, the exporter's sampler, the GPU
+    health watch and the lease keeper."""
     threads = [
         threading.Thread(target=monitor.watch_events, args=(stop, since),
                          name="pai-monitor-events", daemon=True),
-        threading.Thread(target=reconcile_loop, args=(monitor, stop),
+        threading.Thread(target=reconcile_loop, args=(monitor, stop, keeper),
                          name="pai-monitor-reconcile", daemon=True),
     ]
+    if keeper is not None:
+        threads.append(threading.Thread(target=keeper.run, args=(stop,),
+                                        name="pai-monitor-lease", daemon=True))
     if exporter is not None:
         threads.append(exporter.thread(stop))
     if health is not None:
@@ -113,30 +131,45 @@ def start_exporter(settings: Settings, store: Store, client: docker.DockerClient
 def main() -> int:
     settings = load_settings()
     setup_logging("monitor", settings.log_level, settings.log_format)
-    store = Store.from_url(settings.redis_url)
-    messenger = Messenger(make_celery(settings, name="pai-monitor"))
-    client = docker_client(settings)
-    monitor = Monitor(settings, store, messenger, client, settings.node_name)
-    exporter = start_exporter(settings, store, client, idle_stopper(store, messenger))
-
+    try:
+        settings = with_node_address(settings)
+    except ConfigError as error:
+        log.error("%s", error)
+        return EXIT_REFUSED
     stop = threading.Event()
+    exit_reason: list[str] = []
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)
         stop.set()
 
+    def exit_process(reason: str) -> None:
+        log.error("stopping: %s", reason)
+        exit_reason.append(reason)
+        stop.set()
+
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-
-    log.info("monitor of node %s starting", settings.node_name)
+    store = Store.from_url(settings.redis_url)
+    client = docker_client(settings)
+    agent = NodeAgent.start(settings, store, client, stop, exit_process)
+    if agent is None:
+        return EXIT_REFUSED if not stop.is_set() or exit_reason else 0
+    messenger = Messenger(make_celery(settings, name="pai-monitor"))
+    monitor = Monitor(settings, store, messenger, client, settings.node_name, agent.journal)
+    exporter = start_exporter(settings, store, client, idle_stopper(store, messenger))
+    log.info("monitor of node %s (%s) starting", settings.node_name, settings.node_ip)
     since = time.time()  # events from here on; the first pass covers what came before
     try:
         summary = monitor.reconcile()
+        agent.keeper.reconciled(0)
         log.info("first reconcile: %d running, %d exited, %d vanished",
                  summary.running, summary.exited, summary.vanished)
     except Exception:
         log.exception("the first reconcile failed; the loop tries again")
-    threads = node_threads(monitor, stop, since, exporter, gpu_health_watch(monitor))
+        agent.keeper.reconcile_requested.set()
+    threads = node_threads(monitor, stop, since, exporter, gpu_health_watch(monitor),
+                           agent.keeper) + agent.threads(stop)
     for thread in threads:
         thread.start()
     while not stop.wait(1.0):
@@ -144,10 +177,11 @@ def main() -> int:
     for thread in threads:
         thread.join(SHUTDOWN_JOIN_SECONDS)
     monitor.close()
+    agent.close()
     if exporter is not None:
         exporter.close()
     log.info("monitor of node %s stopped", settings.node_name)
-    return 0
+    return EXIT_REFUSED if exit_reason else 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from docker.models.containers import Container
 from requests.exceptions import RequestException
 
 from services.monitor.dispatch import DispatcherClosed, KeyedDispatcher, backoff_delay
+from services.monitor.fence import FenceJournal
 from services.monitor.logs import LogShipping, close_stream
 from services.monitor.observations import (
     UNKNOWN_EXIT_CODE,
@@ -95,9 +96,12 @@ class ReconcileSummary:
 
 class Monitor:
     def __init__(self, settings: Settings, store: Store, messenger: Messenger,
-                 docker_client: docker.DockerClient, node_name: str) -> None:
+                 docker_client: docker.DockerClient, node_name: str,
+                 journal: FenceJournal | None = None) -> None:
         self.settings, self.store, self.messenger = settings, store, messenger
         self.docker, self.node = docker_client, node_name
+        # The containers this node stopped by fencing: their exits are the platform's.
+        self.journal = journal
         self.engine = EngineCalls(docker_client)
         self.shipping = LogShipping(store, settings.log_max_lines, log_dir=settings.task_log_dir,
                                     max_file_bytes=settings.log_max_bytes_per_task,
@@ -118,7 +122,8 @@ class Monitor:
         if ref is None:
             return False
         if mark_task_running(self.store, ref.job_id, ref.attempt, ref.role, ref.index,
-                             str(container.id), task_retry=ref.retry):
+                             str(container.id), task_retry=ref.retry,
+                             submission=ref.submission):
             self.shipping.ensure(container, ref)
             return True
         if phase_of(container.status) == Phase.RUNNING:
@@ -155,7 +160,7 @@ class Monitor:
             self.shipping.drain(container, ref, LOG_DRAIN_SECONDS)
         else:
             self.shipping.finish(str(container.id), LOG_DRAIN_SECONDS)
-        report = self._settle(ref, observation)
+        report = self._settle(ref, observation, container_id=str(container.id))
         if present:
             self._remove(container)
         return report
@@ -171,7 +176,7 @@ class Monitor:
         """
         container = self.docker.containers.prepare_model({"Id": container_id})
         self.shipping.drain(container, ref, LOG_DRAIN_SECONDS)
-        report = self._settle(ref, describe_exit({"ExitCode": 0}))
+        report = self._settle(ref, describe_exit({"ExitCode": 0}), container_id=container_id)
         self._remove(container)
         return report
 
@@ -179,15 +184,21 @@ class Monitor:
                             observation: ExitObservation) -> ExitReport | None:
         """A container died and was removed before its exit was handled."""
         self.shipping.finish(container_id, LOG_DRAIN_SECONDS)
-        return self._settle(ref, observation)
+        return self._settle(ref, observation, container_id=container_id)
 
     def _settle(self, ref: TaskRef, observation: ExitObservation,
-                platform_failure: bool = False) -> ExitReport | None:
+                platform_failure: bool = False, container_id: str = "") -> ExitReport | None:
+        fenced = self.journal.reason_for(container_id) \
+            if self.journal is not None and container_id else None
+        if fenced is not None:  # stopped by this node's fence, not by the job
+            observation = ExitObservation(observation.exit_code, f"fenced: {fenced}")
+            platform_failure = True
         report = record_task_exit(
             self.store, ref.job_id, ref.attempt, ref.role, ref.index,
             exit_code=observation.exit_code, diagnostics=observation.diagnostics,
             platform_failure=platform_failure, task_retry=ref.retry,
-            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000))
+            relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000),
+            submission=ref.submission)
         if report is not None:
             log.info("%s ended: %s -> task %s, job %s%s", describe(ref), observation.diagnostics,
                      report.task_state, report.job_state, " (retried)" if report.retried else
@@ -230,7 +241,8 @@ class Monitor:
 
     def _launch_is_live(self, ref: TaskRef) -> bool:
         job = self.store.get_job(ref.job_id)
-        if job is None or job.attempt != ref.attempt or job.state not in LIVE_JOB_STATES:
+        if job is None or job.attempt != ref.attempt or job.state not in LIVE_JOB_STATES \
+                or (ref.submission and job.submission != ref.submission):
             return False
         task = self.store.get_task(ref.job_id, ref.attempt, ref.role, ref.index)
         return task is not None and not task.state.is_final and task.retries == ref.retry

@@ -6,15 +6,17 @@ import logging
 import threading
 from collections.abc import Callable
 
+from services.scheduler.nodes import REPAIR_SECONDS
 from services.scheduler.worker import create_scheduler_app
 from shared.infra.config import load_settings
 from shared.infra.logs import setup_logging
 from shared.infra.supervise import serve, work_beside
 from shared.state import telemetry
+from shared.state.clock import start_sync_thread
 
 log = logging.getLogger("pai.scheduler")
 
-RECONCILE_SECONDS = 5.0
+RECONCILE_SECONDS = REPAIR_SECONDS
 
 
 def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event,
@@ -37,6 +39,8 @@ def worker() -> None:
     settings = load_settings()
     setup_logging("scheduler", settings.log_level, settings.log_format)
     app, scheduler = create_scheduler_app(settings)
+    stop = threading.Event()
+    start_sync_thread(scheduler.store.r, stop)  # one clock with the nodes (Redis TIME)
     name = telemetry.scheduler_name()
     work_beside(app, ["worker", "-Q", "scheduler", "--pool", "solo", "-n", "scheduler@%h",
                       "--without-gossip", "--without-mingle", "--without-heartbeat",

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,9 +22,10 @@ from redis.exceptions import RedisError
 
 from services.scheduler import policy
 from services.scheduler.core import Cluster, JobRequest, free_view, job_request, paused_gc
+from services.scheduler.nodes import NodeWarden
 from services.scheduler.policy import Attained, Las, Preemption, RunningJob
 from shared.domain import gpuhealth
-from shared.domain.cluster import BORROWED, NodeFlags, node_is_live, takes_work, vc_policies
+from shared.domain.cluster import BORROWED, NodeFlags, takes_work, vc_policies
 from shared.domain.models import (
     Allocation,
     Attempt,
@@ -155,6 +156,7 @@ class Scheduler:
         self.las = Las.from_settings(settings)
         self._deferred = 0  # pass requests left to the messages behind them, in a row
         self._requested = False  # the message being handled asked for a pass
+        self.warden = NodeWarden(settings, store, self.fail_node_tasks, self.fail_launch)
 
     # ------------------------------------------------------------ passes
 
@@ -395,7 +397,8 @@ class Scheduler:
         nodes = [gpuhealth.healthy_view(n, snapshot.faults) for n in snapshot.nodes]
         flags, allocations = snapshot.flags, snapshot.allocations
         live = [n for n in nodes if takes_work(n, flags.get(n.name), now,
-                                               self.settings.node_lost_seconds)]
+                                               self.settings.node_lost_seconds,
+                                               snapshot.unready)]
         cluster = Cluster(free_view(node, allocations[node.name]) for node in live)
         running = self._running(allocations)
         self._drain(running, flags, now)
@@ -596,33 +599,37 @@ class Scheduler:
 
     def reconcile(self) -> None:
         """Repair whatever an event missed; safe to run at any time."""
-        self.fail_lost_nodes()
+        self.warden.round()
         self.sweep_allocations()
         self.retry_stale_launches()
         self.resend_stops()
         self.request_pass()
         retention.sweep(self.store, self.settings)  # finished jobs: compact, file logs, expire
 
-    def fail_lost_nodes(self) -> None:
-        """Fail the live tasks of nodes whose heartbeat stopped and free what
-        those nodes held. One round trip when no node is lost, whatever the
-        cluster holds; two more for the lost nodes' allocations and tasks,
-        then a few per task to fail and allocation to free."""
-        now = now_ms()
-        lost = [name for name, beat in self.store.node_heartbeats().items()
-                if not node_is_live(beat, now, self.settings.node_lost_seconds)]
-        held = self._held_tasks(lost)
-        for (name, alloc), task in held:
+    def fail_node_tasks(self, nodes: list[str], reason: Callable[[str], str]) -> None:
+        """Fail the live tasks of nodes declared lost, as the platform's fault,
+        and free what those nodes held. Two round trips to read what they
+        hold, then a few per task to fail and allocation to free."""
+        for (name, alloc), task in self._held_tasks(nodes):
             if task is not None and task_is_live(task):
                 log.warning("node %s lost: failing %s", name, alloc.key)
                 report = record_task_exit(
                     self.store, alloc.job_id, alloc.attempt, alloc.role, alloc.index,
-                    exit_code=-1, platform_failure=True,
-                    diagnostics=f"node {name} lost (no heartbeat for "
-                                f"{self.settings.node_lost_seconds:.0f} s)")
+                    exit_code=-1, platform_failure=True, diagnostics=f"node {name} {reason(name)}")
                 if report is not None and report.attempt_ended:
                     self.stop_attempt(alloc.job_id, alloc.attempt)
             self.store.release_allocation(name, alloc.key)
+
+    def fail_launch(self, job_id: str, attempt: int, role: str, index: int,
+                    diagnostics: str) -> None:
+        """A launch its node cannot start: the platform's failure, so the job
+        is placed again (elsewhere) without being charged."""
+        report = record_task_exit(self.store, job_id, attempt, role, index, exit_code=-1,
+                                  platform_failure=True, diagnostics=diagnostics)
+        if report is not None and report.attempt_ended:
+            self.stop_attempt(job_id, attempt)
+        elif report is not None:
+            self.task_ended(job_id, attempt, role, index)
 
     def sweep_allocations(self) -> None:
         """Release allocations of settled tasks; stop tasks of ended attempts.
@@ -660,16 +667,27 @@ class Scheduler:
                 for entry, raw in zip(held, raws, strict=True)]
 
     def retry_stale_launches(self) -> None:
+        """Launches past their lease: sent again once, the node kept from new
+        work meanwhile (a gray failure: it renews but does not start them);
+        a launch still not started a second lease after its placement goes
+        back to the queue, to be placed elsewhere."""
         r = self.store.r
         now = now_ms()
-        due = r.zrangebyscore(keys.LAUNCHING, 0, now)
-        for member in due:
-            task = renew_stale_launch(self.store, member, now + int(
-                self.settings.launch_timeout_seconds * 1000))
+        timeout_ms = int(self.settings.launch_timeout_seconds * 1000)
+        for member in r.zrangebyscore(keys.LAUNCHING, 0, now):
+            task = renew_stale_launch(self.store, member, now + timeout_ms)
             if task is None or task.node is None:
                 continue
-            log.warning("launch of %s overdue: sending it again", member)
             job_id, attempt, role, index = parse_attempt_task_key(member)
+            self.warden.overdue(task.node, now)
+            if task.launched_ms is not None and now - task.launched_ms >= 2 * timeout_ms:
+                log.warning("launch of %s on %s overdue twice: placing its job again",
+                            member, task.node)
+                self.fail_launch(job_id, attempt, role, index,
+                                 f"node {task.node} did not start the task within "
+                                 f"{2 * timeout_ms // 1000} s")
+                continue
+            log.warning("launch of %s overdue: sending it again", member)
             self.messenger.start_task(task.node, job_id, attempt, role, index)
 
     def resend_stops(self) -> None:

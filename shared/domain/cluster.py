@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +41,14 @@ def node_state(heartbeat_ms: int, now_ms: int, lost_seconds: float) -> str:
 
 # What a node is, as `pai nodes` shows it: READY takes work; CORDONED takes
 # no new work, its tasks run on; DRAINING takes none and its jobs are being
-# preempted away; DRAINED is drained and empty (safe to service); LOST has
-# stopped reporting, whatever an admin said.
-NODE_STATES = ("READY", "CORDONED", "DRAINING", "DRAINED", "LOST")
+# preempted away; DRAINED is drained and empty (safe to service). Whatever
+# an admin said, the node's own condition (shared/domain/lease.py) wins when
+# it is not READY: LOST (declared lost: its tasks went elsewhere),
+# UNREACHABLE (missed renewals, not lost yet), NOT_READY (its engine,
+# launcher or storage has a problem), RECONCILING (joining or back from
+# silence), SETTLING (healthy again, not for long enough).
+NODE_STATES = ("READY", "CORDONED", "DRAINING", "DRAINED", "LOST", "UNREACHABLE", "NOT_READY",
+               "RECONCILING", "SETTLING")
 
 
 @dataclass(frozen=True)
@@ -98,18 +103,21 @@ def change_flags(current: NodeFlags, *, schedulable: bool | None, drain: bool | 
                      reason=current.reason if reason is None else reason, by=by, at_ms=now_ms)
 
 
-def takes_work(node: Node, flags: NodeFlags | None, now_ms: int, lost_seconds: float) -> bool:
-    """May the scheduler place new work on the node: live, and neither
-    cordoned nor draining? Its GPUs are then what guarantees are made of."""
-    return node_is_live(node.heartbeat_ms, now_ms, lost_seconds) and (
-        flags is None or flags.accepts_work)
+def takes_work(node: Node, flags: NodeFlags | None, now_ms: int, lost_seconds: float,
+               unready: Container[str] = ()) -> bool:
+    """May the scheduler place new work on the node: live, not among the
+    nodes the last repair round found unready (shared/domain/lease.py
+    conditions), and neither cordoned nor draining? Its GPUs are then what
+    guarantees are made of."""
+    return node_is_live(node.heartbeat_ms, now_ms, lost_seconds) and \
+        node.name not in unready and (flags is None or flags.accepts_work)
 
 
-def node_view_state(live: bool, flags: NodeFlags, tasks: int) -> str:
-    """One of NODE_STATES: lost wins, then the admin's flags; a draining
-    node is DRAINED once nothing holds it any more."""
-    if not live:
-        return "LOST"
+def node_view_state(condition: str, flags: NodeFlags, tasks: int) -> str:
+    """One of NODE_STATES: the node's condition unless READY, then the
+    admin's flags; a draining node is DRAINED once nothing holds it any more."""
+    if condition != "READY":
+        return condition
     if flags.drain:
         return "DRAINING" if tasks else "DRAINED"
     return "READY" if flags.schedulable else "CORDONED"

@@ -203,6 +203,11 @@ class Job:
     retry_after_ms: int | None = None
     # Why it waits, as data (JSON of scheduler.policy.Waiting); "" while placed
     waiting: str = ""
+    # This submission's own id: a job submitted again under the same name has
+    # another, and its task containers are labelled with it, so a container
+    # of an earlier submission (a node that was cut off) is never taken for
+    # one of this one (shared/node/containers.py)
+    submission: str = ""
 
     def to_fields(self) -> dict[str, str]:
         """The job's Redis hash fields (config is stored beside them)."""
@@ -241,6 +246,7 @@ class Job:
             preempt_deadline_ms=opt_int("preempt_deadline_ms"),
             preemptions=int(fields.get("preemptions") or 0),
             waiting=fields.get("waiting", ""),
+            submission=fields.get("submission", ""),
         )
 
 
@@ -334,6 +340,9 @@ class Node:
     real_cpus: int = 0
     nvidia_runtime: bool = False
     heartbeat_ms: int = 0
+    # host:port of the node's metrics exporter (its monitor), which
+    # Prometheus finds through the API's service discovery
+    exporter: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -208,12 +208,14 @@ class Settings:
         "PAI_SCHEDULER_LAS_PREEMPT", True, types.flag,
         "a guaranteed job may preempt first-attempt work of its own VC and class that has "
         "attained more (0: never)")
-    heartbeat_seconds: float = setting("PAI_HEARTBEAT_SECONDS", 5.0, types.seconds,
-                                       "how often a node agent reports that it is alive")
+    heartbeat_seconds: float = setting(
+        "PAI_HEARTBEAT_SECONDS", 5.0, types.seconds,
+        "how often a node agent renews its lease ([docs/multi-node.md](docs/multi-node.md))")
     node_lost_seconds: float = setting(
         "PAI_NODE_LOST_SECONDS", 60.0, types.seconds,
-        "silence after which a node is lost: its tasks fail as a platform failure and their "
-        "jobs are retried elsewhere, uncharged")
+        "the least silence after which the control plane declares a node lost (never before "
+        "its lease + fence grace + 10 s): its tasks fail as a platform failure and their jobs "
+        "are retried elsewhere, uncharged")
     launch_timeout_seconds: float = setting(
         "PAI_LAUNCH_TIMEOUT_SECONDS", 120.0, types.seconds,
         "a launch its node has not started by then is sent again")
@@ -227,10 +229,40 @@ class Settings:
 
     # ----------------------------------------------------------------- node
     node_name: str = field(default_factory=socket.gethostname, metadata=declare(
-        "PAI_NODE_NAME", types.text, "this node's name (node agent)", shown="host name",
+        "PAI_NODE_NAME", types.text,
+        "this node's name (node agent); held with a lease: a second machine with the same "
+        "name is refused ([docs/multi-node.md](docs/multi-node.md))", shown="host name",
         passed_by=BOTH))
-    node_ip: str = setting("PAI_NODE_IP", "127.0.0.1", types.text,
-                           "the IP other tasks reach this node's tasks at", passed_by=BOTH)
+    node_ip: str = setting(
+        "PAI_NODE_IP", "", types.text,
+        "the IP other tasks reach this node's tasks at; a loopback address is refused when the "
+        "control plane is on another machine (shared/infra/nodeaddress.py)",
+        shown="the address of the route to the control plane (`make up`: `127.0.0.1`)",
+        passed_by=BOTH)
+    single_machine: bool = setting(
+        "PAI_SINGLE_MACHINE", False, types.flag,
+        "the whole cluster is this one machine: a loopback `PAI_NODE_IP` is right though "
+        "Redis is at a container's address", shown="`0` (Compose: `1`)", passed_by=(COMPOSE,))
+    # Node leases and fencing (shared/domain/lease.py, docs/multi-node.md)
+    node_lease_seconds: float = setting(
+        "PAI_NODE_LEASE_SECONDS", 30.0, types.seconds,
+        "a node agent that has not renewed its lease for this long stops its job containers "
+        "(unless most nodes are cut off alike: the control plane's outage)")
+    node_fence_grace_seconds: float = setting(
+        "PAI_NODE_FENCE_GRACE_SECONDS", 10.0, types.seconds,
+        "a fenced container's time between SIGTERM and SIGKILL")
+    node_settle_seconds: float = setting(
+        "PAI_NODE_SETTLE_SECONDS", 30.0, types.seconds,
+        "a node back from a problem (lost, fenced, engine or storage trouble) stays healthy "
+        "this long before it takes work again")
+    node_peer_port: int = setting(
+        "PAI_NODE_PEER_PORT", 9188, types.whole,
+        "where a node's monitor answers its peers' \"do you reach the control plane?\" "
+        "(signed; on `PAI_MONITOR_HOST`; `0`: any free port)", passed_by=(K8S,))
+    node_state_dir: str = setting(
+        "PAI_NODE_STATE_DIR", "/var/lib/pai", types.absolute_path,
+        "the node agent's own files on the node's disk: the fence journal",
+        shown="`/var/lib/pai` (`make up`: `.run/node`)", passed_by=BOTH)
     node_virtual_gpus: int | None = setting(
         "PAI_NODE_VIRTUAL_GPUS", None, types.whole,
         "declare GPUs on a node without NVML, for testing (environment variables only)",
@@ -261,9 +293,9 @@ class Settings:
     # job stops there instead of exhausting the node's PID space.
     container_pids_limit: int = setting("PAI_CONTAINER_PIDS_LIMIT", 4096, types.whole,
                                         "processes and threads one task container may hold")
-    monitor_host: str = setting("PAI_MONITOR_HOST", "127.0.0.1", types.text,
-                                "where the node's metrics exporter listens",
-                                shown="`PAI_NODE_IP`", passed_by=BOTH)
+    monitor_host: str = setting("PAI_MONITOR_HOST", "", types.text,
+                                "where the node's metrics exporter (and its answers to its "
+                                "peers) listen", shown="`PAI_NODE_IP`", passed_by=BOTH)
     monitor_port: int = setting("PAI_MONITOR_PORT", 9187, types.count,
                                 "the node's metrics exporter's port", passed_by=BOTH)
     monitor_sample_seconds: float = setting(
@@ -426,7 +458,9 @@ def _derive(env: Mapping[str, str], values: dict[str, Any]) -> None:
     exporter's address from the node's, DOCKER_HOST under PAI_DOCKER_HOST,
     and what describes declared GPUs only with PAI_NODE_VIRTUAL_GPUS."""
     values["redis_url"] = with_login(values.get("redis_url", DEFAULT_REDIS_URL), env)
-    values.setdefault("monitor_host", values.get("node_ip", _BY_ATTRIBUTE["node_ip"].default))
+    # Unset, a node's IP is found at its start (shared/infra/nodeaddress.py),
+    # and its exporter listens there: "" for both until then.
+    values.setdefault("monitor_host", values.get("node_ip", ""))
     if "docker_host" not in values and env.get("DOCKER_HOST"):
         values["docker_host"] = env["DOCKER_HOST"]
     gpus = values.get("node_virtual_gpus")
@@ -442,6 +476,9 @@ def _check(settings: Settings) -> None:
     parse_sentinel_url(settings.redis_url)  # a malformed Sentinel URL stops start-up here
     if settings.exec_max_timeout_seconds > MAX_EXEC_TIMEOUT_SECONDS:
         raise ConfigError(f"PAI_EXEC_MAX_TIMEOUT_SECONDS is at most {MAX_EXEC_TIMEOUT_SECONDS}")
+    if settings.node_lease_seconds < 2 * settings.heartbeat_seconds:
+        raise ConfigError("PAI_NODE_LEASE_SECONDS must be at least twice PAI_HEARTBEAT_SECONDS "
+                          "(a lease has to survive a missed renewal)")
     if settings.container_pids_limit < 1:
         raise ConfigError("PAI_CONTAINER_PIDS_LIMIT must be at least 1 (a container needs "
                           "its own process)")

@@ -16,6 +16,7 @@ from celery import Celery
 from kombu.transport import redis as kombu_redis
 from kombu.utils.uuid import uuid
 
+from shared.infra import links
 from shared.infra.config import Settings
 from shared.infra.failover import FAILOVER_WAIT_SECONDS, SENTINEL_TIMEOUT_SECONDS
 from shared.infra.redisurl import SentinelTarget, parse_sentinel_url
@@ -64,7 +65,8 @@ def broker_settings(redis_url: str) -> tuple[str, dict[str, Any]]:
     the database, and the primary's name and the sentinels' login as
     transport options, so the workers follow the same primary as the store.
     """
-    options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS}
+    options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+                               **links.kombu_options()}
     target = parse_sentinel_url(redis_url)
     if target is None:
         return redis_url, options

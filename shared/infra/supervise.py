@@ -17,6 +17,9 @@ does that, so `make up`, Compose and bare hosts get it too:
 - a child that keeps crashing (more than MAX_RESTARTS in RESTART_WINDOW_S)
   is given up on, and the service exits non-zero for the operator's own
   supervisor to see;
+- a child that exits with EXIT_REFUSED refused to run (another machine's
+  agent holds its node's name): it would be refused again, so the service
+  exits with that code at once;
 - a child outlives no service: it is killed when the service dies, even by
   SIGKILL (Linux's parent-death signal).
 """
@@ -39,6 +42,7 @@ from typing import Any
 log = logging.getLogger("pai.supervise")
 
 WORKER_FLAG = "--worker"
+EXIT_REFUSED = 78  # sysexits EX_CONFIG: refused to run; starting it again changes nothing
 MAX_RESTARTS = 20
 RESTART_WINDOW_S = 300.0
 BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -103,7 +107,7 @@ class Supervisor:
             if self.stopping.is_set():  # a stop raced the spawn
                 self.request_stop()
             code = self._wait(self.child)
-            if self.stopping.is_set():
+            if self.stopping.is_set() or code == EXIT_REFUSED:
                 return code
             now = time.monotonic()
             self.restarts = [t for t in self.restarts if now - t < self.window_s] + [now]

@@ -29,6 +29,9 @@ LABEL_NODE = "pai.node"
 LABEL_USER = "pai.user"
 LABEL_VC = "pai.vc"
 LABEL_TASK_RETRY = "pai.taskRetry"  # absent on a task's first container: 0
+# The job's submission (models.Job.submission), unique across resubmissions
+# of a name: with the attempt, role, index and retry, the task attempt's id.
+LABEL_SUBMISSION = "pai.submission"
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
@@ -40,16 +43,23 @@ class TaskRef:
     role: str
     index: int
     retry: int = 0  # the task's retries before this container (Task.retries)
+    submission: str = ""  # the job's submission (Job.submission); "" for records before it
 
     @property
     def container_name(self) -> str:
         return container_name(self.job_id, self.attempt, self.role, self.index, self.retry)
 
+    @property
+    def attempt_id(self) -> str:
+        """The task attempt's id, unique across resubmissions of the job's name."""
+        return f"{self.submission}.{self.attempt}.{self.role}.{self.index}.{self.retry}"
+
 
 def container_name(job_id: str, attempt: int, role: str, index: int, retry: int = 0) -> str:
     """`pai-<job>-<attempt>-<role>-<index>[-r<retry>]-<hash>`: readable, and
     unique even where two job ids differ only in characters Docker names
-    cannot hold. A task's first container has no `-r` part."""
+    cannot hold. A task's first container has no `-r` part. Two submissions
+    of one job name share names: `made_for` tells their containers apart."""
     seed = f"{job_id}\0{attempt}\0{role}\0{index}" + (f"\0{retry}" if retry else "")
     digest = hashlib.sha1(seed.encode()).hexdigest()[:8]
     readable = _UNSAFE.sub("-", f"{job_id}-{attempt}-{role}-{index}")[:200]
@@ -63,7 +73,18 @@ def task_labels(ref: TaskRef, *, node: str, username: str, vc: str) -> dict[str,
     }
     if ref.retry:
         labels[LABEL_TASK_RETRY] = str(ref.retry)
+    if ref.submission:
+        labels[LABEL_SUBMISSION] = ref.submission
     return labels
+
+
+def made_for(labels: Mapping[str, str] | None, ref: TaskRef) -> bool:
+    """Was the container with these labels made for `ref`'s submission? Only
+    two known submissions that differ say no: a container without the label
+    predates it (its platform wrote none), and a ref without one (a record
+    from before it) cannot tell."""
+    submission = (labels or {}).get(LABEL_SUBMISSION, "")
+    return not submission or not ref.submission or submission == ref.submission
 
 
 def task_ref_from_labels(labels: Mapping[str, str] | None) -> TaskRef | None:
@@ -72,7 +93,8 @@ def task_ref_from_labels(labels: Mapping[str, str] | None) -> TaskRef | None:
         return None
     try:
         return TaskRef(labels[LABEL_JOB], int(labels[LABEL_ATTEMPT]), labels[LABEL_ROLE],
-                       int(labels[LABEL_INDEX]), int(labels.get(LABEL_TASK_RETRY) or 0))
+                       int(labels[LABEL_INDEX]), int(labels.get(LABEL_TASK_RETRY) or 0),
+                       labels.get(LABEL_SUBMISSION) or "")
     except (KeyError, ValueError):
         return None
 

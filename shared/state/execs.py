@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 import re
 import struct
+import time
 import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from shared.infra import links
 from shared.infra.config import MAX_EXEC_TIMEOUT_SECONDS
 from shared.state import keys
 
@@ -233,9 +235,15 @@ class Claims:
 
 
 def wait_result(r: Any, request_id: str, seconds: float) -> ExecResult | None:
-    """The node's answer, or None when none came within `seconds`."""
-    found = r.blpop([keys.exec_result(request_id)], timeout=max(0.01, seconds))
-    if found is None:
-        return None
+    """The node's answer, or None when none came within `seconds`: BLPOPs of
+    at most links.BLOCK_CHUNK_SECONDS each, inside the connection's timeout."""
+    deadline = time.monotonic() + seconds
+    found = None
+    while found is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        found = r.blpop([keys.exec_result(request_id)],
+                        timeout=max(0.01, min(left, links.BLOCK_CHUNK_SECONDS)))
     _, text = found
     return ExecResult.from_json(text.decode() if isinstance(text, bytes) else text)

@@ -95,7 +95,17 @@ def state_jobs(state: str) -> str:
 
 
 # -- nodes --------------------------------------------------------------
-NODES = PREFIX + "nodes"  # zset node name -> last heartbeat ms (the lease)
+# zset node name -> the last renewal of its lease, stamped by Redis TIME
+NODES = PREFIX + "nodes"
+# hash: the control plane's own outage as the scheduler last judged it
+# (shared/domain/lease.py Outage: since, ended, checked)
+CONTROL_PLANE = PREFIX + "control-plane"
+# hash node name -> {"condition", "reason"} JSON for every node that may not
+# take work now, as the scheduler's last repair round judged it; absent: READY
+NODE_CONDITIONS = PREFIX + "node-conditions"
+# string: this cluster's id, written into every storage root and the log
+# tree so that a node can tell its mount is the cluster's shared storage
+CLUSTER_ID = PREFIX + "cluster-id"
 # hash node name -> admin flags JSON (cluster.NodeFlags); absent: schedulable
 NODE_FLAGS = PREFIX + "node-flags"
 
@@ -119,6 +129,12 @@ def virtual_gpu_utilization(name: str) -> str:
 def node(name: str) -> str:
     """String: the node's inventory JSON (see models.Node)."""
     return f"{PREFIX}node:{name}"
+
+
+def node_lease(name: str) -> str:
+    """Hash: who holds the node's name and how it stands (shared/domain/lease.py
+    Lease): its agent's engine, IP, terms, phase, problem and renewals."""
+    return f"{PREFIX}node:{name}:lease"
 
 
 def node_alloc(name: str) -> str:

@@ -13,6 +13,7 @@ return.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +76,7 @@ def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
               virtual_cluster=spec.virtual_cluster, created_ms=created, version=1,
               gpus=sum(r.gpu_number * r.task_number for r in spec.task_roles),
-              user_id=user_id, priority=spec.priority_class)
+              user_id=user_id, priority=spec.priority_class, submission=uuid.uuid4().hex[:16])
     attempt = Attempt(index=0, created_ms=created)
     stored, claimed = store.insert_job(job, config, initial_tasks(spec), attempt,
                                        pass_request_ms=PASS_REQUEST_TTL_MS if request_pass else 0,
@@ -121,13 +122,16 @@ def record_task_exit(
     store: Store, job_id: str, attempt: int, role: str, index: int, *,
     exit_code: int, diagnostics: str = "", platform_failure: bool = False,
     task_retry: int | None = None, relaunch_deadline_ms: int | None = None,
+    submission: str | None = None,
 ) -> ExitReport | None:
     """A task's container ended (or can never run): settle the task and job.
 
     `task_retry`: which of the task's containers ended (TaskRef.retry); a
     report of an earlier one is stale. None: whichever is current (a lost
-    node). A failure its role's `taskRetryCount` still covers relaunches the
-    task instead (`relaunched`): back to LAUNCHING on the same allocation,
+    node). `submission`: the submission the container was made for; a
+    container of an earlier submission of the name settles nothing. A
+    failure its role's `taskRetryCount` still covers relaunches the task
+    instead (`relaunched`): back to LAUNCHING on the same allocation,
     its `retries` one up, under a launch lease to `relaunch_deadline_ms`.
 
     Returns None when the task was already settled (a repeated report).
@@ -142,6 +146,8 @@ def record_task_exit(
             return None
         if task_retry is not None and task_retry != task.retries:
             return None  # an earlier container of a retried task: settled by its retry
+        if submission and submission != job.submission:
+            return None  # a container of an earlier submission of this name: not ours
         live = attempt == job.attempt and job.state in LIVE_JOB_STATES
         if live and exit_code != 0 and not platform_failure and not job.preempted_by \
                 and not diagnostics.startswith(NON_RETRYABLE_PREFIX):
@@ -270,10 +276,11 @@ def record_task_exit(
 
 def mark_task_running(
     store: Store, job_id: str, attempt: int, role: str, index: int, container_id: str,
-    task_retry: int | None = None,
+    task_retry: int | None = None, submission: str | None = None,
 ) -> bool:
     """A task's container started. False: it belongs to no live task (stop
-    it), or (`task_retry` given) it is not the task's current container."""
+    it), or (`task_retry` given) it is not the task's current container, or
+    (`submission` given) it was made for an earlier submission of the name."""
     job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
 
     def decide(pipe: Pipe) -> bool:
@@ -283,6 +290,8 @@ def mark_task_running(
         if job is None or task is None or attempt != job.attempt:
             return False
         if task_retry is not None and task_retry != task.retries:
+            return False
+        if submission and submission != job.submission:  # "": a container before the label
             return False
         if job.state not in LIVE_JOB_STATES:
             return False

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ from shared.domain.models import (
 )
 from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import TASK_FINAL, JobState, TaskState, check_job_move
+from shared.infra import links
 from shared.infra.clock import now_ms
 from shared.infra.config import parse_sentinel_url
 from shared.infra.failover import (
@@ -85,6 +86,8 @@ class Snapshot:
     flags: dict[str, NodeFlags]  # the nodes an admin holds
     allocations: dict[str, list[Allocation]]  # node -> what it holds
     queued: list[tuple[str, Job | None]]  # the scheduler's queue, its records
+    # node -> why it may not take work (the last repair round's judgement)
+    unready: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,17 @@ class Expect:
         return cls("below", key, value=str(value))
 
 
+# A node's record and its renewal, stamped with Redis's TIME (the one clock
+# every host's renewals are compared on). KEYS: record, NODES
+# ARGV: name, record JSON ("" keeps the record)
+_REGISTER_NODE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[2] ~= '' then redis.call('SET', KEYS[1], ARGV[2]) end
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+return now
+"""
+
 POOL_SIZE = 100  # redis-py's default
 SORT_READ_CHUNK = 2000  # hashes `read_fields` reads per script call: about 1 ms of Redis
 POOL_WAIT_SECONDS = 20.0
@@ -130,7 +144,7 @@ def connect(url: str, pool_size: int = POOL_SIZE) -> redis.Redis:
         return sentinel_client(target, pool_size=pool_size, pool_wait_seconds=POOL_WAIT_SECONDS)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=pool_size, timeout=POOL_WAIT_SECONDS,
-        decode_responses=True, health_check_interval=30)
+        decode_responses=True, **links.redis_options())
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # close() closes the pool, as from_url's does
     return client
@@ -612,14 +626,16 @@ class Store:
     # ---------------------------------------------------------------- nodes
 
     def register_node(self, node: Node) -> None:
-        node.heartbeat_ms = now_ms()
-        pipe = self.r.pipeline()
-        pipe.set(keys.node(node.name), json.dumps(node.to_dict(), separators=(",", ":")))
-        pipe.zadd(keys.NODES, {node.name: node.heartbeat_ms})
-        pipe.execute()
+        """Write the node's record and stamp its renewal with Redis's time,
+        with no lease: a node set up by hand (tests, benchmarks, drills).
+        A node agent registers through its lease (shared/state/leases.py)."""
+        node.heartbeat_ms = int(self.run_script(
+            _REGISTER_NODE, [keys.node(node.name), keys.NODES],
+            [node.name, json.dumps(node.to_dict(), separators=(",", ":"))]))
 
     def heartbeat(self, name: str) -> None:
-        self.r.zadd(keys.NODES, {name: now_ms()})
+        """Stamp a renewal of a node set up by hand, with Redis's time."""
+        self.run_script(_REGISTER_NODE, [keys.node(name), keys.NODES], [name, ""])
 
     def node_heartbeats(self) -> dict[str, int]:
         return {n: int(s) for n, s in self.r.zrange(keys.NODES, 0, -1, withscores=True)}
@@ -709,7 +725,8 @@ class Store:
         pipe.zrange(keys.NODES, 0, -1, withscores=True)
         pipe.hgetall(keys.NODE_FLAGS)
         pipe.zrange(keys.QUEUE, 0, queue_limit - 1)
-        faults, beats_list, flags, queued = pipe.execute()
+        pipe.hgetall(keys.NODE_CONDITIONS)
+        faults, beats_list, flags, queued, unready = pipe.execute()
         beats = {n: int(s) for n, s in beats_list}
         pipe = self.r.pipeline(transaction=False)
         if beats:
@@ -738,7 +755,7 @@ class Store:
         return Snapshot(
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
-            _queued_jobs(queued, records, jobs_known))
+            _queued_jobs(queued, records, jobs_known), unready)
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,

@@ -161,6 +161,11 @@ class ChaosCluster:
                                 extra_env={
                                     "PAI_HEARTBEAT_SECONDS": "1",
                                     "PAI_NODE_LOST_SECONDS": str(lost_seconds),
+                                    # A lost node is declared lost after
+                                    # lease + grace + 10 s: keep it short,
+                                    # and longer than a Redis restart
+                                    "PAI_NODE_LEASE_SECONDS": "5",
+                                    "PAI_NODE_FENCE_GRACE_SECONDS": "1",
                                     "PAI_LAUNCH_TIMEOUT_SECONDS": "20",
                                     # No compaction within the run: it folds
                                     # the placed events the audit reads into

@@ -131,3 +131,15 @@ def test_a_bad_body_is_400_and_changes_nothing(store: Store, admin: AuthedClient
 def test_a_body_that_is_not_json_is_400(store: Store, admin: AuthedClient) -> None:
     resp = admin.put(NODE, data="schedulable=false", content_type="application/json")
     assert error_of(resp, 400) == "BadRequestError"
+
+
+def test_prometheus_finds_every_nodes_exporter_through_the_api(
+        store: Store, flask_client: Any) -> None:
+    """HTTP service discovery (/prometheus/targets): public, as /metrics is,
+    each node's exporter with its name and condition as labels."""
+    store.register_node(Node("n2", "10.0.0.2", cpus=8, memory_mb=8000,
+                             exporter="10.0.0.2:9187"))
+    resp = flask_client.get("/prometheus/targets")
+    assert resp.status_code == 200
+    assert resp.json == [{"targets": ["10.0.0.2:9187"],
+                          "labels": {"node": "n2", "pai_node_condition": "READY"}}]

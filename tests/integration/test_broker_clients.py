@@ -15,6 +15,7 @@ import pytest
 import redis
 from kombu import Connection
 
+from shared.infra import links
 from shared.infra.config import Settings
 from shared.infra.messaging import (
     ATTEMPT_ENDED,
@@ -23,10 +24,33 @@ from shared.infra.messaging import (
     TRANSPORT,
     Messenger,
     broker_queue_key,
+    broker_settings,
     make_celery,
 )
+from shared.state.store import Store
 
 pytestmark = pytest.mark.redis
+
+
+def test_the_brokers_redis_connections_time_out_and_keep_alive(redis_server: str) -> None:
+    """kombu hands the link options to every redis-py connection it makes: a
+    call on a black-holed link fails within the timeout, an idle connection
+    to a vanished peer is found by keepalive (shared/infra/links.py)."""
+    url, options = broker_settings(redis_server)
+    with Connection(url, transport=TRANSPORT, transport_options=options) as connection:
+        kwargs = connection.default_channel.client.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == links.SOCKET_TIMEOUT_SECONDS
+        assert kwargs["socket_connect_timeout"] == links.CONNECT_TIMEOUT_SECONDS
+        assert kwargs["socket_keepalive"] is True
+        assert kwargs["socket_keepalive_options"] == links.keepalive_options()
+        assert kwargs["health_check_interval"] == links.HEALTH_CHECK_SECONDS
+
+
+def test_the_stores_redis_connections_time_out_and_keep_alive(redis_server: str) -> None:
+    kwargs = Store.from_url(redis_server).r.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == links.SOCKET_TIMEOUT_SECONDS
+    assert kwargs["socket_keepalive"] is True
+    assert kwargs["socket_keepalive_options"] == links.keepalive_options()
 
 
 def test_a_channel_reuses_one_client_per_pool(redis_server: str) -> None:

@@ -36,7 +36,12 @@ from shared.infra.config import Settings
 from shared.infra.messaging import SCHEDULER_QUEUE
 from shared.node.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
 from shared.state.accounts import Accounts, VirtualCluster
-from shared.state.lifecycle import mark_preempted, request_stop
+from shared.state.lifecycle import (
+    delete_job,
+    mark_preempted,
+    record_task_exit,
+    request_stop,
+)
 from shared.state.store import Store
 from tests.support.launcher_rig import USER, WAIT_SECONDS, Rig
 from tests.support.launcher_rig import rig as rig  # the fixture
@@ -106,6 +111,48 @@ def test_start_task_creates_the_container_as_the_design_says(rig: Rig) -> None:
     assert env["PAI_TASK_ROLE_0_HOST_LIST"] == "127.0.0.1:20000"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "none"
     assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_container_of_an_earlier_submission_is_removed_not_adopted(rig: Rig) -> None:
+    """The attack: `reuse` was cut off with its node, ended, was deleted and
+    submitted again; its old container still runs here under the name the
+    new submission's task would have. Starting the new task removes the old
+    container and makes its own, labelled with the new submission."""
+    config = rig.config(jobName="reuse")
+    old = rig.submit(config)
+    rig.launcher.start_task(old.id, 0, "main", 0)
+    stale = rig.container(old)
+    assert stale is not None and stale.labels["pai.submission"] == old.submission
+    assert request_stop(rig.store, old.id).state == JobState.STOPPING
+    assert record_task_exit(rig.store, old.id, 0, "main", 0, exit_code=143) is not None
+    assert rig.store.release_allocation(rig.node.name, f"{old.id}:0:main:0")
+    assert delete_job(rig.store, old.id)  # the old container was never told: cut off
+    new = rig.submit(config)
+    assert new.id == old.id and new.submission != old.submission
+
+    rig.launcher.start_task(new.id, 0, "main", 0)
+
+    current = rig.container(new)
+    assert current is not None and current.id != stale.id
+    assert current.labels["pai.submission"] == new.submission
+    assert [c.id for c in rig.containers_of(new)] == [current.id]
+
+
+def test_no_container_starts_while_the_nodes_storage_is_not_the_shared_one(rig: Rig) -> None:
+    """The node lost its NFS mount (its storage check says so): the task is
+    not started, so its output cannot land on the node's own disk; it fails
+    as the platform's fault, to run elsewhere uncharged."""
+    rig.launcher.storage_problem = lambda: (
+        f"storage {rig.storage} has no .pai-cluster file: the cluster's shared storage is "
+        "not mounted there")
+    job = rig.submit(rig.config())
+    rig.launcher.start_task(job.id, 0, "main", 0)
+    assert rig.containers_of(job) == []
+    assert not (rig.storage / USER / job.name).exists()
+    task = rig.task(job)
+    assert (task.state, task.platform_failure) == (TaskState.FAILED, True)
+    assert "shared storage is not mounted" in task.diagnostics
+    assert rig.job(job).retries == 0
 
 
 def test_a_repeated_start_finds_the_same_container(rig: Rig) -> None:

@@ -403,6 +403,31 @@ def test_mark_task_running_for_a_stale_attempt_is_refused(store: Store) -> None:
     assert task_states(store, job.id, 0)["main:1"] == TaskState.LAUNCHING
 
 
+def test_a_container_of_an_earlier_submission_of_the_name_settles_nothing(
+        store: Store) -> None:
+    """The attack: job `reuse` runs on a node that is then cut off; it ends,
+    is deleted and submitted again under the same name. The old submission's
+    container, still running, reports a start and an exit: neither touches
+    the new submission's task."""
+    old = submit_job(store, "alice", config("reuse"))
+    start_all(store, old.id)
+    assert request_stop(store, old.id).state == JobState.STOPPING
+    exit_task(store, old.id, "main", 0, 143)
+    assert job_of(store, old.id).state == JobState.STOPPED
+    assert delete_job(store, old.id)
+    new = submit_job(store, "alice", config("reuse"))
+    assert (new.id, new.attempt) == (old.id, 0) and new.submission != old.submission
+    place(store, new.id)
+
+    assert not mark_task_running(store, new.id, 0, "main", 0, "stale",
+                                 submission=old.submission)
+    assert record_task_exit(store, new.id, 0, "main", 0, exit_code=1,
+                            submission=old.submission) is None
+    assert task_states(store, new.id, 0) == {"main:0": TaskState.LAUNCHING}
+    assert mark_task_running(store, new.id, 0, "main", 0, "fresh", submission=new.submission)
+    assert task_states(store, new.id, 0) == {"main:0": TaskState.RUNNING}
+
+
 @pytest.mark.parametrize("situation", ["unplaced task", "unknown task", "unknown job"])
 def test_mark_task_running_without_a_live_launching_task_is_refused(
     store: Store, situation: str,

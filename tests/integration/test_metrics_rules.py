@@ -62,10 +62,10 @@ def test_every_alert_has_a_case_that_makes_it_fire() -> None:
             "PaiGpuUsedByExternalProcess", "PaiJobGpusIdle", "PaiGpuEccErrors"} <= alerts
 
 
-def test_the_compose_config_scrapes_the_api_and_the_node_agent() -> None:
+def test_the_compose_config_scrapes_the_api_and_finds_the_nodes_through_it() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
-    targets = {job["job_name"]: [t for c in job["static_configs"] for t in c["targets"]]
-               for job in config["scrape_configs"]}
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
 
-    assert targets["pai-api"] == ["api:9186"]
-    assert targets["pai-monitor"] == ["node-agent:9187"]
+    assert [t for c in jobs["pai-api"]["static_configs"] for t in c["targets"]] == ["api:9186"]
+    assert [c["url"] for c in jobs["pai-monitor"]["http_sd_configs"]] == [
+        "http://api:9186/prometheus/targets"]

@@ -8,15 +8,18 @@ through reconcile alone (a monitor that was down).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 from docker.models.containers import Container
 
+from services.monitor.fence import FencedContainer, FenceJournal
 from services.monitor.logs import close_stream
 from services.monitor.service import Monitor, ReconcileSummary
 from shared.domain.models import Job, attempt_task_key
 from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
 from shared.infra.messaging import ATTEMPT_ENDED, TASK_ENDED
 from shared.state.lifecycle import record_task_exit
 from tests.support.monitor_rig import GATE, Rig, release
@@ -210,6 +213,33 @@ def test_an_orphan_is_stopped_and_removed_through_events(rig: Rig) -> None:
 
     wait_for(lambda: rig.gone(container), "the orphan to be stopped and removed")
     assert rig.job(job_id).state == JobState.SUCCEEDED
+
+
+def test_an_exit_the_nodes_fence_caused_is_a_platform_failure_even_after_a_restart(
+        rig: Rig, tmp_path: Path) -> None:
+    """The node lost the control plane and fenced: it journaled the container
+    and stopped it (services/monitor/fence.py). Back in contact, a monitor
+    (here a new one, reading the journal from disk) records that exit as the
+    platform's: retried, not charged, whatever code SIGTERM left."""
+    job_id = rig.place(retry_count=0)
+    container = rig.run(job_id, GATE)
+    wait_for(lambda: _status(container) == "running", "the container to run")
+    assert rig.monitor().handle_start(container) is True
+    journal = FenceJournal(str(tmp_path), rig.node)
+    journal.add([FencedContainer(str(container.id), "node lost the control plane for 31 s",
+                                 now_ms())])
+    container.stop(timeout=1)
+
+    monitor = Monitor(rig.settings, rig.store, rig.messenger, rig.docker, rig.node,
+                      FenceJournal(str(tmp_path), rig.node))
+    monitor.reconcile()
+
+    task = rig.task(job_id)
+    assert (task.state, task.platform_failure) == (TaskState.FAILED, True)
+    assert task.diagnostics == "fenced: node lost the control plane for 31 s"
+    job = rig.job(job_id)
+    assert (job.state, job.attempt, job.retries, job.platform_retries) == \
+        (JobState.WAITING, 1, 0, 1)
 
 
 def test_a_running_task_whose_container_vanished_is_a_platform_failure(rig: Rig) -> None:

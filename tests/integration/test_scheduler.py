@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,13 +12,15 @@ import pytest
 import redis
 
 from services.scheduler.service import Scheduler
+from shared.domain.lease import Phase
 from shared.domain.models import TaskPlacement
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import START_TASK, START_TASKS, Messenger, make_celery
-from shared.state import keys
+from shared.state import keys, leases
 from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.leases import Holder, Role
 from shared.state.lifecycle import (
     commit_placement,
     delete_job,
@@ -95,7 +98,7 @@ def test_lost_node_fails_tasks_as_platform_failures_and_retries(
     redis_client.zadd(keys.NODES, {"n1": 1})  # its last heartbeat was long ago
     add_node(store, "n2")
 
-    scheduler.fail_lost_nodes()
+    scheduler.warden.round()
 
     job = store.get_job("alice~a")
     assert job is not None
@@ -420,7 +423,7 @@ class RoundTrips:
 
 def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
         store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
-    """The sweep and the lost-node check read every allocation's task and
+    """The sweep and the nodes' judgement read every allocation's task and
     job in pipelines: a quiet round's round trips do not grow with the
     allocations (two running tasks, then twenty-four, on three nodes)."""
     for n in range(3):
@@ -437,11 +440,13 @@ def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
         assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == jobs
         counting = RoundTrips(redis_client)
         quiet = Scheduler(scheduler.settings, Store(counting), scheduler.messenger)
-        quiet.fail_lost_nodes()
+        quiet.warden.round()
         quiet.sweep_allocations()
         costs.append(counting.count)
     assert costs[0] == costs[1]
-    assert costs[0] <= 6  # heartbeats; the nodes (2), their allocations, tasks, jobs
+    # the renewals, clock and outage record; the leases; the judgement written;
+    # then the nodes (2), their allocations, tasks, jobs
+    assert costs[0] <= 8
     assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == 24
     assert not any(name == "pai.launcher.stop_task" for n in range(3)
                    for name, _ in launcher_tasks(redis_client, f"n{n}"))
@@ -553,3 +558,52 @@ def test_the_queue_index_positions_follow_least_attained_service(
     assert store.get_tasks(blocker.id, 0)[0].state == TaskState.LAUNCHING
     ids = {served.id: "served", fresh.id: "fresh"}
     assert [ids[i] for i in store.r.zrange(keys.vc_queue("default"), 0, -1)] == order
+
+
+def agent_node(store: Store, name: str) -> None:
+    """A node as its agent keeps it: a lease claimed and renewed by both roles, READY."""
+    add_node(store, name)
+    for role in (Role.MONITOR, Role.LAUNCHER):
+        holder = Holder(node=name, engine=f"engine-{name}", role=role, instance=role.value,
+                        pid=1)
+        assert leases.claim(store, holder, ip="127.0.0.1", peer="", lease_ms=30_000,
+                            grace_ms=10_000, renew_ms=5_000, live_ms=60_000).claim.value == \
+            "TAKEN"
+        leases.renew(store, holder, live_ms=60_000, phase=Phase.READY if
+                     role == Role.MONITOR else None, problem="" if role == Role.MONITOR else None)
+
+
+def test_a_node_that_does_not_start_its_launches_is_marked_and_its_gang_placed_again(
+        redis_server: str, store: Store, redis_client: redis.Redis) -> None:
+    """A gray failure: the node renews its lease, but its launcher (stuck on a
+    hung engine, say) does not start what it is sent. The first overdue
+    launch is sent again and keeps the node from new work for the settling
+    time; still not started a second lease after its placement, the task is
+    the platform's failure and its job goes back to the queue, uncharged."""
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30,
+                        launch_timeout_seconds=0.2, node_settle_seconds=30)
+    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+    agent_node(store, "stuck")
+    scheduler.warden.round()
+    submit_job(store, "alice", config("gang", retry=0))
+    scheduler.run_pass()
+    assert store.get_tasks("alice~gang", 0)[0].node == "stuck"
+
+    deadline = now_ms() + 5_000
+    while now_ms() < deadline and not redis_client.zrangebyscore(keys.LAUNCHING, 0, now_ms()):
+        time.sleep(0.02)  # the launch lease (0.2 s) running out is what is tested
+    scheduler.retry_stale_launches()
+    lease = leases.read_lease(store.r, "stuck")
+    assert lease is not None and "not started within" in lease.marked
+    assert [m[0] for m in launcher_messages(redis_client, "stuck")] == ["alice~gang"] * 2
+    view = scheduler.warden.round()
+    assert view.conditions["stuck"][0].value == "NOT_READY"
+
+    deadline = now_ms() + 5_000
+    while now_ms() < deadline and not redis_client.zrangebyscore(keys.LAUNCHING, 0, now_ms()):
+        time.sleep(0.02)
+    scheduler.retry_stale_launches()
+    task = store.get_tasks("alice~gang", 0)[0]
+    assert (task.state, task.platform_failure) == (TaskState.FAILED, True)
+    job = store.get_job("alice~gang") or pytest.fail()
+    assert (job.state, job.attempt, job.retries) == (JobState.WAITING, 1, 0)

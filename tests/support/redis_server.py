@@ -5,8 +5,10 @@ do (flushing a database)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -80,3 +82,21 @@ def operator_url(platform_url: str) -> str:
     """The operator's URL for the test Redis at `platform_url` (the same URL
     when it came from PAI_TEST_REDIS_URL, whose user is the caller's own)."""
     return _admin_urls.get(platform_url, platform_url)
+
+
+@dataclass
+class OwnRedis:
+    """A redis-server of one test's own (the `own_redis` fixture), which the
+    test may stop, freeze (SIGSTOP: a black hole, its port still open) or
+    restart."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    datadir: Path
+    port: int
+
+    def freeze(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kombu import Connection
 
+from shared.infra import links
 from shared.infra.config import Settings
 from shared.infra.messaging import (
     SENTINEL_TRANSPORT,
@@ -21,7 +22,8 @@ SENTINEL_URL = "redis+sentinel://pai:p%40ss@s1:26379,s2:26380/pai/2"
 def test_a_single_redis_is_its_own_broker() -> None:
     url, options = broker_settings("redis://pai:pw@r:6379/0")
     assert url == "redis://pai:pw@r:6379/0"
-    assert options == {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS}
+    assert options == {"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS,
+                       **links.kombu_options()}
 
 
 def test_a_sentinel_setting_becomes_kombus_sentinel_urls_and_options() -> None:

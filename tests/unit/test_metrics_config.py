@@ -8,7 +8,7 @@ from shared.infra.config import ConfigError, load_settings
 
 
 def test_the_exporter_listens_on_the_node_ip_by_default() -> None:
-    assert load_settings({}).monitor_host == "127.0.0.1"
+    assert load_settings({}).monitor_host == ""  # the node's IP, found at its start
     settings = load_settings({"PAI_NODE_IP": "10.0.0.5"})
     assert (settings.monitor_host, settings.monitor_port) == ("10.0.0.5", 9187)
 

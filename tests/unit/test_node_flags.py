@@ -60,18 +60,22 @@ def test_changes_that_mean_nothing_are_refused(schedulable: bool | None, drain: 
                      now_ms=NOW)
 
 
-@pytest.mark.parametrize(("live", "flags", "tasks", "state"), [
-    pytest.param(True, READY, 3, "READY", id="ready"),
-    pytest.param(True, CORDONED, 3, "CORDONED", id="cordoned, tasks run on"),
-    pytest.param(True, CORDONED, 0, "CORDONED", id="cordoned and empty"),
-    pytest.param(True, DRAINING, 2, "DRAINING", id="draining while tasks remain"),
-    pytest.param(True, DRAINING, 0, "DRAINED", id="drained once empty"),
-    pytest.param(False, DRAINING, 0, "LOST", id="lost wins over drained"),
-    pytest.param(False, CORDONED, 1, "LOST", id="lost wins over cordoned"),
-    pytest.param(False, READY, 0, "LOST", id="lost"),
+@pytest.mark.parametrize(("condition", "flags", "tasks", "state"), [
+    pytest.param("READY", READY, 3, "READY", id="ready"),
+    pytest.param("READY", CORDONED, 3, "CORDONED", id="cordoned, tasks run on"),
+    pytest.param("READY", CORDONED, 0, "CORDONED", id="cordoned and empty"),
+    pytest.param("READY", DRAINING, 2, "DRAINING", id="draining while tasks remain"),
+    pytest.param("READY", DRAINING, 0, "DRAINED", id="drained once empty"),
+    pytest.param("LOST", DRAINING, 0, "LOST", id="lost wins over drained"),
+    pytest.param("LOST", CORDONED, 1, "LOST", id="lost wins over cordoned"),
+    pytest.param("LOST", READY, 0, "LOST", id="lost"),
+    pytest.param("NOT_READY", CORDONED, 1, "NOT_READY", id="not ready wins over cordoned"),
+    pytest.param("SETTLING", READY, 0, "SETTLING", id="settling"),
+    pytest.param("UNREACHABLE", READY, 2, "UNREACHABLE", id="unreachable"),
+    pytest.param("RECONCILING", DRAINING, 2, "RECONCILING", id="reconciling"),
 ])
-def test_node_view_state(live: bool, flags: NodeFlags, tasks: int, state: str) -> None:
-    assert node_view_state(live, flags, tasks) == state
+def test_node_view_state(condition: str, flags: NodeFlags, tasks: int, state: str) -> None:
+    assert node_view_state(condition, flags, tasks) == state
     assert state in NODE_STATES
 
 

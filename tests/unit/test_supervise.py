@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.infra.supervise import Supervisor, work_beside
+from shared.infra.supervise import EXIT_REFUSED, Supervisor, work_beside
 from tests.support.threads import wakeups
 
 
@@ -137,3 +137,17 @@ def test_the_loop_beside_a_worker_is_stopped_when_the_worker_ends(fail: bool) ->
         work_beside(worker, ["worker", "-Q", "q"], loop, "beside")
     assert worker.argv == ["worker", "-Q", "q"]
     assert stopped.wait(10)
+
+
+def test_a_worker_that_refuses_to_run_is_not_started_again(tmp_path: Path) -> None:
+    """A worker that exits with EXIT_REFUSED (another machine's agent holds
+    its node's name) would be refused again: the service ends with it."""
+    runs = tmp_path / "runs"
+    body = (f"import pathlib, sys\n"
+            f"p = pathlib.Path({str(runs)!r})\n"
+            f"p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
+            f"sys.exit({EXIT_REFUSED})\n")
+    supervisor = Supervisor("test", script(body), backoff_s=(0.0,))
+    assert supervisor.run() == EXIT_REFUSED
+    assert runs.read_text() == "x"
+    assert supervisor.restarts == []

@@ -1,10 +1,14 @@
-#!/opt/pai/bin/python3
-"""The node agent of a container deployment: this node's launcher and monitor.
+"""`pai-node-agent`: this node's launcher and monitor, as one command.
 
+What an operator runs on every GPU machine (docs/multi-node.md), and what
+the Compose file and the Kubernetes DaemonSet run in their containers.
 Starts `pai-launcher` and `pai-monitor` side by side and lives as long as both
 do: when either exits, the other is stopped and the agent exits non-zero, so
-the container's restart policy (compose `restart:`, a Kubernetes pod) brings
-both back together. SIGTERM or SIGINT stops both gracefully.
+the machine's supervisor (systemd, compose `restart:`, a Kubernetes pod)
+brings both back together. SIGTERM or SIGINT stops both gracefully. When a
+child refused to run (another machine's agent holds the node's name, a
+setting that cannot work), the agent exits with that child's code (78), so
+a supervisor that knows the code does not start it again.
 
 With `--remove-jobs-on-exit` (the single-box compose file uses it) the agent
 then removes this node's job containers, so `docker compose down` leaves no
@@ -25,6 +29,7 @@ import time
 from types import FrameType
 
 from shared.infra.config import load_settings
+from shared.infra.supervise import EXIT_REFUSED
 from shared.node.containers import LABEL_JOB, LABEL_NODE, docker_client
 
 log = logging.getLogger("pai.node-agent")
@@ -100,7 +105,7 @@ def main() -> int:
         if exited:
             name, code = exited[0]
             log.error("%s exited with status %s: stopping the node agent", name, code)
-            status = EXIT_FAILED_CHILD
+            status = EXIT_REFUSED if code == EXIT_REFUSED else EXIT_FAILED_CHILD
             break
         time.sleep(0.5)
     stop_all(children, STOP_SECONDS)

@@ -1,0 +1,284 @@
+"""Node leases in Redis: claims, renewals and the control plane's outage
+record, every stamp from Redis's TIME (the rules are shared/domain/lease.py).
+
+A lease lives in keys.node_lease(name) (a hash) and, for the readers that
+only want "when did each node last renew", in the NODES sorted set, both
+written by the same script so they never disagree. The node record itself
+(keys.node: GPUs, CPUs, memory) is written by a renewal that carries it,
+only while the renewing agent holds the name: an impostor never overwrites
+the node's IP.
+
+Roles: a node agent is two processes, its launcher and its monitor, on one
+Docker engine. Either renews; the monitor also says how the node stands
+(its phase and any problem). Each role keeps its process's instance id in
+the lease, so a second process of one role on the same machine is noticed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from shared.domain.lease import Claim, ClaimAnswer, Lease, NodeSilence, Outage, Phase
+from shared.state import keys
+from shared.state.store import Store
+
+
+class Role(StrEnum):
+    LAUNCHER = "launcher"
+    MONITOR = "monitor"
+
+
+class NameLost(RuntimeError):
+    """The agent no longer holds its node's name: another took it over."""
+
+
+# Both scripts stamp with TIME: Redis 7 replicates a script's effects, so a
+# non-deterministic call is fine in it.
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# Claim the node's name for an agent's process.
+# KEYS: lease, NODES
+# ARGV: name, engine, role, instance, pid, ip, peer ('' keeps it), lease_ms, grace_ms,
+#       renew_ms, live_ms (how long the lease stays live after a renewal), force
+# Answers {"TAKEN", now} | {"HELD_ELSEWHERE", engine, ip, age_ms} |
+#         {"ROLE_HELD", instance, pid}
+_CLAIM = _NOW + """
+local h = redis.call('HMGET', KEYS[1], 'engine', 'renewed', 'live_until', 'ip',
+                     ARGV[3], ARGV[3] .. '_pid', 'lost')
+local engine, renewed, live_until = h[1], tonumber(h[2] or '0'), tonumber(h[3] or '0')
+if engine and engine ~= ARGV[2] then
+  if now < live_until then
+    return {'HELD_ELSEWHERE', engine, h[4] or '', tostring(now - renewed)}
+  end
+  redis.call('DEL', KEYS[1])
+  engine = false
+end
+if engine and h[5] and h[5] ~= ARGV[4] and ARGV[12] ~= '1' then
+  return {'ROLE_HELD', h[5], h[6] or ''}
+end
+if not engine then
+  redis.call('HSET', KEYS[1], 'engine', ARGV[2], 'claimed', now, 'phase', 'RECONCILING',
+             'healthy_since', 0)
+elseif tonumber(h[7] or '0') > 0 and tonumber(h[7] or '0') >= renewed then
+  redis.call('HSET', KEYS[1], 'healthy_since', now)  -- back after it was declared lost
+end
+redis.call('HSET', KEYS[1], 'ip', ARGV[6], 'lease_ms', ARGV[8], 'grace_ms', ARGV[9],
+           'renew_ms', ARGV[10], ARGV[3], ARGV[4], ARGV[3] .. '_pid', ARGV[5],
+           'renewed', now, ARGV[3] .. '_renewed', now, 'live_until', now + ARGV[11])
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'peer', ARGV[7]) end
+if ARGV[3] == 'monitor' then
+  redis.call('HSET', KEYS[1], 'phase', 'RECONCILING')
+end
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+return {'TAKEN', tostring(now)}
+"""
+
+# Renew the lease, only for the holder's own process of its role. The node
+# is back from a problem (its settling time starts) when its problem clears,
+# when it was declared lost since its last renewal, or when it says so
+# (a monitor back from silence).
+# KEYS: lease, NODES, node record
+# ARGV: name, engine, role, instance, live_ms, phase ('' keeps it), problem
+#       ('-' keeps it), inventory JSON ('' writes none), '1' if back from silence
+# Answers {"OK", now} | {"LOST", holder engine, holder instance}
+_RENEW = _NOW + """
+local h = redis.call('HMGET', KEYS[1], 'engine', ARGV[3], 'problem', 'renewed', 'lost')
+if h[1] ~= ARGV[2] or h[2] ~= ARGV[4] then
+  return {'LOST', h[1] or '', h[2] or ''}
+end
+local problem, lost = h[3] or '', tonumber(h[5] or '0')
+local back = ARGV[9] == '1' or (lost > 0 and lost >= tonumber(h[4] or '0'))
+if ARGV[7] ~= '-' then
+  if problem ~= '' and ARGV[7] == '' then back = true end
+  problem = ARGV[7]
+end
+redis.call('HSET', KEYS[1], 'renewed', now, ARGV[3] .. '_renewed', now,
+           'live_until', now + ARGV[5], 'problem', problem)
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'phase', ARGV[6]) end
+if back then redis.call('HSET', KEYS[1], 'healthy_since', now) end
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+if ARGV[8] ~= '' then redis.call('SET', KEYS[3], ARGV[8]) end
+return {'OK', tostring(now)}
+"""
+
+# The control plane declares a node lost, unless it renewed meanwhile.
+# KEYS: lease, NODES   ARGV: name, the renewal the judgement saw
+_MARK_LOST = _NOW + """
+local renewed = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if renewed and tonumber(renewed) > tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'lost', now)
+return 1
+"""
+
+# KEYS: lease   ARGV: role, instance
+_RELEASE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1], ARGV[1] .. '_pid')
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One process of a node agent: what it claims and renews with."""
+
+    node: str
+    engine: str
+    role: Role
+    instance: str
+    pid: int
+
+
+def redis_now_ms(r: Any) -> int:
+    """The control plane's clock: Redis's TIME, in epoch milliseconds."""
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def claim(store: Store, holder: Holder, *, ip: str, peer: str, lease_ms: int, grace_ms: int,
+          renew_ms: int, live_ms: int, force: bool = False) -> ClaimAnswer:
+    """Claim the node's name for `holder` (shared/domain/lease.py, rule 1)."""
+    answer = store.run_script(
+        _CLAIM, [keys.node_lease(holder.node), keys.NODES],
+        [holder.node, holder.engine, holder.role.value, holder.instance, str(holder.pid), ip,
+         peer, str(lease_ms), str(grace_ms), str(renew_ms), str(live_ms),
+         "1" if force else "0"])
+    kind = Claim(answer[0])
+    if kind == Claim.HELD_ELSEWHERE:
+        return ClaimAnswer(kind, {"engine": answer[1], "ip": answer[2], "age_ms": answer[3]})
+    if kind == Claim.ROLE_HELD:
+        return ClaimAnswer(kind, {"instance": answer[1], "pid": answer[2]})
+    return ClaimAnswer(kind)
+
+
+def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = None,
+          problem: str | None = None, inventory: Mapping[str, Any] | None = None,
+          back: bool = False) -> int:
+    """Renew `holder`'s lease; the Redis time it was stamped with. NameLost
+    when another agent (or another process of this role) holds it now.
+    `back`: the node returns from a silence (its settling time starts)."""
+    answer = store.run_script(
+        _RENEW, [keys.node_lease(holder.node), keys.NODES, keys.node(holder.node)],
+        [holder.node, holder.engine, holder.role.value, holder.instance, str(live_ms),
+         phase.value if phase is not None else "", "-" if problem is None else problem,
+         json.dumps(inventory, separators=(",", ":")) if inventory is not None else "",
+         "1" if back else "0"])
+    if answer[0] != "OK":
+        raise NameLost(f"node {holder.node}'s name is held by engine {answer[1] or '?'} "
+                       f"(its {holder.role.value} instance {answer[2] or '?'})")
+    return int(answer[1])
+
+
+def release(store: Store, holder: Holder) -> None:
+    """A process that stops cleanly gives up its role, so that its successor
+    on this machine need not look for it."""
+    store.run_script(_RELEASE, [keys.node_lease(holder.node)],
+                     [holder.role.value, holder.instance])
+
+
+def read_lease(reader: Any, node: str) -> Lease | None:
+    raw: dict[str, str] = reader.hgetall(keys.node_lease(node))
+    return Lease.from_fields(raw) if raw else None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Every node's last renewal and lease, the control plane's outage record,
+    and Redis's time, as one repair round reads them."""
+
+    silences: dict[str, NodeSilence]
+    outage: Outage
+    now_ms: int
+
+
+def read_cluster(store: Store) -> ClusterView:
+    """`ClusterView`, in two round trips whatever the cluster's size."""
+    pipe = store.r.pipeline(transaction=False)
+    pipe.zrange(keys.NODES, 0, -1, withscores=True)
+    pipe.time()
+    pipe.hgetall(keys.CONTROL_PLANE)
+    beats, (seconds, micros), outage = pipe.execute()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    names = [name for name, _ in beats]
+    pipe = store.r.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.node_lease(name))
+    leases = pipe.execute() if names else []
+    return ClusterView({name: NodeSilence(int(score), Lease.from_fields(raw) if raw else None)
+                        for (name, score), raw in zip(beats, leases, strict=True)},
+                       _outage(outage), now)
+
+
+def mark_lost(store: Store, node: str, renewed_ms: int) -> bool:
+    """Declare `node` lost, unless it renewed after `renewed_ms`."""
+    return bool(store.run_script(_MARK_LOST, [keys.node_lease(node), keys.NODES],
+                                 [node, str(renewed_ms)]))
+
+
+# The control plane's own mark on a node with a lease (launches overdue).
+# KEYS: lease   ARGV: reason, until ms
+_MARK = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'marked', ARGV[1], 'marked_until', ARGV[2])
+return 1
+"""
+
+
+def mark_node(store: Store, node: str, reason: str, until_ms: int) -> bool:
+    """Keep `node` from new work until `until_ms`, saying why; False for a
+    node without a lease (set up by hand: nothing to mark)."""
+    return bool(store.run_script(_MARK, [keys.node_lease(node)], [reason, str(until_ms)]))
+
+
+def _outage(raw: Mapping[str, str]) -> Outage:
+    return Outage(since_ms=int(raw.get("since") or 0), ended_ms=int(raw.get("ended") or 0),
+                  checked_ms=int(raw.get("checked") or 0))
+
+
+def read_outage(reader: Any) -> Outage:
+    return _outage(reader.hgetall(keys.CONTROL_PLANE))
+
+
+def write_judgement(store: Store, outage: Outage, quiet: Sequence[str],
+                    unready: Mapping[str, tuple[str, str]]) -> None:
+    """The round's outage record and the nodes that may not take work
+    (node -> condition, reason), replaced in one step."""
+    pipe = store.r.pipeline()
+    pipe.hset(keys.CONTROL_PLANE, mapping={
+        "since": outage.since_ms, "ended": outage.ended_ms, "checked": outage.checked_ms,
+        "quiet": ",".join(quiet)})
+    pipe.delete(keys.NODE_CONDITIONS)
+    if unready:
+        pipe.hset(keys.NODE_CONDITIONS, mapping={
+            name: json.dumps({"condition": c, "reason": r}) for name, (c, r) in unready.items()})
+    pipe.execute()
+
+
+def read_unready(reader: Any) -> dict[str, dict[str, str]]:
+    """Node -> {"condition", "reason"} for each node the last round found unready."""
+    raw: dict[str, str] = reader.hgetall(keys.NODE_CONDITIONS)
+    return {name: json.loads(text) for name, text in raw.items()}
+
+
+def peers(store: Store, own: str) -> list[tuple[str, str]]:
+    """The other nodes a node can ask about the control plane (name, host:port):
+    those not declared lost, with a peer address."""
+    silences = read_cluster(store).silences
+    return sorted((name, s.lease.peer) for name, s in silences.items()
+                  if name != own and s.lease is not None and s.lease.peer
+                  and not s.declared_lost)
+
+
+def cluster_id(store: Store, proposed: str) -> str:
+    """This cluster's id: `proposed` if none was set before."""
+    store.r.set(keys.CLUSTER_ID, proposed, nx=True)
+    value = store.r.get(keys.CLUSTER_ID)
+    return str(value)
