@@ -31,6 +31,18 @@ Choices where OpenPAI leaves room:
   time the task starts, and a peer not placed yet has no
   `PAI_HOST_IP_<role>_<i>` nor port lists (OpenPAI's runtime, too, saw only
   the peers that existed).
+- Besides the seed's table, what OpenPAI's runtime and REST server set and
+  its examples read: `PAI_TASK_INDEX` (its DDP examples take the rank from
+  it), `PAI_<role>_<idx>_<label>_PORT` (the same ports as
+  `PAI_PORT_LIST_<role>_<idx>_<label>`: its DDP examples find the master's
+  port in `PAI_worker_0_SynPort_PORT`), `PAI_FRAMEWORK_NAME`
+  (`<user>~<job>`), `PAI_VIRTUAL_CLUSTER`, `PAI_JOB_TASK_COUNT`,
+  `PAI_JOB_TASK_ROLE_COUNT`, `PAI_JOB_TASK_ROLE_LIST`,
+  `PAI_CONTAINER_HOST_IP`, `PAI_CONTAINER_HOST_PORT`,
+  `PAI_CONTAINER_HOST_PORT_LIST` (`label:ports;` for each label) and
+  `PAI_TASK_ROLE_INSTANCES` (`role:index`, comma separated). OpenPAI's
+  default port label is `http`; pai's is `default`, and a `portList` label
+  `http` is the job's own.
 """
 
 from __future__ import annotations
@@ -136,6 +148,8 @@ def task_environment(
 
     # The job and this task (the seed's table, then OpenPAI's later names).
     put("PAI_JOB_NAME", spec.name)
+    put("PAI_FRAMEWORK_NAME", f"{username}~{spec.name}")
+    put("PAI_VIRTUAL_CLUSTER", spec.virtual_cluster)
     # Which attempt of the job this is (0 first): a job that resumes from a
     # checkpoint, or marks its own runs, tells a retry from the first run.
     put("PAI_JOB_ATTEMPT_ID", attempt)
@@ -152,19 +166,29 @@ def task_environment(
     put("PAI_TASK_GPU_NUM", role_spec.gpu_number)
     put("PAI_TASK_ROLE_INDEX", index)
     put("PAI_TASK_ROLE_NO", role_no)
+    put("PAI_TASK_INDEX", index)
     put("PAI_TASKS_NUM", spec.total_tasks)
+    put("PAI_JOB_TASK_COUNT", spec.total_tasks)
     put("PAI_TASK_ROLES_NUM", len(spec.task_roles))
+    put("PAI_JOB_TASK_ROLE_COUNT", len(spec.task_roles))
     put("PAI_KILL_ALL_ON_COMPLETED_TASK_NUM", spec.kill_all_on_completed_task_number)
     put("PAI_CURRENT_CONTAINER_IP", current.ip or "")
     put("PAI_CURRENT_CONTAINER_PORT", current.default_port)
+    put("PAI_CONTAINER_HOST_IP", current.ip or "")
+    put("PAI_CONTAINER_HOST_PORT", current.default_port)
     put("PAI_CURRENT_TASK_ROLE_NAME", role)
     put("PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", index)
     for label, ports in _port_lists(current).items():
         put(f"PAI_CONTAINER_HOST_{env_name_part(label)}_PORT_LIST", _joined(ports))
+    put("PAI_CONTAINER_HOST_PORT_LIST",
+        "".join(f"{label}:{_joined(ports)};" for label, ports in _port_lists(current).items()))
     if current.ports.get(SSH_PORT_LABEL):  # an SSH job (shared/domain/ssh.py), as OpenPAI names it
         put(SSH_PORT_VARIABLE, current.ports[SSH_PORT_LABEL][0])
     put("PAI_TASK_ROLE_COUNT", len(spec.task_roles))
     put("PAI_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles))
+    put("PAI_JOB_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles))
+    put("PAI_TASK_ROLE_INSTANCES", ",".join(f"{r.name}:{t.index}" for r in spec.task_roles
+                                             for t in by_role[r.name]))
 
     # Peers: the seed's by-number host lists first, as its examples rely on them.
     for number, r in enumerate(spec.task_roles):
@@ -181,6 +205,7 @@ def task_environment(
             put(f"PAI_HOST_IP_{name}_{task.index}", task.ip or "")
             for label, ports in _port_lists(task).items():
                 put(f"PAI_PORT_LIST_{name}_{task.index}_{env_name_part(label)}", _joined(ports))
+                put(f"PAI_{name}_{task.index}_{env_name_part(label)}_PORT", _joined(ports))
 
     put("PAI_PREEMPTION_FILE", PREEMPTION_FILE)
 
