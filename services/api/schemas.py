@@ -331,6 +331,9 @@ class AttemptSchema(Schema):
     reason = fields.String(required=True)
     platformFailure = fields.Boolean(required=True)
     preemptedBy = fields.String(required=True, allow_none=True)
+    checkpointStep = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "the step of the last `PAI_CHECKPOINT_STEP=<step>` line the job "
+                       "printed in this attempt (docs/job-config.md); null if none"})
 
 
 class JobDetailSchema(Schema):

@@ -60,6 +60,12 @@ def job_archive(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:archive"
 
 
+def job_checkpoints(job_id: str) -> str:
+    """Hash: attempt index -> the last checkpoint step the job reported in
+    that attempt (shared/state/checkpoints.py)."""
+    return f"{PREFIX}job:{job_id}:checkpoints"
+
+
 def task_log(job_id: str, attempt: int, role: str, index: int) -> str:
     """Stream: one task attempt's stdout+stderr lines, bounded."""
     return f"{PREFIX}log:{job_id}:{attempt}:{role}:{index}"

@@ -240,11 +240,12 @@ def _file_log(reader: Reader, log_dir: str, job_id: str, attempt: int, role: str
 
 def job_keys(store: Store, reader: Reader, job: Job) -> list[str]:
     """Every key a job has: its record, config, attempts, events, archive,
-    each attempt's tasks and every task attempt's log and sample streams (for a
-    compacted job, every one its config could have had: a line shipped late
-    may have made one again)."""
+    checkpoint steps, each attempt's tasks and every task attempt's log and
+    sample streams (for a compacted job, every one its config could have
+    had: a line shipped late may have made one again)."""
     found = [keys.job(job.id), keys.job_config(job.id), keys.job_attempts(job.id),
-             keys.job_events(job.id), keys.job_archive(job.id), keys.job_ssh_key(job.id)]
+             keys.job_events(job.id), keys.job_archive(job.id), keys.job_ssh_key(job.id),
+             keys.job_checkpoints(job.id)]
     for attempt in range(job.attempt + 1):
         found.append(keys.job_tasks(job.id, attempt))
         for task in store.read_tasks(reader, job.id, attempt).values():

@@ -37,6 +37,8 @@ LITERAL_KEYS = [
     pytest.param(keys.job_events(JOB), "pai:job:alice~mnist:events", id="job_events"),
     pytest.param(keys.job_archive(JOB), "pai:job:alice~mnist:archive", id="job_archive"),
     pytest.param(keys.job_ssh_key(JOB), "pai:job:alice~mnist:ssh-key", id="job_ssh_key"),
+    pytest.param(keys.job_checkpoints(JOB), "pai:job:alice~mnist:checkpoints",
+                 id="job_checkpoints"),
     pytest.param(keys.task_log(JOB, 1, "worker", 3), "pai:log:alice~mnist:1:worker:3",
                  id="task_log"),
     pytest.param(keys.user_jobs("alice"), "pai:user:alice:jobs", id="user_jobs"),
