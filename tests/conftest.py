@@ -34,6 +34,8 @@ TEST_IMAGE = "pai-test/busybox:latest"
 BUILD_TEST_IMAGE = REPO_ROOT / "scripts" / "build-test-image.sh"
 SSH_TEST_IMAGE = "pai-test/sshd:latest"
 BUILD_SSH_TEST_IMAGE = REPO_ROOT / "scripts" / "build-ssh-test-image.sh"
+PYTORCH_IMAGE = "pai-test/pytorch:latest"
+BUILD_PYTORCH_IMAGE = REPO_ROOT / "scripts" / "build-pytorch-image.sh"
 SESSION_LABEL = "pai.test.session"
 
 
@@ -226,3 +228,20 @@ def ssh_test_image(docker_client: docker.DockerClient) -> str:
             pytest.fail(f"could not build {SSH_TEST_IMAGE}:\n{result.stderr}", pytrace=False)
         docker_client.images.get(SSH_TEST_IMAGE)
     return SSH_TEST_IMAGE
+
+
+@pytest.fixture(scope="session")
+def pytorch_image(docker_client: docker.DockerClient) -> str:
+    """`pai-test/pytorch:latest` (Debian, the CPU PyTorch, scikit-learn,
+    Jupyter, examples/pytorch/), built or brought up to date by its script:
+    seconds when it is current, minutes the first time. Where it cannot be
+    built (no local PyTorch wheel and no package index, no Debian mirror),
+    the tests that train are skipped with the script's reason."""
+    result = subprocess.run(["bash", str(BUILD_PYTORCH_IMAGE), PYTORCH_IMAGE],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        reason = result.stderr.strip().splitlines()[-1:] or ["no message"]
+        pytest.skip(f"{PYTORCH_IMAGE} cannot be built here, so the PyTorch tests do not "
+                    f"run: {reason[0]} (scripts/build-pytorch-image.sh)")
+    docker_client.images.get(PYTORCH_IMAGE)
+    return PYTORCH_IMAGE
