@@ -112,10 +112,13 @@ def gpu_environment(gpus: Sequence[int], *, renumbered_gpus: bool = False) -> di
 def task_environment(
     spec: JobSpec, username: str, tasks: Sequence[Task], role: str, index: int, *,
     default_fs_uri: str, renumbered_gpus: bool = False, attempt: int = 0,
+    proxy_token: str = "",
 ) -> dict[str, str]:
     """Every variable of DESIGN.md section 5 for task `role`[`index`].
 
-    `tasks` are the attempt's tasks, all placed (node IP and ports set).
+    `tasks` are the attempt's tasks, all placed (node IP and ports set);
+    `proxy_token` the job's secret with the task port proxy
+    (shared/state/proxytokens.py), if it has one.
     Raises KeyError when the task is not among them, IncompletePlacement when
     a task lacks its IP or default port.
     """
@@ -208,10 +211,22 @@ def task_environment(
                 put(f"PAI_{name}_{task.index}_{env_name_part(label)}_PORT", _joined(ports))
 
     put("PAI_PREEMPTION_FILE", PREEMPTION_FILE)
+    # Where the API serves this task's labelled ports (services/api/proxy.py),
+    # `<PAI_PROXY_PATH>/<label>/`: a notebook or dashboard serves under it
+    # (Jupyter's base_url), and lets in only requests carrying the token.
+    put("PAI_PROXY_PATH", proxy_path(username, spec.name, role, index))
+    if proxy_token:
+        put("PAI_PROXY_TOKEN", proxy_token)
 
     for key, value in spec.job_envs.items():
         put(str(key), env_value(value))
     return env
+
+
+def proxy_path(username: str, job_name: str, role: str, index: int) -> str:
+    """The API path under which the proxy serves task `role`[`index`]'s
+    labelled ports (without its `/<label>/`)."""
+    return f"/api/v1/user/{username}/jobs/{job_name}/tasks/{role}/{index}/proxy"
 
 
 def preemption_notice(by: str, deadline_ms: int) -> str:

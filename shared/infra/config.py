@@ -396,6 +396,12 @@ class Settings:
     exec_tty_slots_per_node: int = 8
     exec_idle_seconds: float = 900.0
     exec_max_session_seconds: float = 12 * 3600.0
+    # A task's labelled ports through the API (services/api/proxy.py): the
+    # connections one user may hold open through it at once, across every api
+    # process, and how long one (an answer streaming, a WebSocket) may go
+    # without a byte either way, or wait for the task's server to answer.
+    proxy_per_user: int = 32
+    proxy_idle_seconds: float = 3600.0
     # The web portal's session cookie carries Secure: set it when users reach
     # the API over https (a proxy of the operator's), docs/portal.md.
     portal_secure_cookie: bool = False
@@ -526,6 +532,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         exec_idle_seconds=_seconds(env, "PAI_EXEC_IDLE_SECONDS", defaults.exec_idle_seconds),
         exec_max_session_seconds=_seconds(env, "PAI_EXEC_MAX_SESSION_SECONDS",
                                           defaults.exec_max_session_seconds),
+        proxy_per_user=_int(env, "PAI_PROXY_PER_USER", defaults.proxy_per_user)
+        or defaults.proxy_per_user,
+        proxy_idle_seconds=_seconds(env, "PAI_PROXY_IDLE_SECONDS", defaults.proxy_idle_seconds),
         las_thresholds_gpu_seconds=_thresholds(env, "PAI_SCHEDULER_LAS_THRESHOLDS",
                                                defaults.las_thresholds_gpu_seconds),
         las_starve_seconds=_seconds(env, "PAI_SCHEDULER_LAS_STARVE_SECONDS",

@@ -118,6 +118,8 @@ def test_seed_example_worker_gets_every_variable() -> None:
         "PAI_worker_0_default_PORT": "15001",
         "PAI_worker_1_default_PORT": "15001",
         "PAI_PREEMPTION_FILE": "/pai/preempted",
+        "PAI_PROXY_PATH": "/api/v1/user/alice/jobs/tensorflow-distributed-example/tasks/worker/1"
+                          "/proxy",
     }
 
 
@@ -342,3 +344,20 @@ def test_without_gang_allocation_peers_not_placed_yet_are_left_out() -> None:
     with pytest.raises(IncompletePlacement):
         task_environment(JobSpec.from_config(config), "bob", tasks, "main", 1,
                          default_fs_uri="")
+
+
+def test_the_proxy_token_is_passed_when_the_job_has_one() -> None:
+    assert "PAI_PROXY_TOKEN" not in seed_env("worker", 0)
+    env = seed_env("ps_server", 1, proxy_token="s3cret")
+    assert env["PAI_PROXY_TOKEN"] == "s3cret"
+    assert env["PAI_PROXY_PATH"] == ("/api/v1/user/alice/jobs/tensorflow-distributed-example"
+                                     "/tasks/ps_server/1/proxy")
+
+
+def test_job_envs_cannot_replace_the_proxy_variables() -> None:
+    config = one_role_config(jobEnvs={"PAI_PROXY_TOKEN": "guess", "PAI_PROXY_PATH": "/x"})
+    env = task_environment(JobSpec.from_config(config), "bob",
+                           [placed("main", 0, "127.0.0.1", 1)], "main", 0,
+                           default_fs_uri="", proxy_token="real")
+    assert (env["PAI_PROXY_TOKEN"], env["PAI_PROXY_PATH"]) == (
+        "real", "/api/v1/user/bob/jobs/j/tasks/main/0/proxy")
