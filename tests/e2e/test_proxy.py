@@ -185,3 +185,16 @@ def test_a_task_that_stopped_listening_gives_502(platform: Platform,
                                 "/proxy/default/", timeout=30)
     assert stopped.status_code == 409
     assert json.loads(stopped.text)["code"] == "ConflictJobError"
+
+
+def test_the_job_page_links_the_owner_to_each_port(platform: Platform,
+                                                   notebook: Notebook) -> None:
+    link = f'href="/api/v1/user/{USER}/jobs/{notebook.name}/tasks/main/0/proxy/web/"'
+    owner = portal_session(platform, USER, USER_PASSWORD)
+    page = owner.get(f"{platform.url}/jobs/{USER}/{notebook.name}", timeout=30)
+    assert page.status_code == 200 and link in page.text
+
+    admin = portal_session(platform, platform.env["PAI_ADMIN_USER"],
+                           platform.env["PAI_ADMIN_PASSWORD"])
+    page = admin.get(f"{platform.url}/jobs/{USER}/{notebook.name}", timeout=30)
+    assert page.status_code == 200 and "/proxy/web/" not in page.text
