@@ -285,9 +285,8 @@ def _forward_http(state: _Proxy, target: Target, caller: str) -> Response:
         raise
     response = Response(_body(upstream, kept.renew), status=upstream.status,
                         headers=proxyrelay.response_headers(upstream.headers.items(),
-                                                            _session_cookie()),
-                        direct_passthrough=True)
-    response.call_on_close(kept.close)
+                                                            _session_cookie()))
+    response.call_on_close(kept.close)  # (a direct_passthrough answer would never call it)
     proxyrelay.limit_sends(request.environ, SEND_SECONDS, response)
     return response
 

@@ -198,3 +198,23 @@ def test_the_job_page_links_the_owner_to_each_port(platform: Platform,
                            platform.env["PAI_ADMIN_PASSWORD"])
     page = admin.get(f"{platform.url}/jobs/{USER}/{notebook.name}", timeout=30)
     assert page.status_code == 200 and "/proxy/web/" not in page.text
+
+
+def test_each_connection_holds_a_lease_until_it_ends(platform: Platform,
+                                                     notebook: Notebook) -> None:
+    cap = int(platform.env.get("PAI_PROXY_PER_USER", "32"))
+    for _ in range(cap + 5):  # one after the other: each gives its lease back
+        assert platform.http.get(notebook.url, timeout=30).status_code == 200
+
+    token = platform.http.headers["Authorization"]
+    socket_url = notebook.url.replace("http://", "ws://") + "api/events/subscribe"
+    held = [Client.connect(socket_url, headers={"Authorization": token}) for _ in range(cap)]
+    try:
+        over = platform.http.get(notebook.url, timeout=30)
+        assert over.status_code == 429 and over.headers["Retry-After"]
+        held.pop().close()
+        assert wait_for(lambda: platform.http.get(notebook.url, timeout=30).status_code == 200,
+                        what="a closed WebSocket to give its lease back")
+    finally:
+        for ws in held:
+            ws.close()
