@@ -332,7 +332,7 @@ class AttemptSchema(Schema):
     platformFailure = fields.Boolean(required=True)
     preemptedBy = fields.String(required=True, allow_none=True)
     checkpointStep = fields.Integer(required=True, allow_none=True, metadata={
-        "description": "the step of the last `PAI_CHECKPOINT_STEP=<step>` line the job "
+        "description": "the highest step of the `PAI_CHECKPOINT_STEP=<step>` lines the job "
                        "printed in this attempt (docs/job-config.md); null if none"})
 
 

@@ -1,8 +1,10 @@
 """The line a job prints to report a checkpoint: `PAI_CHECKPOINT_STEP=<step>`.
 
 A job that saved a checkpoint says so on a line of its own in its output
-(stdout or stderr); the platform keeps, per attempt, the step of the last
-such line, and the job detail shows it (`attempts[].checkpointStep`), so a
+(stdout or stderr); the platform keeps, per attempt, the highest step such
+lines named (steps grow as training goes; the highest is also what survives
+log lines delivered twice or late), and the job detail shows it
+(`attempts[].checkpointStep`), so a
 user sees how far a preempted or failed attempt had got and where its retry
 resumes. The platform acts on nothing else in the line: the job's output is
 untrusted, so the match is exact (the whole line, a decimal of at most 15

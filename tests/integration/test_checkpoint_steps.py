@@ -17,7 +17,7 @@ def ship(client: redis.Redis, attempt: int, *lines: str, index: int = 0) -> None
                        [(line, None) for line in lines], max_lines=1000)
 
 
-def test_the_last_report_of_each_attempt_is_kept(redis_client: redis.Redis) -> None:
+def test_the_newest_report_of_each_attempt_is_kept(redis_client: redis.Redis) -> None:
     ship(redis_client, 0, "step 100", "PAI_CHECKPOINT_STEP=100", "step 200")
     ship(redis_client, 0, "PAI_CHECKPOINT_STEP=200", "PAI_CHECKPOINT_STEP=300")
     ship(redis_client, 1, "attempt 1: resuming from step 300", "PAI_CHECKPOINT_STEP=400")
@@ -46,3 +46,13 @@ def test_a_job_without_reports_has_no_steps(redis_client: redis.Redis) -> None:
 
     assert checkpoints.read_steps(redis_client, JOB) == {}
     assert not redis_client.exists(keys.job_checkpoints(JOB))
+
+
+def test_a_batch_arriving_late_does_not_take_the_step_back(redis_client: redis.Redis) -> None:
+    """A shipper replaced while it still held lines may write them after its
+    successor wrote later ones: the newer step stays."""
+    ship(redis_client, 0, "PAI_CHECKPOINT_STEP=200", "stopping at step 218",
+         "PAI_CHECKPOINT_STEP=218")
+    ship(redis_client, 0, "step 200", "PAI_CHECKPOINT_STEP=200")  # the late one
+
+    assert checkpoints.read_steps(redis_client, JOB) == {0: 218}
