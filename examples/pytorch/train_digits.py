@@ -19,7 +19,11 @@ At the end it evaluates on a held-out fifth of the data, writes the model
 (`model.pt`) and `metrics.json` to the output folder (`PAI_OUTPUT_DIR`), and
 exits 1 if the accuracy is below `--target-accuracy`.
 
-    python3 train_digits.py --steps 1500 --target-accuracy 0.95
+    exec python3 train_digits.py --steps 1500 --target-accuracy 0.95
+
+(`exec`: the platform's SIGTERM goes to the task's shell, which would die of
+it and take the container along before a checkpoint is saved; with `exec`
+this process gets it.)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.live_platform import Platform
+from bench.live_platform import Platform, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -117,3 +117,26 @@ def test_openpai_ddp_examples_find_their_rank_and_master(
     master = f"{worker0['containerIp']}:{worker0['containerPorts']['SynPort']}"
     for index in (0, 1):
         assert f"rank={index} master={master}" in platform.log(name, "worker", index)
+
+
+def test_a_stopped_training_saves_a_checkpoint_in_its_grace(
+        platform: Platform, pytorch_image: str, unique: Callable[[str], str]) -> None:
+    """A stop sends SIGTERM (then SIGKILL 10 s later): the example saves where
+    it is and says so, and the detail shows that step."""
+    name = unique("stopped")
+    config = example("pytorch-digits.json", name)
+    config["taskRoles"][0]["command"] = config["taskRoles"][0]["command"].replace(
+        "--steps 1500", "--steps 1000000")
+    platform.submit_accepted(config)
+    wait_for(lambda: platform.detail(name)["attempts"][0]["checkpointStep"],
+             TRAINING_SECONDS, "a first checkpoint")
+
+    assert platform.stop(name).status_code == 202
+    detail = platform.wait_state(name, timeout=TRAINING_SECONDS)
+
+    log = platform.log(name, "main")
+    stopped = re.search(r"stopping at step (\d+) \(SIGTERM\)", log)
+    assert detail["jobStatus"]["state"] == "STOPPED" and stopped, log[-2000:]
+    assert detail["attempts"][0]["checkpointStep"] == int(stopped[1])
+    saved = sorted((output_dir(platform, name) / "checkpoints").glob("step-*.pt"))
+    assert saved[-1].name == f"step-{int(stopped[1]):09d}.pt"
