@@ -178,7 +178,9 @@ _CAPPED = "connections through the task port proxy, the most one user may at onc
 def _target(username: str, name: str, role: str, index: int, label: str) -> Target:
     """The running task's port of `label`, or the API's refusal."""
     job = get_job_or_404(username, name, owner_only=True, action="reach the tasks' ports")
-    if g.get("via_session") and current_user().uid != job.user_id:
+    caller = current_user()
+    if g.get("via_session") and (caller.username != job.username
+                                 or (job.user_id and caller.uid != job.user_id)):
         raise ApiError("ForbiddenUserError", "in a browser only the job's owner may open its "
                        "tasks' ports (its pages would run with your portal login); use the "
                        "API with a token instead", 403)
