@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -39,6 +40,10 @@ TEST_IMAGE = "pai-test/busybox:latest"
 BUILD_TEST_IMAGE = REPO_ROOT / "scripts" / "build-test-image.sh"
 SSH_TEST_IMAGE = "pai-test/sshd:latest"
 BUILD_SSH_TEST_IMAGE = REPO_ROOT / "scripts" / "build-ssh-test-image.sh"
+PYTORCH_IMAGE = "pai-test/pytorch:latest"
+BUILD_PYTORCH_IMAGE = REPO_ROOT / "scripts" / "build-pytorch-image.sh"
+# Within the first PyTorch test's time limit (pytest-timeout counts its fixtures).
+PYTORCH_BUILD_SECONDS = 200
 SESSION_LABEL = "pai.test.session"
 
 
@@ -188,3 +193,30 @@ def ssh_test_image(docker_client: docker.DockerClient) -> str:
             pytest.fail(f"could not build {SSH_TEST_IMAGE}:\n{result.stderr}", pytrace=False)
         docker_client.images.get(SSH_TEST_IMAGE)
     return SSH_TEST_IMAGE
+
+
+@pytest.fixture(scope="session")
+def pytorch_image(docker_client: docker.DockerClient) -> str:
+    """`pai-test/pytorch:latest` (Debian, the CPU PyTorch, scikit-learn,
+    Jupyter, examples/pytorch/), built or brought up to date by its script:
+    seconds when it is current, minutes the first time. Where it cannot be
+    built (no local PyTorch wheel and no package index, no Debian mirror),
+    or not within PYTORCH_BUILD_SECONDS, the tests that train are skipped
+    with the reason."""
+    build = subprocess.Popen(["bash", str(BUILD_PYTORCH_IMAGE), PYTORCH_IMAGE],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        _, errors = build.communicate(timeout=PYTORCH_BUILD_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(build.pid, signal.SIGTERM)
+        build.communicate()
+        pytest.skip(f"{PYTORCH_IMAGE} takes longer to build than a test may wait "
+                    f"({PYTORCH_BUILD_SECONDS} s): run scripts/build-pytorch-image.sh first "
+                    "(.ci/run does, in a stage of its own)")
+    if build.returncode != 0:
+        reason = errors.strip().splitlines()[-1:] or ["no message"]
+        pytest.skip(f"{PYTORCH_IMAGE} cannot be built here, so the PyTorch tests do not "
+                    f"run: {reason[0]} (scripts/build-pytorch-image.sh)")
+    docker_client.images.get(PYTORCH_IMAGE)
+    return PYTORCH_IMAGE

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from pai_cli.api import ApiError, Unreachable
-from pai_cli.commands import auth, cluster, execs, jobs, logs, ssh, usage
+from pai_cli.commands import auth, cluster, execs, jobs, logs, run, ssh, usage
 from pai_cli.jobfile import JobFileError
 from pai_cli.logins import LoginsError, config_path
 from pai_cli.session import CliError, Session, expired_message
@@ -72,6 +72,7 @@ def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
     \b
     Start with:  pai login http://HOST:9186
     then:        pai submit job.json --wait
+                 (pai run --local job.json: first on this machine)
                  pai jobs; pai status NAME; pai logs NAME -f
                  pai exec NAME -- COMMAND...
                  pai ssh NAME (a job submitted with "ssh": true)
@@ -80,9 +81,9 @@ def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
                       cluster_name=cluster_name, user=user)
 
 
-for command in (auth.login, auth.logout, auth.use, jobs.submit, jobs.list_jobs, jobs.status,
-                logs.logs, execs.exec_command, jobs.stop, jobs.wait, jobs.show_config,
-                cluster.nodes, cluster.vcs, usage.usage):
+for command in (auth.login, auth.logout, auth.use, jobs.submit, run.run_command, jobs.list_jobs,
+                jobs.status, logs.logs, execs.exec_command, jobs.stop, jobs.wait,
+                jobs.show_config, cluster.nodes, cluster.vcs, usage.usage):
     cli.add_command(command)
 cli.add_command(ssh.ssh_command_line)
 

@@ -19,6 +19,7 @@ from services.api import (
     jobs,
     metrics,
     openapi,
+    proxy,
     storage,
     tasklogs,
     usage,
@@ -38,7 +39,7 @@ from shared.state.store import Store
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("pai.api")
 BLUEPRINTS = (auth.bp, users.bp, jobs.bp, jobs.bp_v2, tasklogs.bp, vcs.bp, cluster.bp, openapi.bp,
-              storage.bp, execs.bp, usage.bp, exectty.bp, ssh_api.bp)
+              storage.bp, execs.bp, usage.bp, exectty.bp, ssh_api.bp, proxy.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:

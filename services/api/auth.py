@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jwt
-from flask import Blueprint, current_app, g, request
+from flask import Blueprint, current_app, g, request, session
 
 from services.api.bodies import declared_schema, load, load_body, takes
 from services.api.errors import ApiError
@@ -37,6 +37,10 @@ PUBLIC_ENDPOINTS = {"auth.login", "cluster.healthz", "cluster.metrics",
 # The endpoints whose writes hold to the token check (`submit_expectations`),
 # so they may use one remembered for VERIFIED_TOKEN_SECONDS.
 CONDITIONAL_ENDPOINTS = frozenset({"jobs.submit", "jobs.submit_for_user", "jobs_v2.submit"})
+# The endpoints a browser reaches by navigating, which cannot send a bearer
+# token: without one, the portal's session cookie logs the caller in, and
+# `g.via_session` tells the view (the task port proxy, services/api/proxy.py).
+SESSION_ENDPOINTS = frozenset({"proxy.http_root", "proxy.http"})
 VERIFIED_TOKEN_SECONDS = 10.0
 VERIFIED_TOKENS_MAX = 10_000
 VERIFIED_EXTENSION = "pai.verified_tokens"
@@ -84,6 +88,11 @@ def authenticate() -> None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
+        cookie_token = session.get("token") if request.endpoint in SESSION_ENDPOINTS else None
+        if isinstance(cookie_token, str) and cookie_token:
+            _check_token(cookie_token, _verified_tokens())
+            g.via_session = True
+            return
         raise ApiError("UnauthorizedUserError",
                        "log in first: send Authorization: Bearer <token> "
                        "(POST /api/v1/token gives one)", 401)

@@ -45,7 +45,7 @@ from shared.domain.models import Job, JobSpec, Node, job_id_of
 from shared.domain.priority import PriorityClass
 from shared.domain.states import TaskState
 from shared.infra.clock import now_ms
-from shared.state import idle, keys, sshkeys, tasksamples
+from shared.state import checkpoints, idle, keys, sshkeys, tasksamples
 from shared.state.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
 from shared.state.lifecycle import delete_job, queue_new_job, request_stop
 from shared.state.retention import remove_logs
@@ -403,7 +403,8 @@ def detail(username: str, name: str) -> dict[str, Any]:
     flagged = idle.flagged_tasks(store.r, job.id, job.attempt, tasks, now_ms(),
                                  int(platform().settings.idle_gpu_seconds * 1000))
     return job_detail(job, roles, tasks, attempts, f"/api/v1/user/{username}/jobs/{name}",
-                      None if rank is None else rank + 1, flagged)
+                      None if rank is None else rank + 1, flagged,
+                      checkpoints.read_steps(store.r, job.id))
 
 
 @bp.get("/user/<username>/jobs/<name>/config")

@@ -107,7 +107,14 @@ def build_spec(app: Flask) -> APISpec:
         api.components.response(name, {
             "description": HTTPStatus(status).phrase,
             "content": {"application/json": {"schema": "Error"}}})
-    for rule in sorted(app.url_map.iter_rules(), key=lambda r: (r.rule, r.endpoint)):
+    rules = sorted(app.url_map.iter_rules(), key=lambda r: (r.rule, r.endpoint))
+    # A WebSocket rule is the twin of an HTTP rule on its path (Werkzeug
+    # matches an upgrade only to the one, a request only to the other): the
+    # HTTP rule documents the path, the docstring says how to upgrade.
+    http_paths = {rule.rule for rule in rules if not rule.websocket}
+    for rule in rules:
+        if rule.websocket and rule.rule in http_paths:
+            continue
         if rule.rule.startswith(_DOCUMENTED):
             api.path(view=app.view_functions[rule.endpoint], app=app, rule=rule,
                      parameters=_path_parameters(rule))
@@ -171,6 +178,8 @@ class _ConventionsPlugin(BasePlugin):
             raise ValueError(f"{rule.endpoint} ({rule.rule}) documents no "
                              f"{', '.join(sorted(missing))} operation in its docstring")
         for method in methods:
+            if len(methods) > 1:  # one rule, several methods (the task port proxy)
+                operations[method].setdefault("operationId", f"{rule.endpoint}.{method}")
             self._complete(operations[method], rule, view)
 
     @staticmethod

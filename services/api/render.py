@@ -61,7 +61,9 @@ def task_status(task: Task, log_url: str, idle_since: int | None = None) -> dict
     }
 
 
-def attempt_view(attempt: Attempt) -> dict[str, Any]:
+def attempt_view(attempt: Attempt, checkpoint_step: int | None = None) -> dict[str, Any]:
+    """One attempt; `checkpoint_step`: the last checkpoint the job reported
+    in it (shared/domain/checkpoints.py), None when it reported none."""
     return {
         "attemptIndex": attempt.index,
         "state": attempt.state,
@@ -72,6 +74,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "reason": attempt.reason,
         "platformFailure": attempt.platform_failure,
         "preemptedBy": attempt.preempted_by or None,
+        "checkpointStep": checkpoint_step,
     }
 
 
@@ -94,9 +97,11 @@ def waiting_view(job: Job, position: int | None) -> dict[str, Any] | None:
 def job_detail(job: Job, role_order: Sequence[str], tasks: Sequence[Task],
                attempts: Sequence[Attempt], base_url: str,
                position: int | None = None,
-               idle: Mapping[tuple[str, int], int] | None = None) -> dict[str, Any]:
+               idle: Mapping[tuple[str, int], int] | None = None,
+               checkpoint_steps: Mapping[int, int] | None = None) -> dict[str, Any]:
     """`GET /user/<u>/jobs/<name>`: status, the current attempt's tasks,
-    attempts; `idle`: (role, index) -> idleSince of the tasks flagged idle."""
+    attempts; `idle`: (role, index) -> idleSince of the tasks flagged idle;
+    `checkpoint_steps`: attempt -> its last reported checkpoint step."""
     roles: dict[str, Any] = {}
     for role in role_order:
         statuses = [
@@ -120,5 +125,6 @@ def job_detail(job: Job, role_order: Sequence[str], tasks: Sequence[Task],
         "name": job.name,
         "jobStatus": status,
         "taskRoles": roles,
-        "attempts": [attempt_view(a) for a in attempts],
+        "attempts": [attempt_view(a, (checkpoint_steps or {}).get(a.index))
+                     for a in attempts],
     }

@@ -272,6 +272,9 @@ class AttemptSchema(Schema):
     reason = fields.String(required=True)
     platformFailure = fields.Boolean(required=True)
     preemptedBy = fields.String(required=True, allow_none=True)
+    checkpointStep = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "the highest step of the `PAI_CHECKPOINT_STEP=<step>` lines the job "
+                       "printed in this attempt (docs/job-config.md); null if none"})
 
 
 class JobDetailSchema(Schema):

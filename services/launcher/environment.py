@@ -32,6 +32,18 @@ Choices where OpenPAI leaves room:
   time the task starts, and a peer not placed yet has no
   `PAI_HOST_IP_<role>_<i>` nor port lists (OpenPAI's runtime, too, saw only
   the peers that existed).
+- Besides the seed's table, what OpenPAI's runtime and REST server set and
+  its examples read: `PAI_TASK_INDEX` (its DDP examples take the rank from
+  it), `PAI_<role>_<idx>_<label>_PORT` (the same ports as
+  `PAI_PORT_LIST_<role>_<idx>_<label>`: its DDP examples find the master's
+  port in `PAI_worker_0_SynPort_PORT`), `PAI_FRAMEWORK_NAME`
+  (`<user>~<job>`), `PAI_VIRTUAL_CLUSTER`, `PAI_JOB_TASK_COUNT`,
+  `PAI_JOB_TASK_ROLE_COUNT`, `PAI_JOB_TASK_ROLE_LIST`,
+  `PAI_CONTAINER_HOST_IP`, `PAI_CONTAINER_HOST_PORT`,
+  `PAI_CONTAINER_HOST_PORT_LIST` (`label:ports;` for each label) and
+  `PAI_TASK_ROLE_INSTANCES` (`role:index`, comma separated). OpenPAI's
+  default port label is `http`; pai's is `default`, and a `portList` label
+  `http` is the job's own.
 """
 
 from __future__ import annotations
@@ -98,10 +110,13 @@ def gpu_environment(gpus: Sequence[int], *, renumbered_gpus: bool = False) -> di
 def task_environment(
     spec: JobSpec, username: str, tasks: Sequence[Task], role: str, index: int, *,
     default_fs_uri: str, renumbered_gpus: bool = False, attempt: int = 0,
+    proxy_token: str = "",
 ) -> dict[str, str]:
     """Every variable of docs/design.md, "Inside a job container", for task `role`[`index`].
 
-    `tasks` are the attempt's tasks, all placed (node IP and ports set).
+    `tasks` are the attempt's tasks, all placed (node IP and ports set);
+    `proxy_token` the job's secret with the task port proxy
+    (shared/state/proxytokens.py), if it has one.
     Raises KeyError when the task is not among them, IncompletePlacement when
     a task lacks its IP or default port. Where two sources name one variable
     the first wins: the GPUs, the task's own, its peers', then the job's
@@ -114,6 +129,7 @@ def task_environment(
         _own_variables(spec, username, current, attempt, default_fs_uri),
         _peer_variables(spec, by_role),
         [("PAI_PREEMPTION_FILE", PREEMPTION_FILE)],
+        _proxy_variables(spec, username, current, proxy_token),
         ((str(key), env_value(value)) for key, value in spec.job_envs.items()),
     ]
     for pairs in sources:
@@ -152,6 +168,8 @@ def _own_variables(spec: JobSpec, username: str, current: Task, attempt: int,
     role, index = current.role, current.index
     role_spec = spec.role(role)
     yield "PAI_JOB_NAME", spec.name
+    yield "PAI_FRAMEWORK_NAME", f"{username}~{spec.name}"
+    yield "PAI_VIRTUAL_CLUSTER", spec.virtual_cluster
     # Which attempt of the job this is (0 first): a job that resumes from a
     # checkpoint, or marks its own runs, tells a retry from the first run.
     yield "PAI_JOB_ATTEMPT_ID", attempt
@@ -168,19 +186,27 @@ def _own_variables(spec: JobSpec, username: str, current: Task, attempt: int,
     yield "PAI_TASK_GPU_NUM", role_spec.gpu_number
     yield "PAI_TASK_ROLE_INDEX", index
     yield "PAI_TASK_ROLE_NO", [r.name for r in spec.task_roles].index(role)
+    yield "PAI_TASK_INDEX", index
     yield "PAI_TASKS_NUM", spec.total_tasks
+    yield "PAI_JOB_TASK_COUNT", spec.total_tasks
     yield "PAI_TASK_ROLES_NUM", len(spec.task_roles)
+    yield "PAI_JOB_TASK_ROLE_COUNT", len(spec.task_roles)
     yield "PAI_KILL_ALL_ON_COMPLETED_TASK_NUM", spec.kill_all_on_completed_task_number
     yield "PAI_CURRENT_CONTAINER_IP", current.ip or ""
     yield "PAI_CURRENT_CONTAINER_PORT", current.default_port
+    yield "PAI_CONTAINER_HOST_IP", current.ip or ""
+    yield "PAI_CONTAINER_HOST_PORT", current.default_port
     yield "PAI_CURRENT_TASK_ROLE_NAME", role
     yield "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX", index
     for label, ports in _port_lists(current).items():
         yield f"PAI_CONTAINER_HOST_{env_name_part(label)}_PORT_LIST", _joined(ports)
+    yield "PAI_CONTAINER_HOST_PORT_LIST", "".join(
+        f"{label}:{_joined(ports)};" for label, ports in _port_lists(current).items())
     if current.ports.get(SSH_PORT_LABEL):  # an SSH job (shared/domain/ssh.py), as OpenPAI names it
         yield SSH_PORT_VARIABLE, current.ports[SSH_PORT_LABEL][0]
     yield "PAI_TASK_ROLE_COUNT", len(spec.task_roles)
     yield "PAI_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles)
+    yield "PAI_JOB_TASK_ROLE_LIST", ",".join(r.name for r in spec.task_roles)
 
 
 def _peer_variables(spec: JobSpec,
@@ -201,4 +227,23 @@ def _peer_variables(spec: JobSpec,
             yield f"PAI_HOST_IP_{name}_{task.index}", task.ip or ""
             for label, ports in _port_lists(task).items():
                 yield f"PAI_PORT_LIST_{name}_{task.index}_{env_name_part(label)}", _joined(ports)
+                yield f"PAI_{name}_{task.index}_{env_name_part(label)}_PORT", _joined(ports)
+    yield "PAI_TASK_ROLE_INSTANCES", ",".join(f"{r.name}:{t.index}" for r in spec.task_roles
+                                               for t in by_role[r.name])
+
+
+def _proxy_variables(spec: JobSpec, username: str, current: Task,
+                     proxy_token: str) -> Iterator[tuple[str, Any]]:
+    """Where the API serves this task's labelled ports (services/api/proxy.py),
+    `<PAI_PROXY_PATH>/<label>/`: a notebook or dashboard serves under it
+    (Jupyter's base_url), and lets in only requests carrying the token."""
+    yield "PAI_PROXY_PATH", proxy_path(username, spec.name, current.role, current.index)
+    if proxy_token:
+        yield "PAI_PROXY_TOKEN", proxy_token
+
+
+def proxy_path(username: str, job_name: str, role: str, index: int) -> str:
+    """The API path under which the proxy serves task `role`[`index`]'s
+    labelled ports (without its `/<label>/`)."""
+    return f"/api/v1/user/{username}/jobs/{job_name}/tasks/{role}/{index}/proxy"
 

@@ -33,7 +33,7 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
 from shared.node.containers import LABEL_NODE, TaskRef
-from shared.state import keys, leases, sshkeys
+from shared.state import keys, leases, proxytokens, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.state.leases import Holder, NameLost
@@ -128,7 +128,8 @@ class Launcher:
         try:
             env = task_environment(spec, job.username, tasks, role, index,
                                    default_fs_uri=self.settings.default_fs_uri,
-                                   renumbered_gpus=self.node.nvidia_runtime, attempt=attempt)
+                                   renumbered_gpus=self.node.nvidia_runtime, attempt=attempt,
+                                   proxy_token=proxytokens.ensure_token(self.store.r, job_id))
             container_id = self.runtime.start(ref, spec, job.username, job.virtual_cluster,
                                               task, env, self.node,
                                               prepare=self._ssh_keys(job_id, spec))

@@ -44,9 +44,10 @@ from services.monitor.loglines import (
     split_timestamp,
 )
 from services.monitor.observations import Phase, describe, phase_of
+from shared.domain.checkpoints import last_checkpoint_step
 from shared.node.containers import TaskRef
 from shared.node.engine import BROKEN_STREAM_ERRORS, EngineCalls
-from shared.state import keys
+from shared.state import checkpoints, keys
 from shared.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,9 @@ LogEntry = tuple[str, LogCursor | None]
 
 def append_log_entries(r: Any, ref: TaskRef, entries: Sequence[LogEntry],
                        max_lines: int) -> None:
-    """Append lines, each with the cursor after it, to the task's bounded stream."""
+    """Append lines, each with the cursor after it, to the task's bounded
+    stream; the last checkpoint report among them (shared/domain/checkpoints.py)
+    is recorded for the attempt in the same round trip."""
     if not entries:
         return
     key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
@@ -86,6 +89,9 @@ def append_log_entries(r: Any, ref: TaskRef, entries: Sequence[LogEntry],
         if cursor is not None:
             fields[CURSOR_FIELD] = cursor.encode()
         pipe.xadd(key, fields, maxlen=max_lines, approximate=True)
+    step = last_checkpoint_step(line for line, _cursor in entries)
+    if step is not None:
+        checkpoints.record_step(pipe, ref.job_id, ref.attempt, step)
     pipe.execute()
 
 

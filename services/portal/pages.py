@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import yaml
 
@@ -343,3 +343,12 @@ def debug_commands(job: Mapping[str, Any], owner: str, viewer: str,
                 exec=shlex.join(["pai", "exec", *user, *where, "--", "sh"]),
                 ssh=shlex.join(["pai", "ssh", *user, *where]) if with_ssh else None))
     return found
+
+
+def proxy_url(script_root: str, username: str, name: str, role: str, index: int,
+              label: str) -> str:
+    """Where the API proxies a task's labelled port (services/api/proxy.py):
+    the job page links each port of a running task there, for its owner."""
+    parts = ["api", "v1", "user", username, "jobs", name, "tasks", role, str(index), "proxy",
+             label]
+    return script_root + "/" + "/".join(quote(p, safe="") for p in parts) + "/"

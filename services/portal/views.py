@@ -73,6 +73,8 @@ def init_app(app: Flask, settings: Settings) -> None:
                       SESSION_COOKIE_SECURE=settings.portal_secure_cookie)
     app.jinja_env.filters["when"] = _when
     app.jinja_env.globals["idle_minutes"] = pages.idle_minutes
+    app.jinja_env.globals["proxy_url"] = lambda *parts: pages.proxy_url(
+        request.script_root, *parts)
     app.jinja_env.globals["run_time"] = pages.run_time
     app.jinja_env.globals["chart_refresh_seconds"] = pages.CHART_REFRESH_SECONDS
     app.register_blueprint(bp)
@@ -323,6 +325,8 @@ def job_page(username: str, name: str) -> ResponseReturnValue:
                            final=JobState(job["jobStatus"]["state"]).is_final,
                            config=shown, config_error=None if config.ok else config.message,
                            may_act=mine, name=name,
+                           # the proxy lets a browser in as the job's owner only
+                           may_open_ports=g.portal_user.username == username,
                            usage=_usage(username, name, job["jobStatus"]["attemptIndex"])
                            if mine else None,
                            chart_size=(pages.CHART_WIDTH, pages.CHART_HEIGHT))

@@ -157,6 +157,15 @@ class Settings:
         "failed logins one client address may make per window; beyond, 429 with `Retry-After`")
     login_window_seconds: float = setting("PAI_LOGIN_WINDOW_SECONDS", 900.0, types.seconds,
                                           "the login throttling window")
+    # A task's labelled ports through the API (services/api/proxy.py)
+    proxy_per_user: int = setting(
+        "PAI_PROXY_PER_USER", 32, types.count,
+        "connections one user may hold open through the task port proxy at once, across "
+        "every api process (429 beyond; docs/debugging.md)", passed_by=(COMPOSE,))
+    proxy_idle_seconds: float = setting(
+        "PAI_PROXY_IDLE_SECONDS", 3600.0, types.seconds,
+        "how long a proxied answer or WebSocket may go without a byte either way, or wait for "
+        "the task's server to answer", passed_by=(COMPOSE,))
     portal_secure_cookie: bool = setting(
         "PAI_PORTAL_SECURE_COOKIE", False, types.flag,
         "the web portal's session cookie is `Secure` (set it when users reach the api over "

@@ -60,6 +60,18 @@ def job_archive(job_id: str) -> str:
     return f"{PREFIX}job:{job_id}:archive"
 
 
+def job_proxy_token(job_id: str) -> str:
+    """String: the secret the task port proxy sends a job's servers
+    (shared/state/proxytokens.py); the job's tasks have it as PAI_PROXY_TOKEN."""
+    return f"{PREFIX}job:{job_id}:proxy-token"
+
+
+def job_checkpoints(job_id: str) -> str:
+    """Hash: attempt index -> the last checkpoint step the job reported in
+    that attempt (shared/state/checkpoints.py)."""
+    return f"{PREFIX}job:{job_id}:checkpoints"
+
+
 def task_log(job_id: str, attempt: int, role: str, index: int) -> str:
     """Stream: one task attempt's stdout+stderr lines, bounded."""
     return f"{PREFIX}log:{job_id}:{attempt}:{role}:{index}"
@@ -174,6 +186,12 @@ def vc(name: str) -> str:
 def follow_leases(username: str) -> str:
     """Zset: lease id -> expiry ms, one per log follow the user holds open."""
     return f"{PREFIX}follows:{username}"
+
+
+def proxy_leases(username: str) -> str:
+    """Zset: lease id -> expiry ms, one per connection the user holds open
+    through the task port proxy (services/api/proxy.py)."""
+    return f"{PREFIX}proxies:{username}"
 
 
 def exec_leases(username: str) -> str:

@@ -199,7 +199,8 @@ def compact_job(store: Store, job_id: str, log_dir: str | None,
         pipe.multi()
         pipe.set(archive_key, archive.encode())
         pipe.delete(job_key, keys.job_config(job_id), keys.job_attempts(job_id),
-                    keys.job_events(job_id), keys.job_ssh_key(job_id), *task_keys,
+                    keys.job_events(job_id), keys.job_ssh_key(job_id),
+                    keys.job_proxy_token(job_id), *task_keys,
                     *(keys.task_log(job_id, *ref) for ref in filed),
                     *(keys.task_samples(job_id, *ref) for ref in refs))
         pipe.zrem(keys.RETENTION_PENDING, job_id)
@@ -240,11 +241,12 @@ def _file_log(reader: Reader, log_dir: str, job_id: str, attempt: int, role: str
 
 def job_keys(store: Store, reader: Reader, job: Job) -> list[str]:
     """Every key a job has: its record, config, attempts, events, archive,
-    each attempt's tasks and every task attempt's log and sample streams (for a
-    compacted job, every one its config could have had: a line shipped late
-    may have made one again)."""
+    checkpoint steps, proxy token, each attempt's tasks and every task attempt's log and
+    sample streams (for a compacted job, every one its config could have
+    had: a line shipped late may have made one again)."""
     found = [keys.job(job.id), keys.job_config(job.id), keys.job_attempts(job.id),
-             keys.job_events(job.id), keys.job_archive(job.id), keys.job_ssh_key(job.id)]
+             keys.job_events(job.id), keys.job_archive(job.id), keys.job_ssh_key(job.id),
+             keys.job_checkpoints(job.id), keys.job_proxy_token(job.id)]
     for attempt in range(job.attempt + 1):
         found.append(keys.job_tasks(job.id, attempt))
         for task in store.read_tasks(reader, job.id, attempt).values():

@@ -66,6 +66,15 @@ def test_pai_help_works_in_a_bare_virtualenv(cli_venv: Path) -> None:
         assert f"  {command} " in shown.stdout
 
 
+def test_a_local_run_says_what_it_needs_besides_the_cli(cli_venv: Path) -> None:
+    ran = subprocess.run([str(cli_venv / "bin" / "pai"), "run", "--local",
+                          str(REPO_ROOT / "examples" / "hello-world.json")],
+                         capture_output=True, text=True, env=_env(), cwd=cli_venv, timeout=60,
+                         check=False)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert 'pip install ./ "./cli[local]"' in ran.stderr and "Traceback" not in ran.stderr
+
+
 @pytest.mark.parametrize("module", ["flask", "celery", "docker", "kombu", "redis",
                                     "marshmallow", "gunicorn"])
 def test_the_server_s_libraries_do_not_come_with_the_cli(cli_venv: Path, module: str) -> None:

@@ -59,6 +59,8 @@ def test_seed_example_worker_gets_every_variable() -> None:
         "NVIDIA_VISIBLE_DEVICES": "0,1,2,3",
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
         "PAI_JOB_NAME": "tensorflow-distributed-example",
+        "PAI_FRAMEWORK_NAME": "alice~tensorflow-distributed-example",
+        "PAI_VIRTUAL_CLUSTER": "default",
         "PAI_JOB_ATTEMPT_ID": "0",
         "PAI_USER_NAME": "alice",
         "PAI_USERNAME": "alice",
@@ -73,16 +75,24 @@ def test_seed_example_worker_gets_every_variable() -> None:
         "PAI_TASK_GPU_NUM": "4",
         "PAI_TASK_ROLE_INDEX": "1",
         "PAI_TASK_ROLE_NO": "1",
+        "PAI_TASK_INDEX": "1",
         "PAI_TASKS_NUM": "4",
+        "PAI_JOB_TASK_COUNT": "4",
         "PAI_TASK_ROLES_NUM": "2",
+        "PAI_JOB_TASK_ROLE_COUNT": "2",
         "PAI_KILL_ALL_ON_COMPLETED_TASK_NUM": "2",
         "PAI_CURRENT_CONTAINER_IP": "10.0.0.2",
         "PAI_CURRENT_CONTAINER_PORT": "15001",
+        "PAI_CONTAINER_HOST_IP": "10.0.0.2",
+        "PAI_CONTAINER_HOST_PORT": "15001",
         "PAI_CURRENT_TASK_ROLE_NAME": "worker",
         "PAI_CURRENT_TASK_ROLE_CURRENT_TASK_INDEX": "1",
         "PAI_CONTAINER_HOST_default_PORT_LIST": "15001",
+        "PAI_CONTAINER_HOST_PORT_LIST": "default:15001;",
         "PAI_TASK_ROLE_COUNT": "2",
         "PAI_TASK_ROLE_LIST": "ps_server,worker",
+        "PAI_JOB_TASK_ROLE_LIST": "ps_server,worker",
+        "PAI_TASK_ROLE_INSTANCES": "ps_server:0,ps_server:1,worker:0,worker:1",
         "PAI_TASK_ROLE_0_HOST_LIST": "10.0.0.1:15000,10.0.0.2:15000",
         "PAI_TASK_ROLE_1_HOST_LIST": "10.0.0.1:15001,10.0.0.2:15001",
         "PAI_TASK_ROLE_ps_server_HOST_LIST": "10.0.0.1:15000,10.0.0.2:15000",
@@ -103,7 +113,13 @@ def test_seed_example_worker_gets_every_variable() -> None:
         "PAI_PORT_LIST_ps_server_1_default": "15000",
         "PAI_PORT_LIST_worker_0_default": "15001",
         "PAI_PORT_LIST_worker_1_default": "15001",
+        "PAI_ps_server_0_default_PORT": "15000",
+        "PAI_ps_server_1_default_PORT": "15000",
+        "PAI_worker_0_default_PORT": "15001",
+        "PAI_worker_1_default_PORT": "15001",
         "PAI_PREEMPTION_FILE": "/pai/preempted",
+        "PAI_PROXY_PATH": "/api/v1/user/alice/jobs/tensorflow-distributed-example/tasks/worker/1"
+                          "/proxy",
     }
 
 
@@ -192,6 +208,49 @@ def test_port_labels_and_counts() -> None:
     assert env["PAI_TASK_ROLE_srv_HOST_LIST"] == "10.1.1.1:20000,10.1.1.1:20010"
 
 
+# OpenPAI's own PyTorch DDP example (examples/Distributed-example in its
+# repository) reads these and nothing else of the platform's: its rank from
+# PAI_TASK_INDEX, the master's address and port from worker 0's.
+OPENPAI_DDP_CONFIG: dict[str, Any] = {
+    "jobName": "cifar10-single-mul-DDP-gloo", "image": "openpai/standard",
+    "taskRoles": [{"name": "worker", "taskNumber": 2, "cpuNumber": 8, "memoryMB": 16384,
+                   "gpuNumber": 2, "command": "python cifar10-single-mul-DDP-nccl-gloo.py",
+                   "portList": [{"label": "SynPort", "beginAt": 0, "portNumber": 1}]}],
+}
+OPENPAI_DDP_TASKS = [
+    placed("worker", 1, "10.0.0.2", 15010, [0, 1], SynPort=[15011]),
+    placed("worker", 0, "10.0.0.1", 15000, [0, 1], SynPort=[15001]),
+]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["worker 0", "worker 1"])
+def test_openpai_ddp_example_finds_its_rank_and_master(index: int) -> None:
+    env = task_environment(JobSpec.from_config(OPENPAI_DDP_CONFIG), "alice",
+                           OPENPAI_DDP_TASKS, "worker", index, default_fs_uri="")
+    assert env["PAI_TASK_INDEX"] == str(index)
+    assert env["PAI_HOST_IP_worker_0"] == "10.0.0.1"
+    assert env["PAI_worker_0_SynPort_PORT"] == "15001"
+    assert env["PAI_worker_1_SynPort_PORT"] == "15011"
+    assert env["PAI_TASK_ROLE_INSTANCES"] == "worker:0,worker:1"
+
+
+def test_openpai_runtime_names_beside_the_seed_table() -> None:
+    config = one_role_config(virtualCluster="research", role={
+        "name": "srv", "taskNumber": 1,
+        "portList": [{"label": "http", "beginAt": 0, "portNumber": 2}]})
+    env = task_environment(JobSpec.from_config(config), "bob",
+                           [placed("srv", 0, "10.1.1.1", 20000, http=[20001, 20002])],
+                           "srv", 0, default_fs_uri="")
+    assert env["PAI_FRAMEWORK_NAME"] == "bob~j"
+    assert env["PAI_VIRTUAL_CLUSTER"] == "research"
+    assert env["PAI_CONTAINER_HOST_IP"] == "10.1.1.1"
+    assert env["PAI_CONTAINER_HOST_PORT"] == "20000"
+    assert env["PAI_CONTAINER_HOST_PORT_LIST"] == "default:20000;http:20001,20002;"
+    assert env["PAI_srv_0_http_PORT"] == "20001,20002"
+    assert (env["PAI_JOB_TASK_COUNT"], env["PAI_JOB_TASK_ROLE_COUNT"],
+            env["PAI_JOB_TASK_ROLE_LIST"]) == ("1", "1", "srv")
+
+
 @pytest.mark.parametrize(("name", "part"), [
     pytest.param("worker", "worker", id="plain name kept"),
     pytest.param("ps.server", "ps_server", id="dot replaced"),
@@ -215,6 +274,8 @@ def test_role_names_with_dots_are_sanitized_in_names_not_values() -> None:
     assert env["PAI_HOST_IP_ps_v_1_0"] == "10.0.0.9"
     assert env["PAI_PORT_LIST_ps_v_1_0_my_port"] == "21001"
     assert env["PAI_CONTAINER_HOST_my_port_PORT_LIST"] == "21001"
+    assert env["PAI_ps_v_1_0_my_port_PORT"] == "21001"
+    assert env["PAI_TASK_ROLE_INSTANCES"] == "ps.v~1:0"
     assert all(name.replace("_", "a").isalnum() for name in env)
 
 
@@ -283,3 +344,20 @@ def test_without_gang_allocation_peers_not_placed_yet_are_left_out() -> None:
     with pytest.raises(IncompletePlacement):
         task_environment(JobSpec.from_config(config), "bob", tasks, "main", 1,
                          default_fs_uri="")
+
+
+def test_the_proxy_token_is_passed_when_the_job_has_one() -> None:
+    assert "PAI_PROXY_TOKEN" not in seed_env("worker", 0)
+    env = seed_env("ps_server", 1, proxy_token="s3cret")
+    assert env["PAI_PROXY_TOKEN"] == "s3cret"
+    assert env["PAI_PROXY_PATH"] == ("/api/v1/user/alice/jobs/tensorflow-distributed-example"
+                                     "/tasks/ps_server/1/proxy")
+
+
+def test_job_envs_cannot_replace_the_proxy_variables() -> None:
+    config = one_role_config(jobEnvs={"PAI_PROXY_TOKEN": "guess", "PAI_PROXY_PATH": "/x"})
+    env = task_environment(JobSpec.from_config(config), "bob",
+                           [placed("main", 0, "127.0.0.1", 1)], "main", 0,
+                           default_fs_uri="", proxy_token="real")
+    assert (env["PAI_PROXY_TOKEN"], env["PAI_PROXY_PATH"]) == (
+        "real", "/api/v1/user/bob/jobs/j/tasks/main/0/proxy")

@@ -1,0 +1,38 @@
+"""The secret between the task port proxy and a job's servers.
+
+Jobs share their nodes' network, so a notebook a task serves on its port is
+reachable by every other job on the cluster, not only through the API's
+proxy (services/api/proxy.py), which lets in only the job's owner and
+admins. Each job therefore gets a random secret: its tasks find it in
+PAI_PROXY_TOKEN, and the proxy sends it with every request it forwards
+(`Authorization: token <secret>`, the form Jupyter reads). A server that
+asks for it (Jupyter's `--IdentityProvider.token=$PAI_PROXY_TOKEN`) answers
+the proxy and nobody else on the network.
+
+Made by the launcher when it first starts one of the job's tasks (SET NX:
+every task of the job gets the same one), read by the API for each proxied
+request, removed with the job (retention.job_keys, compaction).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from shared.state import keys
+
+TOKEN_BYTES = 24
+
+
+def ensure_token(r: Any, job_id: str) -> str:
+    """The job's secret, made now if it has none (idempotent)."""
+    key = keys.job_proxy_token(job_id)
+    r.set(key, secrets.token_urlsafe(TOKEN_BYTES), nx=True)
+    return read_token(r, job_id) or ""
+
+
+def read_token(r: Any, job_id: str) -> str | None:
+    raw = r.get(keys.job_proxy_token(job_id))
+    if not raw:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
