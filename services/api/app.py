@@ -22,6 +22,7 @@ from services.api import (
     usage,
     users,
     vcs,
+    webhdfs,
 )
 from services.api import ssh as ssh_api
 from services.api.errors import register_error_handlers
@@ -35,7 +36,7 @@ from shared.state.store import Store
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("pai.api")
 BLUEPRINTS = (auth.bp, users.bp, jobs.bp, jobs.bp_v2, vcs.bp, cluster.bp, openapi.bp, storage.bp,
-              execs.bp, usage.bp, exectty.bp, ssh_api.bp)
+              execs.bp, usage.bp, exectty.bp, ssh_api.bp, webhdfs.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:

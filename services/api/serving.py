@@ -14,7 +14,8 @@ bounded instead:
   gevent worker reads them under `keepalive` seconds and closes the
   connection when they run out;
 - the body must arrive within the same number of seconds after the headers
-  (`BodyDeadline`), else 408;
+  (`BodyDeadline`), else 408; a view that takes uploads of any size (WebHDFS)
+  gives each read those seconds instead (`allow_long_body`);
 - gunicorn's own limits on the request line and header sizes and counts.
 
 The stdlib must be patched before anything imports it, so `run.main` patches
@@ -87,10 +88,17 @@ class _DeadlineInput:
     """
 
     def __init__(self, raw: Any, seconds: float, sock: socket.socket | None) -> None:
-        self._raw, self._sock = raw, sock
+        self._raw, self._sock, self._seconds = raw, sock, seconds
         self._deadline = time.monotonic() + seconds
+        self._per_read = False
+
+    def per_read(self) -> None:
+        """From now on each read has the seconds to itself (see allow_long_body)."""
+        self._per_read = True
 
     def _within(self, read: Callable[..., Any], *args: Any) -> Any:
+        if self._per_read:
+            self._deadline = time.monotonic() + self._seconds
         try:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
@@ -121,6 +129,16 @@ class _DeadlineInput:
             if not line:
                 return
             yield line
+
+
+def allow_long_body(environ: dict[str, Any]) -> None:
+    """For a view that takes a body of any length (a WebHDFS upload): no
+    deadline for the whole body, which may be gigabytes, but each read must
+    still bring bytes within the same seconds, so a client that stops
+    sending is cut off as before. A no-op outside gunicorn."""
+    body = environ.get("wsgi.input")
+    if isinstance(body, _DeadlineInput):
+        body.per_read()
 
 
 class BodyDeadline:

@@ -26,6 +26,7 @@ import json
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 HDFS_PREFIX = "hdfs://"
@@ -207,20 +208,43 @@ class Caller:
     shares: tuple[Share, ...] = field(default=())
 
 
+class Access(IntEnum):
+    """What a caller may do with a path: the same for a job's mount and for
+    the storage's other doors (WebHDFS, `pai fs`, the portal)."""
+
+    NONE = 0
+    READ = 1
+    WRITE = 2
+
+
+def access_to(where: StoragePath, caller: Caller, reserved: Iterable[str] = ()) -> Access:
+    """The one rule: admins may write anywhere under a root, a user in their
+    own folder; a share is read-only to those it grants; the platform's own
+    trees are no one's. A folder that holds one of those trees (a root that
+    holds the log tree) is at most readable, so no rename or delete of it
+    reaches the tree inside."""
+    if any(is_under(where.path, folder) for folder in reserved):
+        return Access.NONE
+    holds_reserved = any(is_under(folder, where.path) for folder in reserved)
+    if caller.admin or in_own_folder(where, caller.username):
+        return Access.READ if holds_reserved else Access.WRITE
+    if any(is_under(where.path, normalize_root(s.path))
+           and s.grants(caller.username, caller.virtual_clusters) for s in caller.shares):
+        return Access.NONE if holds_reserved else Access.READ
+    return Access.NONE
+
+
 def refusal(field_name: str, where: StoragePath, caller: Caller,
             reserved: Iterable[str] = ()) -> str | None:
     """Why `caller` may not mount `where` as `field_name`, or None if they may."""
     clash = reserved_clash(where.path, reserved)
     if clash:
         return clash
-    if caller.admin or in_own_folder(where, caller.username):
+    needed = Access.READ if field_name in READ_ONLY_FIELDS else Access.WRITE
+    if access_to(where, caller) >= needed:
         return None
     own = user_folder(where.root, caller.username)
     if field_name in READ_ONLY_FIELDS:
-        if any(is_under(where.path, normalize_root(s.path))
-               and s.grants(caller.username, caller.virtual_clusters)
-               for s in caller.shares):
-            return None
         return (f"{where.path!r} is neither in your folder {own}/ nor in a folder "
                 f"shared with you or your virtual clusters")
     return f"{where.path!r} must be in your own folder {own}/"
