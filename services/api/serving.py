@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import gevent
+from gunicorn.glogging import Logger
 from werkzeug.exceptions import RequestTimeout
 
 from shared.infra.config import Settings
@@ -70,7 +72,30 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         # gunicorn's control socket would live under $HOME, which a service
         # user often lacks; nothing here uses it.
         "control_socket_disable": True,
+        "logger_class": RedactingLogger,
     }
+
+
+# A login in a query string: WebHDFS clients send theirs as `delegation=`.
+_TOKEN_IN_QUERY = re.compile(r"(?i)(?<=[?&]delegation=)[^&\s]+|(?<=^delegation=)[^&\s]+")
+
+
+def redact_query(text: str) -> str:
+    """`text` (a request line or a query) with any `delegation=` token hidden."""
+    return _TOKEN_IN_QUERY.sub("REDACTED", text)
+
+
+class RedactingLogger(Logger):
+    """gunicorn's access log, without the login tokens WebHDFS clients put in
+    URLs (`delegation=`): a log line must not be a way into an account."""
+
+    def atoms(self, resp: Any, req: Any, environ: dict[str, Any],
+              request_time: Any) -> dict[str, Any]:
+        found: dict[str, Any] = super().atoms(resp, req, environ, request_time)
+        for key in ("r", "q"):
+            if isinstance(found.get(key), str):
+                found[key] = redact_query(found[key])
+        return found
 
 
 class BodyTooSlow(RequestTimeout):
