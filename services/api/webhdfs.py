@@ -383,3 +383,63 @@ HANDLERS: dict[str, Handler] = {
     "RENAME": _rename, "DELETE": _delete,
 }
 
+
+
+# ---------------------------------------------------------------- as a user, in-process
+
+
+def checked(user: User, path: str, needs: Access) -> StoragePath:
+    """The storage path `user` names, if they may do what `needs` says with
+    it: for other doors on the storage (the portal), with WebHDFS's rules and
+    refusals (WebHdfsError)."""
+    where = resolve(path)
+    allowed(user, where, needs)
+    return where
+
+
+def folder_listing(user: User, path: str) -> list[webhdfs.FileInfo]:
+    where = checked(user, path, Access.READ)
+    with file_errors(where.path):
+        return storagefs.listing(where.root, where.parts)
+
+
+def download(user: User, path: str) -> Response:
+    """The whole file as an attachment, streamed as OPEN streams it."""
+    where = checked(user, path, Access.READ)
+    with file_errors(where.path):
+        response = _open(where, {}, user)
+    name = where.parts[-1] if where.parts else "download"
+    response.headers.set("Content-Disposition", "attachment", filename=name)
+    return response
+
+
+def upload_part(user: User, path: str, offset: int) -> int:
+    """One part of a file sent in parts (the portal's uploads): the request
+    body is written at `offset`, which must be where the file ends (0 makes
+    the file anew). The file's length after it."""
+    where = checked(user, path, Access.WRITE)
+    if not where.parts:
+        raise forbidden("a storage root cannot be replaced by a file")
+    with file_errors(where.path):
+        if offset == 0:
+            with storagefs.creator(where.root, where.parts, mode=DEFAULT_FILE_MODE,
+                                   overwrite=True) as fd:
+                return _receive(fd)
+        length = storagefs.status(where.root, where.parts).length
+        if length != offset:
+            raise WebHdfsError("IOException", f"{where.path} holds {length} bytes, not "
+                               f"{offset}: send the part that starts there", 409)
+        with storagefs.appender(where.root, where.parts) as fd:
+            return offset + _receive(fd)
+
+
+def remove(user: User, path: str) -> bool:
+    where = checked(user, path, Access.WRITE)
+    with file_errors(where.path):
+        return bool(_delete(where, {"recursive": "true"}, user)["boolean"])
+
+
+def make_folder(user: User, path: str) -> None:
+    where = checked(user, path, Access.WRITE)
+    with file_errors(where.path):
+        storagefs.make_folders(where.root, where.parts)

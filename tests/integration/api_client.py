@@ -4,6 +4,7 @@ served over HTTP for clients that need a real socket (the CLI, WebSockets)."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -85,3 +86,22 @@ def served(app: Flask) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(timeout=30)
+
+
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def csrf_of(html: str) -> str:
+    found = CSRF.search(html)
+    assert found, "the page has no CSRF field"
+    return found.group(1)
+
+
+def portal_login(client: FlaskClient, username: str, password: str = "secret-pw") -> str:
+    """Log in through the login form, as a browser does; the session's CSRF token."""
+    token = csrf_of(client.get("/login").get_data(as_text=True))
+    resp = client.post("/login", data={"csrf_token": token, "username": username,
+                                       "password": password, "next": "/jobs"})
+    assert resp.status_code == 302, resp.get_data(as_text=True)
+    assert resp.headers["Location"] == "/jobs"
+    return csrf_of(client.get("/jobs").get_data(as_text=True))

@@ -39,9 +39,8 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.state import tasksamples
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, error_of, new_user, signed_in
+from tests.integration.api_client import AuthedClient, error_of, new_user, portal_login, signed_in
 from tests.integration.test_api_list import Jobs
-from tests.integration.test_portal import portal_login
 
 pytestmark = pytest.mark.redis
 NODE = "n1"

@@ -23,26 +23,8 @@ from shared.infra.config import Settings
 from shared.state import keys, tasksamples
 from shared.state.lifecycle import commit_placement, mark_task_running
 from shared.state.store import Store
-from tests.integration.api_client import AuthedClient, config
+from tests.integration.api_client import AuthedClient, config, csrf_of, portal_login
 from tests.integration.test_api_auth import wait_past
-
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-def csrf_of(html: str) -> str:
-    found = CSRF.search(html)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
-
-
-def portal_login(client: FlaskClient, username: str, password: str = "secret-pw") -> str:
-    """Log in through the login form, as a browser does; the session's CSRF token."""
-    token = csrf_of(client.get("/login").get_data(as_text=True))
-    resp = client.post("/login", data={"csrf_token": token, "username": username,
-                                       "password": password, "next": "/jobs"})
-    assert resp.status_code == 302, resp.get_data(as_text=True)
-    assert resp.headers["Location"] == "/jobs"
-    return csrf_of(client.get("/jobs").get_data(as_text=True))
 
 
 @pytest.fixture
