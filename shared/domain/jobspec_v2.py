@@ -6,9 +6,12 @@ config is checked here by its own schema, so errors name v2 paths
 and validated once more by the v1 rules, so nothing a v1 submit may not do
 slips in through v2. Every v2 field pai does not act on is kept (the stored
 submission holds it) and named in `ignored`, so a user learns it was not
-acted on instead of finding out when the job misbehaves. Prerequisites pai
-cannot act on (scripts, data and output steps) are refused: a job that
-silently skips its data download fails later and further from its cause.
+acted on instead of finding out when the job misbehaves. `data`, `output`
+and `script` prerequisites run around the commands
+(shared/domain/prerequisites.py); one pai could not run (a plugin other
+than OpenPAI's cmd plugin, a URI it cannot reach) is refused: a job that
+silently skipped its data download would fail later and further from its
+cause.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate
 
-from shared.domain import ssh
+from shared.domain import prerequisites, ssh
 from shared.domain.jobspec import (
     MAX_COMMAND_CHARS,
     MAX_CPUS,
@@ -46,6 +49,10 @@ UNLIMITED_RETRIES = (-1, -2)  # OpenPAI: retry without limit (serving jobs)
 
 _NAME = r"^[A-Za-z0-9._~-]+$"
 _REFERENCE = re.compile(r"<%\s*\$(parameters|secrets)\.([A-Za-z0-9_.-]+)\s*%>")
+# `<% $data.uri[0] %>`, `<% $script.name %>`: a field of the role's data,
+# output or script prerequisite, as OpenPAI's REST server renders them.
+_PREREQUISITE_REFERENCE = re.compile(
+    r"<%\s*\$(data|output|script)\.([A-Za-z0-9_-]+)(?:\[(\d+)\])?\s*%>")
 
 
 def is_v2(raw: Any) -> bool:
@@ -95,8 +102,12 @@ class _V2PrerequisiteSchema(_Open):
     name = fields.String(required=True, validate=validate.Length(min=1, max=255))
     type = fields.String(required=True, validate=validate.OneOf(
         ["dockerimage", "script", "data", "output"]))
-    uri = fields.Raw(required=True)
+    uri = fields.Raw()
     auth = fields.Nested(_V2AuthSchema)
+    plugin = fields.String()
+    callbacks = fields.Raw()
+    failurePolicy = fields.Raw()
+    require = fields.Raw()  # OpenPAI: "parsed by backend automatically"; order is the role's
 
 
 class _V2ResourceSchema(_Strict):
@@ -128,6 +139,7 @@ class _V2TaskRoleSchema(_Open):
     data = fields.String()
     output = fields.String()
     script = fields.String()
+    prerequisites = fields.List(fields.String(), validate=validate.Length(max=MAX_PREREQUISITES))
     resourcePerInstance = fields.Nested(_V2ResourceSchema, required=True)
     commands = _commands()
     completion = fields.Nested(_V2CompletionSchema)
@@ -260,13 +272,60 @@ def _substitute(text: str, parameters: dict[str, Any], secrets: dict[str, str],
     return _REFERENCE.sub(one, text)
 
 
+def _render_prerequisites(text: str, used: dict[str, dict[str, Any]]) -> str:
+    """`<% $data.uri[0] %>` and the like, from the role's prerequisites by
+    kind; a reference to nothing is left as it is (OpenPAI does the same)."""
+    def one(match: re.Match[str]) -> str:
+        item = used.get(match.group(1)) or {}
+        value = item.get(match.group(2))
+        if match.group(3) is not None:
+            index = int(match.group(3))
+            value = value[index] if isinstance(value, list) and index < len(value) else None
+        if value is None or isinstance(value, dict):
+            return match.group(0)
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return _PREREQUISITE_REFERENCE.sub(one, text)
+
+
+def _role_prerequisites(role: dict[str, Any], where: str, others: dict[str, Any],
+                        errors: dict[str, list[str]]) -> tuple[list[dict[str, Any]],
+                                                               dict[str, dict[str, Any]]]:
+    """The stored form of the prerequisites a role names (legacy `data`,
+    `output`, `script`, then its `prerequisites` list, each once), and the
+    raw v2 items its legacy fields name, for rendering its commands."""
+    names: list[str] = []
+    used: dict[str, dict[str, Any]] = {}
+    for key in prerequisites.KINDS:
+        if key not in role:
+            continue
+        found = others.get(role[key])
+        if found is None or found[0].get("type") != key:
+            errors.setdefault(f"{where}.{key}", []).append(
+                f"No {key} prerequisite named {role[key]!r}.")
+            continue
+        used[key] = found[0]
+        names.append(role[key])
+    for index, name in enumerate(role.get("prerequisites") or []):
+        if name not in others:
+            errors.setdefault(f"{where}.prerequisites.{index}", []).append(
+                f"No data, output or script prerequisite named {name!r}.")
+        elif name not in names:
+            names.append(name)
+    stored = [others[n][1].to_dict() for n in names if others[n][1] is not None]
+    return stored, used
+
+
 def _known(data: dict[str, Any], schema: Schema, path: str) -> list[str]:
     """The fields of `data` its schema does not declare: kept, not acted on."""
     declared = set(schema.fields)
     return [f"{path}{key}" for key in data if key not in declared]
 
 
-def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> ConvertedConfig:
+def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str],
+               hdfs_webhdfs_url: str = "") -> ConvertedConfig:
     """A v2 config as the v1 config it runs from, or InvalidJobConfig naming
     every offending field by its v2 path."""
     if not isinstance(raw, dict):
@@ -288,12 +347,13 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
 
     images: dict[str, str] = {}
     auths: dict[str, dict[str, str]] = {}  # image -> the registry login its pull uses
+    # data, output and script prerequisites by name: the raw item, and its stored form
+    others: dict[str, tuple[dict[str, Any], prerequisites.Prerequisite | None]] = {}
     for index, pre in enumerate(job.get("prerequisites") or []):
         where = f"prerequisites.{index}"
         if pre["type"] != "dockerimage":
-            errors.setdefault(f"{where}.type", []).append(
-                f"pai does not run {pre['type']} prerequisites; put the step in the task "
-                f"role's commands (a job that silently skipped it would fail later).")
+            others[pre["name"]] = (pre, _loaded_prerequisite(pre, where, errors))
+            ignored += _known(pre, _V2PrerequisiteSchema(), f"{where}.")
             continue
         if not isinstance(pre["uri"], str) or not pre["uri"].strip():
             errors.setdefault(f"{where}.uri", []).append("Must be an image name.")
@@ -321,16 +381,14 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
                 f"No dockerimage prerequisite named {role['dockerImage']!r}.")
         else:
             role_images.add(image)
-        for key in ("data", "output", "script"):
-            if key in role:
-                errors.setdefault(f"{where}.{key}", []).append(
-                    f"pai does not run {key} prerequisites; put the step in commands.")
+        stored, used = _role_prerequisites(role, where, others, errors)
         resource = role["resourcePerInstance"]
         steps = (deployment.get(name, {}).get("preCommands") or []) \
             + (role.get("commands") or []) \
             + (deployment.get(name, {}).get("postCommands") or [])
-        command = "\n".join(_substitute(line, parameters, secrets, f"{where}.commands", errors)
-                            for line in steps)
+        command = "\n".join(_render_prerequisites(
+            _substitute(line, parameters, secrets, f"{where}.commands", errors), used)
+            for line in steps)
         v1: dict[str, Any] = {
             "name": name, "taskNumber": role["instances"], "cpuNumber": resource["cpu"],
             "memoryMB": resource["memoryMB"], "gpuNumber": resource["gpu"],
@@ -351,6 +409,8 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
         ignored += [f"{where}.extraContainerOptions.{key}" for key in options]
         if role.get("taskRetryCount"):
             v1["taskRetryCount"] = role["taskRetryCount"]
+        if stored:
+            v1["prerequisites"] = stored
         if "instances" in resource:
             ignored.append(f"{where}.resourcePerInstance.instances")
         ignored += _known(role, _V2TaskRoleSchema(), f"{where}.")
@@ -389,13 +449,23 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
     if errors:
         raise InvalidJobConfig(f"job config has {len(errors)} invalid field(s)", errors)
     try:
-        validated = validate_job_config(config, username=username, storage_roots=storage_roots)
+        validated = validate_job_config(config, username=username, storage_roots=storage_roots,
+                                        hdfs_webhdfs_url=hdfs_webhdfs_url)
     except InvalidJobConfig as error:
         raise InvalidJobConfig(error.message, {_v2_path(k, roles): v
                                                for k, v in error.fields.items()}) from None
     return ConvertedConfig(config=validated.config, ignored=ignored + validated.ignored,
                            notes=notes + validated.notes, shown=shown_submission(raw),
                            secrets=tuple(v for v in secrets.values() if v))
+
+
+def _loaded_prerequisite(pre: dict[str, Any], where: str,
+                         errors: dict[str, list[str]]) -> prerequisites.Prerequisite | None:
+    try:
+        return prerequisites.from_v2(pre)
+    except prerequisites.PrerequisiteError as error:
+        errors.setdefault(where, []).append(f"{str(error)[:1].upper()}{str(error)[1:]}.")
+        return None
 
 
 def _asks_for_ssh(parameters: Any) -> bool:

@@ -270,4 +270,31 @@ def refusals(config: Mapping[str, Any], roots: Sequence[str], caller: Caller,
         reason = refusal(key, where, caller, reserved)
         if reason:
             found[key] = [reason]
+    for path, field_name, use in prerequisite_paths(config, roots):
+        reason = refusal(use, path, caller, reserved)
+        if reason:
+            found.setdefault(field_name, []).append(reason)
+    return found
+
+
+def prerequisite_paths(config: Mapping[str, Any], roots: Sequence[str]
+                       ) -> list[tuple[StoragePath, str, str]]:
+    """Each storage path a role's prerequisites name (a validated config's
+    stored form), with the field it is reported under and the dir it acts as:
+    an output one is written as an `outputDir`, the others read as a `dataDir`."""
+    found = []
+    for at, role in enumerate(config.get("taskRoles") or ()):
+        for index, item in enumerate(role.get("prerequisites") or ()):
+            if item.get("type") == "script":
+                continue  # a script's uri is only rendered into commands, never reached
+            for uri in item.get("uris") or ():
+                if not isinstance(uri, str) or not uri.startswith(("/", FILE_PREFIX)):
+                    continue
+                try:
+                    where = resolve(uri, roots)
+                except StoragePathError:
+                    continue  # validation named it
+                if where is not None:
+                    use = "outputDir" if item.get("type") == "output" else "dataDir"
+                    found.append((where, f"taskRoles.{at}.prerequisites.{index}.uris", use))
     return found

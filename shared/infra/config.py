@@ -310,6 +310,10 @@ class Settings:
     # (services/api/jobmetrics.py); "" means the monitor's samples only.
     prometheus_url: str = ""
     prometheus_timeout_seconds: float = 3.0
+    # The cluster's HDFS over WebHDFS (http://namenode:9870): hdfs:// URIs of
+    # data and output prerequisites go through it (shared/domain/prerequisites.py);
+    # "" refuses them at submit.
+    hdfs_webhdfs_url: str = ""
     # Idle GPUs (shared/state/idle.py): every GPU of a task below this percent for
     # this long flags it; a VC set to `stop` stops it after the grace.
     idle_gpu_percent: float = 5.0
@@ -457,6 +461,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         task_sample_keep_seconds=_seconds(env, "PAI_TASK_SAMPLE_KEEP_SECONDS",
                                           defaults.task_sample_keep_seconds),
         prometheus_url=_http_url(env, "PAI_PROMETHEUS_URL"),
+        hdfs_webhdfs_url=_http_url(env, "PAI_HDFS_WEBHDFS_URL"),
         prometheus_timeout_seconds=_seconds(env, "PAI_PROMETHEUS_TIMEOUT_SECONDS",
                                             defaults.prometheus_timeout_seconds),
         idle_gpu_percent=_percent(env, "PAI_IDLE_GPU_PERCENT", defaults.idle_gpu_percent),

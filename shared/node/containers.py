@@ -29,6 +29,9 @@ LABEL_NODE = "pai.node"
 LABEL_USER = "pai.user"
 LABEL_VC = "pai.vc"
 LABEL_TASK_RETRY = "pai.taskRetry"  # absent on a task's first container: 0
+# The runner's steps, one a line, by exit code (shared/domain/prerequisites.py):
+# set only on containers whose command is the runner.
+LABEL_PREREQUISITES = "pai.prerequisites"
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
