@@ -41,7 +41,7 @@ from shlex import quote
 from docker import APIClient
 
 from services.launcher.environment import env_name_part
-from services.launcher.mounts import BindMount, TaskSetupError, checked_source
+from services.launcher.mounts import CODE_MOUNT, BindMount, TaskSetupError, checked_source
 from shared.domain import prerequisites, storage
 from shared.domain.models import JobSpec
 from shared.domain.prerequisites import (
@@ -89,6 +89,35 @@ with open(sys.argv[1], "rb") as body:
         "Content-Type": "application/octet-stream",
         "Content-Length": str(os.path.getsize(sys.argv[1]))}), timeout=3600)' "$1" "$2"
   else say "the image has neither curl nor python3 to upload $1 with"; return 127; fi
+}
+fetch_tree() {  # WEBHDFS_URL DEST: a file or a folder, all it holds, into DEST
+  command -v python3 >/dev/null 2>&1 ||
+    { say "fetching a WebHDFS folder needs python3 in the image"; return 127; }
+  python3 -c '
+import json, os, sys, urllib.parse, urllib.request
+top, user, dest = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
+def call(url, op):
+    query = urllib.parse.urlencode({"op": op, "user.name": user})
+    return urllib.request.urlopen(f"{url}?{query}", timeout=300)
+def fetch(url, to):
+    with call(url, "OPEN") as answer, open(to, "wb") as out:
+        while chunk := answer.read(1 << 20):
+            out.write(chunk)
+def walk(url, to):
+    os.makedirs(to, exist_ok=True)
+    for entry in json.load(call(url, "LISTSTATUS"))["FileStatuses"]["FileStatus"]:
+        name = entry["pathSuffix"]
+        if name in ("", ".", "..") or "/" in name:
+            raise SystemExit(f"the name {name!r} in {url} is not one name")
+        there = f"{url}/{urllib.parse.quote(name)}"
+        if entry["type"] == "DIRECTORY":
+            walk(there, os.path.join(to, name))
+        elif entry["type"] == "FILE":
+            fetch(there, os.path.join(to, name))
+os.makedirs(dest, exist_ok=True)
+status = json.load(call(top, "GETFILESTATUS"))["FileStatus"]
+walk(top, dest) if status["type"] == "DIRECTORY" else fetch(top, os.path.join(
+    dest, urllib.parse.unquote(top.rsplit("/", 1)[-1])))' "$1" "$PAI_USER_NAME" "$2"
 }
 encode() { printf '%s' "$1" | sed -e 's/%/%25/g' -e 's/ /%20/g' -e 's/#/%23/g' \
   -e 's/?/%3F/g' -e 's/&/%26/g' -e 's/+/%2B/g'; }
@@ -145,20 +174,37 @@ def runner_for(spec: JobSpec, role: str, roots: Sequence[str], node: str, *,
     this node cannot use)."""
     items = spec.role(role).prerequisites
     barrier = spec.ssh_barrier_roles
-    if not items and barrier is None:
+    code = _staged_code(spec, hdfs_webhdfs_url)
+    if not items and barrier is None and code is None:
         return None
     try:
         plan = prerequisites.plan(items, roots, hdfs_webhdfs_url)
     except PrerequisiteError as error:
         raise TaskSetupError(f"prerequisites: {error}") from None
+    if code is not None and len(plan.steps) >= prerequisites.MAX_STEPS:
+        raise TaskSetupError(f"prerequisites: with an hdfs:// codeDir to fetch, a task role "
+                             f"runs at most {prerequisites.MAX_STEPS - 1} steps")
     mounts = _mounts(plan, items, roots, node, reserved)
     files = {COMMANDS: spec.role(role).command,
              **{_callback(i, when): "\n".join(commands) + "\n" for i in items
                 for when, commands in (("start", i.on_start), ("success", i.on_success))
                 if commands}}
-    files[RUNNER] = runner_script(plan, items, _barrier_hosts(spec, barrier))
-    return Runner(files, mounts, f"exec /bin/sh {RUNNER}",
-                  prerequisites.step_labels(plan.steps))
+    files[RUNNER] = runner_script(plan, items, _barrier_hosts(spec, barrier), code)
+    steps = ([prerequisites.CODE_STEP] if code else []) + \
+        [step.describe() for step in plan.steps]
+    return Runner(files, mounts, f"exec /bin/sh {RUNNER}", "\n".join(steps))
+
+
+def _staged_code(spec: JobSpec, hdfs_webhdfs_url: str) -> Location | None:
+    """An `hdfs://` codeDir, fetched into /pai/code before anything else when
+    the operator named the cluster's WebHDFS endpoint (else it is only in
+    the environment, as before)."""
+    if not hdfs_webhdfs_url or not spec.code_dir.startswith(storage.HDFS_PREFIX):
+        return None
+    try:
+        return prerequisites.locate(spec.code_dir, (), hdfs_webhdfs_url)
+    except PrerequisiteError as error:
+        raise TaskSetupError(f"codeDir: {error}") from None
 
 
 def _callback(item: Prerequisite, when: str) -> str:
@@ -199,10 +245,16 @@ def _barrier_hosts(spec: JobSpec, roles: Sequence[str] | None) -> list[tuple[str
 
 
 def runner_script(plan: Plan, items: Sequence[Prerequisite],
-                  barrier: list[tuple[str, str]] | None) -> str:
-    """The runner's shell text (see the module's notes)."""
-    codes = {step: FIRST_STEP_EXIT + n for n, step in enumerate(plan.steps)}
+                  barrier: list[tuple[str, str]] | None, code: Location | None = None) -> str:
+    """The runner's shell text (see the module's notes); with `code`, the
+    codeDir staged first into /pai/code, the working directory from then on."""
+    first = FIRST_STEP_EXIT + (1 if code else 0)
+    codes = {step: first + n for n, step in enumerate(plan.steps)}
     lines = ["# pai's runner: this task's prerequisites around its commands.", _HELPERS]
+    if code is not None:
+        what = quote(prerequisites.CODE_STEP)
+        lines.append(f"say {what}\nfetch_tree {quote(code.url)} {CODE_MOUNT} && "
+                     f"cd {CODE_MOUNT} || failed {FIRST_STEP_EXIT} 0 {what}\n")
     for step in plan.before:
         lines.append(_step(step, codes[step], plan))
     lines += [f"mkdir -p {quote(prerequisites.folder_of(i))} || exit 1" for i in items

@@ -55,6 +55,8 @@ FIRST_STEP_EXIT = 200
 MAX_STEPS = 40
 BARRIER_EXIT = FIRST_STEP_EXIT + MAX_STEPS
 MAX_URIS = 100
+# The step that stages an hdfs:// codeDir (the runner's first when there is one).
+CODE_STEP = "codeDir: fetching it from HDFS"
 MAX_COMMANDS = 1000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

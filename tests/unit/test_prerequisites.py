@@ -7,6 +7,7 @@ WebHDFS endpoint (no HDFS name node can run on these machines)."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pytest
 import yaml
@@ -220,10 +222,39 @@ def test_a_role_without_prerequisites_or_barrier_gets_no_runner() -> None:
 
 
 class _StandIn(http.server.BaseHTTPRequestHandler):
-    """WebHDFS's two steps, as a name node answers them: CREATE without
-    data=true is a 307 to the same URL with it; then the bytes are kept."""
+    """WebHDFS as a name node answers the runner: CREATE without data=true is
+    a 307 to the same URL with it, then the bytes are kept; GETFILESTATUS,
+    LISTSTATUS and OPEN over a small tree. Each call must name the user."""
 
     received: dict[str, bytes] = {}
+    tree: dict[str, bytes | None] = {  # None: a folder
+        "/code": None, "/code/train.py": b"print(1)\n", "/code/lib": None,
+        "/code/lib/util.py": b"X = 1\n", "/code/lib/a b.txt": b"spaced\n"}
+
+    def _send(self, status: int, body: bytes = b"", kind: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = dict(parse_qsl(url.query))
+        path = unquote(url.path.removeprefix("/webhdfs/v1"))
+        if query.get("user.name") != "alice" or path not in self.tree:
+            self._send(404, b'{"RemoteException": {}}')
+            return
+        kind = "DIRECTORY" if self.tree[path] is None else "FILE"
+        if query["op"] == "GETFILESTATUS":
+            self._send(200, json.dumps({"FileStatus": {"type": kind}}).encode())
+        elif query["op"] == "LISTSTATUS":
+            children = [{"pathSuffix": p.rsplit("/", 1)[1],
+                         "type": "DIRECTORY" if self.tree[p] is None else "FILE"}
+                        for p in self.tree if p.rsplit("/", 1)[0] == path]
+            self._send(200, json.dumps({"FileStatuses": {"FileStatus": children}}).encode())
+        else:
+            self._send(200, self.tree[path] or b"", "application/octet-stream")
 
     def do_PUT(self) -> None:
         if "data=true" not in self.path:
@@ -282,3 +313,33 @@ def test_the_example_runs_every_kind_and_names_paths_with_pai_variables() -> Non
         ("data", ["/nfs/alice/datasets/mnist"]),
         ("output", ["/nfs/alice/v2-prerequisites/model"]), ("script", [])]
     assert "training on mnist from $PAI_DEFAULT_FS_URI" in role["command"]
+
+
+def test_the_runner_fetches_an_hdfs_code_dir_whole(stand_in: str, tmp_path: Path) -> None:
+    """An hdfs:// codeDir is staged into /pai/code (here a folder of the
+    test's) file by file, through LISTSTATUS and OPEN, as the job's user."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "python3").symlink_to(sys.executable)
+    done = subprocess.run(["/bin/sh", "-c", f"{_HELPERS}\nfetch_tree \"$1\" \"$2\"", "sh",
+                           f"{stand_in}/webhdfs/v1/code", str(tmp_path / "code")],
+                          env={**os.environ, "PATH": str(tools), "PAI_USER_NAME": "alice"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "code" / "train.py").read_bytes() == b"print(1)\n"
+    assert (tmp_path / "code" / "lib" / "util.py").read_bytes() == b"X = 1\n"
+    assert (tmp_path / "code" / "lib" / "a b.txt").read_bytes() == b"spaced\n"
+
+
+def test_an_hdfs_code_dir_is_staged_only_when_the_operator_named_the_endpoint() -> None:
+    config = {"jobName": "j", "image": "busybox", "codeDir": "hdfs://nn:9000/alice/code",
+              "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1,
+                             "memoryMB": 128, "command": "python train.py"}]}
+    spec = JobSpec.from_config(config)
+    assert runner_for(spec, "main", ["/nfs"], "n1") is None  # passed through untouched
+    runner = runner_for(spec, "main", ["/nfs"], "n1", hdfs_webhdfs_url=WEBHDFS)
+    assert runner is not None
+    assert f"fetch_tree {WEBHDFS}/webhdfs/v1/alice/code /pai/code && cd /pai/code" \
+        in runner.files[RUNNER]
+    assert failed_step(FIRST_STEP_EXIT, runner.label) == \
+        "codeDir: fetching it from HDFS failed"
