@@ -161,9 +161,9 @@ def allow_long_body(environ: dict[str, Any]) -> None:
     deadline for the whole body, which may be gigabytes, but each read must
     still bring bytes within the same seconds, so a client that stops
     sending is cut off as before. A no-op outside gunicorn."""
-    body = environ.get("wsgi.input")
-    if isinstance(body, _DeadlineInput):
-        body.per_read()
+    stream = environ.get("wsgi.input")
+    if isinstance(stream, _DeadlineInput):
+        stream.per_read()
 
 
 class BodyDeadline:

@@ -7,30 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 import requests
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from bench.live_platform import USER, USER_PASSWORD, Platform
-from tests.e2e.portal_browser import chromium, logged_in, shot
+from tests.e2e.portal_browser import shot
 
 JOB_SECONDS = 120_000  # ms: a job's whole life on a loaded CI machine
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def page(browser: Browser, platform: Platform) -> Iterator[Page]:
-    """Logged in as the platform's user; the login page's screenshot first."""
-    with logged_in(browser, platform, USER, USER_PASSWORD) as opened:
-        yield opened
 
 
 def editor_config(page: Page) -> dict[str, object]:

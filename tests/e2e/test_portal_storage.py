@@ -9,30 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
-from bench.live_platform import USER, USER_PASSWORD, Platform
+from bench.live_platform import USER, Platform
 from services.portal.files import PART_BYTES
-from tests.e2e.portal_browser import chromium, logged_in, shot
+from tests.e2e.portal_browser import shot
 
 UPLOAD_SECONDS = 120_000  # ms, on a loaded CI machine
 JOB_SECONDS = 120_000
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def page(browser: Browser, platform: Platform) -> Iterator[Page]:
-    with logged_in(browser, platform, USER, USER_PASSWORD) as opened:
-        yield opened
 
 
 @pytest.fixture
