@@ -189,8 +189,7 @@ def _params() -> dict[str, str]:
     return {key.lower(): value for key, value in request.args.items()}
 
 
-@bp.route(webhdfs.PREFIX, defaults={"path": ""}, methods=METHODS)
-@bp.route(f"{webhdfs.PREFIX}/", defaults={"path": ""}, methods=METHODS)
+@bp.route(f"{webhdfs.PREFIX}/", defaults={"path": ""}, methods=METHODS, strict_slashes=False)
 @bp.route(f"{webhdfs.PREFIX}/<path:path>", methods=METHODS)
 def serve(path: str) -> Any:
     """One WebHDFS call: the operation, the login, the path and its access,

@@ -473,8 +473,10 @@ def _check_prerequisites(config: dict[str, Any], username: str, roots: Sequence[
     variables replaced as a dataDir's are), or the errors naming them."""
     substitute = _path_variables(config, username, roots)
     for at, role in enumerate(config.get("taskRoles") or []):
+        if not isinstance(role, dict):
+            continue  # the schema named what is wrong with it
         raw = role.get("prerequisites")
-        if not raw:
+        if not raw or not isinstance(raw, list):
             role.pop("prerequisites", None)
             continue
         found = []

@@ -24,6 +24,7 @@ import yaml
 from services.launcher.prerequisites import _HELPERS, COMMANDS, RUNNER, runner_for
 from services.monitor.observations import describe_exit
 from shared.domain import prerequisites
+from shared.domain.jobspec import InvalidJobConfig, validate_job_config
 from shared.domain.jobspec_v2 import convert_v2
 from shared.domain.models import JobSpec
 from shared.domain.prerequisites import (
@@ -343,3 +344,11 @@ def test_an_hdfs_code_dir_is_staged_only_when_the_operator_named_the_endpoint() 
         in runner.files[RUNNER]
     assert failed_step(FIRST_STEP_EXIT, runner.label) == \
         "codeDir: fetching it from HDFS failed"
+
+
+@pytest.mark.parametrize("roles", [[None], [3], [{"name": "a", "prerequisites": "x"}]])
+def test_broken_task_roles_are_named_not_crashed_on(roles: list[Any]) -> None:
+    """A config whose task roles failed the schema still gets its 400."""
+    with pytest.raises(InvalidJobConfig):
+        validate_job_config({"jobName": "j", "image": "i", "taskRoles": roles},
+                            username="alice", storage_roots=["/nfs"])
