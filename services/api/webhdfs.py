@@ -175,7 +175,12 @@ def _os_refusal(path: str, error: OSError) -> WebHdfsError:
                             f"{path} is non empty': Directory is not empty")
     if error.errno in (errno.ENAMETOOLONG, errno.EINVAL):
         return bad_argument(f"{path}: {reason}")
-    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if error.errno == errno.EACCES:
+        # The rule let the caller; the API's own process may not (an
+        # unprivileged API on storage jobs made as root).
+        return forbidden(f"Permission denied: {path}: the pai API's process may not do "
+                         f"this on the storage (docs/storage.md, Deploying)")
+    if error.errno in (errno.EPERM, errno.EROFS):
         return forbidden(f"Permission denied: {path}: {reason}")
     log.warning("WebHDFS on %s: %s", path, error)
     return WebHdfsError("IOException", f"{path}: {reason}")
