@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from pai_cli.api import ApiError, Unreachable
-from pai_cli.commands import auth, cluster, execs, jobs, logs, run, ssh, usage
+from pai_cli.commands import auth, cluster, execs, fs, jobs, logs, run, ssh, usage
 from pai_cli.jobfile import JobFileError
 from pai_cli.logins import LoginsError, config_path
 from pai_cli.session import CliError, Session, expired_message
@@ -76,6 +76,7 @@ def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
                  pai jobs; pai status NAME; pai logs NAME -f
                  pai exec NAME -- COMMAND...
                  pai ssh NAME (a job submitted with "ssh": true)
+                 pai fs ls; pai fs put -r DIR code/DIR (your storage)
     """
     ctx.obj = Session(config_path=config_file or config_path(os.environ),
                       cluster_name=cluster_name, user=user)
@@ -83,7 +84,7 @@ def cli(ctx: click.Context, cluster_name: str | None, user: str | None,
 
 for command in (auth.login, auth.logout, auth.use, jobs.submit, run.run_command, jobs.list_jobs,
                 jobs.status, logs.logs, execs.exec_command, jobs.stop, jobs.wait,
-                jobs.show_config, cluster.nodes, cluster.vcs, usage.usage):
+                jobs.show_config, cluster.nodes, cluster.vcs, usage.usage, fs.fs):
     cli.add_command(command)
 cli.add_command(ssh.ssh_command_line)
 

@@ -25,6 +25,7 @@ from services.api import (
     usage,
     users,
     vcs,
+    webhdfs,
 )
 from services.api import ssh as ssh_api
 from services.api.errors import register_error_handlers
@@ -39,7 +40,7 @@ from shared.state.store import Store
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("pai.api")
 BLUEPRINTS = (auth.bp, users.bp, jobs.bp, jobs.bp_v2, tasklogs.bp, vcs.bp, cluster.bp, openapi.bp,
-              storage.bp, execs.bp, usage.bp, exectty.bp, ssh_api.bp, proxy.bp)
+              storage.bp, execs.bp, usage.bp, exectty.bp, ssh_api.bp, proxy.bp, webhdfs.bp)
 
 
 def create_app(settings: Settings | None = None) -> Flask:

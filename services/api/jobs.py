@@ -266,10 +266,12 @@ def _submit_decided(username: str, body: Any, remembered: bool,
     try:
         if is_v2(body):
             validated = convert_v2(body, username=username,
-                                   storage_roots=pai.settings.storage_roots)
+                                   storage_roots=pai.settings.storage_roots,
+                                   hdfs_webhdfs_url=pai.settings.hdfs_webhdfs_url)
         else:
             validated = validate_job_config(body, username=username,
-                                            storage_roots=pai.settings.storage_roots)
+                                            storage_roots=pai.settings.storage_roots,
+                                            hdfs_webhdfs_url=pai.settings.hdfs_webhdfs_url)
     except InvalidJobConfig as error:
         raise ApiError("InvalidJobConfigError", error.message, 400, fields=error.fields) \
             from None

@@ -14,7 +14,8 @@ bounded instead:
   gevent worker reads them under `keepalive` seconds and closes the
   connection when they run out;
 - the body must arrive within the same number of seconds after the headers
-  (`BodyDeadline`), else 408;
+  (`BodyDeadline`), else 408; a view that takes uploads of any size (WebHDFS)
+  gives each read those seconds instead (`allow_long_body`);
 - gunicorn's own limits on the request line and header sizes and counts.
 
 The stdlib must be patched before anything imports it, so `run.main` patches
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import gevent
+from gunicorn.glogging import Logger
 from werkzeug.exceptions import RequestTimeout
 
 from shared.infra.config import Settings
@@ -69,7 +72,30 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         # gunicorn's control socket would live under $HOME, which a service
         # user often lacks; nothing here uses it.
         "control_socket_disable": True,
+        "logger_class": RedactingLogger,
     }
+
+
+# A login in a query string: WebHDFS clients send theirs as `delegation=`.
+_TOKEN_IN_QUERY = re.compile(r"(?i)(?<=[?&]delegation=)[^&\s]+|(?<=^delegation=)[^&\s]+")
+
+
+def redact_query(text: str) -> str:
+    """`text` (a request line or a query) with any `delegation=` token hidden."""
+    return _TOKEN_IN_QUERY.sub("REDACTED", text)
+
+
+class RedactingLogger(Logger):
+    """gunicorn's access log, without the login tokens WebHDFS clients put in
+    URLs (`delegation=`): a log line must not be a way into an account."""
+
+    def atoms(self, resp: Any, req: Any, environ: dict[str, Any],
+              request_time: Any) -> dict[str, Any]:
+        found: dict[str, Any] = super().atoms(resp, req, environ, request_time)
+        for key in ("r", "q"):
+            if isinstance(found.get(key), str):
+                found[key] = redact_query(found[key])
+        return found
 
 
 class BodyTooSlow(RequestTimeout):
@@ -87,10 +113,17 @@ class _DeadlineInput:
     """
 
     def __init__(self, raw: Any, seconds: float, sock: socket.socket | None) -> None:
-        self._raw, self._sock = raw, sock
+        self._raw, self._sock, self._seconds = raw, sock, seconds
         self._deadline = time.monotonic() + seconds
+        self._per_read = False
+
+    def per_read(self) -> None:
+        """From now on each read has the seconds to itself (see allow_long_body)."""
+        self._per_read = True
 
     def _within(self, read: Callable[..., Any], *args: Any) -> Any:
+        if self._per_read:
+            self._deadline = time.monotonic() + self._seconds
         try:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
@@ -121,6 +154,16 @@ class _DeadlineInput:
             if not line:
                 return
             yield line
+
+
+def allow_long_body(environ: dict[str, Any]) -> None:
+    """For a view that takes a body of any length (a WebHDFS upload): no
+    deadline for the whole body, which may be gigabytes, but each read must
+    still bring bytes within the same seconds, so a client that stops
+    sending is cut off as before. A no-op outside gunicorn."""
+    stream = environ.get("wsgi.input")
+    if isinstance(stream, _DeadlineInput):
+        stream.per_read()
 
 
 class BodyDeadline:

@@ -121,7 +121,9 @@ def check_job_storage(config: dict[str, Any], caller: User) -> None:
     pai = platform()
     # Shares matter only for a non-admin's read-only folders: a job naming
     # none (most) costs no read of them.
-    wants_shares = not caller.admin and any(config.get(k) for k in storage.READ_ONLY_FIELDS)
+    wants_shares = not caller.admin and (
+        any(config.get(k) for k in storage.READ_ONLY_FIELDS)
+        or bool(storage.prerequisite_paths(config, pai.settings.storage_roots)))
     shares = load_shares(pai.store) if wants_shares else ()
     who = Caller(caller.username, tuple(caller.virtual_clusters), caller.admin, shares)
     found = storage.refusals(config, pai.settings.storage_roots, who,

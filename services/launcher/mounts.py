@@ -58,7 +58,7 @@ def host_path(field: str, value: str, roots: Sequence[str],
         raise TaskSetupError(f"{field} {error}") from None
 
 
-def _checked(field: str, where: StoragePath, node: str, *, create: bool,
+def checked_source(field: str, where: StoragePath, node: str, *, create: bool,
              reserved: Sequence[str]) -> str:
     """The host path to mount, after two checks on the node: the path resolves
     (symbolic links too) under the root's real path, and a walk from the root
@@ -101,17 +101,17 @@ def plan_storage(spec: JobSpec, roots: Sequence[str], node: str,
     working_dir = None
     data = host_path("dataDir", spec.data_dir, roots, spec.unmounted_dirs)
     if data:
-        source = _checked("dataDir", data, node, create=False, reserved=reserved)
+        source = checked_source("dataDir", data, node, create=False, reserved=reserved)
         wanted.append(BindMount(source, data.path, True))
     code = host_path("codeDir", spec.code_dir, roots, spec.unmounted_dirs)
     if code:
-        source = _checked("codeDir", code, node, create=False, reserved=reserved)
+        source = checked_source("codeDir", code, node, create=False, reserved=reserved)
         wanted.append(BindMount(source, code.path, True))
         wanted.append(BindMount(source, CODE_MOUNT, True))
         working_dir = CODE_MOUNT
     output = host_path("outputDir", spec.output_dir, roots, spec.unmounted_dirs)
     if output:
-        wanted.append(BindMount(_checked("outputDir", output, node, create=True,
+        wanted.append(BindMount(checked_source("outputDir", output, node, create=True,
                                          reserved=reserved),
                                 output.path, False))
     return StoragePlan(_one_per_target(wanted), working_dir)

@@ -24,11 +24,12 @@ from docker.types import DeviceRequest, Mount
 from docker.utils import socket as docker_socket
 
 from services.launcher.mounts import TaskSetupError, plan_storage
+from services.launcher.prerequisites import Runner, install_runner, runner_for
 from shared.domain import ssh
 from shared.domain.capabilities import dropped_capabilities
 from shared.domain.models import JobSpec, Node, Task
 from shared.infra.config import Settings
-from shared.node.containers import TaskRef, made_for, task_labels
+from shared.node.containers import LABEL_PREREQUISITES, TaskRef, made_for, task_labels
 from shared.node.engine import EngineCalls
 from shared.node.notices import warn_and_signal
 from shared.state import execs
@@ -99,12 +100,20 @@ class DockerRuntime:
         try:
             storage = plan_storage(spec, self.settings.storage_roots, node.name,
                                    reserved=self.settings.platform_dirs)
+            runner = runner_for(spec, ref.role, self.settings.storage_roots, node.name,
+                                hdfs_webhdfs_url=self.settings.hdfs_webhdfs_url,
+                                reserved=self.settings.platform_dirs)
         except TaskSetupError:
             existing = self.find(ref)  # launched before the storage went away
             if existing is not None:
                 return self._started(existing, prepare)
             raise
         role = spec.role(ref.role)
+        mounts = storage.mounts + (runner.mounts if runner else ())
+        labels = task_labels(ref, node=node.name, username=username, vc=vc)
+        if runner is not None:
+            labels[LABEL_PREREQUISITES] = runner.label
+            prepare = self._with_runner(runner, prepare)
         host_config = self.client.api.create_host_config(
             network_mode="host",
             nano_cpus=min(role.cpu_number, node.real_cpus or role.cpu_number) * 10**9,
@@ -112,21 +121,21 @@ class DockerRuntime:
             memswap_limit=f"{role.memory_mb}m",  # equal to memory: no swap at all
             shm_size=f"{role.shm_mb}m" if role.shm_mb else None,
             mounts=[Mount(m.target, m.source, type="bind", read_only=m.read_only)
-                    for m in storage.mounts],
+                    for m in mounts],
             device_requests=self._device_requests(task, node),
             **self._confinement(spec),
         )
         options: dict[str, Any] = {
             "name": ref.container_name,
             "entrypoint": ENTRYPOINT,
-            "labels": {**self.extra_labels,
-                       **task_labels(ref, node=node.name, username=username, vc=vc)},
+            "labels": {**self.extra_labels, **labels},
             "environment": dict(env),
             "working_dir": storage.working_dir,
             "host_config": host_config,
         }
         try:
-            container_id = self._create_or_find(spec, role.command, options, ref)
+            command = runner.command if runner is not None else role.command
+            container_id = self._create_or_find(spec, command, options, ref)
         except APIError as error:
             raise TaskSetupError(f"Docker refused the container: {_explain(error)}") from None
         if not isinstance(container_id, str):
@@ -148,6 +157,15 @@ class DockerRuntime:
                 if existing is not None:
                     return existing
         raise TaskSetupError(f"container {ref.container_name} keeps being made by another")
+
+    def _with_runner(self, runner: Runner, prepare: Callable[[str], None] | None
+                     ) -> Callable[[str], None]:
+        """`prepare`, after the runner's files are in the created container."""
+        def both(container_id: str) -> None:
+            install_runner(self.client.api, container_id, runner)
+            if prepare is not None:
+                prepare(container_id)
+        return both
 
     def _create(self, image: str, command: list[str], options: dict[str, Any],
                 auth: Mapping[str, str] | None = None) -> str:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from shared.node.containers import TaskRef, task_ref_from_labels
+from shared.domain.prerequisites import failed_step
+from shared.node.containers import LABEL_PREREQUISITES, TaskRef, task_ref_from_labels
 
 # A task whose exit code is unknown (its container is gone): never 0, and
 # outside the range a process can exit with.
@@ -42,11 +43,13 @@ def _signal_name(exit_code: int) -> str | None:
         return None
 
 
-def describe_exit(state: Mapping[str, Any], memory_bytes: int | None = None) -> ExitObservation:
+def describe_exit(state: Mapping[str, Any], memory_bytes: int | None = None,
+                  labels: Mapping[str, str] | None = None) -> ExitObservation:
     """A finished container's exit code and the reason a user should read.
 
     `state` is the container's inspected `State`; `memory_bytes` its memory
-    limit (HostConfig.Memory), named in the OOM message.
+    limit (HostConfig.Memory), named in the OOM message; `labels` its
+    labels, which name a runner's steps (shared/domain/prerequisites.py).
     """
     raw_code = state.get("ExitCode")
     exit_code = int(raw_code) if isinstance(raw_code, int) else UNKNOWN_EXIT_CODE
@@ -56,6 +59,8 @@ def describe_exit(state: Mapping[str, Any], memory_bytes: int | None = None) -> 
         diagnostics = f"OOMKilled: exceeded memoryMB{limit}"
     elif error:
         diagnostics = f"exit code {exit_code}: {error}"
+    elif (step := failed_step(exit_code, (labels or {}).get(LABEL_PREREQUISITES))):
+        diagnostics = f"exit code {exit_code}: {step} (the task's log says why, [pai] lines)"
     elif (name := _signal_name(exit_code)) is not None:
         diagnostics = f"exit code {exit_code} (killed by {name})"
     else:

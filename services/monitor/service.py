@@ -155,7 +155,7 @@ class Monitor:
         if phase_of(state.get("Status")) != Phase.EXITED:
             return None
         memory = (container.attrs.get("HostConfig") or {}).get("Memory")
-        observation = describe_exit(state, memory)
+        observation = describe_exit(state, memory, container.labels)
         if present:
             self.shipping.drain(container, ref, LOG_DRAIN_SECONDS)
         else:

@@ -46,6 +46,7 @@ from services.api import auth, tasklogs
 from services.api.errors import ApiError
 from services.portal import pages
 from shared.domain.states import JobState
+from shared.domain.storage import UNMOUNTED_KEY
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 
@@ -55,6 +56,7 @@ bp = Blueprint("portal", __name__, template_folder="templates", static_folder="s
 # A portal login's token lives a working day; the API's default is a week.
 SESSION_TOKEN_SECONDS = 12 * 3600
 CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "X-CSRF-Token"
 OPEN_ENDPOINTS = {"portal.login", "portal.static"}
 RECENT_JOBS = 10
 WAITING_SHOWN = 5
@@ -77,6 +79,8 @@ def init_app(app: Flask, settings: Settings) -> None:
         request.script_root, *parts)
     app.jinja_env.globals["run_time"] = pages.run_time
     app.jinja_env.globals["chart_refresh_seconds"] = pages.CHART_REFRESH_SECONDS
+    from services.portal import files  # noqa: F401  (its routes are this blueprint's)
+
     app.register_blueprint(bp)
 
 
@@ -160,7 +164,9 @@ def _session_user() -> Any:
 @bp.before_request
 def _guard() -> ResponseReturnValue | None:
     if request.method == "POST":
-        sent = request.form.get(CSRF_FIELD, "")
+        # A form carries the token as a field; a script's request (an upload
+        # part, whose body is the file's bytes) as a header.
+        sent = request.headers.get(CSRF_HEADER) or request.form.get(CSRF_FIELD, "")
         expected = session.get("csrf")
         if not isinstance(expected, str) or not hmac.compare_digest(sent, expected):
             return render_template("error.html", status=400, message=(
@@ -327,9 +333,20 @@ def job_page(username: str, name: str) -> ResponseReturnValue:
                            may_act=mine, name=name,
                            # the proxy lets a browser in as the job's owner only
                            may_open_ports=g.portal_user.username == username,
+                           output_dir=_output_dir(config.body) if config.ok else None,
                            usage=_usage(username, name, job["jobStatus"]["attemptIndex"])
                            if mine else None,
                            chart_size=(pages.CHART_WIDTH, pages.CHART_HEIGHT))
+
+
+def _output_dir(config: Any) -> str | None:
+    """The job's outputDir when it is a folder of the storage (not an hdfs://
+    URI nor a path outside every root), for a link to the storage browser."""
+    found = config.get("outputDir") if isinstance(config, dict) else None
+    unmounted = config.get(UNMOUNTED_KEY) or () if isinstance(config, dict) else ()
+    if not isinstance(found, str) or not found.startswith("/") or "outputDir" in unmounted:
+        return None
+    return found
 
 
 def _usage(username: str, name: str, attempt: int) -> pages.Usage | None:

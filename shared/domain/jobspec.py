@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from marshmallow import (
     validates_schema,
 )
 
-from shared.domain import ssh, storage
+from shared.domain import prerequisites, ssh, storage
 from shared.domain.capabilities import capability_list_errors
 from shared.domain.priority import CLASS_NAMES, DEFAULT_CLASS
 from shared.domain.storage import StoragePathError
@@ -249,6 +249,12 @@ class _TaskRoleSchema(_StrictSchema):
     taskRetryCount = _Int(validate=validate.Range(min=0, max=MAX_RETRIES), metadata={
         "description": "how often a failed task of the role is started again by itself "
                        "(same node and resources) before its failure counts"})
+    # Steps around the commands (shared/domain/prerequisites.py): what a
+    # protocol v2 role's data, output and script prerequisites become.
+    prerequisites = fields.List(fields.Raw(), validate=validate.Length(
+        max=prerequisites.MAX_STEPS), metadata={
+        "description": "data, output and script prerequisites: {name, type, uris, "
+                       "taskStarts, taskSucceeds, failurePolicy} (docs/job-config.md)"})
 
     @validates_schema(skip_on_field_errors=False)
     def _cross_fields(self, data: dict[str, Any], **kwargs: Any) -> None:
@@ -394,15 +400,24 @@ def _resolve_dir(value: str, roots: Sequence[str]) -> tuple[str, str | None]:
     return (where.path if where else value), None
 
 
-def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
-                  errors: dict[str, list[str]], *, default_output: bool) -> None:
+def _path_variables(config: dict[str, Any], username: str,
+                    roots: Sequence[str]) -> Callable[[str], str]:
+    """What replaces `$PAI_DEFAULT_FS_URI`, `$PAI_USERNAME` / `$PAI_USER_NAME`
+    and `$PAI_JOB_NAME` in a path the config names, as OpenPAI's configs use them."""
     variables = {"PAI_DEFAULT_FS_URI": roots[0] if roots else "",
                  "PAI_USERNAME": username, "PAI_USER_NAME": username}
     if "jobName" in config:
         variables["PAI_JOB_NAME"] = config["jobName"]
 
-    def substitute(match: re.Match[str]) -> str:
+    def one(match: re.Match[str]) -> str:
         return variables.get(match.group(1) or match.group(2), match.group(0))
+
+    return lambda value: _PAI_VAR.sub(one, value)
+
+
+def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
+                  errors: dict[str, list[str]], *, default_output: bool) -> None:
+    substitute = _path_variables(config, username, roots)
 
     if default_output and not config.get("outputDir"):
         config["outputDir"] = (posixpath.join(storage.user_folder(roots[0], username),
@@ -412,7 +427,7 @@ def _resolve_dirs(config: dict[str, Any], username: str, roots: Sequence[str],
         value = config.get(key)
         if not value:
             continue
-        value = _PAI_VAR.sub(substitute, value)
+        value = substitute(value)
         if storage.outside_every_root(value, roots):
             config[key] = value
             config.setdefault(storage.UNMOUNTED_KEY, []).append(key)
@@ -461,8 +476,37 @@ def _rejected(fields_: dict[str, list[str]]) -> InvalidJobConfig:
     return InvalidJobConfig(f"job config has {count} invalid {noun}", fields_)
 
 
+def _check_prerequisites(config: dict[str, Any], username: str, roots: Sequence[str],
+                         hdfs_webhdfs_url: str, errors: dict[str, list[str]]) -> None:
+    """Each role's prerequisites in their stored form (their URIs' `$PAI_...`
+    variables replaced as a dataDir's are), or the errors naming them."""
+    substitute = _path_variables(config, username, roots)
+    for at, role in enumerate(config.get("taskRoles") or []):
+        if not isinstance(role, dict):
+            continue  # the schema named what is wrong with it
+        raw = role.get("prerequisites")
+        if not raw or not isinstance(raw, list):
+            role.pop("prerequisites", None)
+            continue
+        found = []
+        for index, item in enumerate(raw):
+            if isinstance(item, dict) and isinstance(item.get("uris"), list):
+                item = {**item, "uris": [substitute(u) if isinstance(u, str) else u
+                                         for u in item["uris"]]}
+            try:
+                found.append(prerequisites.Prerequisite.from_dict(item))
+            except prerequisites.PrerequisiteError as error:
+                errors.setdefault(f"taskRoles.{at}.prerequisites.{index}", []).append(
+                    str(error))
+        try:
+            prerequisites.plan(found, roots, hdfs_webhdfs_url)
+        except prerequisites.PrerequisiteError as error:
+            errors.setdefault(f"taskRoles.{at}.prerequisites", []).append(str(error))
+        role["prerequisites"] = [item.to_dict() for item in found]
+
+
 def validate_job_config(
-    raw: Any, *, username: str, storage_roots: Sequence[str]
+    raw: Any, *, username: str, storage_roots: Sequence[str], hdfs_webhdfs_url: str = ""
 ) -> ValidatedConfig:
     """Validate and normalize a submitted config, or raise InvalidJobConfig
     naming every offending field. Never raises anything else, whatever `raw`
@@ -482,6 +526,7 @@ def validate_job_config(
         config = error.valid_data if isinstance(error.valid_data, dict) else {}
         valid = False
     _resolve_dirs(config, username, roots, errors, default_output=valid)
+    _check_prerequisites(config, username, roots, hdfs_webhdfs_url, errors)
     if errors:
         raise _rejected(errors)
     for role in config["taskRoles"]:

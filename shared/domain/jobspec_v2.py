@@ -6,21 +6,24 @@ config is checked here by its own schema, so errors name v2 paths
 and validated once more by the v1 rules, so nothing a v1 submit may not do
 slips in through v2. Every v2 field pai does not act on is kept (the stored
 submission holds it) and named in `ignored`, so a user learns it was not
-acted on instead of finding out when the job misbehaves. Prerequisites pai
-cannot act on (scripts, data and output steps) are refused: a job that
-silently skips its data download fails later and further from its cause.
+acted on instead of finding out when the job misbehaves. `data`, `output`
+and `script` prerequisites run around the commands
+(shared/domain/prerequisites.py); one pai could not run (a plugin other
+than OpenPAI's cmd plugin, a URI it cannot reach) is refused: a job that
+silently skipped its data download would fail later and further from its
+cause.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate
 
-from shared.domain import ssh
+from shared.domain import prerequisites, ssh
 from shared.domain.jobspec import (
     MAX_COMMAND_CHARS,
     MAX_CPUS,
@@ -46,6 +49,10 @@ UNLIMITED_RETRIES = (-1, -2)  # OpenPAI: retry without limit (serving jobs)
 
 _NAME = r"^[A-Za-z0-9._~-]+$"
 _REFERENCE = re.compile(r"<%\s*\$(parameters|secrets)\.([A-Za-z0-9_.-]+)\s*%>")
+# `<% $data.uri[0] %>`, `<% $script.name %>`: a field of the role's data,
+# output or script prerequisite, as OpenPAI's REST server renders them.
+_PREREQUISITE_REFERENCE = re.compile(
+    r"<%\s*\$(data|output|script)\.([A-Za-z0-9_-]+)(?:\[(\d+)\])?\s*%>")
 
 
 def is_v2(raw: Any) -> bool:
@@ -95,8 +102,12 @@ class _V2PrerequisiteSchema(_Open):
     name = fields.String(required=True, validate=validate.Length(min=1, max=255))
     type = fields.String(required=True, validate=validate.OneOf(
         ["dockerimage", "script", "data", "output"]))
-    uri = fields.Raw(required=True)
+    uri = fields.Raw()
     auth = fields.Nested(_V2AuthSchema)
+    plugin = fields.String()
+    callbacks = fields.Raw()
+    failurePolicy = fields.Raw()
+    require = fields.Raw()  # OpenPAI: "parsed by backend automatically"; order is the role's
 
 
 class _V2ResourceSchema(_Strict):
@@ -128,6 +139,7 @@ class _V2TaskRoleSchema(_Open):
     data = fields.String()
     output = fields.String()
     script = fields.String()
+    prerequisites = fields.List(fields.String(), validate=validate.Length(max=MAX_PREREQUISITES))
     resourcePerInstance = fields.Nested(_V2ResourceSchema, required=True)
     commands = _commands()
     completion = fields.Nested(_V2CompletionSchema)
@@ -260,6 +272,52 @@ def _substitute(text: str, parameters: dict[str, Any], secrets: dict[str, str],
     return _REFERENCE.sub(one, text)
 
 
+def _render_prerequisites(text: str, used: dict[str, dict[str, Any]]) -> str:
+    """`<% $data.uri[0] %>` and the like, from the role's prerequisites by
+    kind; a reference to nothing is left as it is (OpenPAI does the same)."""
+    def one(match: re.Match[str]) -> str:
+        item = used.get(match.group(1)) or {}
+        value = item.get(match.group(2))
+        if match.group(3) is not None:
+            index = int(match.group(3))
+            value = value[index] if isinstance(value, list) and index < len(value) else None
+        if value is None or isinstance(value, dict):
+            return match.group(0)
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    return _PREREQUISITE_REFERENCE.sub(one, text)
+
+
+def _role_prerequisites(role: dict[str, Any], where: str, others: dict[str, Any],
+                        errors: dict[str, list[str]]) -> tuple[list[dict[str, Any]],
+                                                               dict[str, dict[str, Any]]]:
+    """The stored form of the prerequisites a role names (legacy `data`,
+    `output`, `script`, then its `prerequisites` list, each once), and the
+    raw v2 items its legacy fields name, for rendering its commands."""
+    names: list[str] = []
+    used: dict[str, dict[str, Any]] = {}
+    for key in prerequisites.KINDS:
+        if key not in role:
+            continue
+        found = others.get(role[key])
+        if found is None or found[0].get("type") != key:
+            errors.setdefault(f"{where}.{key}", []).append(
+                f"No {key} prerequisite named {role[key]!r}.")
+            continue
+        used[key] = found[0]
+        names.append(role[key])
+    for index, name in enumerate(role.get("prerequisites") or []):
+        if name not in others:
+            errors.setdefault(f"{where}.prerequisites.{index}", []).append(
+                f"No data, output or script prerequisite named {name!r}.")
+        elif name not in names:
+            names.append(name)
+    stored = [others[n][1].to_dict() for n in names if others[n][1] is not None]
+    return stored, used
+
+
 def _known(data: dict[str, Any], schema: Schema, path: str) -> list[str]:
     """The fields of `data` its schema does not declare: kept, not acted on."""
     declared = set(schema.fields)
@@ -275,6 +333,9 @@ class _Conversion:
     secrets: dict[str, str]
     errors: dict[str, list[str]]
     ignored: list[str]
+    # data, output and script prerequisites by name: the raw item, and its stored form
+    others: dict[str, tuple[dict[str, Any], prerequisites.Prerequisite | None]] = \
+        field(default_factory=dict)
 
     def refuse(self, path: str, message: str) -> None:
         self.errors.setdefault(path, []).append(message)
@@ -283,7 +344,8 @@ class _Conversion:
         return _substitute(text, self.parameters, self.secrets, path, self.errors)
 
 
-def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> ConvertedConfig:
+def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str],
+               hdfs_webhdfs_url: str = "") -> ConvertedConfig:
     """A v2 config as the v1 config it runs from, or InvalidJobConfig naming
     every offending field by its v2 path."""
     job = _loaded(raw)
@@ -317,7 +379,8 @@ def convert_v2(raw: Any, *, username: str, storage_roots: Sequence[str]) -> Conv
         raise InvalidJobConfig(f"job config has {len(conversion.errors)} invalid field(s)",
                                conversion.errors)
     try:
-        validated = validate_job_config(config, username=username, storage_roots=storage_roots)
+        validated = validate_job_config(config, username=username, storage_roots=storage_roots,
+                                        hdfs_webhdfs_url=hdfs_webhdfs_url)
     except InvalidJobConfig as error:
         raise InvalidJobConfig(error.message, {_v2_path(k, roles): v
                                                for k, v in error.fields.items()}) from None
@@ -344,16 +407,16 @@ def _loaded(raw: Any) -> dict[str, Any]:
 def _images(job: dict[str, Any],
             conversion: _Conversion) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """The dockerimage prerequisites by name, and the registry login each
-    image's pull uses; other kinds of prerequisite are refused."""
+    image's pull uses; the data, output and script ones go to
+    `conversion.others`, for the roles that name them."""
     images: dict[str, str] = {}
     auths: dict[str, dict[str, str]] = {}  # image -> the registry login its pull uses
     for index, pre in enumerate(job.get("prerequisites") or []):
         where = f"prerequisites.{index}"
         if pre["type"] != "dockerimage":
-            conversion.refuse(
-                f"{where}.type",
-                f"pai does not run {pre['type']} prerequisites; put the step in the task "
-                f"role's commands (a job that silently skipped it would fail later).")
+            conversion.others[pre["name"]] = (pre, _loaded_prerequisite(pre, where,
+                                                                        conversion.errors))
+            conversion.ignored += _known(pre, _V2PrerequisiteSchema(), f"{where}.")
             continue
         if not isinstance(pre["uri"], str) or not pre["uri"].strip():
             conversion.refuse(f"{where}.uri", "Must be an image name.")
@@ -380,18 +443,15 @@ def _role_as_v1(name: str, role: dict[str, Any], images: dict[str, str],
     if image is None:
         conversion.refuse(f"{where}.dockerImage",
                           f"No dockerimage prerequisite named {role['dockerImage']!r}.")
-    for key in ("data", "output", "script"):
-        if key in role:
-            conversion.refuse(f"{where}.{key}",
-                              f"pai does not run {key} prerequisites; put the step in commands.")
+    stored, used = _role_prerequisites(role, where, conversion.others, conversion.errors)
     resource = role["resourcePerInstance"]
     steps = (deployment.get("preCommands") or []) + (role.get("commands") or []) \
         + (deployment.get("postCommands") or [])
     v1: dict[str, Any] = {
         "name": name, "taskNumber": role["instances"], "cpuNumber": resource["cpu"],
         "memoryMB": resource["memoryMB"], "gpuNumber": resource["gpu"],
-        "command": "\n".join(conversion.substitute(line, f"{where}.commands")
-                             for line in steps),
+        "command": "\n".join(_render_prerequisites(
+            conversion.substitute(line, f"{where}.commands"), used) for line in steps),
         "portList": [{"label": label, "beginAt": 0, "portNumber": count}
                      for label, count in (resource.get("ports") or {}).items()],
     }
@@ -408,6 +468,8 @@ def _role_as_v1(name: str, role: dict[str, Any], images: dict[str, str],
     conversion.ignored += [f"{where}.extraContainerOptions.{key}" for key in options]
     if role.get("taskRetryCount"):
         v1["taskRetryCount"] = role["taskRetryCount"]
+    if stored:
+        v1["prerequisites"] = stored
     if "instances" in resource:
         conversion.ignored.append(f"{where}.resourcePerInstance.instances")
     conversion.ignored += _known(role, _V2TaskRoleSchema(), f"{where}.")
@@ -434,6 +496,15 @@ def _take_extras(job: dict[str, Any], config: dict[str, Any], ignored: list[str]
     ignored += [f"extras.{key}" for key in extras]
     if acted:
         config["extras"] = acted
+
+
+def _loaded_prerequisite(pre: dict[str, Any], where: str,
+                         errors: dict[str, list[str]]) -> prerequisites.Prerequisite | None:
+    try:
+        return prerequisites.from_v2(pre)
+    except prerequisites.PrerequisiteError as error:
+        errors.setdefault(where, []).append(f"{str(error)[:1].upper()}{str(error)[1:]}.")
+        return None
 
 
 def _asks_for_ssh(parameters: Any) -> bool:

@@ -10,8 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.domain.prerequisites import Prerequisite
 from shared.domain.ssh import PORT_LABEL as SSH_PORT_LABEL
-from shared.domain.ssh import SshAccess, access_of
+from shared.domain.ssh import SshAccess, access_of, barrier_roles
 from shared.domain.states import JobState, TaskState
 
 
@@ -64,6 +65,9 @@ class TaskRoleSpec:
     # A failed task of this role is started again by itself (same node,
     # GPUs and ports) this many times before its failure counts
     task_retry_count: int = 0
+    # data, output and script prerequisites run around the command
+    # (shared/domain/prerequisites.py)
+    prerequisites: tuple[Prerequisite, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class JobSpec:
     image_auth: dict[str, str] | None = None
     # SSH into the tasks (shared/domain/ssh.py): every role then has an `ssh` port
     ssh: SshAccess | None = None
+    # OpenPAI's sshbarrier: the roles whose tasks' sshd each task waits for
+    # before its commands (None: no barrier)
+    ssh_barrier_roles: tuple[str, ...] | None = None
 
     @property
     def total_tasks(self) -> int:
@@ -127,6 +134,8 @@ class JobSpec:
                 min_failed_task_count=r.get("minFailedTaskCount"),
                 min_succeeded_task_count=r.get("minSucceededTaskCount"),
                 task_retry_count=int(r.get("taskRetryCount") or 0),
+                prerequisites=tuple(Prerequisite.from_dict(p)
+                                    for p in r.get("prerequisites") or ()),
             )
             for r in config["taskRoles"]
         )
@@ -149,7 +158,13 @@ class JobSpec:
             gang_allocation=(config.get("extras") or {}).get("gangAllocation") is not False,
             image_auth=dict(config["imageAuth"]) if config.get("imageAuth") else None,
             ssh=access,
+            ssh_barrier_roles=_barrier(config),
         )
+
+
+def _barrier(config: dict[str, Any]) -> tuple[str, ...] | None:
+    roles = barrier_roles(config)
+    return None if roles is None else tuple(roles)
 
 
 def _priority_class(config: dict[str, Any]) -> str:

@@ -39,6 +39,7 @@ AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"
 # /run/sshd: without SYS_CHROOT (dropped from every other job container,
 # shared/domain/capabilities.py) every login fails. Nothing else is added.
 CAPABILITIES = ("SYS_CHROOT",)
+BARRIER_FIELDS = ("sshbarrier", "sshbarriertaskroles")
 
 # An OpenSSH public key line: type, base64 blob, optional comment, one line.
 # No options prefix (`command="..."`, `from=`): a user's key grants a login,
@@ -104,9 +105,11 @@ def normalized(value: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise InvalidSshRequest("Must be true, false, or an object with jobssh and userssh.")
-    unknown = sorted(set(value) - {"jobssh", "userssh"})
+    unknown = sorted(set(value) - {"jobssh", "userssh", *BARRIER_FIELDS})
     if unknown:
-        raise InvalidSshRequest(f"Unknown field {unknown[0]!r}: only jobssh and userssh.")
+        raise InvalidSshRequest(f"Unknown field {unknown[0]!r}: only jobssh, userssh, "
+                                f"sshbarrier and sshbarriertaskroles.")
+    barrier = _barrier(value)
     job_key = value.get("jobssh", False)
     if not isinstance(job_key, bool):
         raise InvalidSshRequest("jobssh: must be true or false.")
@@ -129,7 +132,35 @@ def normalized(value: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {"jobssh": job_key}
     if user_key:
         out["userssh"] = {"type": USER_KEY_TYPE, "value": user_key}
+    out.update(barrier)
     return out
+
+
+def _barrier(value: dict[str, Any]) -> dict[str, Any]:
+    """OpenPAI's `sshbarrier` (every task waits, before its commands, until
+    the sshd of every task answers) and `sshbarriertaskroles` (only these
+    roles' tasks are waited for), as stored."""
+    wanted = value.get("sshbarrier", False)
+    if not isinstance(wanted, bool):
+        raise InvalidSshRequest("sshbarrier: must be true or false.")
+    roles = value.get("sshbarriertaskroles")
+    if roles is not None and (not isinstance(roles, list)
+                              or not all(isinstance(r, str) for r in roles)):
+        raise InvalidSshRequest("sshbarriertaskroles: must be a list of task role names.")
+    if not wanted:
+        return {}
+    return {"sshbarrier": True, **({"sshbarriertaskroles": roles} if roles else {})}
+
+
+def barrier_roles(config: dict[str, Any]) -> list[str] | None:
+    """The task roles whose tasks' sshd every task waits for before its
+    commands (all roles, unless `sshbarriertaskroles` names some); None: no barrier."""
+    value = config.get("ssh")
+    if not isinstance(value, dict) or not value.get("sshbarrier"):
+        return None
+    names = [r["name"] for r in config.get("taskRoles") or ()]
+    wanted = value.get("sshbarriertaskroles")
+    return [n for n in names if n in wanted] if wanted else names
 
 
 def v2_plugin_parameters(plugins: Any) -> tuple[int, Any] | None:

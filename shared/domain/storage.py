@@ -26,6 +26,7 @@ import json
 import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 HDFS_PREFIX = "hdfs://"
@@ -207,20 +208,43 @@ class Caller:
     shares: tuple[Share, ...] = field(default=())
 
 
+class Access(IntEnum):
+    """What a caller may do with a path: the same for a job's mount and for
+    the storage's other doors (WebHDFS, `pai fs`, the portal)."""
+
+    NONE = 0
+    READ = 1
+    WRITE = 2
+
+
+def access_to(where: StoragePath, caller: Caller, reserved: Iterable[str] = ()) -> Access:
+    """The one rule: admins may write anywhere under a root, a user in their
+    own folder; a share is read-only to those it grants; the platform's own
+    trees are no one's. A folder that holds one of those trees (a root that
+    holds the log tree) is at most readable, so no rename or delete of it
+    reaches the tree inside."""
+    if any(is_under(where.path, folder) for folder in reserved):
+        return Access.NONE
+    holds_reserved = any(is_under(folder, where.path) for folder in reserved)
+    if caller.admin or in_own_folder(where, caller.username):
+        return Access.READ if holds_reserved else Access.WRITE
+    if any(is_under(where.path, normalize_root(s.path))
+           and s.grants(caller.username, caller.virtual_clusters) for s in caller.shares):
+        return Access.NONE if holds_reserved else Access.READ
+    return Access.NONE
+
+
 def refusal(field_name: str, where: StoragePath, caller: Caller,
             reserved: Iterable[str] = ()) -> str | None:
     """Why `caller` may not mount `where` as `field_name`, or None if they may."""
     clash = reserved_clash(where.path, reserved)
     if clash:
         return clash
-    if caller.admin or in_own_folder(where, caller.username):
+    needed = Access.READ if field_name in READ_ONLY_FIELDS else Access.WRITE
+    if access_to(where, caller) >= needed:
         return None
     own = user_folder(where.root, caller.username)
     if field_name in READ_ONLY_FIELDS:
-        if any(is_under(where.path, normalize_root(s.path))
-               and s.grants(caller.username, caller.virtual_clusters)
-               for s in caller.shares):
-            return None
         return (f"{where.path!r} is neither in your folder {own}/ nor in a folder "
                 f"shared with you or your virtual clusters")
     return f"{where.path!r} must be in your own folder {own}/"
@@ -246,4 +270,31 @@ def refusals(config: Mapping[str, Any], roots: Sequence[str], caller: Caller,
         reason = refusal(key, where, caller, reserved)
         if reason:
             found[key] = [reason]
+    for path, field_name, use in prerequisite_paths(config, roots):
+        reason = refusal(use, path, caller, reserved)
+        if reason:
+            found.setdefault(field_name, []).append(reason)
+    return found
+
+
+def prerequisite_paths(config: Mapping[str, Any], roots: Sequence[str]
+                       ) -> list[tuple[StoragePath, str, str]]:
+    """Each storage path a role's prerequisites name (a validated config's
+    stored form), with the field it is reported under and the dir it acts as:
+    an output one is written as an `outputDir`, the others read as a `dataDir`."""
+    found = []
+    for at, role in enumerate(config.get("taskRoles") or ()):
+        for index, item in enumerate(role.get("prerequisites") or ()):
+            if item.get("type") == "script":
+                continue  # a script's uri is only rendered into commands, never reached
+            for uri in item.get("uris") or ():
+                if not isinstance(uri, str) or not uri.startswith(("/", FILE_PREFIX)):
+                    continue
+                try:
+                    where = resolve(uri, roots)
+                except StoragePathError:
+                    continue  # validation named it
+                if where is not None:
+                    use = "outputDir" if item.get("type") == "output" else "dataDir"
+                    found.append((where, f"taskRoles.{at}.prerequisites.{index}.uris", use))
     return found

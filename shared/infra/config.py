@@ -337,6 +337,12 @@ class Settings:
         "comma-separated roots that `dataDir`/`outputDir`/`codeDir` must lie under (each "
         "user's in `<root>/<user>/`, or in a share)",
         shown="none (`make up`: `.run/storage`; Compose: `/srv/pai/storage`)", passed_by=BOTH)
+    # The cluster's HDFS over WebHDFS (http://namenode:9870)
+    hdfs_webhdfs_url: str = setting(
+        "PAI_HDFS_WEBHDFS_URL", "", types.http_url,
+        "the cluster's HDFS over WebHDFS: `hdfs://` URIs of data and output prerequisites, and "
+        "an `hdfs://` codeDir, go through it (empty: refused at submit; docs/storage.md)",
+        shown="empty", passed_by=BOTH)
     log_dir: str = setting(
         "PAI_LOG_DIR", "", types.absolute_path,
         "the platform's own tree of full task logs (no job may mount it); set it where the "

@@ -32,6 +32,9 @@ LABEL_TASK_RETRY = "pai.taskRetry"  # absent on a task's first container: 0
 # The job's submission (models.Job.submission), unique across resubmissions
 # of a name: with the attempt, role, index and retry, the task attempt's id.
 LABEL_SUBMISSION = "pai.submission"
+# The runner's steps, one a line, by exit code (shared/domain/prerequisites.py):
+# set only on containers whose command is the runner.
+LABEL_PREREQUISITES = "pai.prerequisites"
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 

@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator
 
 import docker
 import pytest
+from playwright.sync_api import Browser, Page
 
-from bench.live_platform import Platform
+from bench.live_platform import USER, USER_PASSWORD, Platform
+from tests.e2e.portal_browser import chromium, logged_in
 from tests.support.platform import one_node_platform
 
 
@@ -30,3 +32,17 @@ def platform(redis_server: str, docker_client: docker.DockerClient, test_image: 
 @pytest.fixture
 def unique() -> Callable[[str], str]:
     return lambda prefix: f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium under Playwright, for a module of portal tests."""
+    with chromium() as launched:
+        yield launched
+
+
+@pytest.fixture
+def page(browser: Browser, platform: Platform) -> Iterator[Page]:
+    """A fresh browser context logged in as the platform's user."""
+    with logged_in(browser, platform, USER, USER_PASSWORD) as opened:
+        yield opened

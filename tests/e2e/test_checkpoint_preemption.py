@@ -22,7 +22,7 @@ import docker
 import pytest
 
 from bench.live_platform import Platform, wait_for
-from tests.e2e.conftest import one_node_platform
+from tests.support.platform import one_node_platform
 
 pytestmark = pytest.mark.docker
 

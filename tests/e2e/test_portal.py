@@ -7,59 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 import requests
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from bench.live_platform import USER, USER_PASSWORD, Platform
+from tests.e2e.portal_browser import shot
 
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "portal"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 JOB_SECONDS = 120_000  # ms: a job's whole life on a loaded CI machine
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)",
-                    pytrace=False)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                              args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: Browser, platform: Platform) -> Iterator[Page]:
-    """A fresh browser context (its own cookies), logged in through the form
-    with the keyboard only."""
-    context = browser.new_context(base_url=platform.url, viewport={"width": 1280,
-                                                                  "height": 900})
-    opened = context.new_page()
-    opened.goto("/jobs")
-    expect(opened).to_have_url(re.compile(r"/login\?next=/jobs$"))
-    shot(opened, "login")
-    opened.get_by_label("User name").focus()
-    opened.keyboard.type(USER)
-    opened.keyboard.press("Tab")
-    opened.keyboard.type(USER_PASSWORD)
-    opened.keyboard.press("Enter")
-    expect(opened).to_have_url(re.compile(r"/jobs$"))
-    expect(opened.locator("#who")).to_have_text(USER)
-    yield opened
-    context.close()
-
-
-def shot(page: Page, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
 def editor_config(page: Page) -> dict[str, object]:
@@ -218,9 +175,9 @@ def test_a_post_without_the_csrf_token_is_refused(platform: Platform,
     http = requests.Session()
     token = CSRF.search(http.get(f"{platform.url}/login", timeout=10).text)
     assert token is not None
-    logged_in = http.post(f"{platform.url}/login", timeout=30, allow_redirects=False, data={
+    login = http.post(f"{platform.url}/login", timeout=30, allow_redirects=False, data={
         "csrf_token": token.group(1), "username": USER, "password": USER_PASSWORD})
-    assert logged_in.status_code == 302
+    assert login.status_code == 302
     name = unique("portal-csrf")
     config = {"jobName": name, "image": "pai-test/busybox:latest",
               "taskRoles": [{"name": "main", "taskNumber": 1, "cpuNumber": 1,

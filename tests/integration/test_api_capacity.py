@@ -245,3 +245,41 @@ def test_a_chunked_body_over_the_limit_is_413_not_cut_short(serve: Callable[...,
                          headers={"Content-Type": "application/json"})
     assert resp.status_code == 413, resp.text
     assert resp.json()["code"] == "RequestEntityTooLargeError"
+
+
+def test_an_upload_longer_than_the_body_deadline_goes_through_while_bytes_flow(
+        serve: Callable[..., Api], tmp_path: Path) -> None:
+    """A WebHDFS upload may take longer than PAI_API_READ_TIMEOUT_SECONDS (it
+    may be gigabytes): each read of up to a MiB has the seconds to itself."""
+    api = serve(PAI_API_READ_TIMEOUT_SECONDS="1")
+    chunks = [bytes([n]) * 256 * 1024 for n in range(12)]  # 3 MiB
+    auth = str(api.http.headers["Authorization"])
+    sock = api.raw_request(
+        f"PUT /webhdfs/v1{tmp_path}/root/slow.bin?op=CREATE&data=true HTTP/1.1\r\n"
+        f"Host: t\r\nAuthorization: {auth}\r\n"
+        f"Content-Length: {sum(map(len, chunks))}\r\n\r\n".encode())
+    for chunk in chunks:  # a MiB per 0.6 s, 1.8 s in all: past the 1 s body deadline
+        sock.sendall(chunk)
+        time.sleep(0.15)  # the client's pace, not a wait for a state
+    assert status_line(sock).startswith(b"HTTP/1.1 201 ")
+    sock.close()
+    assert (tmp_path / "root" / "slow.bin").read_bytes() == b"".join(chunks)
+
+
+def test_an_upload_that_stops_sending_is_cut(serve: Callable[..., Api],
+                                             tmp_path: Path) -> None:
+    """Threat: an upload that announces a body and then sends nothing more
+    holds its connection; each read's timeout cuts it."""
+    api = serve(PAI_API_READ_TIMEOUT_SECONDS="1")
+    auth = str(api.http.headers["Authorization"])
+    sock = api.raw_request(
+        f"PUT /webhdfs/v1{tmp_path}/root/stalled.bin?op=CREATE&data=true HTTP/1.1\r\n"
+        f"Host: t\r\nAuthorization: {auth}\r\nContent-Length: 100000\r\n\r\n".encode()
+        + b"x" * 10)
+    sock.settimeout(DEADLINE_SECONDS)
+    answer = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(4096):
+            answer += chunk
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408"), answer

@@ -94,6 +94,15 @@ def whoami(client: AuthedClient, username: str) -> int:
     return status
 
 
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def csrf_of(html: str) -> str:
+    found = CSRF.search(html)
+    assert found, "the page has no CSRF field"
+    return found.group(1)
+
+
 def portal_login(client: FlaskClient, username: str, password: str = "secret-pw") -> str:
     """Log in through the login form, as a browser does; the session's CSRF token."""
     token = csrf_of(client.get("/login").get_data(as_text=True))
@@ -102,12 +111,3 @@ def portal_login(client: FlaskClient, username: str, password: str = "secret-pw"
     assert resp.status_code == 302, resp.get_data(as_text=True)
     assert resp.headers["Location"] == "/jobs"
     return csrf_of(client.get("/jobs").get_data(as_text=True))
-
-
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-def csrf_of(html: str) -> str:
-    found = CSRF.search(html)
-    assert found, "the page has no CSRF field"
-    return found.group(1)

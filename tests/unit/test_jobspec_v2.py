@@ -164,9 +164,27 @@ REFUSED = [
      "taskRoles.worker.resourcePerInstance.gpus"),
     ("unknown-image", job(taskRoles__worker__dockerImage="nope"),
      "taskRoles.worker.dockerImage"),
-    ("script-prerequisite", job(prerequisites=[
+    ("prerequisite-of-another-plugin", job(prerequisites=[
         {"name": "img", "type": "dockerimage", "uri": "busybox:1"},
-        {"name": "s", "type": "script", "uri": "http://x/s.sh"}]), "prerequisites.1.type"),
+        {"name": "s", "type": "script", "plugin": "com.example.teamwise", "uri": "x"}]),
+     "prerequisites.1"),
+    ("data-with-nothing-to-fetch", job(prerequisites=[
+        {"name": "img", "type": "dockerimage", "uri": "busybox:1"},
+        {"name": "d", "type": "data"}]), "prerequisites.1"),
+    ("data-hdfs-without-an-endpoint", job(prerequisites=[
+        {"name": "img", "type": "dockerimage", "uri": "busybox:1"},
+        {"name": "d", "type": "data", "uri": ["hdfs://nn:9000/d"]}],
+        taskRoles__worker__data="d"), "taskRoles.worker.prerequisites"),
+    ("output-over-http", job(prerequisites=[
+        {"name": "img", "type": "dockerimage", "uri": "busybox:1"},
+        {"name": "o", "type": "output", "uri": "http://x/o"}],
+        taskRoles__worker__output="o"), "taskRoles.worker.prerequisites"),
+    ("role-lists-an-unknown-prerequisite", job(taskRoles__worker__prerequisites=["nope"]),
+     "taskRoles.worker.prerequisites.0"),
+    ("data-field-names-a-script", job(prerequisites=[
+        {"name": "img", "type": "dockerimage", "uri": "busybox:1"},
+        {"name": "s", "type": "script", "uri": "http://x/s.sh"}],
+        taskRoles__worker__data="s"), "taskRoles.worker.data"),
     ("data-reference", job(taskRoles__worker__data="d"), "taskRoles.worker.data"),
     ("missing-parameter", job(taskRoles__worker__commands=["<% $parameters.nope %>"]),
      "taskRoles.worker.commands"),

@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 from services.launcher.mounts import TaskSetupError, host_path
 from shared.domain.jobspec import _resolve_dir
 from shared.domain.storage import (
+    Access,
     Caller,
     Share,
     StoragePath,
     StoragePathError,
+    access_to,
     default_log_dir,
     in_own_folder,
     is_under,
@@ -116,6 +118,28 @@ def test_who_may_mount_what(field: str, value: str, caller: Caller, allowed: boo
     where = resolve(value, ROOTS)
     assert where is not None
     assert (refusal(field, where, caller, [LOGS]) is None) is allowed
+
+
+@pytest.mark.parametrize(("value", "caller", "expected"), [
+    pytest.param("/nfs/bob/x", BOB, Access.WRITE, id="own folder: read-write"),
+    pytest.param("/nfs/bob", BOB, Access.WRITE, id="the own folder itself"),
+    pytest.param("/nfs/alice/x", BOB, Access.NONE, id="another's folder: nothing"),
+    pytest.param("/nfs", BOB, Access.NONE, id="a bare root: nothing"),
+    pytest.param("/nfs/datasets/imagenet/a", BOB, Access.READ, id="a share: read-only"),
+    pytest.param("/nfs/datasets", BOB, Access.NONE, id="above a share: nothing"),
+    pytest.param("/data/team", BOB, Access.NONE, id="a VC's share, not in the VC"),
+    pytest.param("/data/team/y", VISION_BOB, Access.READ, id="a VC's share, in the VC"),
+    pytest.param("/nfs/alice", ADMIN, Access.WRITE, id="admin: any folder"),
+    pytest.param("/data", ADMIN, Access.WRITE, id="admin: a root without the log tree"),
+    pytest.param("/nfs", ADMIN, Access.READ, id="admin: the root holding logs is read-only"),
+    pytest.param("/nfs/.pai-logs", ADMIN, Access.NONE, id="admin: never the log tree"),
+    pytest.param("/nfs/.pai-logs/j/0/a-0.log", ADMIN, Access.NONE, id="admin: never a log"),
+])
+def test_what_a_caller_may_do_with_a_path(value: str, caller: Caller,
+                                          expected: Access) -> None:
+    where = resolve(value, ROOTS)
+    assert where is not None
+    assert access_to(where, caller, [LOGS]) == expected
 
 
 def test_refusals_name_every_field_and_pass_the_rest() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import click
@@ -11,6 +12,7 @@ import yaml
 from rich.text import Text
 
 from pai_cli.api import ApiError, Client, job_path, jobs_path
+from pai_cli.commands import fs
 from pai_cli.formatting import elapsed, now_ms
 from pai_cli.jobfile import JobFileError, apply_overrides, parse_job_config, read_source
 from pai_cli.session import (
@@ -79,6 +81,10 @@ def _finish(name: str, detail: dict[str, Any]) -> int:
 @click.option("--name", "new_name", metavar="NAME", help="Submit under this jobName.")
 @click.option("--vc", metavar="VC", help="Submit to this virtual cluster.")
 @click.option("--dry-run", is_flag=True, help="Only check the config; submit nothing.")
+@click.option("--upload-code", "code", metavar="DIR",
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Send DIR to <your folder>/code/<jobName> first and submit with that "
+                   "as codeDir (the tasks' working directory).")
 @click.option("--wait", is_flag=True,
               help="Follow the job and exit with its code: 0 SUCCEEDED, the app's exit "
                    "code when FAILED, 130 when STOPPED.")
@@ -87,8 +93,8 @@ def _finish(name: str, detail: dict[str, Any]) -> int:
 @output_option()
 @pass_session
 def submit(session: Session, job_file: str, new_name: str | None, vc: str | None,
-           dry_run: bool, wait: bool, timeout: float | None, user: str | None,
-           output: str) -> None:
+           dry_run: bool, code: Path | None, wait: bool, timeout: float | None,
+           user: str | None, output: str) -> None:
     """Submit the job config in JOB_FILE.
 
     JOB_FILE is JSON (OpenPAI's // and /* */ comments allowed) or YAML (.yaml,
@@ -99,6 +105,15 @@ def submit(session: Session, job_file: str, new_name: str | None, vc: str | None
     except JobFileError as error:
         raise CliError(str(error)) from None
     client, owner = session.client(), session.owner(user)
+    if code is not None:
+        config["codeDir"] = fs.code_dir_for(session, config, code)
+        # The config is checked before a byte is sent, and the code is there
+        # before the job can start.
+        client.call("POST", jobs_path(owner), body=config, params={"dryRun": "true"})
+        if not dry_run:
+            fs.upload_code(session, code, config["codeDir"])
+            if output == "table":
+                click.echo(f"sent {code} to {config['codeDir']}", err=True)
     answer = client.call("POST", jobs_path(owner), body=config,
                          params={"dryRun": "true"} if dry_run else None)
     ignored = answer.get("ignoredFields") or []

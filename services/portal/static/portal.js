@@ -101,6 +101,73 @@ function refreshUsage() {
   }, Number(usage.dataset.refreshMs) || 10000);
 }
 
+// Storage uploads: each file in parts of data-part-bytes, one request per
+// part (the first makes the file anew, each next one is appended where the
+// file ends), so a large file never rides one request; a failed part is
+// sent again a few times before the upload gives up.
+const PART_TRIES = 3;
+
+async function sendPart(drop, path, file, offset) {
+  const end = Math.min(offset + Number(drop.dataset.partBytes), file.size);
+  const url = drop.dataset.upload + "?path=" + encodeURIComponent(path) + "&offset=" + offset;
+  let last = "";
+  for (let attempt = 0; attempt < PART_TRIES; attempt++) {
+    try {
+      const answer = await fetch(url, {method: "POST", credentials: "same-origin",
+        headers: {"X-CSRF-Token": drop.dataset.csrf, "Content-Type": "application/octet-stream"},
+        body: file.slice(offset, end)});
+      const body = await answer.json().catch(() => ({}));
+      if (answer.ok) return body.length;
+      last = body.message || ("HTTP " + answer.status);
+      if (answer.status < 500) break;
+    } catch (error) {
+      last = String(error);
+    }
+  }
+  throw new Error(last);
+}
+
+async function upload(drop, file) {
+  const item = document.createElement("li");
+  const bar = document.createElement("progress");
+  bar.max = file.size || 1;
+  bar.value = 0;
+  item.append(file.name + " ", bar);
+  document.getElementById("uploads").append(item);
+  const path = drop.dataset.path.replace(/\/$/, "") + "/" + file.name;
+  let offset = 0;
+  try {
+    do {
+      offset = await sendPart(drop, path, file, offset);
+      bar.value = offset;
+    } while (offset < file.size);
+    item.append(" done");
+    item.className = "done";
+  } catch (error) {
+    item.append(" failed: " + error.message);
+    item.className = "error";
+  }
+}
+
+async function uploadAll(drop, files) {
+  for (const file of files) await upload(drop, file);
+  if (!document.querySelector("#uploads li.error")) window.location.reload();
+}
+
+function uploads() {
+  const drop = document.getElementById("drop");
+  if (!drop) return;
+  const input = document.getElementById("upload-files");
+  input.addEventListener("change", () => uploadAll(drop, Array.from(input.files)));
+  drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+  drop.addEventListener("drop", (event) => {
+    event.preventDefault();
+    drop.classList.remove("over");
+    uploadAll(drop, Array.from(event.dataTransfer.files));
+  });
+}
+
 document.addEventListener("click", (event) => {
   const button = event.target.closest && event.target.closest("button.show-log");
   if (button) follow(button);
@@ -112,4 +179,5 @@ document.addEventListener("DOMContentLoaded", () => {
   followFirst();
   refreshJob();
   refreshUsage();
+  uploads();
 });
