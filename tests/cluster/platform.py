@@ -41,6 +41,7 @@ TIMINGS = {"PAI_HEARTBEAT_SECONDS": "1", "PAI_NODE_LEASE_SECONDS": "6",
 LOST_AFTER_SECONDS = 19
 FENCE_BOUND_SECONDS = 15.0  # the issue's target for two live copies of one task
 WAIT_SECONDS = 120
+AGENT_STOP_SECONDS = 60  # a node agent gives its children 40 s to stop
 
 
 def wait_for(check: Callable[[], Any], what: str, seconds: float = WAIT_SECONDS) -> Any:
@@ -136,7 +137,20 @@ class Cluster:
                              {**self.agent_env(name), **(extra_env or {})})
 
     def stop_agent(self, name: str) -> None:
+        """Stop the agent and wait for every process of its group: a wrapper
+        (faketime, unshare) may die before the agent's launcher and monitor
+        have, and a new agent started meanwhile would (rightly) be refused."""
+        group = self.processes.pid(f"agent-{name}")
         self.processes.stop(f"agent-{name}")
+        deadline = time.monotonic() + AGENT_STOP_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
 
     # ----------------------------------------------------------- the API
 
