@@ -46,7 +46,7 @@ from services.monitor.observations import (
     phase_of,
 )
 from shared.domain.models import Task, task_key
-from shared.domain.states import TaskState
+from shared.domain.states import LIVE_JOB_STATES, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
@@ -58,7 +58,6 @@ from shared.node.containers import (
 )
 from shared.node.engine import EngineCalls
 from shared.state.lifecycle import (
-    LIVE_JOB_STATES,
     ExitReport,
     mark_task_running,
     record_task_exit,
