@@ -239,7 +239,7 @@ class Launcher:
         if report is None:
             return  # already settled by someone else
         if report.relaunched and report.node:  # its role's taskRetryCount covers it
-            self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
+            self.messenger.task_relaunched(ref.job_id, ref.attempt, ref.role, ref.index)
             return
         if report.attempt_ended:  # it frees this task's allocation too (the monitor's _settle)
             self.messenger.attempt_ended(ref.job_id, ref.attempt)

@@ -203,9 +203,9 @@ class Monitor:
                      report.task_state, report.job_state, " (retried)" if report.retried else
                      " (task retry)" if report.relaunched else "")
         if report is not None and report.relaunched and report.node:
-            # Only the call that made the retry sends its start: a repeated
-            # exit report is stale (None) and sends nothing.
-            self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
+            # Only the call that made the retry asks the scheduler (the one
+            # sender of starts) to start it: a repeated exit report is stale.
+            self.messenger.task_relaunched(ref.job_id, ref.attempt, ref.role, ref.index)
             return report
         if report is not None and report.attempt_ended:
             # The attempt's end frees the allocation of each of its settled

@@ -573,6 +573,14 @@ class Scheduler:
         if self.release_if_settled(job_id, attempt, role, index):
             self.request_pass(deferrable=deferrable)
 
+    def send_relaunch(self, job_id: str, attempt: int, role: str, index: int) -> None:
+        """A task its role's taskRetryCount relaunched on its allocation: send
+        its node the start, if the task still launches there (the scheduler
+        is the one sender of starts; a repeated message finds it sent)."""
+        task = self.store.get_task(job_id, attempt, role, index)
+        if task is not None and task.state == TaskState.LAUNCHING and task.node:
+            self.messenger.start_task(task.node, job_id, attempt, role, index)
+
     def stop_attempt(self, job_id: str, attempt: int, *, deferrable: bool = False) -> None:
         """An attempt ended or its job is stopping: stop what still runs.
 
