@@ -28,7 +28,7 @@ from shared.domain.capabilities import refused_capabilities
 from shared.domain.completion import NON_RETRYABLE_PREFIX
 from shared.domain.models import JobSpec, Node, Task, task_key
 from shared.domain.notice import PREEMPTION_FILE, preemption_notice
-from shared.domain.states import JobState, TaskState
+from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
@@ -37,7 +37,7 @@ from shared.state import keys, leases, proxytokens, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.state.leases import Holder, NameLost
-from shared.state.lifecycle import LIVE_JOB_STATES, record_task_exit
+from shared.state.lifecycle import record_task_exit
 from shared.state.nodeagent import live_ms
 from shared.state.store import Store, task_is_live
 
@@ -239,7 +239,7 @@ class Launcher:
         if report is None:
             return  # already settled by someone else
         if report.relaunched and report.node:  # its role's taskRetryCount covers it
-            self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
+            self.messenger.task_relaunched(ref.job_id, ref.attempt, ref.role, ref.index)
             return
         if report.attempt_ended:  # it frees this task's allocation too (the monitor's _settle)
             self.messenger.attempt_ended(ref.job_id, ref.attempt)

@@ -21,7 +21,7 @@ from services.monitor.gpuhealth import GpuHealthWatch, stop_container
 from services.monitor.lease import LeaseKeeper
 from services.monitor.sampling import IdleStop
 from services.monitor.service import Monitor
-from shared.domain.states import JobState
+from shared.domain.states import LIVE_JOB_STATES, JobState
 from shared.infra.config import ConfigError, Settings, load_settings
 from shared.infra.logs import setup_logging
 from shared.infra.messaging import Messenger, make_celery
@@ -29,7 +29,7 @@ from shared.infra.nodeaddress import with_node_address
 from shared.infra.supervise import EXIT_REFUSED
 from shared.node.containers import TaskRef, docker_client
 from shared.state import telemetry
-from shared.state.lifecycle import LIVE_JOB_STATES, request_stop
+from shared.state.lifecycle import request_stop
 from shared.state.store import Store
 
 log = logging.getLogger("pai.monitor")

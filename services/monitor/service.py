@@ -46,7 +46,7 @@ from services.monitor.observations import (
     phase_of,
 )
 from shared.domain.models import Task, task_key
-from shared.domain.states import TaskState
+from shared.domain.states import LIVE_JOB_STATES, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
@@ -58,7 +58,6 @@ from shared.node.containers import (
 )
 from shared.node.engine import EngineCalls
 from shared.state.lifecycle import (
-    LIVE_JOB_STATES,
     ExitReport,
     mark_task_running,
     record_task_exit,
@@ -204,9 +203,9 @@ class Monitor:
                      report.task_state, report.job_state, " (retried)" if report.retried else
                      " (task retry)" if report.relaunched else "")
         if report is not None and report.relaunched and report.node:
-            # Only the call that made the retry sends its start: a repeated
-            # exit report is stale (None) and sends nothing.
-            self.messenger.start_task(report.node, ref.job_id, ref.attempt, ref.role, ref.index)
+            # Only the call that made the retry asks the scheduler (the one
+            # sender of starts) to start it: a repeated exit report is stale.
+            self.messenger.task_relaunched(ref.job_id, ref.attempt, ref.role, ref.index)
             return report
         if report is not None and report.attempt_ended:
             # The attempt's end frees the allocation of each of its settled

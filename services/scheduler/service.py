@@ -38,7 +38,7 @@ from shared.domain.models import (
     task_key,
 )
 from shared.domain.priority import PriorityClass, queue_order
-from shared.domain.states import JobState, TaskState
+from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra import messaging
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
@@ -284,7 +284,7 @@ class Scheduler:
         now = now_ms()
         for job_id, job in queued:
             # RUNNING and queued: partly placed (no gang allocation), see below
-            if job is None or job.state not in (JobState.WAITING, JobState.RUNNING):
+            if job is None or job.state not in LIVE_JOB_STATES:
                 stale.append(job_id)
             elif job.retry_after_ms is not None and job.retry_after_ms > now:
                 continue  # backing off before a retry; the repair loop's passes look again
@@ -347,7 +347,7 @@ class Scheduler:
         live: list[tuple[str, list[str | None]]] = []
         for job_id, values in zip(ids, records, strict=True):
             state, attempt = values[0], values[1]
-            if state in (JobState.WAITING, JobState.RUNNING) and attempt is not None:
+            if state in LIVE_JOB_STATES and attempt is not None:
                 live.append((job_id, values))
         self._load_specs([(job_id, int(values[2] or 0)) for job_id, values in live])
         running = []
@@ -572,6 +572,14 @@ class Scheduler:
                    deferrable: bool = False) -> None:
         if self.release_if_settled(job_id, attempt, role, index):
             self.request_pass(deferrable=deferrable)
+
+    def send_relaunch(self, job_id: str, attempt: int, role: str, index: int) -> None:
+        """A task its role's taskRetryCount relaunched on its allocation: send
+        its node the start, if the task still launches there (the scheduler
+        is the one sender of starts; a repeated message finds it sent)."""
+        task = self.store.get_task(job_id, attempt, role, index)
+        if task is not None and task.state == TaskState.LAUNCHING and task.node:
+            self.messenger.start_task(task.node, job_id, attempt, role, index)
 
     def stop_attempt(self, job_id: str, attempt: int, *, deferrable: bool = False) -> None:
         """An attempt ended or its job is stopping: stop what still runs.

@@ -30,6 +30,11 @@ def create_scheduler_app(settings: Settings) -> tuple[Celery, Scheduler]:
         with scheduler.message():
             scheduler.task_ended(job_id, int(attempt), role, int(index), deferrable=True)
 
+    @app.task(name=messaging.TASK_RELAUNCHED, shared=False)
+    def task_relaunched(job_id: str, attempt: int, role: str, index: int) -> None:
+        with scheduler.message():
+            scheduler.send_relaunch(job_id, int(attempt), role, int(index))
+
     @app.task(name=messaging.ATTEMPT_ENDED, shared=False)
     def attempt_ended(job_id: str, attempt: int) -> None:
         with scheduler.message():

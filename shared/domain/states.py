@@ -101,3 +101,8 @@ def check_job_move(current: JobState, target: JobState) -> None:
 def check_task_move(current: TaskState, target: TaskState) -> None:
     if not can_move_task(current, target):
         raise IllegalTransition("task", current, target)
+
+
+# A job that runs or may run: queued, placed, starting or running. Stopping
+# and final jobs are not (the scheduler, launcher and monitor all ask this).
+LIVE_JOB_STATES = frozenset({JobState.WAITING, JobState.RUNNING})

@@ -26,6 +26,9 @@ SCHEDULER_QUEUE = "scheduler"
 SCHEDULE = "pai.scheduler.schedule"
 TASK_ENDED = "pai.scheduler.task_ended"
 ATTEMPT_ENDED = "pai.scheduler.attempt_ended"
+# A task its role's taskRetryCount relaunched: the scheduler, the one sender
+# of starts, sends its node the start.
+TASK_RELAUNCHED = "pai.scheduler.task_relaunched"
 STOP_JOB = "pai.scheduler.stop_job"
 RECONCILE = "pai.scheduler.reconcile"
 START_TASK = "pai.launcher.start_task"
@@ -215,6 +218,9 @@ class Messenger:
 
     def attempt_ended(self, job_id: str, attempt: int) -> None:
         self._send(ATTEMPT_ENDED, [job_id, attempt], SCHEDULER_QUEUE)
+
+    def task_relaunched(self, job_id: str, attempt: int, role: str, index: int) -> None:
+        self._send(TASK_RELAUNCHED, [job_id, attempt, role, index], SCHEDULER_QUEUE)
 
     def stop_job(self, job_id: str) -> None:
         self._send(STOP_JOB, [job_id], SCHEDULER_QUEUE)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from shared.domain.exits import STOPPED_BY_PLATFORM
 from shared.domain.models import Task, attempt_task_key, parse_attempt_task_key
 from shared.domain.states import TaskState
 from shared.state import keys
-from shared.state.lifecycle import STOPPED_BY_PLATFORM
 from shared.state.tasksamples import Sample
 
 

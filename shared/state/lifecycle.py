@@ -20,7 +20,17 @@ from typing import Any
 
 from shared.domain import gpuhealth
 from shared.domain.cluster import placement_fits
-from shared.domain.completion import NON_RETRYABLE_PREFIX, decide_retry, evaluate_completion
+from shared.domain.exits import (
+    STOPPED_BY_PLATFORM,
+    STOPPED_BY_USER,
+    AttemptEnd,
+    Charge,
+    ExitDecision,
+    ExitKind,
+    TaskExit,
+    decide_exit,
+    is_live,
+)
 from shared.domain.models import (
     Allocation,
     Attempt,
@@ -34,12 +44,11 @@ from shared.domain.models import (
     parse_attempt_task_key,
     task_key,
 )
-from shared.domain.states import JobState, TaskState, check_task_move
+from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState, check_task_move
 from shared.infra.clock import now_ms
 from shared.state import gpufaults, keys, retention, telemetry, usage
 from shared.state.store import EVENTS_MAX_LEN, Expect, Pipe, Store, compact_json, event_fields
 
-LIVE_JOB_STATES = (JobState.WAITING, JobState.RUNNING)
 PASS_REQUEST_TTL_MS = 1000
 # A task retry's launch lease when the caller names none: the scheduler sends
 # the start again once it is over (retry_stale_launches)
@@ -124,154 +133,143 @@ def record_task_exit(
     task_retry: int | None = None, relaunch_deadline_ms: int | None = None,
     submission: str | None = None,
 ) -> ExitReport | None:
-    """A task's container ended (or can never run): settle the task and job.
+    """A task's container ended (or can never run): settle the task and job
+    as shared/domain/exits.py `decide_exit` says, on the records read under
+    WATCH (the job's config read and parsed once, only for a live attempt).
 
     `task_retry`: which of the task's containers ended (TaskRef.retry); a
     report of an earlier one is stale. None: whichever is current (a lost
     node). `submission`: the submission the container was made for; a
     container of an earlier submission of the name settles nothing. A
-    failure its role's `taskRetryCount` still covers relaunches the task
-    instead (`relaunched`): back to LAUNCHING on the same allocation,
-    its `retries` one up, under a launch lease to `relaunch_deadline_ms`.
+    relaunched task (its role's `taskRetryCount`) goes back to LAUNCHING on
+    its allocation under a launch lease to `relaunch_deadline_ms`.
 
-    Returns None when the task was already settled (a repeated report).
+    Returns None when the report is stale (the task settled already).
     """
-    job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
+    seen = TaskExit(exit_code, diagnostics, platform_failure, task_retry, submission)
+    key = task_key(role, index)
 
     def decide(pipe: Pipe) -> ExitReport | None:
         job = store.read_job(pipe, job_id)
         tasks = store.read_tasks(pipe, job_id, attempt)
-        task = tasks.get(task_key(role, index))
-        if job is None or task is None or task.state.is_final:
+        spec = None
+        if job is not None and key in tasks and is_live(job, attempt):
+            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
+        decision = decide_exit(job, tasks, key, attempt, spec, seen)
+        if decision.kind == ExitKind.STALE or job is None:
             return None
-        if task_retry is not None and task_retry != task.retries:
-            return None  # an earlier container of a retried task: settled by its retry
-        if submission and submission != job.submission:
-            return None  # a container of an earlier submission of this name: not ours
-        live = attempt == job.attempt and job.state in LIVE_JOB_STATES
-        if live and exit_code != 0 and not platform_failure and not job.preempted_by \
-                and not diagnostics.startswith(NON_RETRYABLE_PREFIX):
-            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
-            if task.retries < spec.role(role).task_retry_count:
-                return _relaunch(pipe, job, task, exit_code, diagnostics)
-        if not live or (job.preempted_by and exit_code != 0):
-            target = TaskState.STOPPED
-        else:
-            target = TaskState.SUCCEEDED if exit_code == 0 else TaskState.FAILED
-        _move_task(task, target)
-        task.exit_code, task.diagnostics = exit_code, diagnostics
-        task.platform_failure, task.completed_ms = platform_failure, now_ms()
+        if decision.kind == ExitKind.RELAUNCH:
+            deadline = relaunch_deadline_ms or now_ms() + RELAUNCH_LEASE_MS
+            return _relaunch(store, pipe, job, tasks[key], attempt, seen, deadline)
+        return _settle_exit(store, pipe, job, tasks, tasks[key], attempt, decision, seen)
 
-        previous, retried, ended = job.state, False, False
-        new_tasks: list[Task] = []
-        closed: Attempt | None = None
-        if job.state == JobState.STOPPING and attempt == job.attempt:
-            if all(t.state.is_final for t in tasks.values()):
-                store.bump(job, JobState.STOPPED)
-                job.completed_ms = now_ms()
-                closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
-                                         stop_reason_of(job), False)
-                ended = True
-        elif live:
-            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
-            outcome = evaluate_completion(spec, tasks.values())
-            succeeded = outcome is not None and outcome.state == JobState.SUCCEEDED \
-                and exit_code == 0
-            if job.preempted_by and not succeeded:
-                # Preempted: tasks ending on the signal are not the job's
-                # failure (nor, stopped, its success). Once all have ended it
-                # goes back to its queue at its old place, uncharged; a task
-                # succeeding in the grace period that completes the job stands.
-                outcome = None
-                if all(t.state.is_final for t in tasks.values()):
-                    ended = retried = True
-                    closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None,
-                                             f"Preempted by {job.preempted_by}", False)
-                    closed.preempted_by = job.preempted_by
-                    store.bump(job, JobState.WAITING)
-                    job.attempt += 1
-                    job.preemptions += 1
-                    _clear_placement(job)
-                    new_tasks = [Task(role=t.role, index=t.index) for t in tasks.values()]
-            if outcome is not None:
-                ended = True
-                closed = _closed_attempt(store, pipe, job, outcome.state, outcome.exit_code,
-                                         outcome.reason, outcome.platform_failure)
-                decision = decide_retry(outcome, retry_count=spec.retry_count,
-                                        retries=job.retries,
-                                        platform_retries=job.platform_retries)
-                if decision.retry:
-                    retried = True
-                    store.bump(job, JobState.WAITING)
-                    job.attempt += 1
-                    if decision.counts_against_retry_count:
-                        job.retries += 1
-                    else:
-                        job.platform_retries += 1
-                    _clear_placement(job)
-                    job.retry_after_ms = None
-                    if decision.delay_seconds:
-                        job.retry_after_ms = now_ms() + decision.delay_seconds * 1000
-                        job.waiting_reason = (f"retry {job.retries} waits "
-                                              f"{decision.delay_seconds} s (back-off)")
-                    new_tasks = [Task(role=t.role, index=t.index) for t in tasks.values()]
-                else:
-                    store.bump(job, outcome.state)
-                    job.completed_ms = now_ms()
-                    job.exit_code = outcome.exit_code
-                    job.exit_diagnostics = outcome.reason
-        if job.state == previous and not ended:
-            job.version += 1  # a task moved: anyone deciding on the old view must re-read
-        # Tasks a partial placement (no gang allocation) had not placed yet
-        # never run in an attempt that ended.
-        unplaced = [t for t in tasks.values() if t.state == TaskState.WAITING] if ended else []
-        for waiting in unplaced:
-            _move_task(waiting, TaskState.STOPPED)
-            waiting.completed_ms = now_ms()
-        held = usage.held_allocation(pipe, job_id, attempt, task)
+    return store.transact(decide, keys.job(job_id), keys.job_tasks(job_id, attempt))
 
-        pipe.multi()
-        store.write_tasks(pipe, job_id, attempt, [task, *unplaced])
-        usage.record_task_usage(pipe, held, task)  # placement to exit, recorded once
-        if job.state.is_final:
-            store.dequeue(pipe, job_id, job.virtual_cluster)
-        pipe.zrem(keys.LAUNCHING, attempt_task_key(job_id, attempt, role, index))
-        if closed is not None:
-            store.write_attempt(pipe, job_id, closed)
-        if retried:
-            store.write_tasks(pipe, job_id, job.attempt, new_tasks)
-            store.write_attempt(pipe, job_id, Attempt(index=job.attempt, created_ms=now_ms()))
-            store.enqueue(pipe, job)
-        store.write_job(pipe, job, previous)
-        store.add_event(pipe, job_id, "task-exit", attempt=attempt, role=role, index=index,
-                        state=task.state, exitCode=exit_code, diagnostics=diagnostics)
-        telemetry.record(pipe, telemetry.TASK_EXITS, {
-            "state": task.state, "class": "platform" if platform_failure else "user"})
-        if ended:
-            store.add_event(pipe, job_id, "attempt-end", attempt=attempt, state=job.state,
-                            retried=retried)
-        return ExitReport(task.state, job.state, ended, retried, task.node)
 
-    def _relaunch(pipe: Pipe, job: Job, task: Task, exit_code: int,
-                  diagnostics: str) -> ExitReport:
-        """The failed task starts again by itself: a fresh container on its
-        allocation (node, GPUs, ports kept); the job and attempt go on."""
-        _move_task(task, TaskState.LAUNCHING)
-        task.retries += 1
-        task.container_id, task.started_ms, task.launched_ms = None, None, now_ms()
+def _relaunch(store: Store, pipe: Pipe, job: Job, task: Task, attempt: int, seen: TaskExit,
+              deadline_ms: int) -> ExitReport:
+    """The failed task starts again by itself: a fresh container on its
+    allocation (node, GPUs, ports kept); the job and attempt go on."""
+    _move_task(task, TaskState.LAUNCHING)
+    task.retries += 1
+    task.container_id, task.started_ms, task.launched_ms = None, None, now_ms()
+    job.version += 1  # a task moved: anyone deciding on the old view must re-read
+    pipe.multi()
+    store.write_tasks(pipe, job.id, attempt, [task])
+    pipe.zadd(keys.LAUNCHING, {attempt_task_key(job.id, attempt, task.role, task.index):
+                               deadline_ms})
+    store.write_job(pipe, job, job.state)
+    store.add_event(pipe, job.id, "task-retry", attempt=attempt, role=task.role,
+                    index=task.index, retries=task.retries, exitCode=seen.exit_code,
+                    diagnostics=seen.diagnostics, node=task.node)
+    telemetry.record(pipe, telemetry.TASK_EXITS, {"state": "RETRIED", "class": "user"})
+    return ExitReport(task.state, job.state, False, False, task.node, relaunched=True)
+
+
+def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], task: Task,
+                 attempt: int, decision: ExitDecision, seen: TaskExit) -> ExitReport:
+    """Write what `decision` says of a settled task, its attempt and its job."""
+    assert decision.task_state is not None
+    now = now_ms()
+    _move_task(task, decision.task_state)
+    task.exit_code, task.diagnostics = seen.exit_code, seen.diagnostics
+    task.platform_failure, task.completed_ms = seen.platform_failure, now
+    previous = job.state
+    closed = _ended_attempt(store, pipe, job, decision.attempt_end)
+    new_tasks = _apply_to_job(store, job, tasks, decision, now)
+    # Tasks a partial placement (no gang allocation) had not placed yet
+    # never run in an attempt that ended.
+    unplaced = [t for t in tasks.values() if t.state == TaskState.WAITING] \
+        if decision.attempt_ended else []
+    for waiting in unplaced:
+        _move_task(waiting, TaskState.STOPPED)
+        waiting.completed_ms = now
+    held = usage.held_allocation(pipe, job.id, attempt, task)
+
+    pipe.multi()
+    store.write_tasks(pipe, job.id, attempt, [task, *unplaced])
+    usage.record_task_usage(pipe, held, task)  # placement to exit, recorded once
+    if job.state.is_final:
+        store.dequeue(pipe, job.id, job.virtual_cluster)
+    pipe.zrem(keys.LAUNCHING, attempt_task_key(job.id, attempt, task.role, task.index))
+    if closed is not None:
+        store.write_attempt(pipe, job.id, closed)
+    if new_tasks:
+        store.write_tasks(pipe, job.id, job.attempt, new_tasks)
+        store.write_attempt(pipe, job.id, Attempt(index=job.attempt, created_ms=now))
+        store.enqueue(pipe, job)
+    store.write_job(pipe, job, previous)
+    store.add_event(pipe, job.id, "task-exit", attempt=attempt, role=task.role,
+                    index=task.index, state=task.state, exitCode=seen.exit_code,
+                    diagnostics=seen.diagnostics)
+    telemetry.record(pipe, telemetry.TASK_EXITS, {
+        "state": task.state, "class": "platform" if seen.platform_failure else "user"})
+    if decision.attempt_ended:
+        store.add_event(pipe, job.id, "attempt-end", attempt=attempt, state=job.state,
+                        retried=decision.retry is not None)
+    return ExitReport(task.state, job.state, decision.attempt_ended, decision.retry is not None,
+                      task.node)
+
+
+def _ended_attempt(store: Store, pipe: Pipe, job: Job, end: AttemptEnd | None) -> Attempt | None:
+    """The job's current attempt record, closed as `end` says (None: it goes on)."""
+    if end is None:
+        return None
+    closed = _closed_attempt(store, pipe, job, end.state, end.exit_code, end.reason,
+                             end.platform_failure)
+    if end.preempted_by:
+        closed.preempted_by = end.preempted_by
+    return closed
+
+
+def _apply_to_job(store: Store, job: Job, tasks: dict[str, Task], decision: ExitDecision,
+                  now: int) -> list[Task]:
+    """Move the job as `decision` says; the fresh attempt's tasks when it retries."""
+    if decision.job_state is None:
         job.version += 1  # a task moved: anyone deciding on the old view must re-read
-        deadline = relaunch_deadline_ms or now_ms() + RELAUNCH_LEASE_MS
-        pipe.multi()
-        store.write_tasks(pipe, job_id, attempt, [task])
-        pipe.zadd(keys.LAUNCHING, {attempt_task_key(job_id, attempt, role, index): deadline})
-        store.write_job(pipe, job, job.state)
-        store.add_event(pipe, job_id, "task-retry", attempt=attempt, role=role, index=index,
-                        retries=task.retries, exitCode=exit_code, diagnostics=diagnostics,
-                        node=task.node)
-        telemetry.record(pipe, telemetry.TASK_EXITS, {"state": "RETRIED", "class": "user"})
-        return ExitReport(task.state, job.state, False, False, task.node, relaunched=True)
-
-    return store.transact(decide, job_key, tasks_key)  # both in one WATCH
+        return []
+    store.bump(job, decision.job_state)
+    if decision.retry is None:
+        job.completed_ms = now
+        end = decision.attempt_end
+        if end is not None and decision.job_state != JobState.STOPPED:
+            job.exit_code, job.exit_diagnostics = end.exit_code, end.reason
+        return []
+    job.attempt += 1
+    if decision.retry == Charge.PREEMPTION:
+        job.preemptions += 1
+    elif decision.retry == Charge.RETRY_COUNT:
+        job.retries += 1
+    else:
+        job.platform_retries += 1
+    _clear_placement(job)
+    if decision.retry != Charge.PREEMPTION:
+        job.retry_after_ms = None
+        if decision.retry_delay_seconds:
+            job.retry_after_ms = now + decision.retry_delay_seconds * 1000
+            job.waiting_reason = (f"retry {job.retries} waits {decision.retry_delay_seconds} "
+                                  f"s (back-off)")
+    return [Task(role=t.role, index=t.index) for t in tasks.values()]
 
 
 def mark_task_running(
@@ -320,18 +318,6 @@ def mark_task_running(
         return True
 
     return store.transact(decide, job_key, tasks_key)  # both in one WATCH
-
-
-STOPPED_BY_USER = "stopped by user"
-# The diagnostics of a stop the platform made (shared/state/idle.py) start so.
-STOPPED_BY_PLATFORM = "stopped by the platform: "
-
-
-def stop_reason_of(job: Job) -> str:
-    """Why a stopping job stops: the platform's reason it recorded, else the user's stop."""
-    if job.exit_diagnostics.startswith(STOPPED_BY_PLATFORM):
-        return job.exit_diagnostics
-    return STOPPED_BY_USER
 
 
 def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Job:

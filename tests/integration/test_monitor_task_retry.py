@@ -18,7 +18,7 @@ from services.monitor.observations import ExitObservation
 from shared.domain.models import TaskPlacement
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
-from shared.infra.messaging import START_TASK, launcher_queue
+from shared.infra.messaging import SCHEDULER_QUEUE, TASK_RELAUNCHED
 from shared.node.containers import LABEL_TASK_RETRY, TaskRef, task_labels
 from shared.state.lifecycle import commit_placement, submit_job
 from tests.support.monitor_rig import USER, Rig, rig
@@ -54,11 +54,12 @@ def run(rig: Rig, job_id: str, retry: int, script: str) -> Container:
 
 
 def starts_sent(rig: Rig) -> list[list[Any]]:
-    """The args of every start message sent to the node's launcher."""
+    """The args of every relaunch the monitor asked the scheduler for (the
+    scheduler, the one sender of starts, sends the node its start)."""
     sent = []
-    for raw in rig.redis.lrange(launcher_queue(rig.node), 0, -1):
+    for raw in rig.redis.lrange(SCHEDULER_QUEUE, 0, -1):
         message = json.loads(raw)
-        if message["headers"]["task"] == START_TASK:
+        if message["headers"]["task"] == TASK_RELAUNCHED:
             sent.append(json.loads(base64.b64decode(message["body"]))[0])
     return sent
 

@@ -607,3 +607,25 @@ def test_a_node_that_does_not_start_its_launches_is_marked_and_its_gang_placed_a
     assert (task.state, task.platform_failure) == (TaskState.FAILED, True)
     job = store.get_job("alice~gang") or pytest.fail()
     assert (job.state, job.attempt, job.retries) == (JobState.WAITING, 1, 0)
+
+
+def test_a_relaunched_task_gets_its_start_from_the_scheduler_once_it_launches(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    """The scheduler is the one sender of starts: a task its role's
+    taskRetryCount relaunched is started on its node when it still launches
+    there; a late or repeated request for a task that moved on sends nothing."""
+    add_node(store)
+    job = submit_job(store, "alice", {**config("a"), "taskRoles": [{
+        **config("a")["taskRoles"][0], "taskRetryCount": 1}]})
+    scheduler.run_pass()
+    mark_task_running(store, job.id, 0, "main", 0, "c1")
+    report = record_task_exit(store, job.id, 0, "main", 0, exit_code=3)
+    assert report is not None and report.relaunched
+    before = len(launcher_messages(redis_client, "n1"))
+
+    scheduler.send_relaunch(job.id, 0, "main", 0)
+
+    assert launcher_messages(redis_client, "n1")[before:] == [[job.id, 0, "main", 0]]
+    mark_task_running(store, job.id, 0, "main", 0, "c2")
+    scheduler.send_relaunch(job.id, 0, "main", 0)  # repeated, late: the task runs already
+    assert len(launcher_messages(redis_client, "n1")) == before + 1
