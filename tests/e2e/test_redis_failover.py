@@ -119,7 +119,7 @@ def test_killing_the_primary_loses_no_job(on_sentinel: Platform,
                                           redis_group: RedisGroup) -> None:
     """Threat: the primary dies mid-run (kill -9, no chance to flush). Every
     job submitted before and during the switch reaches SUCCEEDED with its
-    whole log, the services follow the new primary without a restart, and
+    whole log in its first attempt, the services follow the new primary without a restart, and
     the API answers 503 at worst, never 500."""
     pai = on_sentinel
     before = [f"before-{n}" for n in range(JOBS_BEFORE)]  # 8 GPUs: two of them queue
@@ -144,6 +144,10 @@ def test_killing_the_primary_loses_no_job(on_sentinel: Platform,
     assert probe.statuses.get(200, 0) > 0, probe.statuses
     states = {name: d["jobStatus"]["state"] for name, d in details.items()}
     assert set(states.values()) == {"SUCCEEDED"}, states
+    # a failover is not a node failure: no job ran a second attempt
+    attempts = {name: (d["jobStatus"]["attemptIndex"], d["jobStatus"]["platformRetries"])
+                for name, d in details.items()}
+    assert {a for a in attempts.values() if a != (0, 0)} == set(), attempts
     for name in before + during:
         log = answered(partial(pai.http.get, pai.log_url(name), timeout=30),
                        f"the log of {name}").text

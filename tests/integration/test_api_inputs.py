@@ -36,7 +36,7 @@ def body_routes(app: Flask) -> list[tuple[str, str]]:
     """(method, path) of every API route that reads a body, with its
     variables filled in with names that exist."""
     fill = {"username": "alice", "user": "alice", "name": "default", "role": "main", "index": "0",
-            "path": "x"}
+            "label": "default", "path": "x"}
     routes = []
     for rule in app.url_map.iter_rules():
         for method in sorted((rule.methods or set()) & {"POST", "PUT", "PATCH"}):
