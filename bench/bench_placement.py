@@ -70,7 +70,8 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys
-from shared.state.lifecycle import PlacementCommit, commit_placements, submit_job
+from shared.state.lifecycle import submit_job
+from shared.state.placing import PlacementCommit, commit_placements
 from shared.state.store import Store
 
 SIZES = (500, 1000, 2000, 5000)

@@ -37,14 +37,10 @@ from shared.domain.jobspec import validate_job_config
 from shared.domain.models import Attempt, Gpu, Job, JobSpec, Node, Task, TaskPlacement, job_id_of
 from shared.domain.states import JobState, TaskState
 from shared.state import keys, retention
-from shared.state.lifecycle import (
-    commit_placement,
-    initial_tasks,
-    mark_task_running,
-    record_task_exit,
-    submit_job,
-)
+from shared.state.lifecycle import initial_tasks, mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 
 JOBS = 100_000
 MORE = 10_000

@@ -37,9 +37,9 @@ from shared.state import keys, leases, proxytokens, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.state.leases import Holder, NameLost
-from shared.state.lifecycle import record_task_exit
 from shared.state.nodeagent import live_ms
 from shared.state.store import Store, task_is_live
+from shared.state.taskexits import record_task_exit
 
 log = logging.getLogger("pai.launcher")
 

@@ -21,8 +21,8 @@ from shared.infra.clock import now_ms
 from shared.node.containers import LABEL_ATTEMPT, LABEL_INDEX, LABEL_JOB, LABEL_ROLE, TaskRef
 from shared.node.nvml import Nvml
 from shared.state import gpufaults
-from shared.state.lifecycle import record_task_exit
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 
 log = logging.getLogger(__name__)
 

@@ -57,12 +57,9 @@ from shared.node.containers import (
     task_ref_from_labels,
 )
 from shared.node.engine import EngineCalls
-from shared.state.lifecycle import (
-    ExitReport,
-    mark_task_running,
-    record_task_exit,
-)
+from shared.state.lifecycle import mark_task_running
 from shared.state.store import Store
+from shared.state.taskexits import ExitReport, record_task_exit
 
 log = logging.getLogger(__name__)
 

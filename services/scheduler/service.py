@@ -1,7 +1,9 @@
 """The scheduler's IO shell around the pure core: snapshot, plan, commit, send.
 
-Passes are serialized by a Redis lock and coalesced by a dirty flag: any
-number of requests while a pass runs cost one more pass, not one each.
+Passes are serialized by a Redis lock and coalesced by a dirty flag
+(`gate.py`): any number of requests while a pass runs cost one more pass,
+not one each. What a pass reads beyond the snapshot, and keeps between
+passes, is `reading.py`'s; which nodes take work, `nodes.py`'s.
 Releases, stops and the periodic repair are idempotent, so a redelivered
 message or a second replica does no harm.
 """
@@ -21,111 +23,47 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.scheduler import policy
-from services.scheduler.core import Cluster, JobRequest, free_view, job_request, paused_gc
+from services.scheduler.core import Cluster, JobRequest, free_view, paused_gc
+from services.scheduler.decisions import Placed, Waiting
+from services.scheduler.gate import PASS_AGAIN, PASS_BEGUN, PASS_DEFERRED, PassGate
 from services.scheduler.nodes import NodeWarden
-from services.scheduler.policy import Attained, Las, Preemption, RunningJob
+from services.scheduler.policy import Las, Preemption, RunningJob
+from services.scheduler.reading import PassReader
 from shared.domain import gpuhealth
-from shared.domain.cluster import BORROWED, NodeFlags, takes_work, vc_policies
+from shared.domain.cluster import NodeFlags, takes_work, vc_policies
 from shared.domain.models import (
     Allocation,
-    Attempt,
     Job,
-    JobSpec,
     Task,
     attempt_task_key,
     parse_attempt_task_key,
     split_job_id,
     task_key,
 )
-from shared.domain.priority import PriorityClass, queue_order
-from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
-from shared.infra import messaging
+from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
 from shared.state import keys, retention, telemetry, usage
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.lifecycle import (
-    PlacementCommit,
-    commit_placement,
-    commit_placements,
-    drop_stale_from_queue,
     mark_preempted,
-    record_task_exit,
     renew_stale_launch,
     set_mode,
     set_waiting_many,
 )
+from shared.state.placing import PlacementCommit, commit_placement, commit_placements
 from shared.state.store import Store, compact_json, task_is_live
+from shared.state.taskexits import record_task_exit
 
 log = logging.getLogger("pai.scheduler")
 
-DIRTY = keys.PREFIX + "scheduler:dirty"
+STOP_RESEND_MS = 15_000
+MAX_HARD_STOPS = 100_000  # the stops remembered before the memory is cleared
 MAX_PASSES_PER_CALL = 50
-LOCK_SECONDS = 60
 # Pass requests a worker may leave to the scheduler messages behind them
 # (`request_pass(deferrable=True)`) before it passes anyway
 MAX_DEFERRED = 64
-PASS_BEGUN, PASS_HELD, PASS_DEFERRED = 1, 0, 2  # what _BEGIN_PASS answers
-PASS_AGAIN = 1  # what _END_PASS answers when asked again during the pass
-
-# A pass request, in one step: the pass-request flag is taken (the pass reads
-# the queue after this: the next submit must ask again, see
-# lifecycle.take_pass_request); with ARGV[3] = "1" and messages waiting in the
-# scheduler's broker queue (KEYS[4]), the work is only marked (DEFERRED);
-# else the lock is taken (BEGUN, the dirty flag cleared: this pass sees it
-# all) or, held by another, the work marked for its holder (HELD).
-# With ARGV[4] = "1" it does nothing unless the dirty flag is set.
-# KEYS: lock, dirty flag, pass-request flag, broker queue
-# ARGV: token, lock ms, "1" to defer while messages wait, "1" only if dirty
-_BEGIN_PASS = """
-if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
-redis.call('DEL', KEYS[3])
-if ARGV[3] == '1' and redis.call('LLEN', KEYS[4]) > 0 then
-  redis.call('SET', KEYS[2], '1')
-  return 2
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('DEL', KEYS[2])
-  return 1
-end
-redis.call('SET', KEYS[2], '1')
-return 0
-"""
-# After a pass, in one step: asked again meanwhile (the dirty flag) -> clear
-# it, keep (or retake) the lock, pass again (1); else let the lock go (0).
-# With ARGV[2] = "0" the lock is let go whatever the flag (which stays). A
-# lock that expired during the pass and that another took is left to that
-# holder, which sees the flag (-1). Atomic with _BEGIN_PASS, so a request is
-# either seen here or takes the free lock itself: none is lost.
-# KEYS: lock, dirty flag, pass-request flag; ARGV: token, lock ms (or "0")
-_END_PASS = """
-local mine = redis.call('GET', KEYS[1]) == ARGV[1]
-if ARGV[2] == '0' then
-  if mine then redis.call('DEL', KEYS[1]) end
-  return 0
-end
-if not mine and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return -1
-end
-if redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('DEL', KEYS[3])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-redis.call('DEL', KEYS[1])
-return 0
-"""
-STOP_RESEND_MS = 15_000
-# What the policy needs of a placed job's record (see _running)
-RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
-                  "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
-MAX_CACHED_SPECS = 100_000
-# What the caches may hold of gone jobs before they are pruned to the live ones
-PRUNE_SLACK = 1_000
-# Attained service counts a job's last this many ended attempts (a job retried
-# more often is in the last LAS queue long before)
-MAX_ATTEMPTS_READ = 32
 
 
 @dataclass
@@ -141,19 +79,10 @@ class Scheduler:
         self.store = store
         self.messenger = messenger
         self.accounts = Accounts(store)
-        self._specs: dict[tuple[str, int], JobSpec] = {}  # (job id, queue_seq) -> spec
-        self._hard_stops: dict[str, int] = {}  # job id -> when its last hard stop was sent
-        # job id -> ((queue_seq, version, attempt), request): a waiting job that
-        # did not change since the last pass keeps its request (and the shapes
-        # the core worked out for it).
-        self._requests: dict[str, tuple[tuple[int, int, int], JobRequest]] = {}
-        # (job id, queue_seq, attempt) -> what a queued job's ended attempts
-        # attained: they never change (queue_seq tells a reused name apart)
-        self._attained: dict[tuple[str, int, int], Attained] = {}
-        self._allocations: dict[str, Allocation] = {}  # stored text -> allocation
-        self._jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (store._queued_jobs)
-        self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self.las = Las.from_settings(settings)
+        self.reader = PassReader(settings, store, self.las)
+        self.gate = PassGate(store)
+        self._hard_stops: dict[str, int] = {}  # job id -> when its last hard stop was sent
         self._deferred = 0  # pass requests left to the messages behind them, in a row
         self._requested = False  # the message being handled asked for a pass
         self.warden = NodeWarden(settings, store, self.fail_node_tasks, self.fail_launch)
@@ -163,7 +92,7 @@ class Scheduler:
     def request_pass(self, *, deferrable: bool = False, if_dirty: bool = False) -> None:
         """Run passes until nothing asked for one; or leave it to the holder.
 
-        Two round trips around the passes (`_BEGIN_PASS`, `_END_PASS`): a
+        Two round trips around the passes (`gate.py`'s begin and end): a
         request while another pass holds the lock only marks work to do, and
         the holder, before it lets go, passes again for all such requests at
         once. `deferrable` (a trigger taken from this worker's queue): when
@@ -176,10 +105,7 @@ class Scheduler:
         self._requested = True
         defer = deferrable and self._deferred < MAX_DEFERRED
         token = uuid.uuid4().hex
-        began = int(self.store.run_script(_BEGIN_PASS, [
-            keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED,
-            messaging.broker_queue_key(messaging.SCHEDULER_QUEUE)],
-            [token, str(LOCK_SECONDS * 1000), "1" if defer else "0", "1" if if_dirty else "0"]))
+        began = self.gate.begin(token, defer=defer, if_dirty=if_dirty)
         if began == PASS_DEFERRED:
             self._deferred += 1
             return
@@ -190,18 +116,13 @@ class Scheduler:
             try:
                 self.run_pass()
             except BaseException:
-                self._end_pass(token, let_go=True)
+                self.gate.end(token, let_go=True)
                 raise
-            if self._end_pass(token) != PASS_AGAIN:
+            if self.gate.end(token) != PASS_AGAIN:
                 return
         # asked again MAX_PASSES_PER_CALL times in a row: let go; the flag stays
         # for the next request (the repair loop makes one every few seconds)
-        self._end_pass(token, let_go=True)
-
-    def _end_pass(self, token: str, *, let_go: bool = False) -> int:
-        return int(self.store.run_script(
-            _END_PASS, [keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED],
-            [token, "0" if let_go else str(LOCK_SECONDS * 1000)]))
+        self.gate.end(token, let_go=True)
 
     @contextmanager
     def message(self) -> Iterator[None]:
@@ -215,159 +136,6 @@ class Scheduler:
             if not self._requested:
                 self.request_pass(deferrable=True, if_dirty=True)
 
-    def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
-        """Parse the configs of these (job id, queue_seq) not parsed before, in
-        one round trip. A submission's config never changes (and its
-        `queue_seq` is its own), so each is read and parsed once."""
-        self._specs_used.update(jobs)
-        unparsed = [job for job in jobs if job not in self._specs]
-        if not unparsed:
-            return
-        raws = self.store.r.mget([keys.job_config(job_id) for job_id, _ in unparsed])
-        if len(self._specs) + len(unparsed) > MAX_CACHED_SPECS:
-            self._specs.clear()
-        for job, raw in zip(unparsed, raws, strict=True):
-            if raw:
-                self._specs[job] = JobSpec.from_config(json.loads(raw))
-
-    def _load_attained(self, queue: list[JobRequest]) -> dict[str, Attained]:
-        """What the queued jobs' ended attempts attained (GPUs x run time),
-        and since when each waits, from their attempt records: one round trip
-        for the retried or preempted jobs not read before (a job that never
-        ran attained nothing and is left out)."""
-        unread = [q for q in queue if q.attempt and (q.job_id, q.seq, q.attempt)
-                  not in self._attained]
-        if unread:
-            pipe = self.store.r.pipeline(transaction=False)
-            for q in unread:
-                first = max(0, q.attempt - MAX_ATTEMPTS_READ)
-                pipe.hmget(keys.job_attempts(q.job_id),
-                           [str(i) for i in range(first, q.attempt + 1)])
-            if len(self._attained) + len(unread) > MAX_CACHED_SPECS:
-                self._attained.clear()
-            for q, raws in zip(unread, pipe.execute(), strict=True):
-                attempts = [Attempt.from_dict(json.loads(raw)) if raw else None
-                            for raw in raws]
-                self._attained[q.job_id, q.seq, q.attempt] = Attained(
-                    sum(q.gpus * max(0, (a.completed_ms or 0) - a.started_ms)
-                        for a in attempts[:-1] if a is not None and a.started_ms),
-                    attempts[-1].created_ms if attempts[-1] is not None else 0)
-        return {q.job_id: self._attained[q.job_id, q.seq, q.attempt] for q in queue
-                if (q.job_id, q.seq, q.attempt) in self._attained}
-
-    def _place_in_las_queues(self, queue: list[JobRequest], attained: dict[str, Attained],
-                             now: int) -> None:
-        """Keep each VC's queue index in the order the policy places jobs, so
-        the API's `position` counts what goes first: a job that has attained
-        service sits in its least-attained-service queue (only such jobs can
-        be anywhere but in the first). XX: a job dequeued meanwhile stays out."""
-        if not attained:
-            return
-        pipe = self.store.r.pipeline(transaction=False)
-        for request in queue:
-            seen = attained.get(request.job_id)
-            if seen is not None:
-                pipe.zadd(keys.vc_queue(request.vc), {request.job_id: queue_order(
-                    request.priority, request.seq, self.las.queue_of(seen, now))}, xx=True)
-        pipe.execute()
-
-    def _queue(self, queued: list[tuple[str, Job | None]]
-               ) -> tuple[list[JobRequest], dict[str, Job]]:
-        """The queued jobs' requests, and their records (`queued`: the queue
-        and its records as the pass's snapshot read them).
-
-        A round trip for the configs of the jobs not parsed before (and one
-        for the tasks of jobs without gang allocation, which ask only for
-        their tasks still waiting).
-        """
-        jobs, stale = [], []
-        now = now_ms()
-        for job_id, job in queued:
-            # RUNNING and queued: partly placed (no gang allocation), see below
-            if job is None or job.state not in LIVE_JOB_STATES:
-                stale.append(job_id)
-            elif job.retry_after_ms is not None and job.retry_after_ms > now:
-                continue  # backing off before a retry; the repair loop's passes look again
-            else:
-                jobs.append(job)
-        self._load_specs([(job.id, job.queue_seq) for job in jobs])
-        requests, records = [], {}
-        known, self._requests = self._requests, {}
-        waiting = self._waiting_tasks(jobs, known)
-        for job in jobs:
-            spec = self._specs.get((job.id, job.queue_seq))
-            if spec is None or (spec.gang_allocation and job.state != JobState.WAITING) \
-                    or waiting.get(job.id) == set():
-                stale.append(job.id)
-                continue
-            key = (job.queue_seq, job.version, job.attempt)
-            cached = known.get(job.id)
-            request = cached[1] if cached is not None and cached[0] == key \
-                else job_request(job.id, job.version, job.attempt, spec, job.queue_seq,
-                                 waiting.get(job.id))
-            self._requests[job.id] = (key, request)
-            requests.append(request)
-            records[job.id] = job
-        if stale:
-            drop_stale_from_queue(self.store, stale)  # only those still stale
-        return requests, records
-
-    def _waiting_tasks(self, jobs: list[Job],
-                       known: dict[str, tuple[tuple[int, int, int], JobRequest]]
-                       ) -> dict[str, set[str]]:
-        """Job id -> its tasks still waiting for a place, for the queued jobs
-        without gang allocation whose request is not cached (one round trip):
-        such a job asks only for those."""
-        wanted = []
-        for job in jobs:
-            spec = self._specs.get((job.id, job.queue_seq))
-            cached = known.get(job.id)
-            if spec is not None and not spec.gang_allocation and (
-                    cached is None or cached[0] != (job.queue_seq, job.version, job.attempt)):
-                wanted.append(job)
-        if not wanted:
-            return {}
-        pipe = self.store.r.pipeline(transaction=False)
-        for job in wanted:
-            pipe.hgetall(keys.job_tasks(job.id, job.attempt))
-        return {job.id: {key for key, raw in fields.items()
-                         if Task.from_dict(json.loads(raw)).state == TaskState.WAITING}
-                for job, fields in zip(wanted, pipe.execute(), strict=True)}
-
-    def _running(self, allocations: dict[str, list[Allocation]]) -> list[RunningJob]:
-        """The placed jobs as the policy weighs them: one round trip for the
-        few fields of their records it needs, and one for configs not seen
-        before (a preempted job's grace is its config's)."""
-        held: dict[str, list[Allocation]] = {}
-        for allocs in allocations.values():
-            for alloc in allocs:
-                held.setdefault(alloc.job_id, []).append(alloc)
-        ids = sorted(held)
-        records = self.store.read_fields([keys.job(job_id) for job_id in ids], RUNNING_FIELDS)
-        live: list[tuple[str, list[str | None]]] = []
-        for job_id, values in zip(ids, records, strict=True):
-            state, attempt = values[0], values[1]
-            if state in LIVE_JOB_STATES and attempt is not None:
-                live.append((job_id, values))
-        self._load_specs([(job_id, int(values[2] or 0)) for job_id, values in live])
-        running = []
-        for job_id, values in live:
-            (_, attempt, queue_seq, vc, priority, mode, started, created, preempted_by,
-             deadline) = values
-            mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
-            if not mine:
-                continue  # an old attempt's: the sweep releases it
-            spec = self._specs.get((job_id, int(queue_seq or 0)))
-            running.append(RunningJob(
-                job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
-                mode=mode or BORROWED, started_ms=int(started or created or 0),
-                allocations=mine, attempt=int(attempt or 0),
-                grace_ms=self.settings.preemption_grace_ms(
-                    spec.preemption_grace_seconds if spec else None),
-                preempted_by=preempted_by or "",
-                preempt_deadline_ms=int(deadline) if deadline else None))
-        return running
-
     def run_pass(self) -> PassStats:
         """One pass: read, plan, commit, send. Without cyclic garbage
         collection inside (as the policy's part already was): a first pass
@@ -377,22 +145,10 @@ class Scheduler:
         with paused_gc():
             return self._pass()
 
-    def _forget_gone(self, queue: list[JobRequest]) -> None:
-        """Drop what the caches keep of jobs no longer queued or placed (ended,
-        deleted, or submitted again: a new submission has a new queue_seq),
-        once they hold more of those than of live ones, so a long-running
-        scheduler holds about what its cluster and queue hold."""
-        if len(self._specs) > 2 * len(self._specs_used) + PRUNE_SLACK:
-            self._specs = {k: v for k, v in self._specs.items() if k in self._specs_used}
-        self._specs_used = set()
-        if len(self._attained) > 2 * len(queue) + PRUNE_SLACK:
-            wanted = {(q.job_id, q.seq, q.attempt) for q in queue}
-            self._attained = {k: v for k, v in self._attained.items() if k in wanted}
-
     def _pass(self) -> PassStats:
         started = time.perf_counter()
         now = now_ms()
-        snapshot = self.store.snapshot(self._allocations, jobs_known=self._jobs)
+        snapshot = self.reader.snapshot()
         # unhealthy GPUs take no work
         nodes = [gpuhealth.healthy_view(n, snapshot.faults) for n in snapshot.nodes]
         flags, allocations = snapshot.flags, snapshot.allocations
@@ -400,25 +156,42 @@ class Scheduler:
                                                self.settings.node_lost_seconds,
                                                snapshot.unready)]
         cluster = Cluster(free_view(node, allocations[node.name]) for node in live)
-        running = self._running(allocations)
+        running = self.reader.running(allocations)
         self._drain(running, flags, now)
-        queue, records = self._queue(snapshot.queued)
+        queue, records = self.reader.queue(snapshot.queued, now)
         vcs = self.accounts.list_vcs()
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
-        attained = self._load_attained(queue)
-        self._forget_gone(queue)
+        attained = self.reader.attained(queue)
+        self.reader.forget_gone(queue)
         spent, user_spent = self._spent(vcs, allocations, queue, now)
         plan = policy.plan(cluster, queue, running, policies, now, attained, self.las, spent,
                            user_spent)
-        self._place_in_las_queues(queue, attained, now)
-        deadline = now + int(self.settings.launch_timeout_seconds * 1000)
+        self.reader.place_in_las_queues(queue, attained, now)
         stats = PassStats(waiting=len(plan.waiting))
-        placed_by_vc: Counter[str] = Counter()
-        # Gangs commit in batches; a job without gang allocation places some
-        # of its tasks at a time, each commit on the tasks still waiting.
-        gangs = [p for p in plan.placed if p.request.gang]
+        placed_by_vc = self._commit(plan.placed, now, stats)
+        for preemption in plan.preempt:
+            self._preempt(preemption, now)
+        attempts = {r.job_id: r.attempt for r in running}
+        for job_id, mode in plan.modes.items():
+            set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
+        self._stop_overdue(running, now)
+        self._explain_waiting(plan.waiting, records)
+        stats.seconds = time.perf_counter() - started
+        self._record_pass(stats.seconds, placed_by_vc)
+        if stats.placed or queue:
+            log.info("pass: %d placed, %d waiting, %d preempted, %.1f ms", stats.placed,
+                     stats.waiting, len(plan.preempt), stats.seconds * 1000)
+        return stats
+
+    def _commit(self, placed: list[Placed], now: int, stats: PassStats) -> Counter[str]:
+        """Bind what the plan placed (gangs in batches; a job without gang
+        allocation some of its tasks at a time, each commit on the tasks
+        still waiting), then send each node its starts. Returns the jobs
+        bound per VC; one the world moved away from waits for the next pass."""
+        deadline = now + int(self.settings.launch_timeout_seconds * 1000)
+        gangs = [p for p in placed if p.request.gang]
         commits = [PlacementCommit(p.request.job_id, p.request.version, p.request.attempt,
                                    tuple(p.placements), p.mode, queue_seq=p.request.seq,
                                    vc=p.request.vc) for p in gangs]
@@ -426,34 +199,33 @@ class Scheduler:
         bound += [commit_placement(self.store, p.request.job_id, version=p.request.version,
                                    attempt=p.request.attempt, placements=p.placements,
                                    launch_deadline_ms=deadline, mode=p.mode, gang=False)
-                  for p in plan.placed if not p.request.gang]
-        placed_in_order = gangs + [p for p in plan.placed if not p.request.gang]
+                  for p in placed if not p.request.gang]
+        placed_by_vc: Counter[str] = Counter()
         starts: dict[str, list[tuple[str, int, str, int]]] = {}
-        for placed, won in zip(placed_in_order, bound, strict=True):
-            request = placed.request
+        for one, won in zip(gangs + [p for p in placed if not p.request.gang], bound,
+                            strict=True):
             if not won:
                 continue
             stats.placed += 1
-            placed_by_vc[request.vc] += 1
-            for p in placed.placements:
+            placed_by_vc[one.request.vc] += 1
+            for p in one.placements:
                 starts.setdefault(p.node, []).append(
-                    (request.job_id, request.attempt, p.role, p.index))
+                    (one.request.job_id, one.request.attempt, p.role, p.index))
         if stats.placed < len(bound):
-            self.store.r.set(DIRTY, "1")  # some jobs changed under us: look again
+            self.gate.look_again()  # some jobs changed under us
         try:
             self.messenger.start_tasks(starts)
         except (RedisError, OperationalError) as error:  # the placements stand
             log.warning("start messages of %d tasks not sent (%s): their launch leases "
                         "send them again", sum(len(t) for t in starts.values()), error)
-        for preemption in plan.preempt:
-            self._preempt(preemption, now)
-        attempts = {r.job_id: r.attempt for r in running}
-        for job_id, mode in plan.modes.items():
-            set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
-        self._stop_overdue(running, now)
+        return placed_by_vc
+
+    def _explain_waiting(self, waiting: dict[str, Waiting], records: dict[str, Job]) -> None:
+        """Write each waiting job's reason where it changed (one round trip);
+        the held records then say what was written."""
         reasons = []
         explained: dict[int, str] = {}  # most of a long queue shares a few Waitings
-        for job_id, why in plan.waiting.items():
+        for job_id, why in waiting.items():
             job = records.get(job_id)
             explanation = explained.get(id(why))
             if explanation is None:
@@ -463,15 +235,9 @@ class Scheduler:
                 reasons.append((job_id, why.message, explanation, job.version))
         set_waiting_many(self.store, reasons)
         for job_id, message, explanation, _version in reasons:
-            # The held record says what was written (where the job moved meanwhile,
-            # nothing was, and the next snapshot reads its new version whole).
+            # Where the job moved meanwhile nothing was written, and the next
+            # snapshot reads its new version whole.
             records[job_id].waiting_reason, records[job_id].waiting = message, explanation
-        stats.seconds = time.perf_counter() - started
-        self._record_pass(stats.seconds, placed_by_vc)
-        if stats.placed or queue:
-            log.info("pass: %d placed, %d waiting, %d preempted, %.1f ms", stats.placed,
-                     stats.waiting, len(plan.preempt), stats.seconds * 1000)
-        return stats
 
     def _spent(self, vcs: list[VirtualCluster], allocations: dict[str, list[Allocation]],
                queue: list[JobRequest], now: int,
@@ -540,7 +306,7 @@ class Scheduler:
             self._hard_stops[r.job_id] = now
             log.info("grace period of preempted %s over: stopping it", r.job_id)
             self.stop_attempt(r.job_id, r.attempt)
-        if len(self._hard_stops) > MAX_CACHED_SPECS:
+        if len(self._hard_stops) > MAX_HARD_STOPS:
             self._hard_stops.clear()
 
     def _record_pass(self, seconds: float, placed_by_vc: Counter[str]) -> None:

@@ -3,7 +3,7 @@ its allocations hold, what does each virtual cluster hold, and does a set of
 tasks fit on a node.
 
 Pure: the callers (the scheduler's pass and repair, the placement commit in
-shared/state/lifecycle.py, the API's node, VC and metrics views, the submit-time
+shared/state/placing.py, the API's node, VC and metrics views, the submit-time
 feasibility check) read the records and hand them here, so all of them agree
 on the boundary of "lost" and on what "used" means.
 """

@@ -1,6 +1,6 @@
 """What a task's exit does to its task, its attempt and its job, decided in
 one pure function (`decide_exit`) over the records as read; the lifecycle
-(shared/state/lifecycle.py `record_task_exit`) reads them under WATCH, asks,
+(shared/state/taskexits.py `record_task_exit`) reads them under WATCH, asks,
 and writes what the decision says.
 
 The rules, in the order they apply:

@@ -512,7 +512,7 @@ def usage_retention_days(env: Mapping[str, str] | None = None) -> int:
     """PAI_USAGE_RETENTION_DAYS (default 400: last calendar year's usage is
     still whole through January, for yearly chargeback); 0 keeps usage for
     ever. Read by the usage write itself (shared/state/usage.py), which runs
-    deep in shared/state/lifecycle.py where no Settings reach, so it reads
+    deep in shared/state/taskexits.py where no Settings reach, so it reads
     this one setting alone, by its declaration."""
     declaration = _BY_ATTRIBUTE["usage_retention_days"]
     value = _read(declaration, os.environ if env is None else env)

@@ -15,30 +15,18 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from shared.domain import gpuhealth
-from shared.domain.cluster import placement_fits
 from shared.domain.exits import (
     STOPPED_BY_PLATFORM,
     STOPPED_BY_USER,
-    AttemptEnd,
-    Charge,
-    ExitDecision,
-    ExitKind,
-    TaskExit,
-    decide_exit,
-    is_live,
 )
 from shared.domain.models import (
-    Allocation,
     Attempt,
     Job,
     JobSpec,
-    Node,
     Task,
-    TaskPlacement,
     attempt_task_key,
     job_id_of,
     parse_attempt_task_key,
@@ -46,13 +34,10 @@ from shared.domain.models import (
 )
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState, check_task_move
 from shared.infra.clock import now_ms
-from shared.state import gpufaults, keys, retention, telemetry, usage
-from shared.state.store import EVENTS_MAX_LEN, Expect, Pipe, Store, compact_json, event_fields
+from shared.state import keys, retention, telemetry
+from shared.state.store import Expect, Pipe, Store
 
 PASS_REQUEST_TTL_MS = 1000
-# A task retry's launch lease when the caller names none: the scheduler sends
-# the start again once it is over (retry_stale_launches)
-RELAUNCH_LEASE_MS = 60_000
 
 
 def initial_tasks(spec: JobSpec) -> list[Task]:
@@ -93,183 +78,24 @@ def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
     return Queued(stored, claimed)
 
 
-def _clear_placement(job: Job) -> None:
+def clear_placement(job: Job) -> None:
     """The job is back in its queue: nothing of its last placement stands."""
     job.waiting_reason, job.waiting, job.mode = "", "", ""
     job.preempted_by, job.preempt_deadline_ms = "", None
 
 
-def _move_task(task: Task, target: TaskState) -> None:
+def move_task(task: Task, target: TaskState) -> None:
     check_task_move(task.state, target)
     task.state = target
 
 
-@dataclass(frozen=True)
-class ExitReport:
-    """What a task exit changed, so the caller knows what to tell whom."""
-
-    task_state: TaskState
-    job_state: JobState
-    attempt_ended: bool
-    retried: bool
-    node: str | None
-    # The task failed and its role's taskRetryCount covers it: it launches
-    # again on its allocation (the caller sends the start)
-    relaunched: bool = False
-
-
-def _closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: int | None,
+def closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: int | None,
                     reason: str, platform: bool) -> Attempt:
     """The job's current attempt record, ended (the caller writes it)."""
     attempt = store.read_attempt(pipe, job.id, job.attempt) or Attempt(index=job.attempt)
     attempt.state, attempt.exit_code, attempt.reason = state, exit_code, reason
     attempt.completed_ms, attempt.platform_failure = now_ms(), platform
     return attempt
-
-
-def record_task_exit(
-    store: Store, job_id: str, attempt: int, role: str, index: int, *,
-    exit_code: int, diagnostics: str = "", platform_failure: bool = False,
-    task_retry: int | None = None, relaunch_deadline_ms: int | None = None,
-    submission: str | None = None,
-) -> ExitReport | None:
-    """A task's container ended (or can never run): settle the task and job
-    as shared/domain/exits.py `decide_exit` says, on the records read under
-    WATCH (the job's config read and parsed once, only for a live attempt).
-
-    `task_retry`: which of the task's containers ended (TaskRef.retry); a
-    report of an earlier one is stale. None: whichever is current (a lost
-    node). `submission`: the submission the container was made for; a
-    container of an earlier submission of the name settles nothing. A
-    relaunched task (its role's `taskRetryCount`) goes back to LAUNCHING on
-    its allocation under a launch lease to `relaunch_deadline_ms`.
-
-    Returns None when the report is stale (the task settled already).
-    """
-    seen = TaskExit(exit_code, diagnostics, platform_failure, task_retry, submission)
-    key = task_key(role, index)
-
-    def decide(pipe: Pipe) -> ExitReport | None:
-        job = store.read_job(pipe, job_id)
-        tasks = store.read_tasks(pipe, job_id, attempt)
-        spec = None
-        if job is not None and key in tasks and is_live(job, attempt):
-            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
-        decision = decide_exit(job, tasks, key, attempt, spec, seen)
-        if decision.kind == ExitKind.STALE or job is None:
-            return None
-        if decision.kind == ExitKind.RELAUNCH:
-            deadline = relaunch_deadline_ms or now_ms() + RELAUNCH_LEASE_MS
-            return _relaunch(store, pipe, job, tasks[key], attempt, seen, deadline)
-        return _settle_exit(store, pipe, job, tasks, tasks[key], attempt, decision, seen)
-
-    return store.transact(decide, keys.job(job_id), keys.job_tasks(job_id, attempt))
-
-
-def _relaunch(store: Store, pipe: Pipe, job: Job, task: Task, attempt: int, seen: TaskExit,
-              deadline_ms: int) -> ExitReport:
-    """The failed task starts again by itself: a fresh container on its
-    allocation (node, GPUs, ports kept); the job and attempt go on."""
-    _move_task(task, TaskState.LAUNCHING)
-    task.retries += 1
-    task.container_id, task.started_ms, task.launched_ms = None, None, now_ms()
-    job.version += 1  # a task moved: anyone deciding on the old view must re-read
-    pipe.multi()
-    store.write_tasks(pipe, job.id, attempt, [task])
-    pipe.zadd(keys.LAUNCHING, {attempt_task_key(job.id, attempt, task.role, task.index):
-                               deadline_ms})
-    store.write_job(pipe, job, job.state)
-    store.add_event(pipe, job.id, "task-retry", attempt=attempt, role=task.role,
-                    index=task.index, retries=task.retries, exitCode=seen.exit_code,
-                    diagnostics=seen.diagnostics, node=task.node)
-    telemetry.record(pipe, telemetry.TASK_EXITS, {"state": "RETRIED", "class": "user"})
-    return ExitReport(task.state, job.state, False, False, task.node, relaunched=True)
-
-
-def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], task: Task,
-                 attempt: int, decision: ExitDecision, seen: TaskExit) -> ExitReport:
-    """Write what `decision` says of a settled task, its attempt and its job."""
-    assert decision.task_state is not None
-    now = now_ms()
-    _move_task(task, decision.task_state)
-    task.exit_code, task.diagnostics = seen.exit_code, seen.diagnostics
-    task.platform_failure, task.completed_ms = seen.platform_failure, now
-    previous = job.state
-    closed = _ended_attempt(store, pipe, job, decision.attempt_end)
-    new_tasks = _apply_to_job(store, job, tasks, decision, now)
-    # Tasks a partial placement (no gang allocation) had not placed yet
-    # never run in an attempt that ended.
-    unplaced = [t for t in tasks.values() if t.state == TaskState.WAITING] \
-        if decision.attempt_ended else []
-    for waiting in unplaced:
-        _move_task(waiting, TaskState.STOPPED)
-        waiting.completed_ms = now
-    held = usage.held_allocation(pipe, job.id, attempt, task)
-
-    pipe.multi()
-    store.write_tasks(pipe, job.id, attempt, [task, *unplaced])
-    usage.record_task_usage(pipe, held, task)  # placement to exit, recorded once
-    if job.state.is_final:
-        store.dequeue(pipe, job.id, job.virtual_cluster)
-    pipe.zrem(keys.LAUNCHING, attempt_task_key(job.id, attempt, task.role, task.index))
-    if closed is not None:
-        store.write_attempt(pipe, job.id, closed)
-    if new_tasks:
-        store.write_tasks(pipe, job.id, job.attempt, new_tasks)
-        store.write_attempt(pipe, job.id, Attempt(index=job.attempt, created_ms=now))
-        store.enqueue(pipe, job)
-    store.write_job(pipe, job, previous)
-    store.add_event(pipe, job.id, "task-exit", attempt=attempt, role=task.role,
-                    index=task.index, state=task.state, exitCode=seen.exit_code,
-                    diagnostics=seen.diagnostics)
-    telemetry.record(pipe, telemetry.TASK_EXITS, {
-        "state": task.state, "class": "platform" if seen.platform_failure else "user"})
-    if decision.attempt_ended:
-        store.add_event(pipe, job.id, "attempt-end", attempt=attempt, state=job.state,
-                        retried=decision.retry is not None)
-    return ExitReport(task.state, job.state, decision.attempt_ended, decision.retry is not None,
-                      task.node)
-
-
-def _ended_attempt(store: Store, pipe: Pipe, job: Job, end: AttemptEnd | None) -> Attempt | None:
-    """The job's current attempt record, closed as `end` says (None: it goes on)."""
-    if end is None:
-        return None
-    closed = _closed_attempt(store, pipe, job, end.state, end.exit_code, end.reason,
-                             end.platform_failure)
-    if end.preempted_by:
-        closed.preempted_by = end.preempted_by
-    return closed
-
-
-def _apply_to_job(store: Store, job: Job, tasks: dict[str, Task], decision: ExitDecision,
-                  now: int) -> list[Task]:
-    """Move the job as `decision` says; the fresh attempt's tasks when it retries."""
-    if decision.job_state is None:
-        job.version += 1  # a task moved: anyone deciding on the old view must re-read
-        return []
-    store.bump(job, decision.job_state)
-    if decision.retry is None:
-        job.completed_ms = now
-        end = decision.attempt_end
-        if end is not None and decision.job_state != JobState.STOPPED:
-            job.exit_code, job.exit_diagnostics = end.exit_code, end.reason
-        return []
-    job.attempt += 1
-    if decision.retry == Charge.PREEMPTION:
-        job.preemptions += 1
-    elif decision.retry == Charge.RETRY_COUNT:
-        job.retries += 1
-    else:
-        job.platform_retries += 1
-    _clear_placement(job)
-    if decision.retry != Charge.PREEMPTION:
-        job.retry_after_ms = None
-        if decision.retry_delay_seconds:
-            job.retry_after_ms = now + decision.retry_delay_seconds * 1000
-            job.waiting_reason = (f"retry {job.retries} waits {decision.retry_delay_seconds} "
-                                  f"s (back-off)")
-    return [Task(role=t.role, index=t.index) for t in tasks.values()]
 
 
 def mark_task_running(
@@ -297,7 +123,7 @@ def mark_task_running(
             return True
         if task.state != TaskState.LAUNCHING:
             return False
-        _move_task(task, TaskState.RUNNING)
+        move_task(task, TaskState.RUNNING)
         task.container_id, task.started_ms = container_id, now_ms()
         previous = store.bump(job, JobState.RUNNING)
         attempt_record = None
@@ -335,7 +161,7 @@ def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Jo
         tasks = store.read_tasks(pipe, job_id, job.attempt)
         waiting = [t for t in tasks.values() if t.state == TaskState.WAITING]
         for task in waiting:
-            _move_task(task, TaskState.STOPPED)
+            move_task(task, TaskState.STOPPED)
             task.completed_ms = now_ms()
         previous = store.bump(job, JobState.STOPPING)
         job.execution_type = "STOP"
@@ -347,7 +173,7 @@ def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Jo
         if all(t.state.is_final for t in tasks.values()):
             store.bump(job, JobState.STOPPED)
             job.completed_ms = now_ms()
-            closed = _closed_attempt(store, pipe, job, JobState.STOPPED, None, reason, False)
+            closed = closed_attempt(store, pipe, job, JobState.STOPPED, None, reason, False)
         pipe.multi()
         store.write_tasks(pipe, job_id, job.attempt, waiting)
         if closed is not None:
@@ -359,382 +185,6 @@ def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Jo
         return job
 
     return store.transact(decide, job_key)
-
-
-def _bind_task(task: Task, placement: TaskPlacement, launched_ms: int) -> bool:
-    """A waiting task takes its place (LAUNCHING on the placement's node, GPUs
-    and ports); False, leaving it as it is, when it no longer waits. Both
-    commit paths (one gang, a batch) bind a task by this one rule."""
-    if task.state != TaskState.WAITING:
-        return False
-    _move_task(task, TaskState.LAUNCHING)
-    task.node, task.ip, task.gpus, task.ports = \
-        placement.node, placement.ip, list(placement.gpus), placement.ports
-    task.launched_ms = task.placed_ms = launched_ms
-    return True
-
-
-def commit_placement(
-    store: Store, job_id: str, *, version: int, attempt: int,
-    placements: Sequence[TaskPlacement], launch_deadline_ms: int, mode: str = "",
-    gang: bool = True,
-) -> bool:
-    """Bind a gang: allocations on the nodes, tasks LAUNCHING, job dequeued.
-
-    Commits only if the job is the one the placement was computed for (same
-    version, still WAITING), the placement covers every task, no admin holds
-    any of its nodes (cordon, drain: a node's entry in NODE_FLAGS), and what
-    the nodes hold now leaves room for it: a pass that overlapped another (its
-    lock expired) can never hand out a GPU or port twice, nor a GPU its
-    monitor marked unhealthy since the pass read the faults.
-
-    `gang` False (a job without gang allocation): the placement may cover
-    some of the tasks still waiting, and the job may already run (its
-    first tasks started); it must still be queued and not being preempted.
-    It leaves the queue once no task of the attempt waits. Every task is
-    placed at most once: each must still be WAITING, under the same WATCH.
-    """
-    job_key = keys.job(job_id)
-    node_keys = sorted({keys.node_alloc(p.node) for p in placements})
-
-    def decide(pipe: Pipe) -> bool:
-        job = store.read_job(pipe, job_id)
-        if job is None or job.version != version or job.attempt != attempt:
-            return False
-        if gang and job.state != JobState.WAITING:
-            return False
-        if not gang and (job.state not in LIVE_JOB_STATES or job.preempted_by
-                         or pipe.zscore(keys.QUEUE, job_id) is None):
-            return False
-        tasks = store.read_tasks(pipe, job_id, attempt)
-        placed = {task_key(p.role, p.index) for p in placements}
-        if not placements or len(placed) != len(placements) or not placed <= set(tasks) \
-                or (gang and placed != set(tasks)):
-            return False
-        nodes = sorted({p.node for p in placements})
-        if any(pipe.hmget(keys.NODE_FLAGS, nodes)):  # an admin holds one now
-            return False
-        if gpuhealth.faulty_in(placements, gpufaults.read_faults(pipe)):  # failed meanwhile
-            return False
-        for name in nodes:
-            raw = pipe.get(keys.node(name))
-            node = Node.from_dict(json.loads(raw)) if raw else None
-            held = store.get_allocations(pipe, name).values()
-            if node is None or not placement_fits(node, held,
-                                                  [p for p in placements if p.node == name]):
-                return False
-        launched = now_ms()
-        changed = []
-        for p in placements:
-            task = tasks[task_key(p.role, p.index)]
-            if not _bind_task(task, p, launched):
-                return False
-            changed.append(task)
-        previous = store.bump(job)
-        job.waiting_reason, job.waiting, job.mode = "", "", mode
-        left = sum(t.state == TaskState.WAITING for t in tasks.values())
-        pipe.multi()
-        for p in placements:
-            store.write_allocation(pipe, Allocation(
-                job_id=job_id, attempt=attempt, role=p.role, index=p.index, node=p.node,
-                gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb, ports=p.all_ports,
-                vc=job.virtual_cluster))
-            pipe.zadd(keys.LAUNCHING,
-                      {attempt_task_key(job_id, attempt, p.role, p.index): launch_deadline_ms})
-        store.write_tasks(pipe, job_id, attempt, changed)
-        if not left:
-            store.dequeue(pipe, job_id, job.virtual_cluster)
-        store.write_job(pipe, job, previous)
-        # Where each task went: the job's history, and what an audit of
-        # GPUs and ports held at once reads (tests/chaos).
-        store.add_event(pipe, job_id, "placed", attempt=attempt, waiting=left,
-                        nodes=sorted({p.node for p in placements}), mode=mode,
-                        tasks=[{"role": p.role, "index": p.index, "node": p.node,
-                                "gpus": list(p.gpus), "ports": list(p.all_ports)}
-                               for p in placements])
-        return True
-
-    return store.transact(decide, job_key, keys.NODE_FLAGS, keys.GPU_FAULTS, *node_keys)
-
-
-@dataclass(frozen=True)
-class PlacementCommit:
-    """One gang a pass placed, with what the pass read of its job (version,
-    attempt, queue_seq, VC): what `commit_placements` binds, if it still can."""
-
-    job_id: str
-    version: int
-    attempt: int
-    placements: tuple[TaskPlacement, ...]
-    mode: str = ""
-    queue_seq: int = field(kw_only=True)
-    vc: str = field(kw_only=True)
-
-
-MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhile
-# json.dumps(..., separators=(",", ":")) without building an encoder per call
-_compact_json = compact_json
-
-# Binds a batch of gangs, each on its own terms, in one round trip. For each
-# job in turn: the job record still says what the pass decided on (version,
-# WAITING, attempt, queue_seq, VC: every write of a job's tasks bumps its
-# version, so its tasks are as read, all WAITING) and it has as many tasks
-# as were read (the gang whole), no admin holds any of its nodes, and every
-# node still has room (the same rules as shared/domain/cluster.py `placement_fits`,
-# against what the node holds now, this batch's earlier jobs included). A
-# job passing all of them gets its writes, rendered by the caller; one that
-# fails gets none. The reply holds 1 or 0 per job.
-#
-# KEYS: node flags, launching, queue, then the keys the jobs' entries name
-# by position. A job entry: j, t, e, q (job, tasks, events, VC queue key
-# positions), id, v, s, a, vc (version, queue_seq, attempt, VC as the pass
-# read them), nt (how many tasks), new (task field -> position in ARGV of
-# the record to write), f (job fields to write), ev (event fields, flat), l
-# (launch entries, flat: member, deadline), n (per node: k, h = node and
-# allocation key positions, name, g = GPUs, p = ports, c = CPUs, m = memory,
-# w = allocation field and ARGV position of its record, flat).
-# ARGV: the entries (JSON), the events' bound, then the records the entries
-# point at: passed as they are, not as strings inside the JSON, they are
-# neither escaped by the caller nor decoded by the script.
-_COMMIT_PLACEMENTS = """
-local flags_key, launching_key, queue_key, faults_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local jobs = cjson.decode(ARGV[1])
-local nodes = {}
-
-local function node_view(name, node_key, alloc_key)
-  local view = nodes[name]
-  if view then return view end
-  view = {ok = false}
-  nodes[name] = view
-  local raw = redis.call('GET', node_key)
-  if not raw then return view end
-  local node = cjson.decode(raw)
-  view.gpus, view.used_gpus, view.used_ports = {}, {}, {}
-  for _, gpu in ipairs(node.gpus or {}) do
-    view.gpus[type(gpu) == 'table' and gpu.index or gpu] = true
-  end
-  view.cpus, view.memory = node.cpus or 0, node.memory_mb or 0
-  view.used_cpus, view.used_memory = 0, 0
-  view.ok = true
-  for _, value in ipairs(redis.call('HVALS', alloc_key)) do
-    local held = cjson.decode(value)
-    for _, g in ipairs(held.gpus) do
-      if view.used_gpus[g] or not view.gpus[g] then view.ok = false end
-      view.used_gpus[g] = true
-    end
-    for _, p in ipairs(held.ports) do
-      if view.used_ports[p] then view.ok = false end
-      view.used_ports[p] = true
-    end
-    view.used_cpus = view.used_cpus + held.cpus
-    view.used_memory = view.used_memory + held.memory_mb
-  end
-  return view
-end
-
-local function fits(view, part)
-  if not view.ok then return false end
-  local gpus, ports = {}, {}
-  for _, g in ipairs(part.g) do
-    if gpus[g] or view.used_gpus[g] or not view.gpus[g] then return false end
-    -- marked unhealthy since the pass read the faults (shared/domain/gpuhealth.py)
-    if redis.call('HEXISTS', faults_key, part.name .. ':' .. g) == 1 then return false end
-    gpus[g] = true
-  end
-  for _, p in ipairs(part.p) do
-    if ports[p] or view.used_ports[p] then return false end
-    ports[p] = true
-  end
-  return view.used_cpus + part.c <= view.cpus and view.used_memory + part.m <= view.memory
-end
-
-local function still_decidable(job)
-  local key = KEYS[job.j]
-  local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq',
-                        'virtual_cluster')
-  if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or now[4] ~= job.s
-      or now[5] ~= job.vc then
-    return false
-  end
-  if redis.call('HLEN', KEYS[job.t]) ~= job.nt then return false end
-  for _, part in ipairs(job.n) do
-    local flag = redis.call('HGET', flags_key, part.name)
-    if flag and flag ~= '' then return false end
-    if not fits(node_view(part.name, KEYS[part.k], KEYS[part.h]), part) then return false end
-  end
-  return true
-end
-
-local function bind(job)
-  for _, part in ipairs(job.n) do
-    local view = nodes[part.name]
-    for _, g in ipairs(part.g) do view.used_gpus[g] = true end
-    for _, p in ipairs(part.p) do view.used_ports[p] = true end
-    view.used_cpus = view.used_cpus + part.c
-    view.used_memory = view.used_memory + part.m
-    for i = 1, #part.w, 2 do
-      redis.call('HSET', KEYS[part.h], part.w[i], ARGV[part.w[i + 1]])
-    end
-  end
-  for i = 1, #job.l, 2 do
-    redis.call('ZADD', launching_key, job.l[i + 1], job.l[i])
-  end
-  for field, at in pairs(job.new) do  -- one by one: a gang may be too big to unpack
-    redis.call('HSET', KEYS[job.t], field, ARGV[at])
-  end
-  redis.call('ZREM', queue_key, job.id)
-  redis.call('ZREM', KEYS[job.q], job.id)
-  redis.call('HSET', KEYS[job.j], unpack(job.f))
-  redis.call('XADD', KEYS[job.e], 'MAXLEN', '~', ARGV[2], '*', unpack(job.ev))
-end
-
-local bound = {}
-for i, job in ipairs(jobs) do
-  if still_decidable(job) then
-    bind(job)
-    bound[i] = 1
-  else
-    bound[i] = 0
-  end
-end
-return bound
-"""
-
-
-class _ScriptKeys:
-    """The KEYS of one script call, each named once, by position (1-based)."""
-
-    def __init__(self, *fixed: str) -> None:
-        self.names: list[str] = []
-        self._index: dict[str, int] = {}
-        for name in fixed:
-            self.at(name)
-
-    def at(self, name: str) -> int:
-        if name not in self._index:
-            self.names.append(name)
-            self._index[name] = len(self.names)
-        return self._index[name]
-
-
-def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
-                     launch_deadline_ms: int, script_keys: _ScriptKeys,
-                     parsed: dict[str, Task], records: list[str]) -> dict[str, Any] | None:
-    """What the batch script checks and writes for one gang: the job as the
-    pass read it (the script compares it with the record), the tasks as just
-    read (the rules of `commit_placement`); None when they already refuse it.
-    `parsed` keeps task records parsed in this batch by their text (waiting
-    tasks of the same role and index read alike)."""
-    placements = commit.placements
-    if not placements or {task_key(p.role, p.index) for p in placements} != set(raw_tasks):
-        return None
-    tasks = {}
-    for key, raw in raw_tasks.items():
-        known = parsed.get(raw)
-        if known is None:
-            known = parsed[raw] = Task.from_dict(json.loads(raw))
-        tasks[key] = Task(**vars(known))  # a copy: its fields are replaced, not changed
-    launched = now_ms()
-    new: dict[str, int] = {}
-    for p in placements:
-        task = tasks[task_key(p.role, p.index)]
-        if not _bind_task(task, p, launched):
-            return None
-        new[task.key] = _argv_position(records, _record_json(task))
-    job_id, attempt, vc = commit.job_id, commit.attempt, commit.vc
-    parts: dict[str, dict[str, Any]] = {}
-    launching: list[str] = []
-    deadline = str(launch_deadline_ms)
-    placed_tasks = []
-    for p in placements:
-        ports = p.all_ports
-        alloc = Allocation(job_id=job_id, attempt=attempt, role=p.role, index=p.index,
-                           node=p.node, gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb,
-                           ports=ports, vc=vc)
-        part = parts.get(p.node)
-        if part is None:
-            part = parts[p.node] = {
-                "name": p.node, "k": script_keys.at(keys.node(p.node)),
-                "h": script_keys.at(keys.node_alloc(p.node)),
-                "g": [], "p": [], "c": 0, "m": 0, "w": []}
-        part["g"] += p.gpus
-        part["p"] += ports
-        part["c"] += p.cpus
-        part["m"] += p.memory_mb
-        member = alloc.key
-        part["w"] += [member, _argv_position(records, _record_json(alloc))]
-        launching += [member, deadline]
-        placed_tasks.append({"role": p.role, "index": p.index, "node": p.node,
-                             "gpus": list(p.gpus), "ports": list(ports)})
-    event = event_fields("placed", attempt=attempt, nodes=sorted(parts), mode=commit.mode,
-                         tasks=placed_tasks)
-    return {
-        "j": script_keys.at(keys.job(job_id)), "t": script_keys.at(keys.job_tasks(job_id, attempt)),
-        "e": script_keys.at(keys.job_events(job_id)), "q": script_keys.at(keys.vc_queue(vc)),
-        "id": job_id, "v": str(commit.version), "s": str(commit.queue_seq),
-        "a": str(attempt), "vc": vc,
-        "nt": len(raw_tasks), "new": new,
-        "f": ["version", str(commit.version + 1), "waiting_reason", "", "waiting", "",
-              "mode", commit.mode],
-        "ev": [x for item in event.items() for x in item], "l": launching,
-        "n": list(parts.values()),
-    }
-
-
-def _argv_position(records: list[str], record: str) -> int:
-    """Pass `record` to the batch script after its first two arguments: its
-    position in ARGV (1-based)."""
-    records.append(record)
-    return len(records) + 2
-
-
-def _record_json(record: Task | Allocation) -> str:
-    """`json.dumps(record.to_dict())`, without `dataclasses.asdict`'s deep copy
-    (a third of a big batch's CPU): their fields are plain JSON values, so the
-    text is the same (tests/unit/test_placement_batch.py holds it so)."""
-    return _compact_json(vars(record))
-
-
-def commit_placements(store: Store, commits: Sequence[PlacementCommit], *,
-                      launch_deadline_ms: int) -> list[bool]:
-    """Bind many gangs at once, each as `commit_placement` binds one: True for
-    each one bound, False for each the world moved away from (the next pass
-    decides it again). Two round trips per MAX_BATCH_TASKS tasks: the jobs'
-    records and tasks in one pipeline, then one script that re-checks them,
-    and the nodes, and applies each gang's writes or none of them."""
-    bound: list[bool] = []
-    batch: list[PlacementCommit] = []
-    size = 0
-    for commit in commits:
-        if batch and size + len(commit.placements) > MAX_BATCH_TASKS:
-            bound += _commit_batch(store, batch, launch_deadline_ms)
-            batch, size = [], 0
-        batch.append(commit)
-        size += len(commit.placements)
-    if batch:
-        bound += _commit_batch(store, batch, launch_deadline_ms)
-    return bound
-
-
-def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
-                  launch_deadline_ms: int) -> list[bool]:
-    read = store.read_hashes([keys.job_tasks(c.job_id, c.attempt) for c in batch])
-    script_keys = _ScriptKeys(keys.NODE_FLAGS, keys.LAUNCHING, keys.QUEUE, keys.GPU_FAULTS)
-    entries: list[dict[str, Any]] = []
-    positions: list[int | None] = []
-    parsed: dict[str, Task] = {}
-    records: list[str] = []  # the records the entries write, passed beside them
-    for commit, raw_tasks in zip(batch, read, strict=True):
-        entry = _placement_entry(commit, raw_tasks, launch_deadline_ms, script_keys, parsed,
-                                 records)
-        positions.append(len(entries) if entry is not None else None)
-        if entry is not None:
-            entries.append(entry)
-    if not entries:
-        return [False] * len(batch)
-    reply = store.run_script(_COMMIT_PLACEMENTS, script_keys.names,
-                             [_compact_json(entries), str(EVENTS_MAX_LEN), *records])
-    return [position is not None and bool(reply[position]) for position in positions]
 
 
 def claim_pass_request(store: Store) -> bool:

@@ -3,7 +3,7 @@
 A task's usage is one interval: from its placement (the allocation's start,
 `Task.placed_ms`, which a task retry's relaunch keeps) to its exit
 (`Task.completed_ms`), times what its allocation holds. It is recorded
-once, when the task's exit is settled (shared/state/lifecycle.py
+once, when the task's exit is settled (shared/state/taskexits.py
 `record_task_exit`, inside that compare-and-set), and
 rolled up by UTC day, user, virtual cluster and job. Tasks still holding
 their allocation count up to "now" when usage is read.

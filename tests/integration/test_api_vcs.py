@@ -12,7 +12,8 @@ from flask.testing import FlaskClient
 
 from shared.domain.models import Gpu, Node, TaskPlacement
 from shared.state import keys
-from shared.state.lifecycle import commit_placement, mark_task_running
+from shared.state.lifecycle import mark_task_running
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.api import AuthedClient, config, error_of, new_user
 

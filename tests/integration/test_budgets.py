@@ -19,7 +19,8 @@ from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import usage
 from shared.state.accounts import Accounts, VirtualCluster
-from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
+from shared.state.lifecycle import mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.api import AuthedClient, error_of
 

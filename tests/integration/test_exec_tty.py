@@ -47,8 +47,8 @@ from shared.infra import messaging
 from shared.infra.config import Settings
 from shared.node.containers import LABEL_NODE, TaskRef
 from shared.state import keys, telemetry
-from shared.state.lifecycle import record_task_exit
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, served
 from tests.support.api_process import Api
 from tests.support.launcher_rig import run_task

@@ -33,8 +33,8 @@ from shared.infra.config import Settings
 from shared.node.containers import LABEL_NODE, TaskRef
 from shared.state import execs, keys, telemetry
 from shared.state.execs import ExecRequest, Outcome
-from shared.state.lifecycle import record_task_exit
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, error_of, signed_in
 from tests.support.launcher_rig import JOB, run_task
 

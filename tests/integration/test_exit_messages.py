@@ -13,8 +13,9 @@ import pytest
 
 from services.scheduler.service import Scheduler
 from shared.domain.states import TaskState
-from shared.state.lifecycle import mark_task_running, record_task_exit, submit_job
+from shared.state.lifecycle import mark_task_running, submit_job
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support.scheduling import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis

@@ -20,7 +20,8 @@ from shared.infra.messaging import Messenger, make_celery
 from shared.node.containers import TaskRef
 from shared.node.nvml import Nvml
 from shared.state import gpufaults, keys
-from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
+from shared.state.lifecycle import mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.api import AuthedClient
 from tests.support.cli import api, pai_as, run  # noqa: F401 (api: a fixture)

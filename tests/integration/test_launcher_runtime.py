@@ -36,13 +36,9 @@ from shared.infra.config import Settings
 from shared.infra.messaging import SCHEDULER_QUEUE
 from shared.node.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
 from shared.state.accounts import Accounts, VirtualCluster
-from shared.state.lifecycle import (
-    delete_job,
-    mark_preempted,
-    record_task_exit,
-    request_stop,
-)
+from shared.state.lifecycle import delete_job, mark_preempted, request_stop
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support.launcher_rig import USER, WAIT_SECONDS, Rig
 from tests.support.launcher_rig import rig as rig  # the fixture
 from tests.support.polling import wait_for

@@ -26,18 +26,17 @@ from shared.domain.models import (
 from shared.domain.states import JobState, TaskState
 from shared.state import keys
 from shared.state.lifecycle import (
-    ExitReport,
-    commit_placement,
     delete_job,
     mark_preempted,
     mark_task_running,
-    record_task_exit,
     request_stop,
     set_mode,
     set_waiting,
     submit_job,
 )
+from shared.state.placing import commit_placement
 from shared.state.store import Store
+from shared.state.taskexits import ExitReport, record_task_exit
 from tests.support.interleave import Hook, with_hooks
 from tests.support.lifecycle import DEADLINE_MS, ROUNDS, job_of, place, placements, race
 

@@ -21,8 +21,9 @@ from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys, telemetry
 from shared.state.accounts import Accounts, VirtualCluster
-from shared.state.lifecycle import mark_task_running, record_task_exit, submit_job
+from shared.state.lifecycle import mark_task_running, submit_job
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 
 pytestmark = pytest.mark.redis
 

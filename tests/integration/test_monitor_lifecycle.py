@@ -21,7 +21,7 @@ from shared.domain.models import Job, attempt_task_key
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.messaging import ATTEMPT_ENDED, TASK_ENDED
-from shared.state.lifecycle import record_task_exit
+from shared.state.taskexits import record_task_exit
 from tests.support.monitor_rig import GATE, Rig, release
 from tests.support.monitor_rig import rig as rig  # the fixture
 from tests.support.polling import wait_for

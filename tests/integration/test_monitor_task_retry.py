@@ -20,7 +20,8 @@ from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.messaging import SCHEDULER_QUEUE, TASK_RELAUNCHED
 from shared.node.containers import LABEL_TASK_RETRY, TaskRef, task_labels
-from shared.state.lifecycle import commit_placement, submit_job
+from shared.state.lifecycle import submit_job
+from shared.state.placing import commit_placement
 from tests.support.monitor_rig import USER, Rig, rig
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]

@@ -17,14 +17,10 @@ from shared.domain.states import JobState, TaskState
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys
-from shared.state.lifecycle import (
-    commit_placement,
-    drop_stale_from_queue,
-    mark_task_running,
-    record_task_exit,
-    submit_job,
-)
+from shared.state.lifecycle import drop_stale_from_queue, mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support.lifecycle import DEADLINE_MS, ROUNDS, race
 
 pytestmark = pytest.mark.redis

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from services.scheduler import service
-from services.scheduler.service import DIRTY, PassStats, Scheduler
+from services.scheduler import reading, service
+from services.scheduler.gate import DIRTY
+from services.scheduler.service import PassStats, Scheduler
 from services.scheduler.worker import create_scheduler_app
 from shared.domain.models import Gpu, Node
 from shared.domain.states import JobState, TaskState
@@ -27,14 +28,9 @@ from shared.infra import messaging
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys
-from shared.state.lifecycle import (
-    delete_job,
-    mark_task_running,
-    record_task_exit,
-    request_stop,
-    submit_job,
-)
+from shared.state.lifecycle import delete_job, mark_task_running, request_stop, submit_job
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 
 GPUS = 4
 
@@ -271,11 +267,11 @@ def test_the_caches_keep_only_what_is_queued_or_placed(
     """What a pass remembers of jobs (their specs, their allocations' parsed
     records) goes once they are gone, so a scheduler that runs for months
     holds about what its cluster and queue hold."""
-    monkeypatch.setattr(service, "PRUNE_SLACK", 0)
+    monkeypatch.setattr(reading, "PRUNE_SLACK", 0)
     monkeypatch.setattr("shared.state.store.MAX_GONE_ALLOCATIONS", 0)
     running, waiting = fill_and_queue(store, worker, 2)
     scheduler = worker.scheduler
-    assert {job_id for job_id, _ in scheduler._specs} == set(running + waiting)
+    assert {job_id for job_id, _ in scheduler.reader.specs} == set(running + waiting)
     for job_id in running:
         record_task_exit(store, job_id, 0, "main", 0, exit_code=0)
         scheduler.task_ended(job_id, 0, "main", 0)
@@ -283,8 +279,8 @@ def test_the_caches_keep_only_what_is_queued_or_placed(
     scheduler.request_pass()  # nothing changed since: only forgets
 
     live = set(waiting)  # both placed now, nothing queued
-    assert {job_id for job_id, _ in scheduler._specs} == live
-    assert {a.job_id for a in scheduler._allocations.values()} == live
+    assert {job_id for job_id, _ in scheduler.reader.specs} == live
+    assert {a.job_id for a in scheduler.reader.allocations.values()} == live
     assert {a.job_id for a in store.get_allocations(store.r, "n1").values()} == live
 
 

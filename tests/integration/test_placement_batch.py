@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import redis
 
-from services.scheduler.service import DIRTY, Scheduler
+from services.scheduler.gate import DIRTY
+from services.scheduler.service import Scheduler
 from shared.domain.gpuhealth import GpuFault
 from shared.domain.models import Gpu, Job, Node, TaskPlacement
 from shared.domain.states import JobState, TaskState
@@ -27,14 +28,8 @@ from shared.infra.config import Settings
 from shared.infra.messaging import START_TASKS, Messenger, make_celery
 from shared.state import keys
 from shared.state.gpufaults import mark_fault
-from shared.state.lifecycle import (
-    PlacementCommit,
-    commit_placement,
-    commit_placements,
-    request_stop,
-    set_waiting_many,
-    submit_job,
-)
+from shared.state.lifecycle import request_stop, set_waiting_many, submit_job
+from shared.state.placing import PlacementCommit, commit_placement, commit_placements
 from shared.state.store import Store
 from tests.support.interleave import Hook, with_hooks
 from tests.support.redis_server import operator_url

@@ -21,7 +21,8 @@ from shared.domain.models import Gpu, Node, TaskPlacement, attempt_task_key
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.state import keys, tasksamples
-from shared.state.lifecycle import commit_placement, mark_task_running
+from shared.state.lifecycle import mark_task_running
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.api import AuthedClient, config, csrf_of, portal_login
 from tests.support.polling import wait_past

@@ -52,9 +52,9 @@ def test_the_reasons_a_pass_wrote_are_in_the_records_it_holds(
     scheduler.run_pass()  # a runs; b and c wait for a GPU
     for job_id in ("alice~b", "alice~c"):
         stored = store.get_job(job_id)
-        held = scheduler._jobs[job_id][1]
+        held = scheduler.reader.jobs[job_id][1]
         assert stored is not None and stored.waiting_reason
         assert (held.waiting_reason, held.waiting) == (stored.waiting_reason, stored.waiting)
-    records = {job_id: scheduler._jobs[job_id][1] for job_id in ("alice~b", "alice~c")}
+    records = {job_id: scheduler.reader.jobs[job_id][1] for job_id in ("alice~b", "alice~c")}
     scheduler.run_pass()
-    assert all(scheduler._jobs[job_id][1] is job for job_id, job in records.items())
+    assert all(scheduler.reader.jobs[job_id][1] is job for job_id, job in records.items())

@@ -29,14 +29,10 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.node.containers import TaskRef
 from shared.state import keys, logfiles, retention
-from shared.state.lifecycle import (
-    commit_placement,
-    mark_task_running,
-    record_task_exit,
-    request_stop,
-    set_waiting,
-)
+from shared.state.lifecycle import mark_task_running, request_stop, set_waiting
+from shared.state.placing import commit_placement
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support import REPO_ROOT
 from tests.support.api import login
 

@@ -21,14 +21,10 @@ from shared.infra.messaging import START_TASK, START_TASKS, Messenger, make_cele
 from shared.state import keys, leases
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.leases import Holder, Role
-from shared.state.lifecycle import (
-    commit_placement,
-    delete_job,
-    mark_task_running,
-    record_task_exit,
-    submit_job,
-)
+from shared.state.lifecycle import delete_job, mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support.interleave import Hook, with_hooks
 from tests.support.scheduling import add_node, config
 from tests.support.scheduling import scheduler as scheduler  # the fixtures

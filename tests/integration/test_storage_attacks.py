@@ -19,7 +19,7 @@ from services.monitor.logs import LogShipping
 from shared.domain.states import TaskState
 from shared.node.containers import TaskRef
 from shared.state import keys
-from shared.state.lifecycle import record_task_exit
+from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, new_user, signed_in
 from tests.support.launcher_rig import USER, WAIT_SECONDS, Rig
 from tests.support.launcher_rig import rig as rig  # the fixture

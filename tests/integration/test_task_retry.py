@@ -16,15 +16,9 @@ from shared.domain.completion import NON_RETRYABLE_PREFIX
 from shared.domain.models import Gpu, Job, Node, Task, attempt_task_key
 from shared.domain.states import JobState, TaskState
 from shared.state import keys, usage
-from shared.state.lifecycle import (
-    ExitReport,
-    mark_preempted,
-    mark_task_running,
-    record_task_exit,
-    request_stop,
-    submit_job,
-)
+from shared.state.lifecycle import mark_preempted, mark_task_running, request_stop, submit_job
 from shared.state.store import Store
+from shared.state.taskexits import ExitReport, record_task_exit
 from tests.support.lifecycle import ROUNDS, place, race
 from tests.support.polling import wait_past
 

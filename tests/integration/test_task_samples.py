@@ -23,7 +23,9 @@ from shared.infra.messaging import STOP_JOB
 from shared.node.nvml import Nvml
 from shared.state import keys, retention, tasksamples, telemetry
 from shared.state.accounts import Accounts, VirtualCluster
-from shared.state.lifecycle import commit_placement, record_task_exit, submit_job
+from shared.state.lifecycle import submit_job
+from shared.state.placing import commit_placement
+from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, error_of, new_user, signed_in
 from tests.support.monitor_rig import GATE, USER, NoNvml, Rig, release
 from tests.support.polling import wait_for

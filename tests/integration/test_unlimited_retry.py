@@ -18,8 +18,9 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys
-from shared.state.lifecycle import mark_task_running, record_task_exit, request_stop, submit_job
+from shared.state.lifecycle import mark_task_running, request_stop, submit_job
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 
 pytestmark = pytest.mark.redis
 

@@ -15,8 +15,10 @@ import redis
 from shared.domain.models import Gpu, Node, TaskPlacement
 from shared.infra.clock import now_ms
 from shared.state import keys, telemetry, usage
-from shared.state.lifecycle import commit_placement, mark_task_running, record_task_exit, submit_job
+from shared.state.lifecycle import mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
+from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient
 
 pytestmark = pytest.mark.redis

@@ -21,7 +21,8 @@ from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys, retention, usage
 from shared.state.accounts import Accounts, VirtualCluster
-from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
+from shared.state.lifecycle import mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.api import AuthedClient, error_of, new_user
 
@@ -132,7 +133,7 @@ def test_the_pass_reads_the_budgets_of_users_with_work_only(
     research_with_budget(store, "wait", user="carol")  # carol: work in default only
     submit_job(store, "alice", config("queued"))
     submit_job(store, "carol", config("elsewhere", vc="default"))
-    queue, _ = scheduler._queue(store.snapshot().queued)
+    queue, _ = scheduler.reader.queue(store.snapshot().queued, now_ms())
     vcs = Accounts(store).list_vcs()
 
     _, user_spent = scheduler._spent(vcs, store.all_allocations(["n1"]), queue, now_ms())

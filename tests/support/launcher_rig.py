@@ -24,7 +24,8 @@ from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.node.containers import LABEL_JOB, LABEL_NODE, TaskRef
 from shared.state.accounts import Accounts
-from shared.state.lifecycle import commit_placement, mark_task_running, submit_job
+from shared.state.lifecycle import mark_task_running, submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 
 WAIT_SECONDS = 30

@@ -9,7 +9,7 @@ from typing import Any
 
 from shared.domain.models import Gpu, Job, Node, TaskPlacement
 from shared.state import keys
-from shared.state.lifecycle import commit_placement
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 
 DEADLINE_MS = 2**41  # a launch deadline far in the future

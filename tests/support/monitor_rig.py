@@ -24,7 +24,8 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.node.containers import TaskRef, container_name, task_labels
-from shared.state.lifecycle import commit_placement, submit_job
+from shared.state.lifecycle import submit_job
+from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.polling import WAIT_SECONDS
 

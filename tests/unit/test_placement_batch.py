@@ -9,7 +9,7 @@ import pytest
 
 from shared.domain.models import Allocation, Task
 from shared.domain.states import TaskState
-from shared.state.lifecycle import _record_json
+from shared.state.placing import _record_json
 
 
 def launching_task() -> Task:

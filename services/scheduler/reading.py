@@ -1,0 +1,224 @@
+"""What a pass reads beyond the snapshot (the queued jobs' requests, the
+placed jobs as the policy weighs them, what ended attempts attained), and
+what it keeps of them between passes.
+
+A submission's config never changes and its `queue_seq` is its own, so each
+is parsed once; a waiting job that did not change keeps its request (and
+the shapes the core worked out for it); an ended attempt's service never
+changes. The caches are pruned to the live jobs once gone ones outnumber
+them, so a long-running scheduler holds about what its cluster and queue
+hold.
+"""
+
+from __future__ import annotations
+
+import json
+
+from services.scheduler.core import JobRequest, job_request
+from services.scheduler.policy import Attained, Las, RunningJob
+from shared.domain.cluster import BORROWED
+from shared.domain.models import Allocation, Attempt, Job, JobSpec, Task
+from shared.domain.priority import PriorityClass, queue_order
+from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
+from shared.infra.config import Settings
+from shared.state import keys
+from shared.state.lifecycle import drop_stale_from_queue
+from shared.state.store import Snapshot, Store
+
+# What the policy needs of a placed job's record (see `running`)
+RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
+                  "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
+MAX_CACHED_SPECS = 100_000
+# What the caches may hold of gone jobs before they are pruned to the live ones
+PRUNE_SLACK = 1_000
+# Attained service counts a job's last this many ended attempts (a job retried
+# more often is in the last LAS queue long before)
+MAX_ATTEMPTS_READ = 32
+
+
+class PassReader:
+    def __init__(self, settings: Settings, store: Store, las: Las) -> None:
+        self.settings = settings
+        self.store = store
+        self.las = las
+        self.specs: dict[tuple[str, int], JobSpec] = {}  # (job id, queue_seq) -> spec
+        # job id -> ((queue_seq, version, attempt), request): a waiting job that
+        # did not change since the last pass keeps its request (and the shapes
+        # the core worked out for it).
+        self._requests: dict[str, tuple[tuple[int, int, int], JobRequest]] = {}
+        # (job id, queue_seq, attempt) -> what a queued job's ended attempts
+        # attained: they never change (queue_seq tells a reused name apart)
+        self._attained: dict[tuple[str, int, int], Attained] = {}
+        self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
+        self.jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (store._queued_jobs)
+        self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
+
+    def snapshot(self) -> Snapshot:
+        """The nodes, their allocations, flags, faults and the queue, the
+        records parsed by earlier passes reused where unchanged."""
+        return self.store.snapshot(self.allocations, jobs_known=self.jobs)
+
+    def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
+        """Parse the configs of these (job id, queue_seq) not parsed before, in
+        one round trip. A submission's config never changes (and its
+        `queue_seq` is its own), so each is read and parsed once."""
+        self._specs_used.update(jobs)
+        unparsed = [job for job in jobs if job not in self.specs]
+        if not unparsed:
+            return
+        raws = self.store.r.mget([keys.job_config(job_id) for job_id, _ in unparsed])
+        if len(self.specs) + len(unparsed) > MAX_CACHED_SPECS:
+            self.specs.clear()
+        for job, raw in zip(unparsed, raws, strict=True):
+            if raw:
+                self.specs[job] = JobSpec.from_config(json.loads(raw))
+
+    def attained(self, queue: list[JobRequest]) -> dict[str, Attained]:
+        """What the queued jobs' ended attempts attained (GPUs x run time),
+        and since when each waits, from their attempt records: one round trip
+        for the retried or preempted jobs not read before (a job that never
+        ran attained nothing and is left out)."""
+        unread = [q for q in queue if q.attempt and (q.job_id, q.seq, q.attempt)
+                  not in self._attained]
+        if unread:
+            pipe = self.store.r.pipeline(transaction=False)
+            for q in unread:
+                first = max(0, q.attempt - MAX_ATTEMPTS_READ)
+                pipe.hmget(keys.job_attempts(q.job_id),
+                           [str(i) for i in range(first, q.attempt + 1)])
+            if len(self._attained) + len(unread) > MAX_CACHED_SPECS:
+                self._attained.clear()
+            for q, raws in zip(unread, pipe.execute(), strict=True):
+                attempts = [Attempt.from_dict(json.loads(raw)) if raw else None
+                            for raw in raws]
+                self._attained[q.job_id, q.seq, q.attempt] = Attained(
+                    sum(q.gpus * max(0, (a.completed_ms or 0) - a.started_ms)
+                        for a in attempts[:-1] if a is not None and a.started_ms),
+                    attempts[-1].created_ms if attempts[-1] is not None else 0)
+        return {q.job_id: self._attained[q.job_id, q.seq, q.attempt] for q in queue
+                if (q.job_id, q.seq, q.attempt) in self._attained}
+
+    def place_in_las_queues(self, queue: list[JobRequest], attained: dict[str, Attained],
+                             now: int) -> None:
+        """Keep each VC's queue index in the order the policy places jobs, so
+        the API's `position` counts what goes first: a job that has attained
+        service sits in its least-attained-service queue (only such jobs can
+        be anywhere but in the first). XX: a job dequeued meanwhile stays out."""
+        if not attained:
+            return
+        pipe = self.store.r.pipeline(transaction=False)
+        for request in queue:
+            seen = attained.get(request.job_id)
+            if seen is not None:
+                pipe.zadd(keys.vc_queue(request.vc), {request.job_id: queue_order(
+                    request.priority, request.seq, self.las.queue_of(seen, now))}, xx=True)
+        pipe.execute()
+
+    def queue(self, queued: list[tuple[str, Job | None]], now: int
+              ) -> tuple[list[JobRequest], dict[str, Job]]:
+        """The queued jobs' requests, and their records (`queued`: the queue
+        and its records as the pass's snapshot read them; `now`: the pass's
+        time, which a retry's back-off is measured against).
+
+        A round trip for the configs of the jobs not parsed before (and one
+        for the tasks of jobs without gang allocation, which ask only for
+        their tasks still waiting).
+        """
+        jobs, stale = [], []
+        for job_id, job in queued:
+            # RUNNING and queued: partly placed (no gang allocation), see below
+            if job is None or job.state not in LIVE_JOB_STATES:
+                stale.append(job_id)
+            elif job.retry_after_ms is not None and job.retry_after_ms > now:
+                continue  # backing off before a retry; the repair loop's passes look again
+            else:
+                jobs.append(job)
+        self._load_specs([(job.id, job.queue_seq) for job in jobs])
+        requests, records = [], {}
+        known, self._requests = self._requests, {}
+        waiting = self._waiting_tasks(jobs, known)
+        for job in jobs:
+            spec = self.specs.get((job.id, job.queue_seq))
+            if spec is None or (spec.gang_allocation and job.state != JobState.WAITING) \
+                    or waiting.get(job.id) == set():
+                stale.append(job.id)
+                continue
+            key = (job.queue_seq, job.version, job.attempt)
+            cached = known.get(job.id)
+            request = cached[1] if cached is not None and cached[0] == key \
+                else job_request(job.id, job.version, job.attempt, spec, job.queue_seq,
+                                 waiting.get(job.id))
+            self._requests[job.id] = (key, request)
+            requests.append(request)
+            records[job.id] = job
+        if stale:
+            drop_stale_from_queue(self.store, stale)  # only those still stale
+        return requests, records
+
+    def _waiting_tasks(self, jobs: list[Job],
+                       known: dict[str, tuple[tuple[int, int, int], JobRequest]]
+                       ) -> dict[str, set[str]]:
+        """Job id -> its tasks still waiting for a place, for the queued jobs
+        without gang allocation whose request is not cached (one round trip):
+        such a job asks only for those."""
+        wanted = []
+        for job in jobs:
+            spec = self.specs.get((job.id, job.queue_seq))
+            cached = known.get(job.id)
+            if spec is not None and not spec.gang_allocation and (
+                    cached is None or cached[0] != (job.queue_seq, job.version, job.attempt)):
+                wanted.append(job)
+        if not wanted:
+            return {}
+        pipe = self.store.r.pipeline(transaction=False)
+        for job in wanted:
+            pipe.hgetall(keys.job_tasks(job.id, job.attempt))
+        return {job.id: {key for key, raw in fields.items()
+                         if Task.from_dict(json.loads(raw)).state == TaskState.WAITING}
+                for job, fields in zip(wanted, pipe.execute(), strict=True)}
+
+    def running(self, allocations: dict[str, list[Allocation]]) -> list[RunningJob]:
+        """The placed jobs as the policy weighs them: one round trip for the
+        few fields of their records it needs, and one for configs not seen
+        before (a preempted job's grace is its config's)."""
+        held: dict[str, list[Allocation]] = {}
+        for allocs in allocations.values():
+            for alloc in allocs:
+                held.setdefault(alloc.job_id, []).append(alloc)
+        ids = sorted(held)
+        records = self.store.read_fields([keys.job(job_id) for job_id in ids], RUNNING_FIELDS)
+        live: list[tuple[str, list[str | None]]] = []
+        for job_id, values in zip(ids, records, strict=True):
+            state, attempt = values[0], values[1]
+            if state in LIVE_JOB_STATES and attempt is not None:
+                live.append((job_id, values))
+        self._load_specs([(job_id, int(values[2] or 0)) for job_id, values in live])
+        running = []
+        for job_id, values in live:
+            (_, attempt, queue_seq, vc, priority, mode, started, created, preempted_by,
+             deadline) = values
+            mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
+            if not mine:
+                continue  # an old attempt's: the sweep releases it
+            spec = self.specs.get((job_id, int(queue_seq or 0)))
+            running.append(RunningJob(
+                job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
+                mode=mode or BORROWED, started_ms=int(started or created or 0),
+                allocations=mine, attempt=int(attempt or 0),
+                grace_ms=self.settings.preemption_grace_ms(
+                    spec.preemption_grace_seconds if spec else None),
+                preempted_by=preempted_by or "",
+                preempt_deadline_ms=int(deadline) if deadline else None))
+        return running
+
+    def forget_gone(self, queue: list[JobRequest]) -> None:
+        """Drop what the caches keep of jobs no longer queued or placed (ended,
+        deleted, or submitted again: a new submission has a new queue_seq),
+        once they hold more of those than of live ones, so a long-running
+        scheduler holds about what its cluster and queue hold."""
+        if len(self.specs) > 2 * len(self._specs_used) + PRUNE_SLACK:
+            self.specs = {k: v for k, v in self.specs.items() if k in self._specs_used}
+        self._specs_used = set()
+        if len(self._attained) > 2 * len(queue) + PRUNE_SLACK:
+            wanted = {(q.job_id, q.seq, q.attempt) for q in queue}
+            self._attained = {k: v for k, v in self._attained.items() if k in wanted}
