@@ -16,7 +16,7 @@ from services.api.platform import platform
 from services.api.schemas import NodePutSchema
 from shared.domain.cluster import NodeFlags, held, node_view_state
 from shared.domain.gpuhealth import GpuFault
-from shared.domain.lease import condition_of
+from shared.domain.lease import conditions_of
 from shared.domain.models import Allocation, Node
 from shared.infra.config import Settings
 from shared.state import gpufaults, leases
@@ -88,12 +88,9 @@ def _node_views(nodes: list[Node]) -> list[dict[str, Any]]:
 def node_conditions(store: Store, settings: Settings) -> dict[str, tuple[str, str]]:
     """Every node's condition and its reason, judged now from the leases as
     the scheduler judges them (shared/domain/lease.py)."""
-    view = leases.read_cluster(store)
-    return {name: (condition.value, reason) for name, (condition, reason) in (
-        (name, condition_of(silence, view.now_ms, view.outage,
-                            int(settings.node_lost_seconds * 1000),
-                            int(settings.node_settle_seconds * 1000)))
-        for name, silence in view.silences.items())}
+    conditions = conditions_of(leases.read_cluster(store), int(settings.node_lost_seconds * 1000),
+                               int(settings.node_settle_seconds * 1000))
+    return {name: (condition.value, reason) for name, (condition, reason) in conditions.items()}
 
 
 def _node_or_404(name: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from shared.domain.cluster import held, held_by_vc
-from shared.domain.lease import condition_of
+from shared.domain.lease import conditions_of
 from shared.domain.models import Allocation, split_job_id
 from shared.domain.states import JobState
 from shared.infra.clock import now_ms
@@ -280,10 +280,9 @@ class ClusterCollector(Collector):
         nodes = self.store.get_nodes()
         allocations = self.store.all_allocations([n.name for n in nodes])
         view = leases.read_cluster(self.store)
-        conditions = {name: condition_of(s, view.now_ms, view.outage,
-                                         int(self.settings.node_lost_seconds * 1000),
-                                         int(self.settings.node_settle_seconds * 1000))[0]
-                      for name, s in view.silences.items()}
+        conditions = {name: condition for name, (condition, _) in conditions_of(
+            view, int(self.settings.node_lost_seconds * 1000),
+            int(self.settings.node_settle_seconds * 1000)).items()}
         families["pai_control_plane_outage"].add_metric([], 1 if view.outage.in_progress else 0)
         for node in nodes:
             used = held(allocations[node.name])

@@ -13,6 +13,7 @@ from services.api.platform import platform
 from services.api.schemas import UserBudgetPutSchema, VirtualClusterPutSchema
 from shared.domain.capabilities import capability_list_errors
 from shared.domain.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_work, vc_policies
+from shared.domain.lease import unready_of
 from shared.domain.states import JobState
 from shared.infra.clock import now_ms
 from shared.state import keys, leases
@@ -46,7 +47,9 @@ def _usage() -> tuple[dict[str, Held], dict[str, int]]:
 def _guarantees(vcs: list[VirtualCluster]) -> dict[str, VcPolicy]:
     """Every VC's guarantee in force (`default`'s depends on the live GPUs)."""
     settings, store = platform().settings, platform().store
-    now, flags, unready = now_ms(), store.node_flags(), leases.read_unready(store.r)
+    now, flags = now_ms(), store.node_flags()
+    unready = unready_of(leases.read_cluster(store), int(settings.node_lost_seconds * 1000),
+                         int(settings.node_settle_seconds * 1000))
     gpus = sum(len(n.gpus) for n in store.get_nodes()
                if takes_work(n, flags.get(n.name), now, settings.node_lost_seconds, unready))
     return vc_policies({vc.name: vc.gpu_quota for vc in vcs},

@@ -116,6 +116,11 @@ class Launcher:
         problem = self.storage_problem()
         if problem:  # the node's fault, not the job's: placed again elsewhere, uncharged
             log.warning("not starting %s: %s", what, problem)
+            # Kept from new work first, so that the pass the retry starts
+            # does not place the job here again (the monitor's own check
+            # reports the problem in the lease within its period).
+            leases.mark_node(self.store, self.node.name, problem,
+                             now_ms() + int(self.settings.node_settle_seconds * 1000))
             self._settle(ref, EXIT_SETUP_FAILED, f"node {self.node.name}: {problem}",
                          platform_failure=True)
             return

@@ -7,10 +7,12 @@
 - The control plane's own outage: most nodes silent at once, or nobody
   judging for a while (Redis or the scheduler down), declares nobody lost;
   when it ends, every node gets its lease's time again to renew.
-- Conditions: every node that may not take work (unreachable, reconciling,
-  settling, or not ready with the reason its agent or this control plane
-  found) is listed in keys.NODE_CONDITIONS, which each scheduling pass reads
-  in the round trip it already makes; a node not listed is READY.
+- Conditions: whether a node may take work (or is unreachable,
+  reconciling, settling, or not ready with the reason its agent or this
+  control plane found) is not stored: each scheduling pass, this round and
+  the API judge it from the leases they read, with one rule
+  (shared/domain/lease.py `conditions_of`), so a node shown NOT_READY is
+  one no pass places on.
 - Gray failures: a node that renews but cannot start containers (its
   engine hangs, its launcher stopped answering) has its waiting launches
   given back to the queue, so its gangs are placed elsewhere, instead of
@@ -21,14 +23,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared.domain.lease import (
     Condition,
     Judgement,
     NodeSilence,
     Outage,
-    condition_of,
+    conditions_of,
     judge_nodes,
 )
 from shared.domain.models import parse_attempt_task_key
@@ -74,12 +76,9 @@ class NodeWarden:
         silences, now = view.silences, view.now_ms
         judgement = judge_nodes(silences, now, view.outage, self.lost_floor_ms,
                                 int(REPAIR_SECONDS * 1000))
-        conditions = {name: condition_of(s, now, judgement.outage, self.lost_floor_ms,
-                                         self.settle_ms)
-                      for name, s in silences.items()}
-        leases.write_judgement(self.store, judgement.outage, judgement.quiet,
-                               {name: (c.value, reason) for name, (c, reason)
-                                in conditions.items() if c != Condition.READY})
+        leases.write_judgement(self.store, judgement.outage, judgement.quiet)
+        conditions = conditions_of(replace(view, outage=judgement.outage), self.lost_floor_ms,
+                                   self.settle_ms)
         self._tell(judgement, len(silences))
         lost = [name for name in judgement.lost
                 if leases.mark_lost(self.store, name, silences[name].renewed_ms)]

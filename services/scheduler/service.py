@@ -31,6 +31,7 @@ from services.scheduler.policy import Las, Preemption, RunningJob
 from services.scheduler.reading import PassReader
 from shared.domain import gpuhealth
 from shared.domain.cluster import NodeFlags, takes_work, vc_policies
+from shared.domain.lease import unready_of
 from shared.domain.models import (
     Allocation,
     Job,
@@ -152,9 +153,10 @@ class Scheduler:
         # unhealthy GPUs take no work
         nodes = [gpuhealth.healthy_view(n, snapshot.faults) for n in snapshot.nodes]
         flags, allocations = snapshot.flags, snapshot.allocations
+        unready = unready_of(snapshot.cluster, int(self.settings.node_lost_seconds * 1000),
+                             int(self.settings.node_settle_seconds * 1000))
         live = [n for n in nodes if takes_work(n, flags.get(n.name), now,
-                                               self.settings.node_lost_seconds,
-                                               snapshot.unready)]
+                                               self.settings.node_lost_seconds, unready)]
         cluster = Cluster(free_view(node, allocations[node.name]) for node in live)
         running = self.reader.running(allocations)
         self._drain(running, flags, now)

@@ -147,6 +147,17 @@ class Outage:
     def in_progress(self) -> bool:
         return self.since_ms > 0
 
+    @classmethod
+    def from_fields(cls, raw: Mapping[str, str]) -> Outage:
+        def number(name: str) -> int:
+            try:
+                return int(raw.get(name) or 0)
+            except ValueError:
+                return 0
+
+        return cls(since_ms=number("since"), ended_ms=number("ended"),
+                   checked_ms=number("checked"))
+
 
 @dataclass(frozen=True)
 class NodeSilence:
@@ -162,6 +173,17 @@ class NodeSilence:
     @property
     def declared_lost(self) -> bool:
         return self.lease is not None and self.lease.lost_ms > self.renewed_ms
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Every node's last renewal and lease, the control plane's outage
+    record, and Redis's time: what the repair round, each scheduling pass
+    and the API judge the nodes on, read alike."""
+
+    silences: dict[str, NodeSilence]
+    outage: Outage
+    now_ms: int
 
 
 @dataclass(frozen=True)
@@ -332,3 +354,19 @@ class ClaimAnswer:
                     f"expire")
         return (f"another {role} of node {node!r} runs on this machine (pid "
                 f"{self.holder.get('pid', '?')}): stop it first")
+
+
+def conditions_of(view: ClusterView, lost_floor_ms: int,
+                  settle_ms: int) -> dict[str, tuple[Condition, str]]:
+    """Every node's condition and why (`condition_of` for each): the one
+    judgement the pass, the repair round and the API share, so a node the
+    API shows NOT_READY is one no pass places on."""
+    return {name: condition_of(silence, view.now_ms, view.outage, lost_floor_ms, settle_ms)
+            for name, silence in view.silences.items()}
+
+
+def unready_of(view: ClusterView, lost_floor_ms: int, settle_ms: int) -> dict[str, str]:
+    """The nodes that may not take new work, each with its reason."""
+    return {name: reason for name, (condition, reason)
+            in conditions_of(view, lost_floor_ms, settle_ms).items()
+            if condition != Condition.READY}

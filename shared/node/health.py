@@ -27,12 +27,17 @@ log = logging.getLogger(__name__)
 ENGINE_TIMEOUT_SECONDS = 10.0
 STORAGE_TIMEOUT_SECONDS = 10.0
 STORAGE_CHECK_SECONDS = 30.0
+# A failing check looks again this often (or its interval, if shorter): a
+# mount that comes back, or a storage identity the control plane has just
+# written, is seen within seconds, not an interval later.
+RECHECK_SECONDS = 2.0
 
 
 class Check:
-    """One check, run every `interval` s on a worker of its own. A call past
-    `timeout` is a problem ("... did not answer in N s"), and no new call
-    starts until the stuck one returns."""
+    """One check, run every `interval` s on a worker of its own (every
+    RECHECK_SECONDS while it fails). A call past `timeout` is a problem
+    ("... did not answer in N s"), and no new call starts until the stuck
+    one returns."""
 
     def __init__(self, name: str, probe: Callable[[], str], interval: float,
                  timeout: float) -> None:
@@ -59,7 +64,7 @@ class Check:
             if after != before:
                 (log.error if after else log.warning)(
                     "node check %s: %s", self.name, after or "healthy again")
-            stop.wait(self.interval)
+            stop.wait(min(self.interval, RECHECK_SECONDS) if after else self.interval)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -112,9 +112,6 @@ NODES = PREFIX + "nodes"
 # hash: the control plane's own outage as the scheduler last judged it
 # (shared/domain/lease.py Outage: since, ended, checked)
 CONTROL_PLANE = PREFIX + "control-plane"
-# hash node name -> {"condition", "reason"} JSON for every node that may not
-# take work now, as the scheduler's last repair round judged it; absent: READY
-NODE_CONDITIONS = PREFIX + "node-conditions"
 # string: this cluster's id, written into every storage root and the log
 # tree so that a node can tell its mount is the cluster's shared storage
 CLUSTER_ID = PREFIX + "cluster-id"

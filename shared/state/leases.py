@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from shared.domain.lease import Claim, ClaimAnswer, Lease, NodeSilence, Outage, Phase
+from shared.domain.lease import (
+    Claim,
+    ClaimAnswer,
+    ClusterView,
+    Lease,
+    NodeSilence,
+    Outage,
+    Phase,
+)
 from shared.state import keys
 from shared.state.store import Store
 
@@ -65,7 +73,7 @@ if engine and h[5] and h[5] ~= ARGV[4] and ARGV[12] ~= '1' then
 end
 if not engine then
   redis.call('HSET', KEYS[1], 'engine', ARGV[2], 'claimed', now, 'phase', 'RECONCILING',
-             'healthy_since', 0)
+             'healthy_since', 0, 'served', 0)
 elseif tonumber(h[7] or '0') > 0 and tonumber(h[7] or '0') >= renewed then
   redis.call('HSET', KEYS[1], 'healthy_since', now)  -- back after it was declared lost
 end
@@ -81,27 +89,32 @@ return {'TAKEN', tostring(now)}
 """
 
 # Renew the lease, only for the holder's own process of its role. The node
-# is back from a problem (its settling time starts) when its problem clears,
-# when it was declared lost since its last renewal, or when it says so
-# (a monitor back from silence).
+# is back from a problem (its settling time starts) when its problem clears
+# after it had served (been READY without a problem since its claim: a node
+# whose first problem clears is joining, not flapping), when it was declared
+# lost since its last renewal, or when it says so (a monitor back from
+# silence).
 # KEYS: lease, NODES, node record
 # ARGV: name, engine, role, instance, live_ms, phase ('' keeps it), problem
 #       ('-' keeps it), inventory JSON ('' writes none), '1' if back from silence
 # Answers {"OK", now} | {"LOST", holder engine, holder instance}
 _RENEW = _NOW + """
-local h = redis.call('HMGET', KEYS[1], 'engine', ARGV[3], 'problem', 'renewed', 'lost')
+local h = redis.call('HMGET', KEYS[1], 'engine', ARGV[3], 'problem', 'renewed', 'lost',
+                     'phase', 'served')
 if h[1] ~= ARGV[2] or h[2] ~= ARGV[4] then
   return {'LOST', h[1] or '', h[2] or ''}
 end
 local problem, lost = h[3] or '', tonumber(h[5] or '0')
+local phase = ARGV[6] ~= '' and ARGV[6] or (h[6] or '')
 local back = ARGV[9] == '1' or (lost > 0 and lost >= tonumber(h[4] or '0'))
 if ARGV[7] ~= '-' then
-  if problem ~= '' and ARGV[7] == '' then back = true end
+  if problem ~= '' and ARGV[7] == '' and h[7] == '1' then back = true end
   problem = ARGV[7]
 end
 redis.call('HSET', KEYS[1], 'renewed', now, ARGV[3] .. '_renewed', now,
            'live_until', now + ARGV[5], 'problem', problem)
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'phase', ARGV[6]) end
+if phase == 'READY' and problem == '' then redis.call('HSET', KEYS[1], 'served', '1') end
 if back then redis.call('HSET', KEYS[1], 'healthy_since', now) end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 if ARGV[8] ~= '' then redis.call('SET', KEYS[3], ARGV[8]) end
@@ -189,16 +202,6 @@ def read_lease(reader: Any, node: str) -> Lease | None:
     return Lease.from_fields(raw) if raw else None
 
 
-@dataclass(frozen=True)
-class ClusterView:
-    """Every node's last renewal and lease, the control plane's outage record,
-    and Redis's time, as one repair round reads them."""
-
-    silences: dict[str, NodeSilence]
-    outage: Outage
-    now_ms: int
-
-
 def read_cluster(store: Store) -> ClusterView:
     """`ClusterView`, in two round trips whatever the cluster's size."""
     pipe = store.r.pipeline(transaction=False)
@@ -214,7 +217,7 @@ def read_cluster(store: Store) -> ClusterView:
     leases = pipe.execute() if names else []
     return ClusterView({name: NodeSilence(int(score), Lease.from_fields(raw) if raw else None)
                         for (name, score), raw in zip(beats, leases, strict=True)},
-                       _outage(outage), now)
+                       Outage.from_fields(outage), now)
 
 
 def mark_lost(store: Store, node: str, renewed_ms: int) -> bool:
@@ -238,34 +241,16 @@ def mark_node(store: Store, node: str, reason: str, until_ms: int) -> bool:
     return bool(store.run_script(_MARK, [keys.node_lease(node)], [reason, str(until_ms)]))
 
 
-def _outage(raw: Mapping[str, str]) -> Outage:
-    return Outage(since_ms=int(raw.get("since") or 0), ended_ms=int(raw.get("ended") or 0),
-                  checked_ms=int(raw.get("checked") or 0))
-
-
 def read_outage(reader: Any) -> Outage:
-    return _outage(reader.hgetall(keys.CONTROL_PLANE))
+    return Outage.from_fields(reader.hgetall(keys.CONTROL_PLANE))
 
 
-def write_judgement(store: Store, outage: Outage, quiet: Sequence[str],
-                    unready: Mapping[str, tuple[str, str]]) -> None:
-    """The round's outage record and the nodes that may not take work
-    (node -> condition, reason), replaced in one step."""
-    pipe = store.r.pipeline()
-    pipe.hset(keys.CONTROL_PLANE, mapping={
+def write_judgement(store: Store, outage: Outage, quiet: Sequence[str]) -> None:
+    """The round's outage record (what every pass and the API judge the
+    nodes' silences against)."""
+    store.r.hset(keys.CONTROL_PLANE, mapping={
         "since": outage.since_ms, "ended": outage.ended_ms, "checked": outage.checked_ms,
         "quiet": ",".join(quiet)})
-    pipe.delete(keys.NODE_CONDITIONS)
-    if unready:
-        pipe.hset(keys.NODE_CONDITIONS, mapping={
-            name: json.dumps({"condition": c, "reason": r}) for name, (c, r) in unready.items()})
-    pipe.execute()
-
-
-def read_unready(reader: Any) -> dict[str, dict[str, str]]:
-    """Node -> {"condition", "reason"} for each node the last round found unready."""
-    raw: dict[str, str] = reader.hgetall(keys.NODE_CONDITIONS)
-    return {name: json.loads(text) for name, text in raw.items()}
 
 
 def peers(store: Store, own: str) -> list[tuple[str, str]]:

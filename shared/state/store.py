@@ -22,6 +22,7 @@ from redis.client import NEVER_DECODE
 from shared.domain import gpuhealth, jobsort
 from shared.domain.archive import Archive
 from shared.domain.cluster import NodeFlags, change_flags
+from shared.domain.lease import ClusterView, Lease, NodeSilence, Outage
 from shared.domain.models import (
     Allocation,
     Attempt,
@@ -86,8 +87,9 @@ class Snapshot:
     flags: dict[str, NodeFlags]  # the nodes an admin holds
     allocations: dict[str, list[Allocation]]  # node -> what it holds
     queued: list[tuple[str, Job | None]]  # the scheduler's queue, its records
-    # node -> why it may not take work (the last repair round's judgement)
-    unready: dict[str, str] = field(default_factory=dict)
+    # every node's renewals and lease, the outage record and Redis's time:
+    # what decides which nodes may take work (shared/domain/lease.py)
+    cluster: ClusterView = field(default_factory=lambda: ClusterView({}, Outage(), 0))
 
 
 @dataclass(frozen=True)
@@ -711,10 +713,11 @@ class Store:
                  queue_limit: int = 100_000,
                  jobs_known: dict[str, tuple[str, Job]] | None = None) -> Snapshot:
         """What a scheduling pass decides on, in two round trips: the GPU
-        faults, the nodes and their heartbeats, the admins' holds and the
-        queue, then the nodes' records and allocations and the queued jobs'
-        records. `known`: allocations parsed before, by their stored text
-        (an allocation's text is written once and never changed), which this
+        faults, the nodes and their heartbeats, the admins' holds, the queue,
+        Redis's time and the outage record, then the nodes' records,
+        allocations and leases and the queued jobs' records. `known`:
+        allocations parsed before, by their stored text (an allocation's
+        text is written once and never changed), which this
         keeps up to date with the allocations it parses (and rid of most of
         those released). `jobs_known`: queued records read before (job id ->
         stamp and record, `_queued_jobs`), which Redis sends again only when
@@ -725,14 +728,17 @@ class Store:
         pipe.zrange(keys.NODES, 0, -1, withscores=True)
         pipe.hgetall(keys.NODE_FLAGS)
         pipe.zrange(keys.QUEUE, 0, queue_limit - 1)
-        pipe.hgetall(keys.NODE_CONDITIONS)
-        faults, beats_list, flags, queued, unready = pipe.execute()
+        pipe.time()
+        pipe.hgetall(keys.CONTROL_PLANE)
+        faults, beats_list, flags, queued, (seconds, micros), outage = pipe.execute()
         beats = {n: int(s) for n, s in beats_list}
         pipe = self.r.pipeline(transaction=False)
         if beats:
             pipe.mget([keys.node(n) for n in beats])
         for name in beats:
             pipe.hgetall(keys.node_alloc(name))
+        for name in beats:
+            pipe.hgetall(keys.node_lease(name))
         for start in range(0, len(queued), READ_MANY):  # one command, not one each
             chunk = queued[start:start + READ_MANY]
             stamps = [jobs_known[job_id][0] if job_id in jobs_known else "" for job_id in chunk]
@@ -741,6 +747,12 @@ class Store:
         at = 1 if beats else 0
         nodes = _nodes_from(beats, replies[0]) if beats else []
         held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
+        at += len(beats)
+        cluster = ClusterView(
+            {name: NodeSilence(renewed, Lease.from_fields(raw) if raw else None)
+             for (name, renewed), raw in zip(beats.items(), replies[at:at + len(beats)],
+                                             strict=True)},
+            Outage.from_fields(outage), int(seconds) * 1000 + int(micros) // 1000)
         records = [None if flat == 0 else _pairs(flat)
                    for chunk in replies[at + len(beats):] for flat in chunk]
         parsed = {} if known is None else known
@@ -755,7 +767,7 @@ class Store:
         return Snapshot(
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
-            _queued_jobs(queued, records, jobs_known), unready)
+            _queued_jobs(queued, records, jobs_known), cluster)
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,

@@ -29,14 +29,18 @@ from services.launcher.runtime import DockerRuntime
 from services.launcher.service import EXIT_IMAGE_UNAVAILABLE, EXIT_SETUP_FAILED, Launcher
 from shared.domain.capabilities import DROPPED
 from shared.domain.completion import NON_RETRYABLE_PREFIX
+from shared.domain.lease import Claim
 from shared.domain.models import Node
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import SCHEDULER_QUEUE
 from shared.node.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
+from shared.state import leases
 from shared.state.accounts import Accounts, VirtualCluster
+from shared.state.leases import Role
 from shared.state.lifecycle import delete_job, mark_preempted, request_stop
+from shared.state.nodeagent import new_holder
 from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
 from tests.support.launcher_rig import USER, WAIT_SECONDS, Rig
@@ -137,12 +141,20 @@ def test_a_container_of_an_earlier_submission_is_removed_not_adopted(rig: Rig) -
 def test_no_container_starts_while_the_nodes_storage_is_not_the_shared_one(rig: Rig) -> None:
     """The node lost its NFS mount (its storage check says so): the task is
     not started, so its output cannot land on the node's own disk; it fails
-    as the platform's fault, to run elsewhere uncharged."""
+    as the platform's fault, to run elsewhere uncharged, and the node is
+    kept from new work before the retry's pass can place the job there
+    again."""
     rig.launcher.storage_problem = lambda: (
         f"storage {rig.storage} has no .pai-cluster file: the cluster's shared storage is "
         "not mounted there")
+    holder = new_holder(rig.node.name, "engine-of-the-rig", Role.MONITOR)
+    assert leases.claim(rig.store, holder, ip="127.0.0.1", peer="", lease_ms=30_000,
+                        grace_ms=10_000, renew_ms=5_000, live_ms=60_000).claim == Claim.TAKEN
     job = rig.submit(rig.config())
     rig.launcher.start_task(job.id, 0, "main", 0)
+    lease = leases.read_lease(rig.store.r, rig.node.name)
+    assert lease is not None and "shared storage is not mounted" in lease.marked
+    assert lease.marked_until_ms > leases.redis_now_ms(rig.store.r)
     assert rig.containers_of(job) == []
     assert not (rig.storage / USER / job.name).exists()
     task = rig.task(job)

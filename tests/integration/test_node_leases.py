@@ -136,6 +136,26 @@ def test_a_problem_cleared_and_a_return_start_the_settling_time(store: Store,
     assert leases.read_lease(store.r, node).healthy_since_ms == back
 
 
+def test_a_joining_node_whose_first_problem_clears_does_not_settle(store: Store,
+                                                                     node: str) -> None:
+    """A node that starts before the control plane wrote the storage's
+    identity (every service of a box started at once) has a problem from
+    its first renewal; once it clears, the node is joining, not flapping: no
+    settling time. Once it has served, a problem that clears settles."""
+    monitor = holder(node, "engine-a")
+    assert claim(store, monitor) == Claim.TAKEN
+    leases.renew(store, monitor, live_ms=60_000, problem="storage has no .pai-cluster file")
+    leases.renew(store, monitor, live_ms=60_000, phase=Phase.READY,
+                 problem="storage has no .pai-cluster file")
+    leases.renew(store, monitor, live_ms=60_000, phase=Phase.READY, problem="")
+    lease = leases.read_lease(store.r, node)
+    assert lease is not None and lease.healthy_since_ms == 0
+
+    leases.renew(store, monitor, live_ms=60_000, problem="storage has no .pai-cluster file")
+    cleared = leases.renew(store, monitor, live_ms=60_000, problem="")
+    assert leases.read_lease(store.r, node).healthy_since_ms == cleared
+
+
 def test_the_control_plane_declares_a_node_lost_only_if_it_did_not_renew_since(
         store: Store, node: str) -> None:
     monitor = holder(node, "engine-a")

@@ -605,6 +605,30 @@ def test_a_node_that_does_not_start_its_launches_is_marked_and_its_gang_placed_a
     assert (job.state, job.attempt, job.retries) == (JobState.WAITING, 1, 0)
 
 
+def test_a_node_that_reports_a_problem_takes_no_work_in_the_very_next_pass(
+        redis_server: str, store: Store) -> None:
+    """The pass judges the nodes from their leases itself, with the rule the
+    API shows them by: a node whose agent just reported a problem (its
+    storage not mounted, say) gets nothing, before any repair round, and
+    not when the API already shows it NOT_READY."""
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30, node_settle_seconds=0)
+    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+    agent_node(store, "bare")
+    scheduler.warden.round()  # judged READY
+    monitor = Holder(node="bare", engine="engine-bare", role=Role.MONITOR,
+                     instance=Role.MONITOR.value, pid=1)
+    leases.renew(store, monitor, live_ms=60_000, problem="storage is not mounted there")
+    submit_job(store, "alice", config("anywhere", retry=0))
+
+    assert scheduler.run_pass().placed == 0
+    job = store.get_job("alice~anywhere") or pytest.fail()
+    assert job.state == JobState.WAITING
+
+    leases.renew(store, monitor, live_ms=60_000, problem="")  # mounted again
+    assert scheduler.run_pass().placed == 1
+    assert store.get_tasks("alice~anywhere", 0)[0].node == "bare"
+
+
 def test_a_relaunched_task_gets_its_start_from_the_scheduler_once_it_launches(
         store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
     """The scheduler is the one sender of starts: a task its role's

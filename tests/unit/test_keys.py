@@ -26,7 +26,6 @@ LITERAL_KEYS = [
     pytest.param(keys.NODE_FLAGS, "pai:node-flags", id="NODE_FLAGS"),
     pytest.param(keys.CONTROL_PLANE, "pai:control-plane", id="CONTROL_PLANE"),
     pytest.param(keys.CLUSTER_ID, "pai:cluster-id", id="CLUSTER_ID"),
-    pytest.param(keys.NODE_CONDITIONS, "pai:node-conditions", id="NODE_CONDITIONS"),
     pytest.param(keys.USERS, "pai:users", id="USERS"),
     pytest.param(keys.VCS, "pai:vcs", id="VCS"),
     pytest.param(keys.STORAGE_SHARES, "pai:storage:shares", id="STORAGE_SHARES"),

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from shared.domain.lease import (
     LOST_MARGIN_MS,
+    ClusterView,
     Condition,
     FenceAction,
     Lease,
@@ -20,6 +21,7 @@ from shared.domain.lease import (
     condition_of,
     fence_action,
     judge_nodes,
+    unready_of,
 )
 
 TERMS = LeaseTerms(lease_ms=30_000, grace_ms=10_000, renew_ms=5_000)
@@ -145,6 +147,18 @@ def test_a_node_without_a_lease_has_only_its_renewals() -> None:
         (Condition.READY, "")
     assert condition_of(NodeSilence(NOW - 70_000, None), NOW, Outage(), FLOOR, SETTLE)[0] == \
         Condition.LOST
+
+
+def test_the_nodes_that_may_not_take_work_are_every_node_not_ready_with_its_reason() -> None:
+    view = ClusterView({"ok": node(1_000), "sick": node(1_000, problem="storage not mounted"),
+                        "quiet": node(40_000), "joining": node(1_000, phase=Phase.RECONCILING),
+                        "marked": node(1_000, marked="launches overdue",
+                                       marked_until_ms=NOW + 5_000)},
+                       Outage(), NOW)
+    unready = unready_of(view, FLOOR, SETTLE)
+    assert sorted(unready) == ["joining", "marked", "quiet", "sick"]
+    assert "storage not mounted" in unready["sick"]
+    assert "launches overdue" in unready["marked"]
 
 
 def test_during_an_outage_a_silent_node_is_unreachable_not_lost() -> None:
