@@ -60,6 +60,18 @@ def read_limited() -> bytes:
     return data
 
 
+def _read_text(wanted: str) -> str:
+    """The body within its limit, as text: a 400 when it is empty (saying to
+    send `wanted`) or not UTF-8, whichever format it is meant to be."""
+    raw = read_limited()
+    if not raw.strip():
+        _bad(f"the request body is empty; send {wanted}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        _bad("the request body is not UTF-8")
+
+
 def _too_deep(value: Any) -> bool:
     """Whether containers nest deeper than MAX_DEPTH (iteratively: no recursion)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -76,13 +88,7 @@ def _too_deep(value: Any) -> bool:
 
 def read_json() -> Any:
     """The body as JSON, or a 4xx saying what is wrong with it."""
-    raw = read_limited()
-    if not raw.strip():
-        _bad("the request body is empty; send a JSON object")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        _bad("the request body is not UTF-8")
+    text = _read_text("a JSON object")
     try:
         value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except RecursionError:
@@ -152,13 +158,7 @@ def _json_shaped(value: Any) -> bool:
 def read_yaml() -> Any:
     """The body as YAML (JSON is YAML: OpenPAI's clients send either under a
     YAML content type), within the limits JSON bodies have, or a 4xx."""
-    raw = read_limited()
-    if not raw.strip():
-        _bad("the request body is empty; send a YAML or JSON object")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        _bad("the request body is not UTF-8")
+    text = _read_text("a YAML or JSON object")
     try:
         _refuse_costly_yaml(text)
         value = yaml.load(text, Loader=_YamlLoader)  # a SafeLoader, see above
