@@ -44,6 +44,15 @@ LOST_MARGIN_MS = 10_000
 QUIET_RENEWALS = 3
 
 
+def _int_field(raw: Mapping[str, str], name: str) -> int:
+    """A whole number field of a Redis hash (a time, a duration); 0 when it is
+    absent or unreadable, as if never set."""
+    try:
+        return int(raw.get(name) or 0)
+    except ValueError:
+        return 0
+
+
 class Phase(StrEnum):
     """What a node agent says of itself in its lease."""
 
@@ -111,10 +120,7 @@ class Lease:
     @classmethod
     def from_fields(cls, raw: Mapping[str, str]) -> Lease:
         def number(name: str) -> int:
-            try:
-                return int(raw.get(name) or 0)
-            except ValueError:
-                return 0
+            return _int_field(raw, name)
 
         defaults = LeaseTerms()
         terms = LeaseTerms(lease_ms=number("lease_ms") or defaults.lease_ms,
@@ -149,14 +155,8 @@ class Outage:
 
     @classmethod
     def from_fields(cls, raw: Mapping[str, str]) -> Outage:
-        def number(name: str) -> int:
-            try:
-                return int(raw.get(name) or 0)
-            except ValueError:
-                return 0
-
-        return cls(since_ms=number("since"), ended_ms=number("ended"),
-                   checked_ms=number("checked"))
+        return cls(since_ms=_int_field(raw, "since"), ended_ms=_int_field(raw, "ended"),
+                   checked_ms=_int_field(raw, "checked"))
 
 
 @dataclass(frozen=True)
