@@ -26,6 +26,8 @@ NAME=build-base-image
 LABEL=pai.base.recipe
 # shellcheck source=scripts/image-recipe.sh
 . "$(dirname "$0")/image-recipe.sh"
+# shellcheck source=scripts/debootstrap-image.sh
+. "$(dirname "$0")/debootstrap-image.sh"
 
 ensure_debootstrap() {
     command -v debootstrap >/dev/null 2>&1 && return
@@ -42,46 +44,25 @@ ensure_debootstrap() {
 make_tarball() {
     [ "$(id -u)" = 0 ] || die "debootstrap needs root (or put a tarball at $TARBALL)"
     ensure_debootstrap
-    mkdir -p "$CACHE"
-    local rootfs
-    rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
-    # shellcheck disable=SC2064  # expand now: the trap must remove this directory
-    trap "rm -rf '$rootfs'" EXIT
-    say "debootstrap --variant=minbase $SUITE from $MIRROR (a few minutes; cached in $CACHE)"
-    debootstrap --variant=minbase "$SUITE" "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 || {
-        tail -n 20 "$CACHE/debootstrap.log" >&2
-        die "debootstrap failed (log above, full log in $CACHE/debootstrap.log)"
-    }
-    cat >"$rootfs/etc/apt/sources.list" <<EOF
+    debootstrap_rootfs debootstrap.log
+    cat >"$ROOTFS/etc/apt/sources.list" <<EOF
 deb $MIRROR $SUITE main
 deb $MIRROR $SUITE-updates main
 deb ${MIRROR%/debian}/debian-security $SUITE-security main
 EOF
     # As Debian's official images: no recommends, no caches kept in layers.
-    cat >"$rootfs/etc/apt/apt.conf.d/90pai-image" <<'EOF'
+    cat >"$ROOTFS/etc/apt/apt.conf.d/90pai-image" <<'EOF'
 APT::Install-Recommends "false";
 APT::Install-Suggests "false";
 Acquire::Languages "none";
 DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
 EOF
-    rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin \
-        "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/log/*.log "$rootfs"/tmp/*
-    tar --numeric-owner -C "$rootfs" -czf "$TARBALL.partial" .
-    mv -f "$TARBALL.partial" "$TARBALL"
-    rm -rf "$rootfs"
-    trap - EXIT
-    say "root file system cached in $TARBALL ($(du -h "$TARBALL" | cut -f1))"
+    pack_rootfs
 }
 
 [ -s "$TARBALL" ] || make_tarball
 
-say "importing $IMAGE from $TARBALL"
-docker import \
-    --change 'CMD ["/bin/bash"]' \
-    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
-    --change "LABEL $LABEL=$RECIPE" \
-    --message "Debian $SUITE minbase by scripts/build-base-image.sh" \
-    "$TARBALL" "$IMAGE" >/dev/null
+import_rootfs "Debian $SUITE minbase by scripts/build-base-image.sh"
 docker run --rm --network host "$IMAGE" sh -c 'test -x /usr/bin/apt-get' ||
     die "$IMAGE was imported but has no apt-get"
 say "$IMAGE is ready"

@@ -28,42 +28,22 @@ NAME=build-ssh-test-image
 LABEL=pai.sshd.recipe
 # shellcheck source=scripts/image-recipe.sh
 . "$(dirname "$0")/image-recipe.sh"
+# shellcheck source=scripts/debootstrap-image.sh
+. "$(dirname "$0")/debootstrap-image.sh"
 
 make_tarball() {
     [ "$(id -u)" = 0 ] || die "debootstrap needs root (or put a tarball at $TARBALL)"
     command -v debootstrap >/dev/null 2>&1 ||
         die "debootstrap is missing: install it (on Debian/Ubuntu: sudo apt-get install debootstrap)."
-    mkdir -p "$CACHE"
-    local rootfs
-    rootfs=$(mktemp -d "$CACHE/sshd-rootfs.XXXXXX")
-    # shellcheck disable=SC2064  # expand now: the trap must remove this directory
-    trap "rm -rf '$rootfs'" EXIT
-    say "debootstrap --variant=minbase --include=openssh-server $SUITE from $MIRROR (cached in $CACHE)"
-    debootstrap --variant=minbase --include=openssh-server "$SUITE" "$rootfs" "$MIRROR" \
-        >"$CACHE/debootstrap-sshd.log" 2>&1 || {
-        tail -n 20 "$CACHE/debootstrap-sshd.log" >&2
-        die "debootstrap failed (log above, full log in $CACHE/debootstrap-sshd.log)"
-    }
-    # No host keys in the image (each container makes its own), no caches.
-    rm -f "$rootfs"/etc/ssh/ssh_host_*
-    rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin \
-        "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/log/*.log "$rootfs"/tmp/*
-    tar --numeric-owner -C "$rootfs" -czf "$TARBALL.partial" .
-    mv -f "$TARBALL.partial" "$TARBALL"
-    rm -rf "$rootfs"
-    trap - EXIT
-    say "root file system cached in $TARBALL ($(du -h "$TARBALL" | cut -f1))"
+    debootstrap_rootfs debootstrap-sshd.log --include=openssh-server
+    # No host keys in the image: each container makes its own.
+    rm -f "$ROOTFS"/etc/ssh/ssh_host_*
+    pack_rootfs
 }
 
 [ -s "$TARBALL" ] || make_tarball
 
-say "importing $IMAGE from $TARBALL"
-docker import \
-    --change 'CMD ["/bin/bash"]' \
-    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
-    --change "LABEL $LABEL=$RECIPE" \
-    --message "Debian $SUITE minbase with openssh-server by scripts/build-ssh-test-image.sh" \
-    "$TARBALL" "$IMAGE" >/dev/null
+import_rootfs "Debian $SUITE minbase with openssh-server by scripts/build-ssh-test-image.sh"
 docker run --rm --network host "$IMAGE" sh -c 'test -x /usr/sbin/sshd && command -v ssh-keygen' \
     >/dev/null || die "$IMAGE was imported but has no sshd"
 say "$IMAGE is ready"

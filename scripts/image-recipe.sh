@@ -1,4 +1,4 @@
-# Sourced by scripts/build-base-image.sh and scripts/build-test-image.sh, after
+# Sourced by every scripts/build-*-image.sh, after
 # they set NAME (for messages), IMAGE, LABEL and RECIPE: the messages, the
 # Docker check, and "nothing to do" when IMAGE was built by this RECIPE.
 # shellcheck shell=bash
