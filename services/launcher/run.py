@@ -11,10 +11,9 @@ import threading
 
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
-from shared.infra.config import ConfigError, Settings, load_settings
-from shared.infra.logs import setup_logging
+from shared.infra.config import Settings
 from shared.infra.messaging import launcher_queue
-from shared.infra.nodeaddress import with_node_address
+from shared.infra.nodeaddress import node_service_settings
 from shared.infra.supervise import EXIT_REFUSED, serve
 from shared.node.health import storage_check
 from shared.node.identity import engine_identity
@@ -39,13 +38,7 @@ def worker_argv(node: str, log_level: str = "INFO") -> list[str]:
 
 
 def worker() -> None:
-    settings = load_settings()
-    setup_logging("launcher", settings.log_level, settings.log_format)
-    try:
-        settings = with_node_address(settings)
-    except ConfigError as error:
-        log.error("%s", error)
-        raise SystemExit(EXIT_REFUSED) from None
+    settings = node_service_settings("launcher")
     app, launcher = create_launcher_app(settings)
     stop = threading.Event()
     launcher.holder = hold_name(settings, launcher, stop)

@@ -22,10 +22,9 @@ from services.monitor.lease import LeaseKeeper
 from services.monitor.sampling import IdleStop
 from services.monitor.service import Monitor
 from shared.domain.states import LIVE_JOB_STATES, JobState
-from shared.infra.config import ConfigError, Settings, load_settings
-from shared.infra.logs import setup_logging
+from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
-from shared.infra.nodeaddress import with_node_address
+from shared.infra.nodeaddress import node_service_settings
 from shared.infra.supervise import EXIT_REFUSED
 from shared.node.containers import TaskRef, docker_client
 from shared.state import telemetry
@@ -129,13 +128,7 @@ def start_exporter(settings: Settings, store: Store, client: docker.DockerClient
 
 
 def main() -> int:
-    settings = load_settings()
-    setup_logging("monitor", settings.log_level, settings.log_format)
-    try:
-        settings = with_node_address(settings)
-    except ConfigError as error:
-        log.error("%s", error)
-        return EXIT_REFUSED
+    settings = node_service_settings("monitor")
     stop = threading.Event()
     exit_reason: list[str] = []
 

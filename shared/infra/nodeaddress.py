@@ -10,7 +10,9 @@ import socket
 from urllib.parse import urlsplit
 
 from shared.domain.addresses import is_loopback, loopback_refusal
-from shared.infra.config import ConfigError, Settings, parse_sentinel_url
+from shared.infra.config import ConfigError, Settings, load_settings, parse_sentinel_url
+from shared.infra.logs import setup_logging
+from shared.infra.supervise import EXIT_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +63,17 @@ def with_node_address(settings: Settings) -> Settings:
     if refusal:
         raise ConfigError(refusal)
     return dataclasses.replace(settings, node_ip=ip, monitor_host=settings.monitor_host or ip)
+
+
+def node_service_settings(service: str) -> Settings:
+    """The settings of a node's service (`launcher`, `monitor`) with the node's
+    address, its logging set up first so that a refused address is logged (as
+    `pai.<service>`); the refusal exits with EXIT_REFUSED, since starting the
+    service again would change nothing."""
+    settings = load_settings()
+    setup_logging(service, settings.log_level, settings.log_format)
+    try:
+        return with_node_address(settings)
+    except ConfigError as error:
+        logging.getLogger(f"pai.{service}").error("%s", error)
+        raise SystemExit(EXIT_REFUSED) from None
