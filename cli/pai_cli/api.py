@@ -51,7 +51,7 @@ def _reason(error: BaseException) -> str:
     return str(text).splitlines()[0] if str(text) else type(error).__name__
 
 
-def _error_from(status: int, body: bytes) -> ApiError:
+def error_from(status: int, body: bytes) -> ApiError:
     """The server's {"code", "message", "fields"}, or the best we can say."""
     try:
         data = json.loads(body)
@@ -96,7 +96,7 @@ class Client:
             response: HTTPResponse = urllib.request.urlopen(request, timeout=timeout)
         except urllib.error.HTTPError as error:
             with error:
-                raise _error_from(error.code, error.read()) from None
+                raise error_from(error.code, error.read()) from None
         except (urllib.error.URLError, OSError, HTTPException) as error:
             raise Unreachable(f"cannot reach {self.base}: {_reason(error)}") from None
         return response

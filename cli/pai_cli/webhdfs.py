@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from pai_cli.api import USER_AGENT, ApiError, Unreachable
+from pai_cli.api import USER_AGENT, ApiError, Unreachable, error_from
 
 PREFIX = "/webhdfs/v1"
 CHUNK = 1024 * 1024
@@ -185,7 +185,8 @@ class WebHdfs:
 
 
 def _refusal(status: int, body: bytes) -> ApiError:
-    """A WebHDFS RemoteException (or the API's own error) as the CLI's ApiError."""
+    """A WebHDFS RemoteException as the CLI's ApiError; anything else (the
+    API's own errors) is read as every API answer is."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -194,7 +195,4 @@ def _refusal(status: int, body: bytes) -> ApiError:
         remote = data["RemoteException"]
         return ApiError(status, str(remote.get("exception", "RemoteException")),
                         str(remote.get("message", "")))
-    if isinstance(data, dict) and isinstance(data.get("code"), str):
-        return ApiError(status, data["code"], str(data.get("message", "")))
-    text = body.decode("utf-8", "replace").strip().splitlines()
-    return ApiError(status, f"HTTP {status}", text[0][:200] if text else "no details")
+    return error_from(status, body)

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from pai_cli.api import ApiError, Unreachable, _error_from, check_url, job_path
+from pai_cli.api import ApiError, Unreachable, check_url, error_from, job_path
 from pai_cli.logins import Cluster
 from pai_cli.main import error_lines
 from pai_cli.session import CliError, Session
 
 
 def test_a_config_error_lists_every_field() -> None:
-    error = _error_from(400, b'{"code": "InvalidJobConfigError", "message": "bad config", '
+    error = error_from(400, b'{"code": "InvalidJobConfigError", "message": "bad config", '
                              b'"fields": {"taskRoles.0.memoryMB": ["Must be >= 100."], '
                              b'"jobName": ["Missing.", "Too short."]}}')
     assert error_lines(error, None) == ([
@@ -25,7 +25,7 @@ def test_a_config_error_lists_every_field() -> None:
 
 
 def test_a_non_json_error_keeps_its_first_line() -> None:
-    error = _error_from(502, b"<html>Bad Gateway</html>\nmore")
+    error = error_from(502, b"<html>Bad Gateway</html>\nmore")
     assert (error.status, error.code, error.message) == (502, "HTTP 502",
                                                          "<html>Bad Gateway</html>")
 
