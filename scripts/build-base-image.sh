@@ -15,19 +15,16 @@
 set -euo pipefail
 
 IMAGE=${1:-pai-test/debian:bookworm}
-SUITE=bookworm
 # Bump when the root file system below changes, so cached tarballs and images are rebuilt.
 RECIPE=1
-MIRROR=${PAI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-CACHE=${PAI_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pai}
+# shellcheck source=scripts/debootstrap-image.sh
+. "$(dirname "$0")/debootstrap-image.sh"
 TARBALL=$CACHE/debian-$SUITE-minbase-r$RECIPE.tar.gz
 
 NAME=build-base-image
 LABEL=pai.base.recipe
 # shellcheck source=scripts/image-recipe.sh
 . "$(dirname "$0")/image-recipe.sh"
-# shellcheck source=scripts/debootstrap-image.sh
-. "$(dirname "$0")/debootstrap-image.sh"
 
 ensure_debootstrap() {
     command -v debootstrap >/dev/null 2>&1 && return

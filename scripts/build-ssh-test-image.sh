@@ -17,19 +17,16 @@
 set -euo pipefail
 
 IMAGE=${1:-pai-test/sshd:latest}
-SUITE=bookworm
 # Bump when the root file system below changes, so cached tarballs and images are rebuilt.
 RECIPE=1
-MIRROR=${PAI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-CACHE=${PAI_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pai}
+# shellcheck source=scripts/debootstrap-image.sh
+. "$(dirname "$0")/debootstrap-image.sh"
 TARBALL=$CACHE/debian-$SUITE-sshd-r$RECIPE.tar.gz
 
 NAME=build-ssh-test-image
 LABEL=pai.sshd.recipe
 # shellcheck source=scripts/image-recipe.sh
 . "$(dirname "$0")/image-recipe.sh"
-# shellcheck source=scripts/debootstrap-image.sh
-. "$(dirname "$0")/debootstrap-image.sh"
 
 make_tarball() {
     [ "$(id -u)" = 0 ] || die "debootstrap needs root (or put a tarball at $TARBALL)"

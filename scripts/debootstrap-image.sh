@@ -1,8 +1,13 @@
-# Sourced by scripts/build-base-image.sh and scripts/build-ssh-test-image.sh,
-# after image-recipe.sh and after they set IMAGE, SUITE, MIRROR, CACHE,
-# TARBALL, LABEL and RECIPE: the steps of an image made from a debootstrapped
-# root file system, which differ between them only in what they put in it.
+# Sourced by scripts/build-base-image.sh and scripts/build-ssh-test-image.sh:
+# where their debootstrapped root file systems come from and are cached, and
+# the steps of such an image, which differ between them only in what they put
+# in it. The steps use IMAGE, TARBALL, LABEL and RECIPE, and image-recipe.sh's
+# say and die, as the scripts set them.
 # shellcheck shell=bash
+
+SUITE=bookworm
+MIRROR=${PAI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CACHE=${PAI_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pai}
 
 # A minbase root file system of SUITE in a new folder, ROOTFS, under CACHE
 # (removed if the script ends before pack_rootfs); debootstrap's log in
