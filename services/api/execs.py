@@ -23,7 +23,7 @@ from services.api.auth import current_user
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
 from services.api.execschemas import ExecRequestSchema
-from services.api.follows import FollowLeases, _ProcessSlots
+from services.api.follows import FollowLeases, _ProcessSlots, take_slot_and_lease
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from shared.domain.models import Job, split_job_id
@@ -127,21 +127,15 @@ def admitted(slots: _ProcessSlots, leases: FollowLeases, username: str, busy: st
     """Hold one of this process's `slots` and one of the user's `leases` for
     the block (its lease id), or refuse: 503 when the slots are taken
     (`busy`), 429 past the user's cap (`capped`, after the count)."""
-    if not slots.take():
-        raise ApiError("ServiceUnavailableError", f"{busy}; try again shortly", 503,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    lease = take_slot_and_lease(slots, leases, username, busy=busy,
+                                capped=f"{username} already holds {leases.per_user} {capped}")
     try:
-        lease = leases.acquire(username)
-        if lease is None:
-            raise ApiError("TooManyRequestsError",
-                           f"{username} already holds {leases.per_user} {capped}", 429,
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        try:
-            yield lease
-        finally:
-            leases.release(username, lease)
+        yield lease
     finally:
-        slots.give_back()
+        try:
+            leases.release(username, lease)
+        finally:
+            slots.give_back()
 
 def _record(store: Store, request: ExecRequest) -> None:
     """The request for its node, and the audit of it, written together."""

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flask import Flask, Response
+from flask import Flask
 
 from services.api.errors import ApiError
 from services.api.loghub import LogHub
@@ -38,19 +38,15 @@ RETRY_AFTER_SECONDS = 5  # about when a closed follow's lease is given back
 EXTENSION = "pai.follows"
 
 
-class FollowRefused(Exception):
-    """No follow now: the response says why and when to try again."""
+class FollowRefused(ApiError):
+    """No follow (or exec, terminal, proxied connection) now: 503 when this
+    process serves as many as it may, 429 past the user's cap; either way the
+    client is told when to try again."""
 
     def __init__(self, message: str, status: int = 429) -> None:
-        super().__init__(message)
-        self.message, self.status = message, status
-
-    def response(self) -> Response:
-        code = "TooManyRequestsError" if self.status == 429 else "ServiceUnavailableError"
-        response, status = ApiError(code, self.message, self.status).response()
-        response.status_code = status
-        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
-        return response
+        code = "TooManyRequestsError" if status == 429 else "ServiceUnavailableError"
+        super().__init__(code, message, status,
+                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 @dataclass
@@ -127,6 +123,24 @@ class FollowLeases:
         self.store.r.zrem(self.key(username), lease)
 
 
+def take_slot_and_lease(slots: _ProcessSlots, leases: FollowLeases, username: str, *,
+                        busy: str, capped: str) -> str:
+    """One of this process's `slots` and one of the user's `leases` (its id),
+    both given back by the caller when done; or FollowRefused: 503 when the
+    slots are taken (`busy`), 429 past the user's cap (`capped`)."""
+    if not slots.take():
+        raise FollowRefused(f"{busy}; try again shortly", 503)
+    try:
+        lease = leases.acquire(username)
+    except BaseException:
+        slots.give_back()
+        raise
+    if lease is None:
+        slots.give_back()
+        raise FollowRefused(capped)
+    return lease
+
+
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
@@ -149,19 +163,11 @@ class Follows:
 
     def open(self, username: str) -> str:
         """A lease for one more follow by `username`, or FollowRefused."""
-        if not self.slots.take():
-            raise FollowRefused("this API process serves as many log follows as it may; "
-                                "try again shortly", 503)
-        try:
-            lease = self.leases.acquire(username)
-        except BaseException:
-            self.slots.give_back()
-            raise
-        if lease is None:
-            self.slots.give_back()
-            raise FollowRefused(f"{username} already follows {self.leases.per_user} logs, "
-                                "the most one user may; close one or try again later")
-        return lease
+        return take_slot_and_lease(
+            self.slots, self.leases, username,
+            busy="this API process serves as many log follows as it may",
+            capped=f"{username} already follows {self.leases.per_user} logs, "
+                   "the most one user may; close one or try again later")
 
     def close(self, username: str, lease: str) -> None:
         self.slots.give_back()

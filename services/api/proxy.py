@@ -50,7 +50,7 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from services.api import proxyrelay
 from services.api.auth import current_user
 from services.api.errors import ApiError
-from services.api.follows import RENEW_SECONDS, RETRY_AFTER_SECONDS, FollowLeases, _ProcessSlots
+from services.api.follows import RENEW_SECONDS, FollowLeases, _ProcessSlots, take_slot_and_lease
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.launcher.environment import proxy_path
@@ -316,19 +316,9 @@ class _Admission:
 def _admit(state: _Proxy, caller: str) -> _Admission:
     """A slot and a lease, or the refusal: 503 when this process proxies as
     many connections as it may, 429 past the user's PAI_PROXY_PER_USER."""
-    if not state.slots.take():
-        raise ApiError("ServiceUnavailableError", f"{_BUSY}; try again shortly", 503,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    try:
-        lease = state.leases.acquire(caller)
-    except BaseException:
-        state.slots.give_back()
-        raise
-    if lease is None:
-        state.slots.give_back()
-        raise ApiError("TooManyRequestsError", f"{caller} already holds "
-                       f"{state.leases.per_user} {_CAPPED}", 429,
-                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    lease = take_slot_and_lease(state.slots, state.leases, caller, busy=_BUSY,
+                                capped=f"{caller} already holds {state.leases.per_user} "
+                                       f"{_CAPPED}")
     return _Admission(state, caller, lease, _renewer(state.leases, caller, lease))
 
 

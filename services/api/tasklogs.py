@@ -16,7 +16,7 @@ from flask import Blueprint, Response, current_app, request, stream_with_context
 from services.api import sse
 from services.api.auth import current_user
 from services.api.errors import ApiError
-from services.api.follows import RENEW_SECONDS, FollowRefused, Follows, follows_of
+from services.api.follows import RENEW_SECONDS, Follows, follows_of
 from services.api.jobs import task_asked
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
@@ -125,10 +125,7 @@ def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int
     """
     username = current_user().username
     follows = follows_of(current_app, platform().settings)
-    try:
-        lease = follows.open(username)
-    except FollowRefused as refused:
-        return refused.response()
+    lease = follows.open(username)  # or FollowRefused, rendered as any ApiError
     try:
         response = Response(
             stream_with_context(_follow(follows, job_id, attempt, role, index, tail, resume,
