@@ -17,12 +17,16 @@ errors by status (`errors: [404, 409]`). The rest is derived:
 - no 404 on a path that names nothing: one view may serve two rules (submit,
   with and without `/user/<username>`), each documented on its own.
 
+Operations documented alike say so once, with YAML anchors and aliases (the
+task port proxy's methods): each operation is completed as a copy of its own.
+
 A route with a method its docstring does not document fails the build, so a
 new view cannot go undocumented.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable
 from http import HTTPStatus
@@ -158,7 +162,10 @@ class _FlaskRulePlugin(FlaskPlugin):
         assert operations is not None
         rule: Rule = kwargs["rule"]
         view: Callable[..., Any] = kwargs["view"]
-        operations.update(yaml_utils.load_operations_from_docstring(view.__doc__ or ""))
+        loaded = yaml_utils.load_operations_from_docstring(view.__doc__ or "")
+        # an alias (`post: *proxied`) is the very object it names: copy each
+        operations.update({method: copy.deepcopy(operation)
+                           for method, operation in loaded.items()})
         return self.flaskpath2openapi(rule.rule)
 
 

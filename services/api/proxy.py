@@ -128,29 +128,14 @@ def forward(username: str, name: str, role: str, index: int, label: str,
         session cookie). The job's server gets `Authorization: token
         <PAI_PROXY_TOKEN>` instead of the caller's credentials, the path
         under `PAI_PROXY_PATH`, and answers as it likes.
-      errors: [403, 404, 409, 429, 503, 504]
-      responses: {200: {description: "the task's answer"},
-                  502: {description: "nothing answers on the task's port"}}
-    put:
-      summary: A task's labelled port, proxied
-      errors: [403, 404, 409, 429, 503, 504]
-      responses: {200: {description: "the task's answer"},
-                  502: {description: "nothing answers on the task's port"}}
-    post:
-      summary: A task's labelled port, proxied
-      errors: [403, 404, 409, 429, 503, 504]
-      responses: {200: {description: "the task's answer"},
-                  502: {description: "nothing answers on the task's port"}}
-    patch:
-      summary: A task's labelled port, proxied
-      errors: [403, 404, 409, 429, 503, 504]
-      responses: {200: {description: "the task's answer"},
-                  502: {description: "nothing answers on the task's port"}}
-    delete:
-      summary: A task's labelled port, proxied
-      errors: [403, 404, 409, 429, 503, 504]
-      responses: {200: {description: "the task's answer"},
-                  502: {description: "nothing answers on the task's port"}}
+      errors: &errors [403, 404, 409, 429, 503, 504]
+      responses: &answers {200: {description: "the task's answer"},
+                           502: {description: "nothing answers on the task's port"}}
+    put: &proxied {summary: "A task's labelled port, proxied", errors: *errors,
+                   responses: *answers}
+    post: *proxied
+    patch: *proxied
+    delete: *proxied
     """
     target = _target(username, name, role, index, label)
     state = _proxy()
