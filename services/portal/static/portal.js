@@ -57,48 +57,47 @@ function followFirst() {
   if (first) follow(first);
 }
 
+// A part of the page that the server renders again while it is not final
+// (data-final): every interval(element) ms the element `id` is read from
+// url(element), and the fresh copy's data-final and what apply(element,
+// fresh) takes from it replace the old; a failed read just waits for the next.
+function keepFresh(id, url, interval, apply) {
+  const element = document.getElementById(id);
+  if (!element || element.dataset.final === "true") return;
+  setTimeout(() => {
+    fetch(url(element), {credentials: "same-origin", headers: {"Accept": "text/html"}})
+      .then((response) => response.ok ? response.text() : Promise.reject(response.status))
+      .then((html) => {
+        const fresh = new DOMParser().parseFromString(html, "text/html").getElementById(id);
+        if (fresh) {
+          element.dataset.final = fresh.dataset.final;
+          apply(element, fresh);
+        }
+      })
+      .catch(() => {})
+      .finally(() => keepFresh(id, url, interval, apply));
+  }, interval(element));
+}
+
 // While a job is not final, its status, tasks and attempts are read again
 // every few seconds from this same page (no second way to render them).
 const REFRESH_MS = 2000;
 
 function refreshJob() {
-  const job = document.getElementById("job");
-  if (!job || job.dataset.final === "true") return;
-  setTimeout(() => {
-    fetch(window.location.href, {credentials: "same-origin", headers: {"Accept": "text/html"}})
-      .then((response) => response.ok ? response.text() : Promise.reject(response.status))
-      .then((html) => {
-        const fresh = new DOMParser().parseFromString(html, "text/html").getElementById("job");
-        if (fresh) {
-          job.innerHTML = fresh.innerHTML;
-          job.dataset.final = fresh.dataset.final;
-          followFirst();
-        }
-      })
-      .catch(() => {})
-      .finally(refreshJob);
-  }, REFRESH_MS);
+  keepFresh("job", () => window.location.href, () => REFRESH_MS, (job, fresh) => {
+    job.innerHTML = fresh.innerHTML;
+    followFirst();
+  });
 }
 
 // While the job runs, its charts are drawn again from the server (the same
 // fragment the page holds) every data-refresh-ms; they stop once it ended.
 function refreshUsage() {
-  const usage = document.getElementById("usage");
-  if (!usage || usage.dataset.final === "true") return;
-  setTimeout(() => {
-    fetch(usage.dataset.src, {credentials: "same-origin", headers: {"Accept": "text/html"}})
-      .then((response) => response.ok ? response.text() : Promise.reject(response.status))
-      .then((html) => {
-        const fresh = new DOMParser().parseFromString(html, "text/html").getElementById("usage");
-        if (fresh) {
-          usage.replaceChildren(...fresh.childNodes);
-          usage.dataset.final = fresh.dataset.final;
-          usage.dataset.redraws = String(Number(usage.dataset.redraws || 0) + 1);
-        }
-      })
-      .catch(() => {})
-      .finally(refreshUsage);
-  }, Number(usage.dataset.refreshMs) || 10000);
+  keepFresh("usage", (usage) => usage.dataset.src,
+    (usage) => Number(usage.dataset.refreshMs) || 10000, (usage, fresh) => {
+      usage.replaceChildren(...fresh.childNodes);
+      usage.dataset.redraws = String(Number(usage.dataset.redraws || 0) + 1);
+    });
 }
 
 // Storage uploads: each file in parts of data-part-bytes, one request per
