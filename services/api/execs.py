@@ -11,9 +11,7 @@ node's Docker engine itself.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +21,7 @@ from services.api.auth import current_user
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
 from services.api.execschemas import ExecRequestSchema
-from services.api.follows import FollowLeases, _ProcessSlots, take_slot_and_lease
+from services.api.follows import Caps, FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from shared.domain.models import Job, split_job_id
@@ -41,13 +39,12 @@ RETRY_AFTER_SECONDS = 5
 
 @dataclass
 class _Execs:
-    """The per-user exec leases, and this process's waits for answers: each
-    wait holds a Redis connection (BLPOP) for up to a command's timeout, so
-    waits have a pool of their own, one connection per slot, and never take
-    the connections requests need (as log follows, services/api/follows.py)."""
+    """The execs' caps, and this process's waits for answers: each wait holds
+    a Redis connection (BLPOP) for up to a command's timeout, so waits have a
+    pool of their own, one connection per slot, and never take the
+    connections requests need (as log follows, services/api/follows.py)."""
 
-    leases: FollowLeases
-    slots: _ProcessSlots
+    caps: Caps
     waits: Store
 
 
@@ -60,8 +57,11 @@ def _execs() -> _Execs:
                                   settings.exec_max_timeout_seconds,
                                   settings.exec_answer_margin_seconds) + 1)
         slots = max(1, settings.api_worker_connections // 4)
-        return _Execs(leases, _ProcessSlots(slots),
-                      Store(connect(settings.redis_url, pool_size=slots)))
+        caps = Caps(leases, _ProcessSlots(slots),
+                    busy="this API process waits for as many execs as it may",
+                    capped="{user} already holds {cap} execs, the most one user may at once; "
+                           "try again when one ends")
+        return _Execs(caps, Store(connect(settings.redis_url, pool_size=slots)))
 
     return extension_of(current_app, EXTENSION, create)
 
@@ -82,10 +82,7 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
     node = running_node(job, role, index)
     caller = current_user()
     state = _execs()
-    with admitted(state.slots, state.leases, caller.username,
-                  busy="this API process waits for as many execs as it may",
-                  capped="execs, the most one user may at once; try again when one ends",
-                  ):
+    with state.caps.held(caller.username):
         request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
                                   node=node, argv=body["command"],
                                   timeout_seconds=body["timeoutSec"], user=caller.username)
@@ -121,21 +118,6 @@ def running_node(job: Job, role: str, index: int) -> str:
     return task.node
 
 
-@contextlib.contextmanager
-def admitted(slots: _ProcessSlots, leases: FollowLeases, username: str, busy: str,
-             capped: str) -> Iterator[str]:
-    """Hold one of this process's `slots` and one of the user's `leases` for
-    the block (its lease id), or refuse: 503 when the slots are taken
-    (`busy`), 429 past the user's cap (`capped`, after the count)."""
-    lease = take_slot_and_lease(slots, leases, username, busy=busy,
-                                capped=f"{username} already holds {leases.per_user} {capped}")
-    try:
-        yield lease
-    finally:
-        try:
-            leases.release(username, lease)
-        finally:
-            slots.give_back()
 
 def _record(store: Store, request: ExecRequest) -> None:
     """The request for its node, and the audit of it, written together."""

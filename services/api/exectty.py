@@ -35,9 +35,9 @@ from wsproto.utilities import LocalProtocolError
 
 from services.api.auth import current_user
 from services.api.errors import ApiError
-from services.api.execs import admitted, running_node
+from services.api.execs import running_node
 from services.api.execschemas import ControlMessageSchema
-from services.api.follows import FollowLeases, _ProcessSlots
+from services.api.follows import Caps, FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.api.queries import ExecTtyQuerySchema, load_query
@@ -95,12 +95,11 @@ def parse_control(text: str) -> Resize | Start:
 
 @dataclass
 class _Ttys:
-    """The per-user session leases, this process's sessions, and their Redis
-    pool: each session holds one connection in XREAD BLOCK and uses a second
-    for its input, never the connections requests need."""
+    """The sessions' caps, this process's sessions, and their Redis pool: each
+    session holds one connection in XREAD BLOCK and uses a second for its
+    input, never the connections requests need."""
 
-    leases: FollowLeases
-    slots: _ProcessSlots
+    caps: Caps
     sessions: Sessions
     store: Store
 
@@ -110,8 +109,12 @@ def _ttys() -> _Ttys:
         settings = platform().settings
         slots = max(1, settings.api_worker_connections // 4)
         store = Store(connect(settings.redis_url, pool_size=2 * slots))
-        return _Ttys(FollowLeases(store, settings.exec_tty_per_user, key=keys.exec_tty_leases),
-                     _ProcessSlots(slots), Sessions(store.r), store)
+        caps = Caps(FollowLeases(store, settings.exec_tty_per_user, key=keys.exec_tty_leases),
+                    _ProcessSlots(slots),
+                    busy="this API process serves as many terminal sessions as it may",
+                    capped="{user} already holds {cap} terminal sessions, the most one user "
+                           "may at once; close one first")
+        return _Ttys(caps, Sessions(store.r), store)
 
     return extension_of(current_app, EXTENSION, create)
 
@@ -158,10 +161,7 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
     node = running_node(job, role, index)
     caller = current_user()
     state = _ttys()
-    with admitted(state.slots, state.leases, caller.username,
-                  busy="this API process serves as many terminal sessions as it may",
-                  capped="terminal sessions, the most one user may at once; close one first",
-                  ) as lease:
+    with state.caps.held(caller.username) as lease:
         try:
             ws = Server(request.environ, max_message_size=execsessions.MAX_CONTROL_BYTES)
         except Exception as error:  # a handshake wsproto refused, or a server without sockets
@@ -297,7 +297,7 @@ class _Session:
 
     def _renew(self, started_ms: int) -> bool:
         """Keep the session and its lease; False when it must end here."""
-        self.state.leases.renew(self.username, self.lease)
+        self.state.caps.leases.renew(self.username, self.lease)
         fields = self.sessions.renew(self.request.id)
         beat = (fields or {}).get(execsessions.BEAT)
         if fields is None or execsessions.node_lost(now_ms(), started_ms,

@@ -17,9 +17,10 @@ must not take the ones requests need. Followers of one log share one reader
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from flask import Flask
@@ -123,34 +124,62 @@ class FollowLeases:
         self.store.r.zrem(self.key(username), lease)
 
 
-def take_slot_and_lease(slots: _ProcessSlots, leases: FollowLeases, username: str, *,
-                        busy: str, capped: str) -> str:
-    """One of this process's `slots` and one of the user's `leases` (its id),
-    both given back by the caller when done; or FollowRefused: 503 when the
-    slots are taken (`busy`), 429 past the user's cap (`capped`)."""
-    if not slots.take():
-        raise FollowRefused(f"{busy}; try again shortly", 503)
-    try:
-        lease = leases.acquire(username)
-    except BaseException:
-        slots.give_back()
-        raise
-    if lease is None:
-        slots.give_back()
-        raise FollowRefused(capped)
-    return lease
-
-
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
 
 
 @dataclass
-class Follows:
-    """What a follow view needs: the user's leases and this process's slots."""
+class Caps:
+    """The two caps on one kind of long-held request (log follows, execs,
+    terminals, proxied connections), and what a refusal by each says: the
+    user's `leases` across every API process (429 past the cap, `capped`
+    formatted with {user} and {cap}) and this process's `slots` (503 when all
+    are taken, `busy`)."""
 
     leases: FollowLeases
     slots: _ProcessSlots
+    busy: str
+    capped: str
+
+    def open(self, username: str) -> str:
+        """A slot and a lease (its id) for one more request by `username`, until
+        `close`; or FollowRefused."""
+        if not self.slots.take():
+            raise FollowRefused(f"{self.busy}; try again shortly", 503)
+        try:
+            lease = self.leases.acquire(username)
+        except BaseException:
+            self.slots.give_back()
+            raise
+        if lease is None:
+            self.slots.give_back()
+            raise FollowRefused(self.capped.format(user=username, cap=self.leases.per_user))
+        return lease
+
+    def close(self, username: str, lease: str) -> None:
+        try:
+            self.leases.release(username, lease)
+        finally:
+            self.slots.give_back()
+
+    @contextlib.contextmanager
+    def held(self, username: str) -> Iterator[str]:
+        """`open` for the block (the lease id), then `close`."""
+        lease = self.open(username)
+        try:
+            yield lease
+        finally:
+            self.close(username, lease)
+
+
+@dataclass
+class Follows(Caps):
+    """What a follow view needs: the follows' caps, and the process's one
+    reader of each log followed."""
+
+    busy: str = "this API process serves as many log follows as it may"
+    capped: str = ("{user} already follows {cap} logs, the most one user may; close one or "
+                   "try again later")
     hub: LogHub = field(init=False)
 
     def __post_init__(self) -> None:
@@ -160,18 +189,6 @@ class Follows:
     def store(self) -> Store:
         """The follows' own Redis pool (see the module's docstring)."""
         return self.leases.store
-
-    def open(self, username: str) -> str:
-        """A lease for one more follow by `username`, or FollowRefused."""
-        return take_slot_and_lease(
-            self.slots, self.leases, username,
-            busy="this API process serves as many log follows as it may",
-            capped=f"{username} already follows {self.leases.per_user} logs, "
-                   "the most one user may; close one or try again later")
-
-    def close(self, username: str, lease: str) -> None:
-        self.slots.give_back()
-        self.leases.release(username, lease)
 
 
 def follows_of(app: Flask, settings: Settings) -> Follows:

@@ -50,7 +50,7 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from services.api import proxyrelay
 from services.api.auth import current_user
 from services.api.errors import ApiError
-from services.api.follows import RENEW_SECONDS, FollowLeases, _ProcessSlots, take_slot_and_lease
+from services.api.follows import RENEW_SECONDS, Caps, FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.launcher.environment import proxy_path
@@ -88,8 +88,7 @@ class Target:
 class _Proxy:
     """This process's proxy slots, the users' leases, and the connections to tasks."""
 
-    leases: FollowLeases
-    slots: _ProcessSlots
+    caps: Caps
     pool: urllib3.PoolManager
 
 
@@ -98,9 +97,9 @@ def _proxy() -> _Proxy:
         pai = platform()
         slots = max(1, pai.settings.api_worker_connections // 4)
         timeout = urllib3.Timeout(connect=CONNECT_SECONDS, read=pai.settings.proxy_idle_seconds)
-        return _Proxy(FollowLeases(pai.store, pai.settings.proxy_per_user,
-                                   key=keys.proxy_leases),
-                      _ProcessSlots(slots),
+        return _Proxy(Caps(FollowLeases(pai.store, pai.settings.proxy_per_user,
+                                        key=keys.proxy_leases),
+                           _ProcessSlots(slots), busy=_BUSY, capped=_CAPPED),
                       urllib3.PoolManager(num_pools=64, maxsize=8, block=False, retries=False,
                                           timeout=timeout))
 
@@ -157,7 +156,8 @@ def forward(username: str, name: str, role: str, index: int, label: str,
 
 
 _BUSY = "this API process proxies as many connections as it may"
-_CAPPED = "connections through the task port proxy, the most one user may at once; close one"
+_CAPPED = ("{user} already holds {cap} connections through the task port proxy, the most "
+           "one user may at once; close one")
 
 
 def _target(username: str, name: str, role: str, index: int, label: str) -> Target:
@@ -292,19 +292,14 @@ class _Admission:
     def close(self) -> None:
         if self.open:
             self.open = False
-            try:
-                self.state.leases.release(self.caller, self.lease)
-            finally:
-                self.state.slots.give_back()
+            self.state.caps.close(self.caller, self.lease)
 
 
 def _admit(state: _Proxy, caller: str) -> _Admission:
     """A slot and a lease, or the refusal: 503 when this process proxies as
     many connections as it may, 429 past the user's PAI_PROXY_PER_USER."""
-    lease = take_slot_and_lease(state.slots, state.leases, caller, busy=_BUSY,
-                                capped=f"{caller} already holds {state.leases.per_user} "
-                                       f"{_CAPPED}")
-    return _Admission(state, caller, lease, _renewer(state.leases, caller, lease))
+    lease = state.caps.open(caller)
+    return _Admission(state, caller, lease, _renewer(state.caps.leases, caller, lease))
 
 
 def _body(upstream: Any, renew: Callable[[], None]) -> Iterator[bytes]:

@@ -246,12 +246,12 @@ def test_an_api_process_waiting_for_all_it_may_is_503(worker: Launcher, running:
                                                       flask_client: FlaskClient) -> None:
     assert exec_(alice, ["true"]).status_code == 200
     state = flask_client.application.extensions[api_execs.EXTENSION]
-    while state.slots.take():  # bounded by the slots
+    while state.caps.slots.take():  # bounded by the slots
         pass
     try:
         assert error_of(exec_(alice, ["id"]), 503) == "ServiceUnavailableError"
     finally:
-        state.slots.used = 0
+        state.caps.slots.used = 0
     assert exec_(alice, ["true"]).status_code == 200
 
 
