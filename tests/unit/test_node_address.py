@@ -4,11 +4,16 @@ refused when the control plane is on another machine."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from shared.domain.addresses import is_loopback, loopback_refusal
 from shared.infra.config import ConfigError, load_settings
 from shared.infra.nodeaddress import control_plane_endpoints, with_node_address
+from shared.infra.supervise import EXIT_REFUSED
 
 REMOTE = "redis://pai:pw@10.213.0.2:6379/0"
 
@@ -48,3 +53,16 @@ def test_the_compose_trial_says_the_whole_cluster_is_one_machine() -> None:
         "PAI_REDIS_URL": REMOTE, "PAI_NODE_IP": "127.0.0.1", "PAI_SINGLE_MACHINE": "1",
         "PAI_MONITOR_HOST": "0.0.0.0"}))
     assert (settings.node_ip, settings.monitor_host) == ("127.0.0.1", "0.0.0.0")
+
+
+@pytest.mark.parametrize("service", ["launcher", "monitor"])
+def test_a_node_service_refused_its_address_logs_why_and_exits_for_good(service: str) -> None:
+    """In a process of its own: the service sets up logging as it starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAI_")}
+    started = subprocess.run(
+        [sys.executable, "-c", "from shared.infra.nodeaddress import node_service_settings; "
+                               f"node_service_settings({service!r})"],
+        env={**env, "PAI_REDIS_URL": REMOTE, "PAI_NODE_IP": "127.0.0.1"},
+        capture_output=True, text=True, timeout=60, check=False)
+    assert started.returncode == EXIT_REFUSED
+    assert f"pai.{service}" in started.stderr and "loopback" in started.stderr
