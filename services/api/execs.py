@@ -104,7 +104,6 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
             "truncated": result.truncated, "timedOut": result.timed_out}
 
 
-
 def running_node(job: Job, role: str, index: int) -> str:
     """The node of the job's task `role`[`index`] in its current attempt, if
     it runs now: else 404 (no such task) or 409 (not running)."""
@@ -116,7 +115,6 @@ def running_node(job: Job, role: str, index: int) -> str:
         raise ApiError("ConflictJobError", f"task {role}[{index}] of job {name} is not running "
                        f"(the task is {task.state.value}, the job {job.state.value})", 409)
     return task.node
-
 
 
 def _record(store: Store, request: ExecRequest) -> None:
