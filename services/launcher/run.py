@@ -69,7 +69,10 @@ def watch_storage(settings: Settings, launcher: Launcher, stop: threading.Event)
         return
     check = storage_check(folders, lambda: storageid.cluster_id(launcher.store))
     check.run_once()
-    launcher.storage_problem = lambda: check.problem
+    # A failing check is asked again before a start is refused: the control
+    # plane may have written the storage's identity since (every service of
+    # a box started at once), and one stale answer would send a job away.
+    launcher.storage_problem = lambda: check.problem and check.run_once()
     threading.Thread(target=check.loop, args=(stop,), daemon=True,
                      name="storage-check").start()
 

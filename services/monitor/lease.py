@@ -31,6 +31,10 @@ from shared.state.store import Store
 log = logging.getLogger(__name__)
 
 PEERS_REFRESH_SECONDS = 30.0
+# When the cluster's count of standing nodes no longer matches the peers
+# this node knows (a node joined, was lost, came back), it reads them again
+# sooner, at most this often
+PEERS_CHANGED_SECONDS = 5.0
 WATCH_SECONDS = 1.0  # how often the watchdog looks at the silence
 
 
@@ -61,6 +65,10 @@ class LeaseKeeper:
         self._generation = 0  # returns from silence; a reconcile clears only its own
         self._peers: list[tuple[str, str]] = []
         self._peers_read = 0.0
+        # The nodes standing at the last renewal, this one included: the
+        # cluster this node counts a majority of when it is cut off, however
+        # few of them it knows the address of
+        self._standing = 1
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------- queries
@@ -125,8 +133,8 @@ class LeaseKeeper:
                 self._phase = Phase.RECONCILING
                 self._generation += 1
             phase = self._phase
-        leases.renew(self.store, self.holder, live_ms=live_ms(self.settings), phase=phase,
-                     problem=self.problem(), back=away)
+        renewal = leases.renew(self.store, self.holder, live_ms=live_ms(self.settings),
+                               phase=phase, problem=self.problem(), back=away)
         with self._lock:
             if away:
                 log.warning("node %s: the control plane answers again after %.0f s%s; "
@@ -135,9 +143,20 @@ class LeaseKeeper:
                             " (its job containers were fenced)" if self.contact.fenced else "")
                 self.reconcile_requested.set()
             self.contact = Contact(max(sent, self.contact.last_ok))
-        if sent - self._peers_read >= PEERS_REFRESH_SECONDS:
+        self._standing = renewal.standing
+        since_read = sent - self._peers_read
+        if since_read >= PEERS_REFRESH_SECONDS or (
+                since_read >= PEERS_CHANGED_SECONDS and renewal.standing != len(self._peers) + 1):
             self._peers = leases.peers(self.store, self.holder.node)
             self._peers_read = sent
+
+    @property
+    def known_nodes(self) -> int:
+        """The cluster as this node last knew it: the standing nodes the
+        control plane counted at its last renewal, or the peers it knows if
+        more. A peer whose address it lacks counts as one that did not
+        answer, so a stale list can only make it fence, never hold."""
+        return max(self._standing, len(self._peers) + 1)
 
     def check_silence(self) -> FenceAction:
         """Past the lease without a renewal: ask the peers, then hold or fence.
@@ -154,13 +173,13 @@ class LeaseKeeper:
         with self._lock:
             self.contact.away = True
         reports = ask_all(self.peer_key, self._peers)
-        action = fence_action(silence, self.terms, len(self._peers) + 1, reports)
+        action = fence_action(silence, self.terms, self.known_nodes, reports)
         if action == FenceAction.HOLD:
             if not self.contact.holding:
                 log.error("node %s: the control plane is unreachable for %d of %d nodes "
                           "alike: holding, jobs run on", self.holder.node,
                           1 + sum(r.silence_ms is not None for r in reports),
-                          len(self._peers) + 1)
+                          self.known_nodes)
             self.contact.holding = True
             return action
         if self.contact.holding:

@@ -109,6 +109,9 @@ def state_jobs(state: str) -> str:
 # -- nodes --------------------------------------------------------------
 # zset node name -> the last renewal of its lease, stamped by Redis TIME
 NODES = PREFIX + "nodes"
+# set: the nodes declared lost and not back since; the nodes standing are
+# NODES less these (what a node counts its cluster by when it is cut off)
+NODES_LOST = PREFIX + "nodes-lost"
 # hash: the control plane's own outage as the scheduler last judged it
 # (shared/domain/lease.py Outage: since, ended, checked)
 CONTROL_PLANE = PREFIX + "control-plane"

@@ -85,6 +85,7 @@ if ARGV[3] == 'monitor' then
   redis.call('HSET', KEYS[1], 'phase', 'RECONCILING')
 end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[1])
 return {'TAKEN', tostring(now)}
 """
 
@@ -94,10 +95,10 @@ return {'TAKEN', tostring(now)}
 # whose first problem clears is joining, not flapping), when it was declared
 # lost since its last renewal, or when it says so (a monitor back from
 # silence).
-# KEYS: lease, NODES, node record
+# KEYS: lease, NODES, node record, NODES_LOST
 # ARGV: name, engine, role, instance, live_ms, phase ('' keeps it), problem
 #       ('-' keeps it), inventory JSON ('' writes none), '1' if back from silence
-# Answers {"OK", now} | {"LOST", holder engine, holder instance}
+# Answers {"OK", now, nodes standing} | {"LOST", holder engine, holder instance}
 _RENEW = _NOW + """
 local h = redis.call('HMGET', KEYS[1], 'engine', ARGV[3], 'problem', 'renewed', 'lost',
                      'phase', 'served')
@@ -118,7 +119,9 @@ if phase == 'READY' and problem == '' then redis.call('HSET', KEYS[1], 'served',
 if back then redis.call('HSET', KEYS[1], 'healthy_since', now) end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 if ARGV[8] ~= '' then redis.call('SET', KEYS[3], ARGV[8]) end
-return {'OK', tostring(now)}
+redis.call('SREM', KEYS[4], ARGV[1])
+return {'OK', tostring(now),
+        tostring(redis.call('ZCARD', KEYS[2]) - redis.call('SCARD', KEYS[4]))}
 """
 
 # The control plane declares a node lost, unless it renewed meanwhile.
@@ -127,6 +130,7 @@ _MARK_LOST = _NOW + """
 local renewed = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if renewed and tonumber(renewed) > tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'lost', now)
+redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 """
 
@@ -160,7 +164,7 @@ def claim(store: Store, holder: Holder, *, ip: str, peer: str, lease_ms: int, gr
           renew_ms: int, live_ms: int, force: bool = False) -> ClaimAnswer:
     """Claim the node's name for `holder` (shared/domain/lease.py, rule 1)."""
     answer = store.run_script(
-        _CLAIM, [keys.node_lease(holder.node), keys.NODES],
+        _CLAIM, [keys.node_lease(holder.node), keys.NODES, keys.NODES_LOST],
         [holder.node, holder.engine, holder.role.value, holder.instance, str(holder.pid), ip,
          peer, str(lease_ms), str(grace_ms), str(renew_ms), str(live_ms),
          "1" if force else "0"])
@@ -172,14 +176,21 @@ def claim(store: Store, holder: Holder, *, ip: str, peer: str, lease_ms: int, gr
     return ClaimAnswer(kind)
 
 
+@dataclass(frozen=True)
+class Renewal:
+    stamped_ms: int  # the Redis time the renewal was stamped with
+    standing: int  # the cluster's nodes not declared lost, this node included
+
+
 def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = None,
           problem: str | None = None, inventory: Mapping[str, Any] | None = None,
-          back: bool = False) -> int:
-    """Renew `holder`'s lease; the Redis time it was stamped with. NameLost
-    when another agent (or another process of this role) holds it now.
-    `back`: the node returns from a silence (its settling time starts)."""
+          back: bool = False) -> Renewal:
+    """Renew `holder`'s lease. NameLost when another agent (or another
+    process of this role) holds it now. `back`: the node returns from a
+    silence (its settling time starts)."""
     answer = store.run_script(
-        _RENEW, [keys.node_lease(holder.node), keys.NODES, keys.node(holder.node)],
+        _RENEW, [keys.node_lease(holder.node), keys.NODES, keys.node(holder.node),
+                 keys.NODES_LOST],
         [holder.node, holder.engine, holder.role.value, holder.instance, str(live_ms),
          phase.value if phase is not None else "", "-" if problem is None else problem,
          json.dumps(inventory, separators=(",", ":")) if inventory is not None else "",
@@ -187,7 +198,7 @@ def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = N
     if answer[0] != "OK":
         raise NameLost(f"node {holder.node}'s name is held by engine {answer[1] or '?'} "
                        f"(its {holder.role.value} instance {answer[2] or '?'})")
-    return int(answer[1])
+    return Renewal(int(answer[1]), int(answer[2]))
 
 
 def release(store: Store, holder: Holder) -> None:
@@ -222,7 +233,7 @@ def read_cluster(store: Store) -> ClusterView:
 
 def mark_lost(store: Store, node: str, renewed_ms: int) -> bool:
     """Declare `node` lost, unless it renewed after `renewed_ms`."""
-    return bool(store.run_script(_MARK_LOST, [keys.node_lease(node), keys.NODES],
+    return bool(store.run_script(_MARK_LOST, [keys.node_lease(node), keys.NODES, keys.NODES_LOST],
                                  [node, str(renewed_ms)]))
 
 

@@ -25,6 +25,7 @@ import pytest
 import redis
 from docker.models.containers import Container
 
+from services.launcher.run import watch_storage
 from services.launcher.runtime import DockerRuntime
 from services.launcher.service import EXIT_IMAGE_UNAVAILABLE, EXIT_SETUP_FAILED, Launcher
 from shared.domain.capabilities import DROPPED
@@ -36,7 +37,7 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import SCHEDULER_QUEUE
 from shared.node.containers import LABEL_JOB, LABEL_NODE, TaskRef, container_name
-from shared.state import leases
+from shared.state import leases, storageid
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.leases import Role
 from shared.state.lifecycle import delete_job, mark_preempted, request_stop
@@ -161,6 +162,26 @@ def test_no_container_starts_while_the_nodes_storage_is_not_the_shared_one(rig: 
     assert (task.state, task.platform_failure) == (TaskState.FAILED, True)
     assert "shared storage is not mounted" in task.diagnostics
     assert rig.job(job).retries == 0
+
+
+def test_a_storage_check_that_failed_is_asked_again_before_a_start_is_refused(
+        rig: Rig) -> None:
+    """The node's launcher came up before the control plane wrote the
+    storage's identity (every service of a box started at once): its first
+    check failed. A start once the identity is there is not refused on that
+    stale answer, though the check's own loop has not looked again yet."""
+    stop = threading.Event()
+    try:
+        watch_storage(rig.settings, rig.launcher, stop)
+        assert "no .pai-cluster file" in rig.launcher.storage_problem()
+        folders = [*rig.settings.storage_roots, *rig.settings.platform_dirs]
+        storageid.ensure(rig.store, folders)
+        job = rig.submit(rig.config())
+        rig.launcher.start_task(job.id, 0, "main", 0)
+        assert rig.container(job) is not None
+        assert rig.task(job).state != TaskState.FAILED
+    finally:
+        stop.set()
 
 
 def test_a_repeated_start_finds_the_same_container(rig: Rig) -> None:

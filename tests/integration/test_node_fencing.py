@@ -182,6 +182,34 @@ def test_a_node_cut_off_alone_stops_its_containers_and_journals_them(
         relay.close()
 
 
+def test_a_node_that_knows_no_peer_yet_fences_when_cut_off_alone(
+        cluster: Callable[..., Agent], own_redis: OwnRedis) -> None:
+    """Attack: a node read its peers before the others joined, so it knows
+    no peer's address. Cut off alone, it must not take itself for the whole
+    cluster and hold: the control plane counts three nodes, declares it
+    lost and runs its work elsewhere. It counts the nodes standing at its
+    last renewal, and a peer it cannot ask is one that did not answer."""
+    port = int(own_redis.url.rsplit(":", 1)[1].split("/")[0])
+    relay = Relay(port)
+    a = cluster(own_redis.url.replace(f":{port}", f":{relay.port}"), "a")
+    try:
+        a.keeper.reconciled(0)
+        assert a.keeper.renew_once()  # reads its peers now: none has joined
+        for other in (cluster(own_redis.url, "b"), cluster(own_redis.url, "c")):
+            other.keeper.reconciled(0)
+            assert other.keeper.renew_once()
+        assert a.keeper.renew_once()  # too soon to read the peers again
+        assert a.keeper.known_nodes == 3
+
+        relay.cut.set()
+        action = wait_for(lambda: (found := a.keeper.check_silence()) != FenceAction.RUN
+                          and found, "a's silence to pass its lease")
+        assert action == FenceAction.FENCE
+        assert a.keeper.contact.fenced and not a.keeper.contact.holding
+    finally:
+        relay.close()
+
+
 def test_when_every_node_is_cut_off_alike_they_hold_and_their_jobs_run_on(
         cluster: Callable[..., Agent], own_redis: OwnRedis,
         docker_client: docker.DockerClient, test_image: str,

@@ -44,7 +44,7 @@ def test_a_claim_and_its_renewals_are_stamped_with_redis_time(store: Store, node
     first = holder(node, "engine-a")
     before = leases.redis_now_ms(store.r)
     assert claim(store, first) == Claim.TAKEN
-    stamped = leases.renew(store, first, live_ms=60_000, phase=Phase.READY)
+    stamped = leases.renew(store, first, live_ms=60_000, phase=Phase.READY).stamped_ms
     after = leases.redis_now_ms(store.r)
     assert before <= stamped <= after
     assert store.r.zscore(keys.NODES, node) == stamped
@@ -130,9 +130,9 @@ def test_a_problem_cleared_and_a_return_start_the_settling_time(store: Store,
     assert lease is not None and lease.healthy_since_ms == 0  # a new node: nothing to settle
     leases.renew(store, monitor, live_ms=60_000, problem="Docker engine did not answer")
     assert leases.read_lease(store.r, node).problem == "Docker engine did not answer"
-    cleared = leases.renew(store, monitor, live_ms=60_000, problem="")
+    cleared = leases.renew(store, monitor, live_ms=60_000, problem="").stamped_ms
     assert leases.read_lease(store.r, node).healthy_since_ms == cleared
-    back = leases.renew(store, monitor, live_ms=60_000, back=True)
+    back = leases.renew(store, monitor, live_ms=60_000, back=True).stamped_ms
     assert leases.read_lease(store.r, node).healthy_since_ms == back
 
 
@@ -152,7 +152,7 @@ def test_a_joining_node_whose_first_problem_clears_does_not_settle(store: Store,
     assert lease is not None and lease.healthy_since_ms == 0
 
     leases.renew(store, monitor, live_ms=60_000, problem="storage has no .pai-cluster file")
-    cleared = leases.renew(store, monitor, live_ms=60_000, problem="")
+    cleared = leases.renew(store, monitor, live_ms=60_000, problem="").stamped_ms
     assert leases.read_lease(store.r, node).healthy_since_ms == cleared
 
 
@@ -161,7 +161,7 @@ def test_the_control_plane_declares_a_node_lost_only_if_it_did_not_renew_since(
     monitor = holder(node, "engine-a")
     assert claim(store, monitor) == Claim.TAKEN
     seen = int(store.r.zscore(keys.NODES, node))
-    renewed = leases.renew(store, monitor, live_ms=60_000)
+    renewed = leases.renew(store, monitor, live_ms=60_000).stamped_ms
     assert renewed >= seen
     if renewed > seen:
         assert not leases.mark_lost(store, node, seen)
