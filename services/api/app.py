@@ -101,8 +101,8 @@ def _bootstrap_when_reachable(app: Flask, settings: Settings) -> None:
         if not done.is_set():
             accounts.bootstrap(settings.admin_user, settings.admin_password)
             # the shared storage's identity, which every node agent checks
-            storageid.ensure(store, dict.fromkeys((*settings.storage_roots,
-                                                   *settings.platform_dirs)))
+            storageid.ensure_storage(store, settings.storage_roots, settings.task_log_dir,
+                                     settings.log_group)
             done.set()
         if time.monotonic() - synced[0] >= clock.SYNC_SECONDS:  # one clock with the nodes
             synced[0] = time.monotonic()

@@ -9,11 +9,12 @@ import errno
 import logging
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from shared.infra import safefs
 from shared.infra.sharedstorage import IDENTITY_FILE, read_identity
 from shared.state import leases
+from shared.state.logfiles import ensure_tree
 from shared.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -22,15 +23,32 @@ def cluster_id(store: Store) -> str:
     return leases.cluster_id(store, uuid.uuid4().hex)
 
 
+def ensure_storage(store: Store, storage_roots: Sequence[str], log_dir: str | None,
+                   log_group: int | None) -> list[str]:
+    """The control plane's part at its start: the log tree's own folder made
+    with the tree's modes (logfiles.ensure_tree: never world-readable, never
+    its parents), then the cluster's identity in every storage root and the
+    tree. The problems found, one line each."""
+    if log_dir:
+        try:
+            ensure_tree(log_dir, log_group)
+        except OSError as error:
+            log.warning("cannot make the log tree %s: %s", log_dir, error)
+    return ensure(store, dict.fromkeys((*storage_roots, *([log_dir] if log_dir else []))))
+
+
 def ensure(store: Store, folders: Iterable[str]) -> list[str]:
-    """Write the cluster's identity into each folder that has none (made if
-    missing); the problems found, one line each (another cluster's file,
-    a folder that cannot be written)."""
+    """Write the cluster's identity into each folder that has none; the
+    problems found, one line each (a folder missing: its storage is not
+    mounted here, and a local folder must not stand in for it; another
+    cluster's file; a folder that cannot be written)."""
     identity = cluster_id(store)
     problems = []
     for folder in folders:
+        if not os.path.isdir(folder):
+            problems.append(f"{folder} does not exist (is its storage mounted here?)")
+            continue
         try:
-            os.makedirs(folder, exist_ok=True)
             found = read_identity(folder)
             if found is None:
                 safefs.replace(folder, [IDENTITY_FILE], [identity.encode() + b"\n"],

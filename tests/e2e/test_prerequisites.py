@@ -149,7 +149,7 @@ def test_the_commands_own_exit_code_is_kept(platform: Platform, test_image: str)
 def ssh_platform(redis_server: str, docker_client: docker.DockerClient, ssh_test_image: str,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     with one_node_platform(redis_server, docker_client, ssh_test_image,
-                           tmp_path_factory.mktemp("barrier"), db=5, name="barrier",
+                           tmp_path_factory.mktemp("barrier"), db=7, name="barrier",
                            port_range="33000-33999") as pai:
         yield pai
 

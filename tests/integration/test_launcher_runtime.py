@@ -174,8 +174,8 @@ def test_a_storage_check_that_failed_is_asked_again_before_a_start_is_refused(
     try:
         watch_storage(rig.settings, rig.launcher, stop)
         assert "no .pai-cluster file" in rig.launcher.storage_problem()
-        folders = [*rig.settings.storage_roots, *rig.settings.platform_dirs]
-        storageid.ensure(rig.store, folders)
+        assert storageid.ensure_storage(rig.store, rig.settings.storage_roots,
+                                        rig.settings.task_log_dir, None) == []
         job = rig.submit(rig.config())
         rig.launcher.start_task(job.id, 0, "main", 0)
         assert rig.container(job) is not None
