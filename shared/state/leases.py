@@ -52,9 +52,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # Claim the node's name for an agent's process.
-# KEYS: lease, NODES
+# KEYS: lease, NODES, NODES_LOST
 # ARGV: name, engine, role, instance, pid, ip, peer ('' keeps it), lease_ms, grace_ms,
-#       renew_ms, live_ms (how long the lease stays live after a renewal), force
+#       renew_ms, live_ms (how long the lease stays live after a renewal), force,
+#       the phase a new holder starts in (Phase.RECONCILING)
 # Answers {"TAKEN", now} | {"HELD_ELSEWHERE", engine, ip, age_ms} |
 #         {"ROLE_HELD", instance, pid}
 _CLAIM = _NOW + """
@@ -72,7 +73,7 @@ if engine and h[5] and h[5] ~= ARGV[4] and ARGV[12] ~= '1' then
   return {'ROLE_HELD', h[5], h[6] or ''}
 end
 if not engine then
-  redis.call('HSET', KEYS[1], 'engine', ARGV[2], 'claimed', now, 'phase', 'RECONCILING',
+  redis.call('HSET', KEYS[1], 'engine', ARGV[2], 'claimed', now, 'phase', ARGV[13],
              'healthy_since', 0, 'served', 0)
 elseif tonumber(h[7] or '0') > 0 and tonumber(h[7] or '0') >= renewed then
   redis.call('HSET', KEYS[1], 'healthy_since', now)  -- back after it was declared lost
@@ -82,7 +83,7 @@ redis.call('HSET', KEYS[1], 'ip', ARGV[6], 'lease_ms', ARGV[8], 'grace_ms', ARGV
            'renewed', now, ARGV[3] .. '_renewed', now, 'live_until', now + ARGV[11])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'peer', ARGV[7]) end
 if ARGV[3] == 'monitor' then
-  redis.call('HSET', KEYS[1], 'phase', 'RECONCILING')
+  redis.call('HSET', KEYS[1], 'phase', ARGV[13])
 end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[1])
@@ -97,7 +98,8 @@ return {'TAKEN', tostring(now)}
 # silence).
 # KEYS: lease, NODES, node record, NODES_LOST
 # ARGV: name, engine, role, instance, live_ms, phase ('' keeps it), problem
-#       ('-' keeps it), inventory JSON ('' writes none), '1' if back from silence
+#       ('-' keeps it), inventory JSON ('' writes none), '1' if back from silence,
+#       the phase of a node that takes work (Phase.READY)
 # Answers {"OK", now, nodes standing} | {"LOST", holder engine, holder instance}
 _RENEW = _NOW + """
 local h = redis.call('HMGET', KEYS[1], 'engine', ARGV[3], 'problem', 'renewed', 'lost',
@@ -115,7 +117,7 @@ end
 redis.call('HSET', KEYS[1], 'renewed', now, ARGV[3] .. '_renewed', now,
            'live_until', now + ARGV[5], 'problem', problem)
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'phase', ARGV[6]) end
-if phase == 'READY' and problem == '' then redis.call('HSET', KEYS[1], 'served', '1') end
+if phase == ARGV[10] and problem == '' then redis.call('HSET', KEYS[1], 'served', '1') end
 if back then redis.call('HSET', KEYS[1], 'healthy_since', now) end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 if ARGV[8] ~= '' then redis.call('SET', KEYS[3], ARGV[8]) end
@@ -125,7 +127,7 @@ return {'OK', tostring(now),
 """
 
 # The control plane declares a node lost, unless it renewed meanwhile.
-# KEYS: lease, NODES   ARGV: name, the renewal the judgement saw
+# KEYS: lease, NODES, NODES_LOST   ARGV: name, the renewal the judgement saw
 _MARK_LOST = _NOW + """
 local renewed = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if renewed and tonumber(renewed) > tonumber(ARGV[2]) then return 0 end
@@ -167,7 +169,7 @@ def claim(store: Store, holder: Holder, *, ip: str, peer: str, lease_ms: int, gr
         _CLAIM, [keys.node_lease(holder.node), keys.NODES, keys.NODES_LOST],
         [holder.node, holder.engine, holder.role.value, holder.instance, str(holder.pid), ip,
          peer, str(lease_ms), str(grace_ms), str(renew_ms), str(live_ms),
-         "1" if force else "0"])
+         "1" if force else "0", Phase.RECONCILING.value])
     kind = Claim(answer[0])
     if kind == Claim.HELD_ELSEWHERE:
         return ClaimAnswer(kind, {"engine": answer[1], "ip": answer[2], "age_ms": answer[3]})
@@ -194,7 +196,7 @@ def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = N
         [holder.node, holder.engine, holder.role.value, holder.instance, str(live_ms),
          phase.value if phase is not None else "", "-" if problem is None else problem,
          json.dumps(inventory, separators=(",", ":")) if inventory is not None else "",
-         "1" if back else "0"])
+         "1" if back else "0", Phase.READY.value])
     if answer[0] != "OK":
         raise NameLost(f"node {holder.node}'s name is held by engine {answer[1] or '?'} "
                        f"(its {holder.role.value} instance {answer[2] or '?'})")

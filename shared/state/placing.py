@@ -173,9 +173,11 @@ _compact_json = compact_json
 # (launch entries, flat: member, deadline), n (per node: k, h = node and
 # allocation key positions, name, g = GPUs, p = ports, c = CPUs, m = memory,
 # w = allocation field and ARGV position of its record, flat).
-# ARGV: the entries (JSON), the events' bound, then the records the entries
+# ARGV: the entries (JSON), the events' bound, the state a job waits in
+# (JobState.WAITING), then the records the entries
 # point at: passed as they are, not as strings inside the JSON, they are
 # neither escaped by the caller nor decoded by the script.
+FIXED_ARGS = 3  # the script's ARGV before the records
 _COMMIT_PLACEMENTS = """
 local flags_key, launching_key, queue_key, faults_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local jobs = cjson.decode(ARGV[1])
@@ -232,7 +234,7 @@ local function still_decidable(job)
   local key = KEYS[job.j]
   local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq',
                         'virtual_cluster')
-  if now[1] ~= job.v or now[2] ~= 'WAITING' or now[3] ~= job.a or now[4] ~= job.s
+  if now[1] ~= job.v or now[2] ~= ARGV[3] or now[3] ~= job.a or now[4] ~= job.s
       or now[5] ~= job.vc then
     return false
   end
@@ -362,10 +364,10 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
 
 
 def _argv_position(records: list[str], record: str) -> int:
-    """Pass `record` to the batch script after its first two arguments: its
+    """Pass `record` to the batch script after its first three arguments: its
     position in ARGV (1-based)."""
     records.append(record)
-    return len(records) + 2
+    return len(records) + FIXED_ARGS
 
 
 def _record_json(record: Task | Allocation) -> str:
@@ -413,5 +415,6 @@ def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
     if not entries:
         return [False] * len(batch)
     reply = store.run_script(_COMMIT_PLACEMENTS, script_keys.names,
-                             [_compact_json(entries), str(EVENTS_MAX_LEN), *records])
+                             [_compact_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value,
+                              *records])
     return [position is not None and bool(reply[position]) for position in positions]

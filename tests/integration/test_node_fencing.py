@@ -147,8 +147,9 @@ def job_container(docker_client: docker.DockerClient, image: str, node: str,
 
 
 def test_a_node_cut_off_alone_stops_its_containers_and_journals_them(
-        cluster: Callable[..., Agent], redis_server: str, docker_client: docker.DockerClient,
+        cluster: Callable[..., Agent], own_redis: OwnRedis, docker_client: docker.DockerClient,
         test_image: str, test_labels: dict[str, str]) -> None:
+    redis_server = own_redis.url  # a cluster of its own: no other test's node is a peer
     relay = Relay(int(redis_server.rsplit(":", 1)[1].split("/")[0]))
     cut_off_url = redis_server.replace(f":{relay.target[1]}", f":{relay.port}")
     a, b = cluster(cut_off_url, "a"), cluster(redis_server, "b")
