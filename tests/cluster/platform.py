@@ -166,6 +166,25 @@ class Cluster:
         views: list[dict[str, Any]] = reply.json()
         return views
 
+    def wait(self, check: Callable[[], Any], what: str, seconds: float = WAIT_SECONDS) -> Any:
+        """`wait_for`, and on a timeout the cluster as the API shows it (each
+        node's state and reason, each waiting job's reason) in the error."""
+        try:
+            return wait_for(check, what, seconds)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.describe()}") from None
+
+    def describe(self) -> str:
+        lines = []
+        with contextlib.suppress(requests.RequestException):
+            for node in self.node_views():
+                lines.append(f"node {node['name']}: {node['state']} {node.get('conditionReason')}")
+            reply = self.http.get(f"{self.url}/api/v1/jobs", params={"username": ADMIN[0]},
+                                  timeout=10)
+            for job in reply.json():
+                lines.append(f"job {job['name']}: {job['state']} {job.get('waitingReason')}")
+        return "\n".join(lines)
+
     def node_view(self, name: str) -> dict[str, Any]:
         return next(n for n in self.node_views() if n["name"] == name)
 

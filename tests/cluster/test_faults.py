@@ -25,8 +25,8 @@ from tests.cluster.platform import (
     FENCE_BOUND_SECONDS,
     LOST_AFTER_SECONDS,
     Cluster,
-    wait_for,
 )
+from tests.support.platform import GATE_FILE, gate
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.redis]
 
@@ -43,11 +43,11 @@ def settle(cluster: Cluster, names: list[str]) -> None:
     """Stop these jobs and wait for them to end; every node READY again."""
     for name in names:
         cluster.stop_job(name)
-    wait_for(lambda: all(cluster.job(n)["jobStatus"]["state"] in ("STOPPED", "SUCCEEDED",
-                                                                   "FAILED") for n in names),
-             "the test's jobs to end")
-    wait_for(lambda: all(n["state"] == "READY" for n in cluster.node_views()),
-             "every node to be READY")
+    cluster.wait(lambda: all(cluster.job(n)["jobStatus"]["state"] in ("STOPPED", "SUCCEEDED",
+                                                                       "FAILED") for n in names),
+                 "the test's jobs to end")
+    cluster.wait(lambda: all(n["state"] == "READY" for n in cluster.node_views()),
+                 "every node to be READY")
 
 
 def check_invariants(cluster: Cluster) -> None:
@@ -66,7 +66,7 @@ def restarted(cluster: Cluster, names: list[str]) -> int:
 def test_a_second_agent_with_a_taken_name_is_refused_and_harms_nothing(
         cluster: Cluster, figures: dict[str, Any]) -> None:
     cluster.submit("steady", FOREVER)
-    node = wait_for(lambda: cluster.running_on("steady"), "steady to run")[0]
+    node = cluster.wait(lambda: cluster.running_on("steady"), "steady to run")[0]
     other = next(name for name in cluster.nodes if name != node)
     before = cluster.node_view(node)
     # Another machine (another engine) started with the taken name.
@@ -90,13 +90,13 @@ def test_a_second_agent_with_a_taken_name_is_refused_and_harms_nothing(
 def test_a_partitioned_node_fences_before_its_work_runs_elsewhere(
         cluster: Cluster, figures: dict[str, Any]) -> None:
     cluster.submit("cut-off", FOREVER)
-    node = wait_for(lambda: cluster.running_on("cut-off"), "cut-off to run")[0]
+    node = cluster.wait(lambda: cluster.running_on("cut-off"), "cut-off to run")[0]
     host = cluster.nodes[node]
     cut_at = time.monotonic()
     cluster.hosts.cut(host, cluster.cp.ip)
     try:
-        moved = wait_for(lambda: cluster.running_on("cut-off", attempt=1),
-                         "the job to run again elsewhere", LOST_AFTER_SECONDS + 60)
+        moved = cluster.wait(lambda: cluster.running_on("cut-off", attempt=1),
+                             "the job to run again elsewhere", LOST_AFTER_SECONDS + 60)
         rescheduled = time.monotonic() - cut_at
         assert moved[0] != node
         remaining = FAULT_SECONDS - (time.monotonic() - cut_at)
@@ -105,8 +105,8 @@ def test_a_partitioned_node_fences_before_its_work_runs_elsewhere(
     finally:
         cluster.hosts.heal([host])
     healed_at = time.monotonic()
-    wait_for(lambda: cluster.node_view(node)["state"] == "READY",
-             "the node to reconcile, settle and be READY")
+    cluster.wait(lambda: cluster.node_view(node)["state"] == "READY",
+                 "the node to reconcile, settle and be READY")
     assert cluster.observer is not None
     task = ("admin~cut-off", "main", "0")
     stale = [s for s in cluster.observer.sightings() if s.task == task and s.attempt == "0"]
@@ -128,22 +128,22 @@ def test_the_control_plane_cut_off_from_every_node_restarts_nothing(
     for name in names:
         cluster.submit(name, FOREVER)
     for name in names:
-        wait_for(lambda name=name: cluster.running_on(name),  # type: ignore[misc]
-                 f"{name} to run")
+        cluster.wait(lambda name=name: cluster.running_on(name),  # type: ignore[misc]
+                     f"{name} to run")
     cut_at = time.monotonic()
     for host in cluster.nodes.values():
         cluster.hosts.cut(cluster.cp, host.ip)
     try:
-        wait_for(lambda: all(n["state"] == "UNREACHABLE" for n in cluster.node_views()),
-                 "every node to be unreachable")
+        cluster.wait(lambda: all(n["state"] == "UNREACHABLE" for n in cluster.node_views()),
+                     "every node to be unreachable")
         while time.monotonic() - cut_at < max(OUTAGE_SECONDS, LOST_AFTER_SECONDS + 10):
             assert not [n for n in cluster.node_views() if n["state"] == "LOST"]
             time.sleep(1)
     finally:
         cluster.hosts.heal([cluster.cp])
     healed_at = time.monotonic()
-    wait_for(lambda: all(n["state"] == "READY" for n in cluster.node_views()),
-             "every node READY again")
+    cluster.wait(lambda: all(n["state"] == "READY" for n in cluster.node_views()),
+                 "every node READY again")
     again = restarted(cluster, names)
     assert again == 0
     assert all(cluster.running_on(name) for name in names)
@@ -160,20 +160,21 @@ def test_the_control_plane_cut_off_from_every_node_restarts_nothing(
 def test_redis_down_for_minutes_restarts_nothing_and_loses_no_exit(
         cluster: Cluster, figures: dict[str, Any]) -> None:
     cluster.submit("through", FOREVER)
-    cluster.submit("ends-meanwhile", "sleep 8; echo done")
+    cluster.submit("ends-meanwhile", gate() + "echo done")  # ends once Redis is down
     for name in ("through", "ends-meanwhile"):
-        wait_for(lambda name=name: cluster.running_on(name),  # type: ignore[misc]
-                 f"{name} to run")
+        cluster.wait(lambda name=name: cluster.running_on(name),  # type: ignore[misc]
+                     f"{name} to run")
     down_at = time.monotonic()
     cluster.processes.stop("redis", signal.SIGKILL)
+    (cluster.storage / ADMIN[0] / "ends-meanwhile" / "output" / GATE_FILE).touch()
     time.sleep(max(OUTAGE_SECONDS, LOST_AFTER_SECONDS + 10))  # Redis is down that long
     cluster.start_redis()
     up_at = time.monotonic()
-    ended = wait_for(lambda: cluster.job("ends-meanwhile")["jobStatus"]["state"] == "SUCCEEDED",
-                     "the exit during the outage to be recorded")
+    ended = cluster.wait(lambda: cluster.job("ends-meanwhile")["jobStatus"]["state"] == "SUCCEEDED",
+                         "the exit during the outage to be recorded")
     assert ended
-    wait_for(lambda: all(n["state"] == "READY" for n in cluster.node_views()),
-             "every node READY again")
+    cluster.wait(lambda: all(n["state"] == "READY" for n in cluster.node_views()),
+                 "every node READY again")
     assert cluster.running_on("through") is not None
     again = restarted(cluster, ["through", "ends-meanwhile"])
     assert again == 0
@@ -186,7 +187,7 @@ def test_redis_down_for_minutes_restarts_nothing_and_loses_no_exit(
 def test_a_lossy_network_causes_no_false_node_loss(cluster: Cluster,
                                                    figures: dict[str, Any]) -> None:
     cluster.submit("lossy", FOREVER)
-    wait_for(lambda: cluster.running_on("lossy"), "lossy to run")
+    cluster.wait(lambda: cluster.running_on("lossy"), "lossy to run")
     for host in cluster.nodes.values():
         cluster.hosts.lossy(host, 0.05)
     began = time.monotonic()
@@ -196,8 +197,8 @@ def test_a_lossy_network_causes_no_false_node_loss(cluster: Cluster,
         while time.monotonic() - began < FAULT_SECONDS:
             worst |= {n["state"] for n in cluster.node_views()}
             time.sleep(1)
-        wait_for(lambda: cluster.job("during-loss")["jobStatus"]["state"] == "SUCCEEDED",
-                 "a job submitted during the loss to succeed")
+        cluster.wait(lambda: cluster.job("during-loss")["jobStatus"]["state"] == "SUCCEEDED",
+                     "a job submitted during the loss to succeed")
     finally:
         cluster.hosts.heal(list(cluster.nodes.values()))
     assert "LOST" not in worst
@@ -219,14 +220,14 @@ def test_a_node_whose_clock_is_minutes_off_changes_nothing(
     cluster.start_agent(skewed, prefix=("faketime", "-f", "-5m"),
                         extra_env={"FAKETIME_DONT_FAKE_MONOTONIC": "1"})
     try:
-        wait_for(lambda: cluster.node_view(skewed)["state"] == "READY", "the skewed node")
+        cluster.wait(lambda: cluster.node_view(skewed)["state"] == "READY", "the skewed node")
         for name in cluster.nodes:
             if name != skewed:
                 cordon(cluster, name, False)
         submitted = time.time() * 1000
         cluster.submit("on-skewed", "sleep 3")
-        wait_for(lambda: cluster.job("on-skewed")["jobStatus"]["state"] == "SUCCEEDED",
-                 "the job on the skewed node")
+        cluster.wait(lambda: cluster.job("on-skewed")["jobStatus"]["state"] == "SUCCEEDED",
+                     "the job on the skewed node")
         finished = time.time() * 1000
         detail = cluster.job("on-skewed")
         task = detail["taskRoles"]["main"]["taskStatuses"][0]
@@ -250,7 +251,7 @@ def test_a_node_whose_clock_is_minutes_off_changes_nothing(
             cordon(cluster, name, True)
         cluster.stop_agent(skewed)
         cluster.start_agent(skewed)
-    wait_for(lambda: cluster.node_view(skewed)["state"] == "READY", "the node, clock fixed")
+    cluster.wait(lambda: cluster.node_view(skewed)["state"] == "READY", "the node, clock fixed")
     check_invariants(cluster)
 
 
@@ -262,14 +263,14 @@ def test_a_node_whose_engine_hangs_is_taken_out_and_its_gang_placed_elsewhere(
     frozen_at = time.monotonic()
     try:
         cluster.submit("gang", FOREVER, tasks=2, gpus=2)  # two whole nodes
-        wait_for(lambda: cluster.node_view(hung)["state"] == "NOT_READY",
-                 "the hung engine's node to be NOT_READY")
+        cluster.wait(lambda: cluster.node_view(hung)["state"] == "NOT_READY",
+                     "the hung engine's node to be NOT_READY")
         noticed = time.monotonic() - frozen_at
-        wait_for(lambda: cluster.job("gang")["jobStatus"]["attemptIndex"] >= 1,
-                 "the gang's first attempt to be given back")
+        cluster.wait(lambda: cluster.job("gang")["jobStatus"]["attemptIndex"] >= 1,
+                     "the gang's first attempt to be given back")
         cordon(cluster, spare, True)
-        placed = wait_for(lambda: cluster.running_on("gang", attempt=1),
-                          "the gang to run on the other nodes")
+        placed = cluster.wait(lambda: cluster.running_on("gang", attempt=1),
+                              "the gang to run on the other nodes")
         replaced = time.monotonic() - frozen_at
         assert hung not in placed
         detail = cluster.job("gang")
@@ -278,8 +279,8 @@ def test_a_node_whose_engine_hangs_is_taken_out_and_its_gang_placed_elsewhere(
     finally:
         cluster.engines[hung].thaw()
         cordon(cluster, spare, True)
-    wait_for(lambda: cluster.node_view(hung)["state"] == "READY",
-             "the node, its engine back, to settle and be READY")
+    cluster.wait(lambda: cluster.node_view(hung)["state"] == "READY",
+                 "the node, its engine back, to settle and be READY")
     figures["engine hung"] = {"not ready after s": round(noticed, 1),
                               "gang running elsewhere after s": round(replaced, 1)}
     settle(cluster, ["gang"])
@@ -298,15 +299,15 @@ def test_a_node_without_the_shared_storage_takes_no_work(
         "unshare", "--mount", "--propagation", "private", "sh", "-c",
         f'mount -t tmpfs tmpfs "{storage}" && exec "$0"'))
     try:
-        view = wait_for(lambda: (found := cluster.node_view(bare))["state"] == "NOT_READY"
-                        and found, "the node without its storage to be NOT_READY")
-        assert "not mounted there" in view["conditionReason"]
+        view = cluster.wait(lambda: (found := cluster.node_view(bare))["state"] == "NOT_READY"
+                            and "not mounted there" in found["conditionReason"] and found,
+                            "the node without its storage to be NOT_READY, saying why")
         for name in cluster.nodes:
             if name != bare:
                 cordon(cluster, name, False)
         cluster.submit("needs-storage", "sleep 1")
-        waiting = wait_for(lambda: (status := cluster.job("needs-storage")["jobStatus"])
-                           .get("waitingReason") and status, "a pass to leave the job waiting")
+        waiting = cluster.wait(lambda: (status := cluster.job("needs-storage")["jobStatus"])
+                               .get("waitingReason") and status, "a pass to leave the job waiting")
         assert waiting["state"] == "WAITING"
         assert cluster.node_view(bare)["state"] == "NOT_READY"
         figures["storage missing"] = {"node state": view["state"],
@@ -317,7 +318,7 @@ def test_a_node_without_the_shared_storage_takes_no_work(
             cordon(cluster, name, True)
         cluster.stop_agent(bare)
         cluster.start_agent(bare)
-    wait_for(lambda: cluster.node_view(bare)["state"] == "READY", "the node, storage back")
-    wait_for(lambda: cluster.job("needs-storage")["jobStatus"]["state"] == "SUCCEEDED",
-             "the job, placed once nodes take work")
+    cluster.wait(lambda: cluster.node_view(bare)["state"] == "READY", "the node, storage back")
+    cluster.wait(lambda: cluster.job("needs-storage")["jobStatus"]["state"] == "SUCCEEDED",
+                 "the job, placed once nodes take work")
     check_invariants(cluster)
