@@ -347,7 +347,7 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
     jobs, total = platform().store.list_jobs(
         username=query.get("username"), vc=query.get("vc"), state=query.get("state"),
         keyword=query.get("keyword"), offset=query["offset"], limit=query["limit"],
-        count_total=query["withTotalCount"], oldest_first=query["order"] == "asc",
+        oldest_first=query["order"] == "asc",
         sort=query["sort"])
     rows = [job_summary(j) for j in jobs]
     if query["withTotalCount"]:
