@@ -10,8 +10,8 @@ submit-time order, its fields as columns of numbers. A name is text, so:
   and inserted in one pass; many (a load) are sorted all at once.
 - `NameText` keeps every row's lowercased name in one byte array, and finds
   the rows whose name holds a keyword with a few vectorized passes over it
-  (the keyword's first byte, then each next one among the candidates left),
-  not a step of Python per match.
+  (where the keyword's rarest byte is, then each other byte among the
+  candidates left), not a step of Python per match.
 
 Rows the table renumbers (a submit merged in behind newer ones, dead rows
 dropped) are taken in again. Pure: no IO, tested in tests/unit/test_jobnames.py.
@@ -85,20 +85,28 @@ class NameText:
         self.covered = 0
         self._text: npt.NDArray[np.uint8] = np.empty(0, dtype=np.uint8)
         self._starts: Ints = np.empty(0, dtype=np.int64)  # each row's first byte
+        self._counts: Ints = np.zeros(256, dtype=np.int64)  # how often each byte occurs
 
     def rows_with(self, needle: str, ids: Sequence[str], rows: int) -> Rows:
-        """The rows (of the first `rows`) whose job name holds `needle`, any case."""
+        """The rows (of the first `rows`) whose job name holds `needle`, any
+        case, in order; a row twice when its name holds it twice."""
         if self.covered < rows:
             self._extend(ids, rows)
         pattern = needle.lower().encode("utf-8", "replace")
-        if not pattern or _SEPARATOR in pattern or len(pattern) > len(self._text):
-            return np.arange(rows, dtype=np.intp) if not pattern else np.empty(0, np.intp)
+        if not pattern:
+            return np.arange(rows, dtype=np.intp)
+        if _SEPARATOR in pattern or len(pattern) > len(self._text):
+            return np.empty(0, dtype=np.intp)
         wanted = np.frombuffer(pattern, dtype=np.uint8)
+        # Start from the needle's rarest byte: the fewest candidates to check.
+        anchor = int(np.argmin(self._counts[wanted]))
         text = self._text
-        found = np.flatnonzero(text[:len(text) - len(wanted) + 1] == wanted[0])
-        for offset in range(1, len(wanted)):
-            found = found[text[found + offset] == wanted[offset]]
-        return np.unique(np.searchsorted(self._starts, found, side="right") - 1)
+        found = np.flatnonzero(text[anchor:len(text) - len(wanted) + 1 + anchor]
+                               == wanted[anchor])
+        for offset in range(len(wanted)):
+            if offset != anchor:
+                found = found[text[found + offset] == wanted[offset]]
+        return np.searchsorted(self._starts, found, side="right") - 1
 
     def _extend(self, ids: Sequence[str], rows: int) -> None:
         names = [job_id.partition("~")[2].lower().encode() for job_id in ids[self.covered:rows]]
@@ -107,12 +115,13 @@ class NameText:
         starts = len(self._text) + np.concatenate(([0], np.cumsum(lengths)[:-1]))
         added = np.frombuffer(_SEPARATOR.join(names) + _SEPARATOR, dtype=np.uint8)
         self._text = np.concatenate((self._text, added))
+        self._counts += np.bincount(added, minlength=256)
         self._starts = np.concatenate((self._starts, starts.astype(np.int64)))
         self.covered = rows
 
     def forget_from(self, row: int) -> None:
         """Rows from `row` on are renumbered: they will be taken in again."""
         if self.covered > row:
-            self._text = self._text[:int(self._starts[row])]
-            self._starts = self._starts[:row]
-            self.covered = row
+            cut = int(self._starts[row])
+            self._counts -= np.bincount(self._text[cut:], minlength=256)
+            self._text, self._starts, self.covered = self._text[:cut], self._starts[:row], row
