@@ -207,12 +207,14 @@ class JobTable:
         present = np.ones(len(ids), dtype=np.bool_)
         compacted = [n for n, state in enumerate(states) if state == "-"]
         archived = self.store.archived_records([ids[n] for n in compacted])
-        for n in compacted:
+        # the index's score: the creation time the rows are ordered by
+        scores = self.store.r.zmscore(keys.JOBS, [ids[n] for n in compacted]) if compacted else []
+        for n, score in zip(compacted, scores, strict=True):
             record = archived.get(ids[n])
-            if record is None:
+            if record is None or score is None:
                 present[n] = False
                 continue
-            row = SortRow.from_fields(int(record.get("created_ms") or 0), dict(record))
+            row = SortRow.from_fields(int(score), dict(record))
             states[n], vcs[n] = row.state, row.virtual_cluster
             for name, value in _numbers(row).items():
                 numbers[name][n] = value
