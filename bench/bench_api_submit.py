@@ -67,8 +67,11 @@ from shared.state.store import Store
 CLIENTS = 16
 SUBMITS = 10_000
 WARMUP_PER_CLIENT = 20
-TARGET_RATE = 1000.0
-TARGET_P99_MS = 100.0
+# The raised targets (docs/design.md, "Performance"): 2,000 jobs/s, p99 50 ms,
+# at least 0.75 of the floor's rate in the same run.
+TARGET_RATE = 2000.0
+TARGET_P99_MS = 50.0
+TARGET_RATIO = 0.75
 FLOOR_KEY = "pai:bench:floor"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -372,6 +375,7 @@ def run() -> Figures:
         "jobs stored": stored,
         "POST /api/v1/user/alice/jobs": table,
         "ratio jobs/s vs floor": min(ratios),
+        f"ratio vs target {TARGET_RATIO}": min(ratios) / TARGET_RATIO,
         "errors": errors,
         f"jobs/s vs target {TARGET_RATE:.0f}": rate / TARGET_RATE,
         f"p99 vs target {TARGET_P99_MS:.0f} ms": p99 / TARGET_P99_MS,

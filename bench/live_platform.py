@@ -236,10 +236,20 @@ class Platform:
     # -------------------------------------------------------------- processes
 
     def up(self) -> None:
-        """Start every service, wait until the node is READY (only until the
-        admin can log in when there is no launcher), then log USER in."""
+        """Start the api, and once the admin can log in the node's services;
+        wait until the node is READY (only until the api answers when there
+        is no launcher), then log USER in.
+
+        The api first, as a cluster is brought up: its bootstrap writes the
+        shared storage's identity, which the node's monitor checks as it
+        starts and then only every 30 s (shared/node/health.py); started
+        together, the node could stay NOT_READY past the wait."""
+        if "api" in self.services:
+            self.start("api")
+            wait_for(self._api_answers, READY_SECONDS, "the api to answer")
         for service in self.services:
-            self.start(service)
+            if service != "api":
+                self.start(service)
         wait_for(self._ready, READY_SECONDS, "the platform to come up")
         self.create_user(USER, USER_PASSWORD)
         self.login(self.http, USER, USER_PASSWORD)
@@ -257,6 +267,14 @@ class Platform:
         self.processes.stop_all()
         self.http.close()
         self.admin.close()
+
+    def _api_answers(self) -> bool:
+        self.processes.check_alive()
+        try:
+            self.login(self.admin, self.env["PAI_ADMIN_USER"], self.env["PAI_ADMIN_PASSWORD"])
+        except requests.RequestException:
+            return False
+        return True
 
     def _ready(self) -> bool:
         self.processes.check_alive()

@@ -19,7 +19,7 @@ from services.api import jobmetrics
 from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
 from services.api.bodies import load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
-from services.api.platform import platform
+from services.api.platform import extension_of, platform
 from services.api.queries import (
     JobListQuerySchema,
     JobMetricsQuerySchema,
@@ -32,13 +32,13 @@ from services.api.schemas import StopRequestSchema
 from services.api.storage import check_job_storage
 from shared.domain.archive import diagnostics_of
 from shared.domain.capabilities import refused_capabilities
+from shared.domain.configshape import ShapeCache
 from shared.domain.feasibility import infeasible_reasons
 from shared.domain.jobspec import (
     InvalidJobConfig,
     ValidatedConfig,
     is_job_name,
     shown_config,
-    validate_job_config,
 )
 from shared.domain.jobspec_v2 import ConvertedConfig, convert_v2, is_v2, redact
 from shared.domain.models import Job, JobSpec, Node, job_id_of
@@ -64,6 +64,8 @@ NODES_EXTENSION = "pai.known_nodes"
 # process; its write holds to it (`_vc_for_submit`).
 VC_FRESH_SECONDS = 10.0
 VCS_EXTENSION = "pai.known_vcs"
+# Validated configs by shape, per process (shared/domain/configshape.py).
+SHAPES_EXTENSION = "pai.config_shapes"
 # The stored config's key for a v2 job's submission as it may be shown back.
 V2_SUBMISSION = "protocolV2"
 
@@ -268,10 +270,11 @@ def _submit_decided(username: str, body: Any, remembered: bool,
             validated = convert_v2(body, username=username,
                                    storage_roots=pai.settings.storage_roots,
                                    hdfs_webhdfs_url=pai.settings.hdfs_webhdfs_url)
-        else:
-            validated = validate_job_config(body, username=username,
-                                            storage_roots=pai.settings.storage_roots,
-                                            hdfs_webhdfs_url=pai.settings.hdfs_webhdfs_url)
+        else:  # most submits repeat a config but for its name: once per shape
+            shapes = extension_of(current_app, SHAPES_EXTENSION, ShapeCache)
+            validated = shapes.validate(body, username=username,
+                                        storage_roots=pai.settings.storage_roots,
+                                        hdfs_webhdfs_url=pai.settings.hdfs_webhdfs_url)
     except InvalidJobConfig as error:
         raise ApiError("InvalidJobConfigError", error.message, 400, fields=error.fields) \
             from None
@@ -300,7 +303,7 @@ def _submit_decided(username: str, body: Any, remembered: bool,
         # One round trip: the job, its indexes, its queue place, its event and
         # the scheduler's pass flag (shared/state/store.py `insert_job`).
         with sshkeys.key_kept(pai.store.r, job_id_of(username, spec.name), spec.ssh):
-            queued = queue_new_job(pai.store, username, stored, user_id=owner.uid,
+            queued = queue_new_job(pai.store, username, stored, spec=spec, user_id=owner.uid,
                                    expectations=[*submit_expectations(), *expected]
                                    if remembered else [])
     except JobConflict as error:
@@ -347,7 +350,7 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
     jobs, total = platform().store.list_jobs(
         username=query.get("username"), vc=query.get("vc"), state=query.get("state"),
         keyword=query.get("keyword"), offset=query["offset"], limit=query["limit"],
-        count_total=query["withTotalCount"], oldest_first=query["order"] == "asc",
+        oldest_first=query["order"] == "asc",
         sort=query["sort"])
     rows = [job_summary(j) for j in jobs]
     if query["withTotalCount"]:

@@ -2,14 +2,21 @@
 
 `GET /api/v1/jobs?sort=<field>&order=asc|desc` sorts the whole filtered set,
 not a page. Submit time is the indexes' own order (every index is a sorted
-set scored by creation time), so it costs a range. Any other field sorts the
-filtered ids in this process (shared/state/store.py `list_jobs`): the ids arrive in
-submit-time order, the fields a sort needs come in one pipelined HMGET (none
-for the name and the user, which the id holds), and Python's stable sort
-leaves jobs with equal values in submit-time order, the same direction as the
-sort, ties at one millisecond by id (the sorted sets' own tie order). A value
-a job does not have yet (completed time, duration before it started) sorts
-as the largest: last going up, first going down (SQL's default).
+set scored by creation time), so it costs a range. Any other field is
+answered from a table of every job's sort fields kept in the API process
+(shared/state/jobtable.py): each field is a column of integers (`MISSING` for
+a value a job does not have yet), the filters are masks over the columns, and
+`page_positions` picks the page's rows out of the filtered ones in C
+(numpy's partition), without sorting them all: O(jobs) at a few nanoseconds a
+job, not O(jobs log jobs) in Python.
+
+The order is the one `sort_key` and `sorted_ids` define (the reference the
+tests hold the table to): names and users compare ignoring case first, then
+exactly; VCs and states as their text; a value a job does not have yet
+(completed time, duration before it started) sorts as the largest: last going
+up, first going down (SQL's default). Jobs with equal values keep their
+submit-time order (creation time, then id: the sorted sets' own tie order),
+in the same direction as the sort.
 
 Pure: no IO, table-tested in tests/unit/test_jobsort.py.
 """
@@ -19,6 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shared.domain.states import JobState
 
 SUBMIT_TIME = "submitTime"
 
@@ -81,3 +93,92 @@ def sorted_ids(ids: Sequence[str], sort: str, values: Mapping[str, Mapping[str, 
     empty: dict[str, str | None] = {}
     return sorted(ids, key=lambda i: sort_key(sort, i, values.get(i, empty), now_ms),
                   reverse=descending)
+
+
+# -- the table's columns ---------------------------------------------------
+
+Ints = npt.NDArray[np.int64]
+Positions = npt.NDArray[np.intp]
+# A value a job does not have: larger than every value it could have.
+MISSING = int(np.iinfo(np.int64).max)
+# Each state's code in the table: its place among the states' names, so
+# that comparing codes compares the names, as `sort_key` does.
+STATE_CODES: dict[str, int] = {s: n for n, s in enumerate(sorted(s.value for s in JobState))}
+
+
+def text_key(text: str) -> tuple[str, str]:
+    """How names and user names compare: `_text`'s order."""
+    return _text(text)
+
+
+def name_key(job_id: str) -> tuple[str, str]:
+    """The order of a job's name, from its id (`user~name`)."""
+    return _text(job_id.partition("~")[2])
+
+
+def text_ranks(texts: Sequence[str], *, ignore_case: bool) -> Ints:
+    """Each text's rank among `texts` (equal texts the same rank): a column
+    of codes into `texts` becomes comparable as `ranks[codes]`."""
+    order = sorted(range(len(texts)),
+                   key=(lambda n: _text(texts[n])) if ignore_case else texts.__getitem__)
+    ranks = np.empty(len(texts), dtype=np.int64)
+    ranks[np.asarray(order, dtype=np.intp)] = np.arange(len(texts), dtype=np.int64)
+    return ranks
+
+
+def durations(started: Ints, completed: Ints, now: int) -> Ints:
+    """`duration`'s values: completed (or now, still running) minus started;
+    MISSING for a job that never started."""
+    end = np.where(completed == MISSING, np.int64(now), completed)
+    return np.where(started == MISSING, np.int64(MISSING), end - started)
+
+
+def ranked_window(values: Ints, start: int, stop: int) -> Positions:
+    """The positions of `values` ranked `start` .. `stop`-1 going up, ties by
+    position (the rows are in submit-time order, so position is the tie
+    order).
+
+    Not a sort of all of them: a partition finds the values at the two ends
+    of the window, the rows equal to an end value come in position order
+    from a scan, and only the rows strictly between the ends (fewer than the
+    window holds) are sorted. Linear in len(values), whatever the offset."""
+    stop = min(stop, len(values))
+    if start >= stop:
+        return np.empty(0, dtype=np.intp)
+    if len(values) <= _SORT_WHOLE:
+        return np.argsort(values, kind="stable")[start:stop]
+    ends = np.partition(values, (start, stop - 1))
+    low, high = ends[start], ends[stop - 1]
+    below = int(np.count_nonzero(values < low))
+    first = np.flatnonzero(values == low)[start - below:stop - below]
+    if low == high:
+        return first
+    between = np.flatnonzero((values > low) & (values < high))
+    between = between[np.argsort(values[between], kind="stable")]
+    rest = (stop - start) - len(first) - len(between)
+    return np.concatenate((first, between, np.flatnonzero(values == high)[:rest]))
+
+
+_SORT_WHOLE = 2048  # below this many rows a stable sort of them all is as quick
+
+
+def page_positions(values: Ints, offset: int, limit: int, *, descending: bool) -> Positions:
+    """The page `offset` .. `offset + limit` of `values` sorted by (value,
+    position), going up or down; going down is the exact reverse of going
+    up, so ties come newest first then, as `sorted_ids` orders them."""
+    if not descending:
+        return ranked_window(values, offset, offset + limit)
+    total = len(values)
+    stop = total - offset
+    if stop <= 0 or limit <= 0:
+        return np.empty(0, dtype=np.intp)
+    return ranked_window(values, max(0, stop - limit), stop)[::-1]
+
+
+def range_page(total: int, offset: int, limit: int, *, descending: bool) -> Positions:
+    """The page `offset` .. `offset + limit` of `total` rows already in
+    order (submit time), going up or down."""
+    if descending:
+        stop = total - offset
+        return np.arange(stop - 1, max(0, stop - limit) - 1, -1, dtype=np.intp)
+    return np.arange(offset, min(total, offset + limit), dtype=np.intp)

@@ -10,6 +10,8 @@ PREFIX = "pai:"
 
 # -- jobs ---------------------------------------------------------------
 JOBS = PREFIX + "jobs"  # zset job id -> created ms: every job, newest last
+# stream, capped: every write of a job's sort fields, in commit order (shared/state/jobfeed.py)
+JOB_CHANGES = PREFIX + "jobs:changes"
 QUEUE = PREFIX + "queue"  # zset job id -> queue sequence: jobs waiting to be placed
 QUEUE_SEQ = PREFIX + "queue:seq"  # counter giving each queued attempt its place
 LAUNCHING = PREFIX + "launching"  # zset "job:attempt:role:index" -> launch deadline ms

@@ -61,11 +61,12 @@ class Queued:
 
 def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
                   user_id: str = "", request_pass: bool = True,
-                  expectations: Sequence[Expect] = ()) -> Queued:
+                  expectations: Sequence[Expect] = (), spec: JobSpec | None = None) -> Queued:
     """`submit_job`, and with `request_pass` the pass flag claimed in the
     same atomic write (one round trip: the API's submit path); nothing is
-    written unless every expectation holds (ExpectationFailed)."""
-    spec = JobSpec.from_config(config)
+    written unless every expectation holds (ExpectationFailed). `spec`: the
+    config's, when the caller made it already."""
+    spec = spec if spec is not None else JobSpec.from_config(config)
     created = now_ms()
     job = Job(id=job_id_of(username, spec.name), username=username, name=spec.name,
               virtual_cluster=spec.virtual_cluster, created_ms=created, version=1,

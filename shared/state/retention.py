@@ -50,7 +50,7 @@ from shared.domain.models import Attempt, Job
 from shared.domain.states import JobState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
-from shared.state import keys, logfiles, usage
+from shared.state import jobfeed, keys, logfiles, usage
 from shared.state.store import Pipe, Reader, Store
 
 log = logging.getLogger(__name__)
@@ -263,12 +263,14 @@ def job_keys(store: Store, reader: Reader, job: Job) -> list[str]:
 
 
 def forget_job(store: Store, pipe: Pipe, job: Job, doomed: Sequence[str]) -> None:
-    """Queue the removal of a job's keys and of every index entry it has."""
+    """Queue the removal of a job's keys and of every index entry it has
+    (the feed of changes says it is gone, for the API's job tables)."""
     pipe.delete(*doomed)
     for index in (keys.JOBS, keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster),
                   keys.state_jobs(job.state), keys.RETENTION_PENDING):
         pipe.zrem(index, job.id)
     store.dequeue(pipe, job.id, job.virtual_cluster)
+    jobfeed.add_removal(pipe, job.id)
 
 
 def expire_job(store: Store, job_id: str, log_dir: str | None, cutoff_ms: int) -> bool:

@@ -44,8 +44,9 @@ from shared.infra.failover import (
     ride_through,
     sentinel_client,
 )
-from shared.state import keys
-from shared.state.nameindex import NameIndex, job_name
+from shared.state import jobfeed, keys
+from shared.state.jobfeed import SortRow
+from shared.state.jobtable import JobTable
 
 T = TypeVar("T")
 
@@ -161,15 +162,15 @@ Reader = Any
 class Store:
     def __init__(self, client: redis.Redis) -> None:
         self.r: Any = client
-        self._names: NameIndex | None = None
+        self._table: JobTable | None = None
         self._create_job: Any = None  # the registered _CREATE_JOB, on first use
 
     @property
-    def names(self) -> NameIndex:
-        """This process's keyword index of job names (made on first use)."""
-        if self._names is None:
-            self._names = NameIndex(self.r)
-        return self._names
+    def table(self) -> JobTable:
+        """This process's table of every job's sort fields (made on first use)."""
+        if self._table is None:
+            self._table = JobTable(self)
+        return self._table
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -259,7 +260,7 @@ class Store:
             job.id, job.created_ms, stored_config, attempt.index,
             json.dumps(attempt.to_dict(), separators=(",", ":")),
             queue_order(PriorityClass.parse(job.priority), 0), now_ms(), EVENTS_MAX_LEN,
-            pass_request_ms, len(task_fields), len(expectations)]
+            pass_request_ms, len(task_fields), len(expectations), SortRow.of(job).encode()]
         for expect in expectations:
             args.extend((expect.kind, expect.field, expect.value))
         for pair in (*task_fields.items(), *fields.items()):
@@ -270,7 +271,8 @@ class Store:
             keys.user_jobs(job.username), keys.vc_jobs(job.virtual_cluster), keys.QUEUE,
             keys.vc_queue(job.virtual_cluster), keys.job_events(job.id), keys.QUEUE_SEQ,
             keys.PASS_REQUESTED, *(expect.key for expect in expectations),
-            keys.job_archive(job.id)]  # a compacted job keeps its record there
+            keys.job_archive(job.id),  # a compacted job keeps its record there
+            keys.JOB_CHANGES]
         if self._create_job is None:
             self._create_job = self.r.register_script(_CREATE_JOB)
         script = self._create_job
@@ -303,7 +305,8 @@ class Store:
             pipe.zrem(keys.vc_queue(vc), job_id)
 
     def write_job(self, pipe: Pipe, job: Job, previous_state: JobState | None) -> None:
-        """Queue the job record's write and keep the per-state index in step."""
+        """Queue the job record's write and keep the per-state index and the
+        feed of changes (shared/state/jobfeed.py) in step."""
         if previous_state is not None and previous_state != job.state:
             pipe.zrem(keys.state_jobs(previous_state), job.id)
         if previous_state != job.state:
@@ -311,6 +314,7 @@ class Store:
             if job.state.is_final:  # for the retention sweep (shared/state/retention.py)
                 pipe.zadd(keys.RETENTION_PENDING, {job.id: job.completed_ms or now_ms()})
         pipe.hset(keys.job(job.id), mapping=job.to_fields())
+        jobfeed.add_change(pipe, job)
 
     def read_job(self, reader: Reader, job_id: str) -> Job | None:
         """The job's record: its hash, or once compacted its archive's.
@@ -435,145 +439,32 @@ class Store:
     def list_jobs(
         self, *, username: str | None = None, vc: str | None = None,
         state: str | None = None, keyword: str | None = None, offset: int = 0,
-        limit: int = 50, count_total: bool = True, oldest_first: bool = False,
-        sort: str = jobsort.SUBMIT_TIME,
-    ) -> tuple[list[Job], int | None]:
-        """Jobs newest first (`oldest_first`: by submit time the other way),
-        filtered through the index sets; and the total. `sort` names another
-        field to sort the whole filtered set by (shared/domain/jobsort.py).
+        limit: int = 50, oldest_first: bool = False, sort: str = jobsort.SUBMIT_TIME,
+    ) -> tuple[list[Job], int]:
+        """A page of the jobs that pass the filters (`keyword`: a part of the
+        name, any case), newest first (`oldest_first`: the other way), or by
+        another field (`sort`, shared/domain/jobsort.py); and how many pass.
 
-        One filter and no keyword is a plain range of its index. A keyword is
-        looked up in the process's name index (nameindex.py), which answers
-        without reading every job id. Otherwise the smallest candidate list
-        drives (the keyword's matches, or the smallest index): it is walked
-        newest first in chunks, each checked against the other indexes
-        (ZMSCORE), until the page is full; cost follows the page's depth, not
-        the number of jobs stored.
-
-        Another sort needs every filtered id: they are read in submit-time
-        order as above, with the few fields the sort compares by
-        (`sort_values`; none for the name or the user), and sorted here.
+        The list as it opens, everyone's or one user's, VC's or state's jobs
+        by submit time, is a range of that index: no more than the page is
+        read. Any other list (two filters, a keyword, another field) is
+        answered by this process's table of every job's sort fields and
+        names (shared/state/jobtable.py), brought up to date first.
         """
-        index_keys = [keys.user_jobs(username)] if username else []
-        if vc:
-            index_keys.append(keys.vc_jobs(vc))
-        if state:
-            index_keys.append(keys.state_jobs(state))
-        if not index_keys and not keyword:
-            index_keys = [keys.JOBS]
-        if sort != jobsort.SUBMIT_TIME:
-            every = self._selected_ids(index_keys, keyword, None, oldest_first)
-            ordered = jobsort.sorted_ids(every, sort, self.sort_values(every, sort),
-                                         descending=not oldest_first, now_ms=now_ms())
-            return self._jobs(ordered[offset:offset + limit]), len(ordered)
-        if len(index_keys) == 1 and not keyword:
-            total = int(self.r.zcard(index_keys[0]))
-            page = self.r.zrange if oldest_first else self.r.zrevrange
-            ids = page(index_keys[0], offset, offset + limit - 1)
-            return self._jobs(ids), total
-        wanted = offset + limit if not count_total else None
-        matched = self._selected_ids(index_keys, keyword, wanted, oldest_first)
-        return self._jobs(matched[offset:offset + limit]), len(matched) if count_total else None
-
-    def _selected_ids(self, index_keys: Sequence[str], keyword: str | None,
-                      wanted: int | None, oldest_first: bool) -> list[str]:
-        """The ids every index holds whose name has `keyword`, by submit time
-        (newest first unless `oldest_first`); the first `wanted` of them."""
-        if len(index_keys) == 1 and not keyword:
-            page = self.r.zrange if oldest_first else self.r.zrevrange
-            return list(page(index_keys[0], 0, -1 if wanted is None else wanted - 1))
-        sizes = [int(n) for n in self._pipeline_zcard(index_keys)]
-        if keyword:
-            matches = self.names.search(
-                keyword, limit=None if index_keys or oldest_first else wanted)
-            if oldest_first:
-                matches.reverse()
-            if not index_keys or len(matches) <= min(sizes):
-                return self._in_every(matches, index_keys, wanted)
-        driver = index_keys[sizes.index(min(sizes))]
-        others = [k for k in index_keys if k != driver]
-        return self._matching_ids(driver, others, keyword, wanted, oldest_first=oldest_first)
-
-    def sort_values(self, ids: Sequence[str], sort: str,
-                    chunk: int = SORT_READ_CHUNK) -> dict[str, dict[str, str | None]]:
-        """The job fields `sort` compares by, per id: the records' fields
-        (`read_fields`, `chunk` records a call), then the archives of the
-        compacted ones (no hash)."""
-        reads = jobsort.SORT_FIELDS[sort].reads
-        if not reads or not ids:
-            return {}
-        values: dict[str, dict[str, str | None]] = {}
-        compacted = []
-        got = self.read_fields([keys.job(i) for i in ids], reads, chunk=chunk)
-        for job_id, fields in zip(ids, got, strict=True):
-            if fields[0] is None:
-                compacted.append(job_id)
-            else:
-                values[job_id] = dict(zip(reads, fields, strict=True))
-        for job_id, record in self._archived_records(compacted).items():
-            values[job_id] = {f: record.get(f) for f in reads}
-        return values
-
-    def _archived_records(self, ids: Sequence[str]) -> dict[str, dict[str, str]]:
-        """The records of compacted jobs, from their archives, one round trip
-        (a job with no archive either is gone, and left out)."""
-        if not ids:
-            return {}
-        pipe = self.r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
-        records = {}
-        for job_id, blob in zip(ids, pipe.execute(), strict=True):
-            record = Archive.record_of(blob) if blob else None
-            if record is not None:
-                records[job_id] = record
-        return records
-
-    def _in_every(self, ids: Sequence[str], index_keys: Sequence[str], wanted: int | None,
-                  chunk: int = 1000) -> list[str]:
-        """The ids (in their order) that every index holds; the first `wanted` of them."""
-        if not index_keys:
-            return list(ids) if wanted is None else list(ids[:wanted])
-        matched: list[str] = []
-        for start in range(0, len(ids), chunk):
-            if wanted is not None and len(matched) >= wanted:
-                break
-            part = ids[start:start + chunk]
+        filters = [(keys.user_jobs, username), (keys.vc_jobs, vc), (keys.state_jobs, state)]
+        given = [index(value) for index, value in filters if value]
+        if sort == jobsort.SUBMIT_TIME and not keyword and len(given) <= 1:
+            index_key = given[0] if given else keys.JOBS
             pipe = self.r.pipeline(transaction=False)
-            for key in index_keys:
-                pipe.zmscore(key, part)
-            scores = pipe.execute()
-            matched.extend(i for n, i in enumerate(part) if all(s[n] is not None for s in scores))
-        return matched if wanted is None else matched[:wanted]
-
-    def _pipeline_zcard(self, index_keys: Sequence[str]) -> list[int]:
-        pipe = self.r.pipeline(transaction=False)
-        for key in index_keys:
-            pipe.zcard(key)
-        return list(pipe.execute())
-
-    def _matching_ids(self, driver: str, others: Sequence[str], keyword: str | None,
-                      wanted: int | None, chunk: int = 1000, *,
-                      oldest_first: bool = False) -> list[str]:
-        needle = keyword.lower() if keyword else None
-        matched: list[str] = []
-        start = 0
-        while wanted is None or len(matched) < wanted:
-            ids = (self.r.zrange if oldest_first else self.r.zrevrange)(
-                driver, start, start + chunk - 1)
-            if not ids:
-                break
-            start += chunk
-            if needle:
-                ids = [i for i in ids if needle in job_name(i)]
-            if others and ids:
-                pipe = self.r.pipeline(transaction=False)
-                for key in others:
-                    pipe.zmscore(key, ids)
-                scores = pipe.execute()
-                ids = [i for n, i in enumerate(ids) if all(s[n] is not None for s in scores)]
-            matched.extend(ids)
-        return matched if wanted is None else matched[:wanted]
+            pipe.zcard(index_key)
+            (pipe.zrange if oldest_first else pipe.zrevrange)(
+                index_key, offset, offset + limit - 1)
+            total, ids = pipe.execute()
+            return self._jobs(ids), int(total)
+        ids, matched = self.table.page(
+            sort=sort, descending=not oldest_first, offset=offset, limit=limit,
+            now=now_ms(), username=username, vc=vc, state=state, keyword=keyword)
+        return self._jobs(ids), matched
 
     def _jobs(self, ids: Sequence[str]) -> list[Job]:
         found = self.read_jobs(ids)
@@ -590,9 +481,24 @@ class Store:
         found = {i: Job.from_fields({"id": i, **f})
                  for i, f in zip(ids, pipe.execute(), strict=True) if f}
         compacted = [i for i in ids if i not in found]
-        for job_id, record in self._archived_records(compacted).items():
+        for job_id, record in self.archived_records(compacted).items():
             found[job_id] = Job.from_fields({"id": job_id, **record})
         return found
+
+    def archived_records(self, ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """The records of compacted jobs, from their archives, one round trip
+        (a job with no archive either is gone, and left out)."""
+        if not ids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.execute_command("GET", keys.job_archive(job_id), **{NEVER_DECODE: True})
+        records = {}
+        for job_id, blob in zip(ids, pipe.execute(), strict=True):
+            record = Archive.record_of(blob) if blob else None
+            if record is not None:
+                records[job_id] = record
+        return records
 
     def read_fields(self, hashes: Sequence[str], fields: Sequence[str],
                     chunk: int = SORT_READ_CHUNK) -> list[list[str | None]]:
@@ -612,6 +518,22 @@ class Store:
                 rows = [[None if v == _MISSING else v for v in row] for row in rows]
             values += rows
         return values
+
+    def read_columns(self, hashes: Sequence[str], fields: Sequence[tuple[str, str]],
+                     chunk: int = SORT_READ_CHUNK) -> list[str]:
+        """The same fields of many hashes a column at a time: for each (field,
+        default) one string, each hash's value (the default where it has
+        none) joined by spaces, read `chunk` hashes a script call. A column
+        of numbers is then parsed in C (numpy.fromstring) instead of a value
+        at a time. The values must hold no space (job records' numbers,
+        states, VC names)."""
+        args = [item for pair in fields for item in pair]
+        parts: list[list[str]] = [[] for _ in fields]
+        for start in range(0, len(hashes), chunk):
+            reply = self.run_script(_HMGET_COLUMNS, hashes[start:start + chunk], args)
+            for column, text in zip(parts, reply, strict=True):
+                column.append(text)
+        return [" ".join(column) for column in parts]
 
     def read_hashes(self, hashes: Sequence[str]) -> list[dict[str, str]]:
         """HGETALL of many hashes ({} for one that is missing), in one script
@@ -1000,6 +922,29 @@ return table.concat(out, '\0')
 """
 
 
+# KEYS: hashes. ARGV: field, default, field, default...: one string per
+# field, each hash's value (or the default: missing, empty or "None") joined
+# by spaces.
+_HMGET_COLUMNS = r"""#!lua flags=no-writes
+local fields, defaults, columns = {}, {}, {}
+for j = 1, #ARGV, 2 do
+  fields[#fields + 1] = ARGV[j]
+  defaults[#defaults + 1] = ARGV[j + 1]
+  columns[#columns + 1] = {}
+end
+for i, key in ipairs(KEYS) do
+  local got = redis.call('HMGET', key, unpack(fields))
+  for j = 1, #fields do
+    local value = got[j]
+    if not value or value == '' or value == 'None' then value = defaults[j] end
+    columns[j][i] = value
+  end
+end
+for j = 1, #columns do columns[j] = table.concat(columns[j], ' ') end
+return columns
+"""
+
+
 # A new job: its record, config, tasks, first attempt, indexes, queue places
 # and "submitted" event, written only if no job has its id, in one atomic
 # step (the writes of `write_job`, `enqueue`, `add_event` as a WATCH/MULTI
@@ -1010,13 +955,13 @@ return table.concat(out, '\0')
 # front: a primary refusing writes (min-replicas-to-write) refuses it whole.
 # KEYS: job, config, tasks, attempts, state index, all jobs, user's jobs,
 #   VC's jobs, queue, VC's queue, events, queue sequence, pass flag, then
-#   each expectation's key, then the job's archive.
+#   each expectation's key, then the job's archive, then the feed of changes.
 # ARGV: job id, created ms, config JSON, attempt index, attempt JSON, VC
 #   queue score without the sequence, event time, events bound, pass flag ms
-#   (0: leave it), number of task fields, number of expectations, then each
-#   expectation's kind, field and value (its key is KEYS[13 + i]), then task
-#   field/value pairs, then the job's field/value pairs (queue_seq is the
-#   script's).
+#   (0: leave it), number of task fields, number of expectations, the job's
+#   row for the feed (jobfeed.SortRow), then each expectation's kind, field
+#   and value (its key is KEYS[13 + i]), then task field/value pairs, then
+#   the job's field/value pairs (queue_seq is the script's).
 # Returns {"new", claimed, queue_seq} | {"own", claimed, field, value, ...} |
 #   {"taken", 0} | {"changed", 0}; claimed is 1 when this call set the pass
 #   flag, "changed" when an expectation did not hold (nothing written).
@@ -1028,7 +973,7 @@ local function claim()
 end
 local expected = tonumber(ARGV[11])
 for i = 1, expected do
-  local kind, field, value = ARGV[9 + 3 * i], ARGV[10 + 3 * i], ARGV[11 + 3 * i]
+  local kind, field, value = ARGV[10 + 3 * i], ARGV[11 + 3 * i], ARGV[12 + 3 * i]
   local key = KEYS[13 + i]
   local holds
   if kind == 'equal' then
@@ -1054,7 +999,7 @@ if redis.call('EXISTS', KEYS[14 + expected]) == 1 then  -- compacted: its name i
   return {'taken', 0}
 end
 local seq = redis.call('INCR', KEYS[12])
-local tasks_start = 12 + 3 * expected
+local tasks_start = 13 + 3 * expected
 local tasks_end = tasks_start - 1 + 2 * tonumber(ARGV[10])
 redis.call('SET', KEYS[2], ARGV[3])
 local at = tasks_start  -- in pieces: Lua unpacks at most about 8,000 values at once
@@ -1073,6 +1018,7 @@ redis.call('ZADD', KEYS[9], seq, id)
 redis.call('ZADD', KEYS[10], string.format('%.17g', tonumber(ARGV[6]) + seq), id)
 redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'submitted',
   'time', ARGV[7], 'attempt', ARGV[4])
+""" + jobfeed.lua_append("KEYS[15 + expected]", "id", "ARGV[12]") + """
 return {'new', claim(), seq}
 """
 

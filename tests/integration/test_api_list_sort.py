@@ -158,11 +158,13 @@ def test_pages_put_together_are_the_whole_sorted_list(
         assert [j.id for j in whole] == expected
 
 
-def test_the_fields_read_in_chunks_are_those_read_at_once(mixed: Jobs) -> None:
+def test_the_columns_read_in_chunks_are_those_read_at_once(mixed: Jobs) -> None:
     store = mixed.store
-    ids = [str(i) for i in store.r.zrange(keys.JOBS, 0, -1)] + ["nobody~gone"]
-    whole = store.sort_values(ids, "duration")
-    assert set(whole) == set(ids) - {"nobody~gone"}  # a job gone has no values
+    hashes = [keys.job(str(i)) for i in store.r.zrange(keys.JOBS, 0, -1)] + ["pai:job:gone"]
+    fields = (("state", "-"), ("gpus", "0"), ("completed_ms", "-1"))
+    whole = store.read_columns(hashes, fields)
+    states = whole[0].split(" ")
+    assert len(states) == len(hashes) and states[-1] == "-"  # a hash gone: the default
+    assert set(states[:-1]) <= {s.value for s in JobState}
     for chunk in (1, 3, 7):
-        assert store.sort_values(ids, "duration", chunk=chunk) == whole
-    assert store.sort_values(ids, "name") == {}  # the id holds it: nothing read
+        assert store.read_columns(hashes, fields, chunk=chunk) == whole

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -73,3 +74,52 @@ def test_sorted_and_ties_keep_their_submit_order(rows: list[tuple[str, int]], so
     for a, b in itertools.pairwise(got):  # equal keys: the order they came in
         if jobsort.sort_key(sort, a, values[a], NOW) == jobsort.sort_key(sort, b, values[b], NOW):
             assert ids.index(a) < ids.index(b)
+
+
+_VALUES = st.lists(st.sampled_from([0, 1, 2, 7, jobsort.MISSING]) | st.integers(-50, 50),
+                   max_size=3000)
+
+
+@given(_VALUES, st.integers(0, 3100), st.integers(0, 80), st.booleans())
+def test_a_page_is_that_page_of_the_whole_sorted_column(
+        values: list[int], offset: int, limit: int, descending: bool) -> None:
+    """Ties by position (submit order), going down the exact reverse."""
+    column = np.asarray(values, dtype=np.int64)
+    whole = sorted(range(len(values)), key=lambda n: (values[n], n), reverse=descending)
+    got = jobsort.page_positions(column, offset, limit, descending=descending)
+    assert got.tolist() == whole[offset:offset + limit]
+
+
+def test_a_large_column_takes_the_partition_path() -> None:
+    rng = np.random.default_rng(7)
+    column = rng.integers(0, 5, 50_000).astype(np.int64)  # a few values, huge ties
+    whole = np.argsort(column, kind="stable")
+    for start in (0, 9_999, 10_000, 49_990):
+        assert jobsort.ranked_window(column, start, start + 50).tolist() == \
+            whole[start:start + 50].tolist()
+
+
+@pytest.mark.parametrize(("total", "offset", "limit", "descending", "rows"), [
+    (10, 0, 3, True, [9, 8, 7]),
+    (10, 8, 5, True, [1, 0]),
+    (10, 12, 5, True, []),
+    (10, 8, 5, False, [8, 9]),
+    (0, 0, 5, True, []),
+], ids=["newest", "the oldest two", "past the end", "up", "none"])
+def test_a_range_page_in_submit_order(total: int, offset: int, limit: int, descending: bool,
+                                      rows: list[int]) -> None:
+    assert jobsort.range_page(total, offset, limit, descending=descending).tolist() == rows
+
+
+def test_the_columns_compare_as_sort_key_does() -> None:
+    missing = jobsort.MISSING
+    started = np.array([10, 10, missing], dtype=np.int64)
+    completed = np.array([40, missing, 40], dtype=np.int64)
+    assert jobsort.durations(started, completed, NOW).tolist() == [30, NOW - 10, missing]
+    texts = ["bob", "Alice", "alice", "carol"]
+    ranks = jobsort.text_ranks(texts, ignore_case=True)
+    assert sorted(texts, key=lambda t: int(ranks[texts.index(t)])) == \
+        sorted(texts, key=jobsort.text_key)
+    assert jobsort.text_ranks(["vision", "default"], ignore_case=False).tolist() == [1, 0]
+    states = sorted(jobsort.STATE_CODES, key=jobsort.STATE_CODES.__getitem__)
+    assert states == sorted(states)  # comparing codes compares the states' names

@@ -14,6 +14,7 @@ JOB = "alice~mnist"
 LITERAL_KEYS = [
     pytest.param(keys.PREFIX, "pai:", id="PREFIX"),
     pytest.param(keys.JOBS, "pai:jobs", id="JOBS"),
+    pytest.param(keys.JOB_CHANGES, "pai:jobs:changes", id="JOB_CHANGES"),
     pytest.param(keys.QUEUE, "pai:queue", id="QUEUE"),
     pytest.param(keys.QUEUE_SEQ, "pai:queue:seq", id="QUEUE_SEQ"),
     pytest.param(keys.LAUNCHING, "pai:launching", id="LAUNCHING"),
