@@ -39,6 +39,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
         pytest.fail(f"the multi-host tier needs test hosts: {reason}")
     work: Path = tmp_path_factory.mktemp("cluster")
     cluster = Cluster(work)
+    if cluster.hosts.swept:
+        print(f"\nswept what killed runs left: {', '.join(cluster.hosts.swept)}")
     try:
         cluster.start()
         yield cluster

@@ -8,12 +8,18 @@ runs its own Docker engine inside its namespace (started with `nsenter
 cgroups; no bridge and no iptables of its own: jobs use host networking,
 which is then the node's namespace). Faults are iptables rules inside a
 host's namespace. Everything made here is named with the run's tag and torn
-down by `Hosts.close`, engines by their PID.
+down by `Hosts.close`, engines by their PID. A run killed before its
+teardown (a CI timeout, a machine restart) is swept by the next one: each run
+holds a lock file named by its tag for as long as it lives, listing its
+engines' folders, and `sweep_abandoned` tears down what a tag whose lock
+nobody holds made (the processes in its namespaces, which it started, are
+ended by PID).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import os
 import shutil
@@ -31,6 +37,7 @@ ENGINE_WAIT_SECONDS = 60
 # Candidate ranges, used only inside the test hosts; the first one no route
 # of this machine covers is taken.
 RANGES = ("10.213.77.0/24", "10.213.78.0/24", "10.231.41.0/24", "172.30.213.0/24")
+LOCKS = Path("/run/pai-test-hosts")  # a lock file a run, named by its tag
 TEST_IMAGE_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-test-image.sh"
 
 
@@ -121,7 +128,9 @@ class Hosts:
         reason = can_make_hosts()
         if reason:
             raise HostsUnavailable(reason)
+        self.swept = sweep_abandoned()
         self.tag = uuid.uuid4().hex[:4]
+        self._lock = _hold_lock(self.tag)
         self.work = work
         self.network = free_range()
         addresses = list(self.network.hosts())
@@ -170,6 +179,7 @@ class Hosts:
         log.close()
         engine = Engine(host, folder, proc.pid)
         self.engines[host.name] = engine
+        os.write(self._lock, f"{folder}\n".encode())  # for a sweep, should this run die
         deadline = time.monotonic() + ENGINE_WAIT_SECONDS
         while True:
             with contextlib.suppress(Exception):
@@ -231,7 +241,60 @@ class Hosts:
             sh("ip", "link", "show", check=False).stdout
         left += [f"left behind: {word}" for word in listed.split()
                  if word.startswith(f"pt{self.tag}")]
+        if not left:
+            (LOCKS / self.tag).unlink(missing_ok=True)
+        os.close(self._lock)
         return left
+
+
+def _hold_lock(tag: str) -> int:
+    """This run's lock file, held (flock) until the process ends, however it ends."""
+    LOCKS.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(LOCKS / tag, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def sweep_abandoned() -> list[str]:
+    """Tear down what runs that died before their teardown made; what was swept."""
+    if not LOCKS.is_dir():
+        return []
+    swept: list[str] = []
+    for lock in sorted(LOCKS.iterdir()):
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live run holds it
+        finally:
+            os.close(fd)
+        swept += _tear_down_tag(lock.name, [Path(line) for line in
+                                            lock.read_text().splitlines() if line])
+        lock.unlink(missing_ok=True)
+    return swept
+
+
+def _tear_down_tag(tag: str, engine_folders: list[Path]) -> list[str]:
+    prefix = f"pt{tag}"
+    namespaces = [line.split()[0] for line in sh("ip", "netns", "list", check=False).stdout
+                  .splitlines() if line.startswith(prefix)]
+    for netns in namespaces:  # everything in them was started by that run
+        for pid in sh("ip", "netns", "pids", netns, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGCONT)  # a frozen engine
+                os.kill(int(pid), signal.SIGKILL)
+    for folder in engine_folders:
+        _unmount_under(folder)
+    names = [line.split()[1].split("@")[0].rstrip(":") for line in
+             sh("ip", "-o", "link", "show", check=False).stdout.splitlines()]
+    links = [name for name in names if name.startswith(prefix)]
+    for link in links:
+        sh("ip", "link", "del", link, check=False)
+    for netns in namespaces:
+        sh("ip", "netns", "del", netns, check=False)
+    sh("iptables", "-w", "-D", "FORWARD", "-i", f"{prefix}br", "-o", f"{prefix}br",
+       "-j", "ACCEPT", check=False)
+    return namespaces + links
 
 
 def _alive(pid: int) -> bool:
