@@ -9,7 +9,6 @@ goes through it, so two writers can never both win.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +43,8 @@ from shared.infra.failover import (
     ride_through,
     sentinel_client,
 )
-from shared.state import jobfeed, keys
-from shared.state.jobfeed import SortRow
+from shared.state import jobfeed, keys, scripts
+from shared.state.jobfeed import Changes, SortRow
 from shared.state.jobtable import JobTable
 
 T = TypeVar("T")
@@ -117,17 +116,6 @@ class Expect:
         return cls("below", key, value=str(value))
 
 
-# A node's record and its renewal, stamped with Redis's TIME (the one clock
-# every host's renewals are compared on). KEYS: record, NODES
-# ARGV: name, record JSON ("" keeps the record)
-_REGISTER_NODE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if ARGV[2] ~= '' then redis.call('SET', KEYS[1], ARGV[2]) end
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-return now
-"""
-
 POOL_SIZE = 100  # redis-py's default
 SORT_READ_CHUNK = 2000  # hashes `read_fields` reads per script call: about 1 ms of Redis
 POOL_WAIT_SECONDS = 20.0
@@ -163,7 +151,6 @@ class Store:
     def __init__(self, client: redis.Redis) -> None:
         self.r: Any = client
         self._table: JobTable | None = None
-        self._create_job: Any = None  # the registered _CREATE_JOB, on first use
 
     @property
     def table(self) -> JobTable:
@@ -213,17 +200,12 @@ class Store:
                         raise
         raise Contention(f"gave up after {MAX_TRANSACTION_RETRIES} conflicting writes on {watch}")
 
-    def run_script(self, source: str, script_keys: Sequence[str], args: Sequence[str]) -> Any:
-        """Run a Lua script (atomic: nothing else runs in Redis meanwhile) by its
-        SHA1, loading it first if this Redis has not seen it (a restart, a
-        new primary). Its keys are named in `script_keys`, so they show in
-        the call as any command's do."""
-        sha = _script_sha(source)
-        try:
-            return self.r.evalsha(sha, len(script_keys), *script_keys, *args)
-        except redis.exceptions.NoScriptError:
-            self.r.script_load(source)
-            return self.r.evalsha(sha, len(script_keys), *script_keys, *args)
+    def run_script(self, script: scripts.Script, script_keys: Sequence[str],
+                   args: Sequence[Any]) -> Any:
+        """Run one of shared/state/scripts.py's Lua scripts (atomic: nothing
+        else runs in Redis meanwhile) on this store's client. Its keys are
+        named in `script_keys`, so they show in the call as any command's do."""
+        return scripts.run(self.r, script, script_keys, args)
 
     # ------------------------------------------------------------------ jobs
 
@@ -237,7 +219,7 @@ class Store:
         self, job: Job, config: dict[str, Any], tasks: Sequence[Task], attempt: Attempt,
         *, pass_request_ms: int = 0, expectations: Sequence[Expect] = (),
     ) -> tuple[Job, bool]:
-        """`create_job` in one round trip (`_CREATE_JOB`, one conditional
+        """`create_job` in one round trip (scripts.CREATE_JOB, one conditional
         script); with `pass_request_ms`, it also sets the scheduler's pass
         flag for that long if nobody had (shared/state/lifecycle.py
         `claim_pass_request`). Returns the job and whether this call set it.
@@ -273,10 +255,7 @@ class Store:
             keys.PASS_REQUESTED, *(expect.key for expect in expectations),
             keys.job_archive(job.id),  # a compacted job keeps its record there
             keys.JOB_CHANGES]
-        if self._create_job is None:
-            self._create_job = self.r.register_script(_CREATE_JOB)
-        script = self._create_job
-        reply = ride_through(lambda: script(keys=script_keys, args=args),
+        reply = ride_through(lambda: self.run_script(scripts.CREATE_JOB, script_keys, args),
                              failover_seconds(self.r))
         outcome, claimed = reply[0], bool(reply[1])
         if outcome == "changed":
@@ -511,7 +490,8 @@ class Store:
         width = len(fields)
         values: list[list[str | None]] = []
         for start in range(0, len(hashes), chunk):
-            flat = self.run_script(_HMGET_JOINED, hashes[start:start + chunk], fields).split("\0")
+            flat = self.run_script(scripts.HMGET_JOINED, hashes[start:start + chunk],
+                                   fields).split("\0")
             rows: list[list[str | None]] = [flat[n:n + width]
                                             for n in range(0, len(flat), width)]
             if _MISSING in flat:  # rare: a field never written, or a hash gone
@@ -530,7 +510,7 @@ class Store:
         args = [item for pair in fields for item in pair]
         parts: list[list[str]] = [[] for _ in fields]
         for start in range(0, len(hashes), chunk):
-            reply = self.run_script(_HMGET_COLUMNS, hashes[start:start + chunk], args)
+            reply = self.run_script(scripts.HMGET_COLUMNS, hashes[start:start + chunk], args)
             for column, text in zip(parts, reply, strict=True):
                 column.append(text)
         return [" ".join(column) for column in parts]
@@ -541,8 +521,20 @@ class Store:
         found: list[dict[str, str]] = []
         for start in range(0, len(hashes), READ_MANY):
             found += [_pairs(flat) for flat in
-                      self.run_script(_HGETALL_MANY, hashes[start:start + READ_MANY], [])]
+                      self.run_script(scripts.HGETALL_MANY, hashes[start:start + READ_MANY], [])]
         return found
+
+    def read_changes(self, after: str, count: int) -> Changes:
+        """The feed of job changes after entry `after` (at most `count`; "":
+        none, only where the feed stands), with the feed's position and the
+        number of jobs, in one atomic read (shared/state/jobfeed.py)."""
+        jobs, added, last_id, raw = self.run_script(
+            scripts.READ_JOB_CHANGES, [keys.JOB_CHANGES, keys.JOBS], [after, str(count)])
+        entries = []
+        for entry_id, fields in raw:
+            values = dict(zip(fields[::2], fields[1::2], strict=True))
+            entries.append((entry_id, values.get("j", ""), values.get("d", jobfeed.GONE)))
+        return Changes(int(jobs), int(added), last_id, entries)
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)
@@ -554,12 +546,12 @@ class Store:
         with no lease: a node set up by hand (tests, benchmarks, drills).
         A node agent registers through its lease (shared/state/leases.py)."""
         node.heartbeat_ms = int(self.run_script(
-            _REGISTER_NODE, [keys.node(node.name), keys.NODES],
+            scripts.REGISTER_NODE, [keys.node(node.name), keys.NODES],
             [node.name, json.dumps(node.to_dict(), separators=(",", ":"))]))
 
     def heartbeat(self, name: str) -> None:
         """Stamp a renewal of a node set up by hand, with Redis's time."""
-        self.run_script(_REGISTER_NODE, [keys.node(name), keys.NODES], [name, ""])
+        self.run_script(scripts.REGISTER_NODE, [keys.node(name), keys.NODES], [name, ""])
 
     def node_heartbeats(self) -> dict[str, int]:
         return {n: int(s) for n, s in self.r.zrange(keys.NODES, 0, -1, withscores=True)}
@@ -664,7 +656,7 @@ class Store:
         for start in range(0, len(queued), READ_MANY):  # one command, not one each
             chunk = queued[start:start + READ_MANY]
             stamps = [jobs_known[job_id][0] if job_id in jobs_known else "" for job_id in chunk]
-            pipe.eval(_QUEUED_RECORDS, len(chunk), *(keys.job(i) for i in chunk), *stamps)
+            scripts.run(pipe, scripts.QUEUED_RECORDS, [keys.job(i) for i in chunk], stamps)
         replies = pipe.execute() if beats or queued else []
         at = 1 if beats else 0
         nodes = _nodes_from(beats, replies[0]) if beats else []
@@ -703,11 +695,11 @@ class Store:
         key; a release decided on the old task must not free it. (Every write
         of an allocation also writes its task, so checking the task in the
         same atomic step as the delete suffices.) One round trip: a script
-        (`_RELEASE`) that reads the task and deletes the allocation at once.
+        (scripts.RELEASE_ALLOCATION) that reads the task and deletes the allocation at once.
         """
         job_id, attempt, role, index = parse_attempt_task_key(alloc_key)
         return bool(self.run_script(
-            _RELEASE, [keys.job_tasks(job_id, attempt), keys.node_alloc(node)],
+            scripts.RELEASE_ALLOCATION, [keys.job_tasks(job_id, attempt), keys.node_alloc(node)],
             [task_key(role, index), alloc_key, *sorted(TASK_FINAL)]))
 
     # ------------------------------------------------------------------ logs
@@ -868,10 +860,6 @@ def compact_json(value: Any) -> str:
     return "".join(_compact_chunks(value, 0))
 
 
-def _script_sha(source: str) -> str:
-    return hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()  # Redis names it so
-
-
 def _pairs(flat: Sequence[str]) -> dict[str, str]:
     """A hash from HGETALL's flat field/value list, as a script returns it."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
@@ -906,167 +894,9 @@ def _task_fields(tasks: Iterable[Task]) -> dict[str, str]:
     return {t.key: json.dumps(t.to_dict(), separators=(",", ":")) for t in tasks}
 
 
-# The same fields of many job records as one string: the values joined by
-# NUL (never in a field: numbers, states, names), _MISSING for a field that is
-# not there (a record that is not there: compacted, or gone). One reply a
-# chunk, not one per value: the client parses 2,000 records at once.
-# KEYS: the records; ARGV: the fields.
-_MISSING = "\x01"
-_HMGET_JOINED = r"""#!lua flags=no-writes
-local out = {}
-for _, key in ipairs(KEYS) do
-  local got = redis.call('HMGET', key, unpack(ARGV))
-  for j = 1, #ARGV do out[#out + 1] = got[j] or '\1' end
-end
-return table.concat(out, '\0')
-"""
-
-
-# KEYS: hashes. ARGV: field, default, field, default...: one string per
-# field, each hash's value (or the default: missing, empty or "None") joined
-# by spaces.
-_HMGET_COLUMNS = r"""#!lua flags=no-writes
-local fields, defaults, columns = {}, {}, {}
-for j = 1, #ARGV, 2 do
-  fields[#fields + 1] = ARGV[j]
-  defaults[#defaults + 1] = ARGV[j + 1]
-  columns[#columns + 1] = {}
-end
-for i, key in ipairs(KEYS) do
-  local got = redis.call('HMGET', key, unpack(fields))
-  for j = 1, #fields do
-    local value = got[j]
-    if not value or value == '' or value == 'None' then value = defaults[j] end
-    columns[j][i] = value
-  end
-end
-for j = 1, #columns do columns[j] = table.concat(columns[j], ' ') end
-return columns
-"""
-
-
-# A new job: its record, config, tasks, first attempt, indexes, queue places
-# and "submitted" event, written only if no job has its id, in one atomic
-# step (the writes of `write_job`, `enqueue`, `add_event` as a WATCH/MULTI
-# transaction made them, in one round trip instead of five). A record that
-# is this very submission's (same creation time and config, byte for byte:
-# its reply was lost in a primary switch and it was sent again) is answered
-# with itself, not as a conflict. `#!lua` makes Redis treat it as a write up
-# front: a primary refusing writes (min-replicas-to-write) refuses it whole.
-# KEYS: job, config, tasks, attempts, state index, all jobs, user's jobs,
-#   VC's jobs, queue, VC's queue, events, queue sequence, pass flag, then
-#   each expectation's key, then the job's archive, then the feed of changes.
-# ARGV: job id, created ms, config JSON, attempt index, attempt JSON, VC
-#   queue score without the sequence, event time, events bound, pass flag ms
-#   (0: leave it), number of task fields, number of expectations, the job's
-#   row for the feed (jobfeed.SortRow), then each expectation's kind, field
-#   and value (its key is KEYS[13 + i]), then task field/value pairs, then
-#   the job's field/value pairs (queue_seq is the script's).
-# Returns {"new", claimed, queue_seq} | {"own", claimed, field, value, ...} |
-#   {"taken", 0} | {"changed", 0}; claimed is 1 when this call set the pass
-#   flag, "changed" when an expectation did not hold (nothing written).
-_CREATE_JOB = """#!lua
-local function claim()
-  if ARGV[9] == '0' then return 0 end
-  if redis.call('SET', KEYS[13], '1', 'NX', 'PX', ARGV[9]) then return 1 end
-  return 0
-end
-local expected = tonumber(ARGV[11])
-for i = 1, expected do
-  local kind, field, value = ARGV[10 + 3 * i], ARGV[11 + 3 * i], ARGV[12 + 3 * i]
-  local key = KEYS[13 + i]
-  local holds
-  if kind == 'equal' then
-    holds = redis.call('HGET', key, field) == value
-  elseif kind == 'absent' then
-    holds = redis.call('EXISTS', key) == 0
-  else -- 'below'
-    holds = tonumber(redis.call('GET', key) or '0') < tonumber(value)
-  end
-  if not holds then return {'changed', 0} end
-end
-local id, created = ARGV[1], ARGV[2]
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[1], 'created_ms') == created
-      and redis.call('GET', KEYS[2]) == ARGV[3] then
-    local reply = {'own', claim()}
-    for _, v in ipairs(redis.call('HGETALL', KEYS[1])) do reply[#reply + 1] = v end
-    return reply
-  end
-  return {'taken', 0}
-end
-if redis.call('EXISTS', KEYS[14 + expected]) == 1 then  -- compacted: its name is taken
-  return {'taken', 0}
-end
-local seq = redis.call('INCR', KEYS[12])
-local tasks_start = 13 + 3 * expected
-local tasks_end = tasks_start - 1 + 2 * tonumber(ARGV[10])
-redis.call('SET', KEYS[2], ARGV[3])
-local at = tasks_start  -- in pieces: Lua unpacks at most about 8,000 values at once
-while at <= tasks_end do
-  local last = math.min(at + 1999, tasks_end)
-  redis.call('HSET', KEYS[3], unpack(ARGV, at, last))
-  at = last + 1
-end
-redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
-redis.call('HSET', KEYS[1], 'queue_seq', seq, unpack(ARGV, tasks_end + 1, #ARGV))
-redis.call('ZADD', KEYS[5], created, id)
-redis.call('ZADD', KEYS[6], created, id)
-redis.call('ZADD', KEYS[7], created, id)
-redis.call('ZADD', KEYS[8], created, id)
-redis.call('ZADD', KEYS[9], seq, id)
-redis.call('ZADD', KEYS[10], string.format('%.17g', tonumber(ARGV[6]) + seq), id)
-redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[8], '*', 'kind', 'submitted',
-  'time', ARGV[7], 'attempt', ARGV[4])
-""" + jobfeed.lua_append("KEYS[15 + expected]", "id", "ARGV[12]") + """
-return {'new', claim(), seq}
-"""
-
-
-# Many hashes whole, each as HGETALL's flat field/value list (run by EVAL
-# inside a pipeline: its source is short, and Redis keeps it compiled)
-_HGETALL_MANY = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = redis.call('HGETALL', key)
-end
-return out
-"""
-# keys per _HGETALL_MANY or _QUEUED_RECORDS call (each call holds Redis for its length)
+_MISSING = "\x01"  # what scripts.HMGET_JOINED answers for a field that is not there
+# keys per HGETALL_MANY or QUEUED_RECORDS call (each call holds Redis for its length)
 READ_MANY = 10_000
-# The queued jobs' records (KEYS), each whole (HGETALL's flat list; empty for
-# one that is gone) unless ARGV[i], "<version>:<queue_seq>" of the record the
-# scheduler holds, still matches: then 0. Run by EVAL in the pass's pipeline.
-_QUEUED_RECORDS = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local now = redis.call('HMGET', key, 'version', 'queue_seq')
-  if ARGV[i] ~= '' and now[1] and now[2] and now[1] .. ':' .. now[2] == ARGV[i] then
-    out[i] = 0
-  else
-    out[i] = redis.call('HGETALL', key)
-  end
-end
-return out
-"""
-
-
-# Release an allocation if its task is settled (a final state) or gone.
-# KEYS: the attempt's tasks, the node's allocations
-# ARGV: the task's field, the allocation's field, then the final task states
-# Returns 1 if it freed the allocation, else 0.
-_RELEASE = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if raw then
-  local state = cjson.decode(raw).state
-  local final = false
-  for i = 3, #ARGV do
-    if state == ARGV[i] then final = true end
-  end
-  if not final then return 0 end
-end
-return redis.call('HDEL', KEYS[2], ARGV[2])
-"""
 
 
 def _archived_job(job_id: str, archive: Archive | None) -> Job | None:
