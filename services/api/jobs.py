@@ -301,7 +301,7 @@ def _submit_decided(username: str, body: Any, remembered: bool,
         return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
     try:
         # One round trip: the job, its indexes, its queue place, its event and
-        # the scheduler's pass flag (shared/state/store.py `insert_job`).
+        # the scheduler's pass flag (shared/state/store/jobs.py `insert_job`).
         with sshkeys.key_kept(pai.store.r, job_id_of(username, spec.name), spec.ssh):
             queued = queue_new_job(pai.store, username, stored, spec=spec, user_id=owner.uid,
                                    expectations=[*submit_expectations(), *expected]

@@ -50,7 +50,7 @@ class PassReader:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
-        self.jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (store._queued_jobs)
+        self.jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (_queued_jobs)
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
 
     def snapshot(self) -> Snapshot:

@@ -39,7 +39,7 @@ from shared.state import keys
 from shared.state.jobfeed import GONE, SortRow
 
 if TYPE_CHECKING:
-    from shared.state.store import Store
+    from shared.state.store.listing import ListingMixin
 
 Column = npt.NDArray[np.generic]
 COLUMNS: dict[str, type[np.generic]] = {
@@ -72,7 +72,7 @@ class Batch:
 class JobTable:
     """This process's copy of every job's sort fields (see the module's doc)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ListingMixin) -> None:
         self.store = store
         self._lock = threading.Lock()
         self.loads = 0  # full loads done (tests and the benchmark read it)

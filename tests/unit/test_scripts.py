@@ -1,4 +1,4 @@
-"""The Lua scripts (shared/state/scripts.py): each declared once there, with
+"""The Lua scripts (shared/state/scripts/): each declared once there, with
 named KEYS and ARGV, run only through `scripts.run`, and no state name
 spelled in Lua (states come in ARGV from shared/domain/states.py).
 
