@@ -30,7 +30,7 @@ from services.api.loghub import LogHub
 from services.api.platform import extension_of
 from shared.infra.clock import now_ms as cluster_now_ms
 from shared.infra.config import Settings
-from shared.state import keys, scripts
+from shared.state import followleases, keys
 from shared.state.store import Store, connect
 
 LEASE_SECONDS = 30.0
@@ -84,20 +84,19 @@ class FollowLeases:
     def acquire(self, username: str, now: float | None = None) -> str | None:
         """A new lease id, or None when the user holds `per_user` live leases."""
         lease, now_ms = uuid.uuid4().hex, cluster_now_ms() if now is None else _ms(now)
-        taken = self.store.run_script(
-            scripts.ACQUIRE_FOLLOW, [self.key(username)],
-            [lease, now_ms, now_ms + _ms(self.lease_seconds), self.per_user])
+        taken = followleases.acquire(self.store, self.key(username), lease, now_ms,
+                                     now_ms + _ms(self.lease_seconds), self.per_user)
         return lease if taken else None
 
     def renew(self, username: str, lease: str, now: float | None = None) -> bool:
         """Extend the lease; False when it is gone (expired and dropped, or released)."""
         now_ms = cluster_now_ms() if now is None else _ms(now)
-        return bool(self.store.run_script(scripts.RENEW_FOLLOW, [self.key(username)],
-                                          [lease, now_ms, now_ms + _ms(self.lease_seconds)]))
+        return followleases.renew(self.store, self.key(username), lease, now_ms,
+                                  now_ms + _ms(self.lease_seconds))
 
     def release(self, username: str, lease: str) -> None:
         """Give the lease back (the follow's own member; nothing else is touched)."""
-        self.store.r.zrem(self.key(username), lease)
+        followleases.release(self.store, self.key(username), lease)
 
 
 def _ms(seconds: float) -> int:

@@ -11,10 +11,10 @@ request is seen by some pass.
 from __future__ import annotations
 
 from shared.infra import messaging
-from shared.state import keys, scripts
+from shared.state import keys, lifecycle, scripts
 from shared.state.store import Store
 
-DIRTY = keys.PREFIX + "scheduler:dirty"
+DIRTY = keys.SCHEDULER_DIRTY
 LOCK_SECONDS = 60
 PASS_BEGUN, PASS_HELD, PASS_DEFERRED = 1, 0, 2  # what scripts.BEGIN_PASS answers
 PASS_AGAIN = 1  # what scripts.END_PASS answers when asked again during the pass
@@ -44,4 +44,4 @@ class PassGate:
 
     def look_again(self) -> None:
         """What a pass read moved under it: the next request passes."""
-        self.store.r.set(DIRTY, "1")
+        lifecycle.ask_pass_again(self.store)

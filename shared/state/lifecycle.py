@@ -202,6 +202,12 @@ def claim_pass_request(store: Store) -> bool:
     return bool(store.r.set(keys.PASS_REQUESTED, "1", nx=True, px=PASS_REQUEST_TTL_MS))
 
 
+def ask_pass_again(store: Store) -> None:
+    """What a pass read moved under it: the next request passes (the pass
+    lock's dirty flag, services/scheduler/gate.py)."""
+    store.r.set(keys.SCHEDULER_DIRTY, "1")
+
+
 def take_pass_request(pipe: Pipe) -> None:
     """A pass is about to read the queue: the next submit must ask again."""
     pipe.delete(keys.PASS_REQUESTED)

@@ -167,6 +167,16 @@ class StoreCore:
         named in `script_keys`, so they show in the call as any command's do."""
         return scripts.run(self.r, script, script_keys, args)
 
+    def pipeline(self, *, atomic: bool) -> Pipe:
+        """A pipeline for the state layer's writers (the functions that take a
+        `pipe`) to queue into: `execute()` sends it in one round trip, as one
+        MULTI/EXEC when `atomic` (a write and its audit land together)."""
+        return self.r.pipeline(transaction=atomic)
+
+    def ping(self) -> bool:
+        """Whether Redis answers (raises when it does not)."""
+        return bool(self.r.ping())
+
     def read_archive(self, reader: Reader, job_id: str) -> Archive | None:
         """A compacted job's archive (shared/domain/archive.py), or None: every
         part's readers fall back to it, so a job reads the same before and

@@ -108,6 +108,35 @@ class JobsMixin(StoreCore):
         if vc is not None:
             pipe.zrem(keys.vc_queue(vc), job_id)
 
+    def queue_position(self, job: Job) -> int | None:
+        """The job's place in its VC's queue (1: next), None when not queued."""
+        rank = self.r.zrank(keys.vc_queue(job.virtual_cluster), job.id)
+        return None if rank is None else int(rank) + 1
+
+    def is_queued(self, job_id: str) -> bool:
+        """Whether the job is in the scheduler's queue."""
+        return self.r.zscore(keys.QUEUE, job_id) is not None
+
+    def reorder_vc_queues(self, places: Sequence[tuple[str, str, float]]) -> None:
+        """Move queued jobs (VC, job id, score) to new places in their VC's
+        queue, in one round trip; a job dequeued meanwhile stays out (XX)."""
+        if not places:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for vc, job_id, score in places:
+            pipe.zadd(keys.vc_queue(vc), {job_id: score}, xx=True)
+        pipe.execute()
+
+    def submission_of(self, job_id: str) -> str:
+        """The job's current submission ("" for none, or a job that is gone)."""
+        return str(self.r.hget(keys.job(job_id), "submission") or "")
+
+    def read_configs(self, job_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """The configs of live jobs, in one round trip (None: gone). No archive
+        is read: a live job is never compacted."""
+        raws = self.r.mget([keys.job_config(job_id) for job_id in job_ids]) if job_ids else []
+        return [json.loads(raw) if raw else None for raw in raws]
+
     def write_job(self, pipe: Pipe, job: Job, previous_state: JobState | None) -> None:
         """Queue the job record's write and keep the per-state index and the
         feed of changes (shared/state/jobfeed.py) in step."""

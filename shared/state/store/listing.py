@@ -12,6 +12,7 @@ from redis.client import NEVER_DECODE
 from shared.domain import jobsort
 from shared.domain.archive import Archive
 from shared.domain.models import Job
+from shared.domain.states import JobState
 from shared.infra.clock import now_ms
 from shared.state import jobfeed, keys, scripts
 from shared.state.jobfeed import Changes
@@ -152,6 +153,32 @@ class ListingMixin(StoreCore):
             values = dict(zip(fields[::2], fields[1::2], strict=True))
             entries.append((entry_id, values.get("j", ""), values.get("d", jobfeed.GONE)))
         return Changes(int(jobs), int(added), last_id, entries)
+
+    def job_fields(self, job_ids: Sequence[str], fields: Sequence[str]
+                   ) -> list[list[str | None]]:
+        """The same `fields` of each job's record (None: not there; a
+        compacted job's record is not read), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), list(fields))
+        return pipe.execute() if job_ids else []
+
+    def count_vc_jobs(self, vcs: Sequence[str], states: Sequence[JobState]
+                      ) -> dict[tuple[str, JobState], int]:
+        """How many jobs of each VC are in each state, in one round trip."""
+        wanted = [(vc, state) for vc in vcs for state in states]
+        pipe = self.r.pipeline(transaction=False)
+        for vc, state in wanted:
+            pipe.zintercard(2, [keys.vc_jobs(vc), keys.state_jobs(state)])
+        return dict(zip(wanted, pipe.execute() if wanted else [], strict=True))
+
+    def vc_queue_ids(self, vc: str, limit: int) -> list[str]:
+        """The first `limit` jobs of the VC's queue, in the order they go."""
+        return self.r.zrange(keys.vc_queue(vc), 0, limit - 1)
+
+    def job_ids_in_state(self, state: JobState) -> list[str]:
+        """Every job in `state`, oldest first."""
+        return self.r.zrange(keys.state_jobs(state), 0, -1)
 
     def queued_job_ids(self, limit: int = 100_000) -> list[str]:
         return self.r.zrange(keys.QUEUE, 0, limit - 1)

@@ -59,6 +59,13 @@ class NodesMixin(StoreCore):
             return []
         return _nodes_from(beats, self.r.mget([keys.node(n) for n in beats]))
 
+    def launching(self, due_by_ms: int | None = None) -> list[str]:
+        """The launches waiting on a node to start them (attempt task keys),
+        only those whose deadline is `due_by_ms` or earlier if given."""
+        if due_by_ms is None:
+            return self.r.zrange(keys.LAUNCHING, 0, -1)
+        return self.r.zrangebyscore(keys.LAUNCHING, 0, due_by_ms)
+
     def node_flags(self) -> dict[str, NodeFlags]:
         """Every node an admin holds (cordoned or draining), in one round trip;
         a node not named here is schedulable."""

@@ -6,9 +6,9 @@ job is compacted.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from shared.domain.models import Attempt, Task, task_key
+from shared.domain.models import Allocation, Attempt, Task, task_key
 from shared.domain.states import TaskState
 from shared.state import keys
 from shared.state.store import Pipe, Reader, StoreCore
@@ -32,6 +32,22 @@ class TasksMixin(StoreCore):
             tasks = archive.tasks_of(attempt) if archive is not None else []
         return _in_task_order(tasks)
 
+    def read_tasks_many(self, attempts: Sequence[tuple[str, int]]) -> list[dict[str, Task]]:
+        """The tasks of each (job id, attempt), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, attempt in attempts:
+            pipe.hgetall(keys.job_tasks(job_id, attempt))
+        return [_tasks_from(raw) for raw in (pipe.execute() if attempts else [])]
+
+    def allocation_tasks(self, allocations: Sequence[Allocation]) -> list[Task | None]:
+        """The task each allocation was made for (None: gone), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for alloc in allocations:
+            pipe.hget(keys.job_tasks(alloc.job_id, alloc.attempt),
+                      task_key(alloc.role, alloc.index))
+        return [Task.from_dict(json.loads(raw)) if raw else None
+                for raw in (pipe.execute() if allocations else [])]
+
     def write_attempt(self, pipe: Pipe, job_id: str, attempt: Attempt) -> None:
         pipe.hset(keys.job_attempts(job_id), str(attempt.index),
                   json.dumps(attempt.to_dict(), separators=(",", ":")))
@@ -39,6 +55,16 @@ class TasksMixin(StoreCore):
     def read_attempt(self, reader: Reader, job_id: str, index: int) -> Attempt | None:
         raw = reader.hget(keys.job_attempts(job_id), str(index))
         return Attempt.from_dict(json.loads(raw)) if raw else None
+
+    def read_attempts_many(self, wanted: Sequence[tuple[str, Sequence[int]]]
+                           ) -> list[list[Attempt | None]]:
+        """For each (job id, attempt indexes), those attempts' records (None:
+        not there), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, indexes in wanted:
+            pipe.hmget(keys.job_attempts(job_id), [str(i) for i in indexes])
+        return [[Attempt.from_dict(json.loads(raw)) if raw else None for raw in raws]
+                for raws in (pipe.execute() if wanted else [])]
 
     def get_attempts(self, job_id: str) -> list[Attempt]:
         raw: dict[str, str] = self.r.hgetall(keys.job_attempts(job_id))
