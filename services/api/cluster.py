@@ -183,7 +183,7 @@ def healthz() -> tuple[dict[str, Any], int]:
         503: Health
     """
     try:
-        platform().store.r.ping()
+        platform().store.ping()
     except Exception as error:
         return {"status": "unhealthy", "redis": f"unreachable: {error}"}, 503
     return {"status": "ok", "redis": "ok"}, 200

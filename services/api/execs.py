@@ -119,7 +119,7 @@ def running_node(job: Job, role: str, index: int) -> str:
 
 def _record(store: Store, request: ExecRequest) -> None:
     """The request for its node, and the audit of it, written together."""
-    pipe = store.r.pipeline(transaction=True)
+    pipe = store.pipeline(atomic=True)
     execs.write_request(pipe, request)
     store.add_event(pipe, request.job_id, "exec", user=request.user, attempt=request.attempt,
                     role=request.role, index=request.index, argv=request.argv)

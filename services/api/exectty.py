@@ -244,7 +244,7 @@ class _Session:
     def _record(self) -> None:
         """The session for its node, and the audit of it, written together."""
         store, request = platform().store, self.request
-        pipe = store.r.pipeline(transaction=True)
+        pipe = store.pipeline(atomic=True)
         execsessions.write_request(pipe, request)
         store.add_event(pipe, request.exec.job_id, "exec-session", user=request.exec.user,
                         attempt=request.exec.attempt, role=request.exec.role,

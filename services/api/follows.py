@@ -30,7 +30,7 @@ from services.api.loghub import LogHub
 from services.api.platform import extension_of
 from shared.infra.clock import now_ms as cluster_now_ms
 from shared.infra.config import Settings
-from shared.state import keys
+from shared.state import followleases, keys
 from shared.state.store import Store, connect
 
 LEASE_SECONDS = 30.0
@@ -70,28 +70,6 @@ class _ProcessSlots:
             self.used = max(0, self.used - 1)
 
 
-# The lease writes, each one atomic script: a check and its write in one round
-# trip. As WATCH/MULTI transactions they took four or five, and 500 followers
-# of one user renewing one key retried each other's conflicts, a steady load
-# on the very workers that answer requests.
-# KEYS[1] the user's leases; ARGV: lease, now ms, new expiry ms[, cap].
-_EXTEND_KEY = """
-if redis.call('PEXPIRETIME', KEYS[1]) < tonumber(ARGV[3]) then
-  redis.call('PEXPIREAT', KEYS[1], ARGV[3])
-end
-"""
-_ACQUIRE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-""" + _EXTEND_KEY + "return 1"
-_RENEW = """
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not expiry or tonumber(expiry) <= tonumber(ARGV[2]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-""" + _EXTEND_KEY + "return 1"
-
-
 class FollowLeases:
     """Leases of one user's follows in Redis; every write is a conditional
     script (the check and the write are one step). Other per-user caps (execs,
@@ -102,26 +80,23 @@ class FollowLeases:
                  lease_seconds: float = LEASE_SECONDS) -> None:
         self.store, self.per_user = store, per_user
         self.key, self.lease_seconds = key, lease_seconds
-        self._acquire = store.r.register_script(_ACQUIRE)
-        self._renew = store.r.register_script(_RENEW)
 
     def acquire(self, username: str, now: float | None = None) -> str | None:
         """A new lease id, or None when the user holds `per_user` live leases."""
         lease, now_ms = uuid.uuid4().hex, cluster_now_ms() if now is None else _ms(now)
-        taken = self._acquire(keys=[self.key(username)],
-                              args=[lease, now_ms, now_ms + _ms(self.lease_seconds),
-                                    self.per_user])
+        taken = followleases.acquire(self.store, self.key(username), lease, now_ms,
+                                     now_ms + _ms(self.lease_seconds), self.per_user)
         return lease if taken else None
 
     def renew(self, username: str, lease: str, now: float | None = None) -> bool:
         """Extend the lease; False when it is gone (expired and dropped, or released)."""
         now_ms = cluster_now_ms() if now is None else _ms(now)
-        return bool(self._renew(keys=[self.key(username)],
-                                args=[lease, now_ms, now_ms + _ms(self.lease_seconds)]))
+        return followleases.renew(self.store, self.key(username), lease, now_ms,
+                                  now_ms + _ms(self.lease_seconds))
 
     def release(self, username: str, lease: str) -> None:
         """Give the lease back (the follow's own member; nothing else is touched)."""
-        self.store.r.zrem(self.key(username), lease)
+        followleases.release(self.store, self.key(username), lease)
 
 
 def _ms(seconds: float) -> int:

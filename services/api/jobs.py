@@ -301,7 +301,7 @@ def _submit_decided(username: str, body: Any, remembered: bool,
         return {"config": shown, "ignoredFields": validated.ignored, **extra}, 200
     try:
         # One round trip: the job, its indexes, its queue place, its event and
-        # the scheduler's pass flag (shared/state/store.py `insert_job`).
+        # the scheduler's pass flag (shared/state/store/jobs.py `insert_job`).
         with sshkeys.key_kept(pai.store.r, job_id_of(username, spec.name), spec.ssh):
             queued = queue_new_job(pai.store, username, stored, spec=spec, user_id=owner.uid,
                                    expectations=[*submit_expectations(), *expected]
@@ -400,7 +400,7 @@ def detail(username: str, name: str) -> dict[str, Any]:
     job = get_job_or_404(username, name)
     config = store.get_config(job.id) or {"taskRoles": []}
     roles = [r["name"] for r in config["taskRoles"]]
-    rank = store.r.zrank(keys.vc_queue(job.virtual_cluster), job.id)
+    position = store.queue_position(job)
     attempts = store.get_attempts(job.id)
     # a compacted record leaves out what its last attempt tells (shared/domain/archive.py)
     job.exit_diagnostics = diagnostics_of(job.state.value, job.exit_diagnostics, attempts)
@@ -408,7 +408,7 @@ def detail(username: str, name: str) -> dict[str, Any]:
     flagged = idle.flagged_tasks(store.r, job.id, job.attempt, tasks, now_ms(),
                                  int(platform().settings.idle_gpu_seconds * 1000))
     return job_detail(job, roles, tasks, attempts, f"/api/v1/user/{username}/jobs/{name}",
-                      None if rank is None else rank + 1, flagged,
+                      position, flagged,
                       checkpoints.read_steps(store.r, job.id))
 
 
@@ -562,7 +562,7 @@ def idle_gpu_tasks() -> list[dict[str, Any]]:
             application/json: {schema: {type: array, items: IdleGpuTask}}
     """
     store, settings = platform().store, platform().settings
-    nodes = store.r.zrange(keys.NODES, 0, -1)
+    nodes = list(store.node_heartbeats())
     found = idle.flagged_on(store.r, nodes, now_ms(), int(settings.idle_gpu_seconds * 1000))
     rows = []
     for task in found[:MAX_IDLE_SHOWN]:

@@ -71,7 +71,7 @@ def _key_pair(job: Job) -> ssh.KeyPair:
 def _audit(store: Store, job: Job, what: str) -> None:
     """Who read the job's private key: the event, the counter, the log line."""
     reader = current_user().username
-    pipe = store.r.pipeline(transaction=True)
+    pipe = store.pipeline(atomic=True)
     store.add_event(pipe, job.id, "ssh-key-read", user=reader, via=what)
     telemetry.record(pipe, telemetry.TASK_SSH_KEY_READS, {"user": reader})
     pipe.execute()

@@ -83,7 +83,7 @@ _PUT = StorageSharePutSchema()
 def load_shares(store: Store) -> tuple[Share, ...]:
     """Every share, from the one hash that holds them (name -> JSON)."""
     return tuple(Share.from_json(name, raw)
-                 for name, raw in sorted(store.r.hgetall(keys.STORAGE_SHARES).items()))
+                 for name, raw in sorted(store.read_hashes([keys.STORAGE_SHARES])[0].items()))
 
 
 def _put_share(store: Store, share: Share) -> bool:

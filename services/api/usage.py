@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from typing import Any
 
 from flask import Blueprint, Response
@@ -15,9 +14,9 @@ from services.api.errors import ApiError
 from services.api.platform import platform
 from services.api.queries import UsageQuerySchema, load_query
 from services.api.vcs import budget_view
-from shared.domain.models import Allocation, Task, job_id_of, task_key
+from shared.domain.models import Allocation, Task, job_id_of
 from shared.infra.clock import now_ms
-from shared.state import keys, usage
+from shared.state import usage
 
 bp = Blueprint("usage", __name__, url_prefix="/api/v1")
 
@@ -52,11 +51,7 @@ def _held_now(user: str | None) -> list[tuple[Allocation, Task | None]]:
     allocations = _allocations(user)
     if not allocations:
         return []
-    pipe = store.r.pipeline(transaction=False)
-    for a in allocations:
-        pipe.hget(keys.job_tasks(a.job_id, a.attempt), task_key(a.role, a.index))
-    return [(a, Task.from_dict(json.loads(raw)) if raw else None)
-            for a, raw in zip(allocations, pipe.execute(), strict=True)]
+    return list(zip(allocations, store.allocation_tasks(allocations), strict=True))
 
 
 def usage_rows(user: str | None, vc: str | None, first: str, last: str,

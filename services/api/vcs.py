@@ -16,7 +16,7 @@ from shared.domain.cluster import BORROWED, Held, VcPolicy, held_by_vc, takes_wo
 from shared.domain.lease import unready_of
 from shared.domain.states import JobState
 from shared.infra.clock import now_ms
-from shared.state import keys, leases
+from shared.state import leases
 from shared.state.accounts import DEFAULT_VC, AccountError, NoSuchAccount, VirtualCluster
 from shared.state.usage import Budget, Owner, Spend, read_spends
 
@@ -32,11 +32,8 @@ def _usage() -> tuple[dict[str, Held], dict[str, int]]:
     allocations = [a for allocs in store.all_allocations(list(store.node_heartbeats())).values()
                    for a in allocs]
     ids = sorted({a.job_id for a in allocations})
-    pipe = store.r.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hget(keys.job(job_id), "mode")
-    borrowing = {job_id for job_id, mode in zip(ids, pipe.execute() if ids else [],
-                                                 strict=True) if mode == BORROWED}
+    borrowing = {job_id for job_id, (mode,) in zip(ids, store.job_fields(ids, ["mode"]),
+                                                    strict=True) if mode == BORROWED}
     borrowed: dict[str, int] = {}
     for a in allocations:
         if a.job_id in borrowing:
@@ -96,15 +93,11 @@ def _views(vcs: list[VirtualCluster],
     guarantee `default` gets."""
     usage, borrowed = _usage()
     guarantees = _guarantees(accounts().list_vcs() if every is None else every)
-    r = platform().store.r
-    pipe = r.pipeline(transaction=False)
-    for vc in vcs:
-        for state in (JobState.WAITING, JobState.RUNNING):
-            pipe.zintercard(2, [keys.vc_jobs(vc.name), keys.state_jobs(state)])
-    counts = pipe.execute() if vcs else []
+    counts = platform().store.count_vc_jobs([vc.name for vc in vcs],
+                                            (JobState.WAITING, JobState.RUNNING))
     spent = _spent(vcs)
     views = {}
-    for i, vc in enumerate(vcs):
+    for vc in vcs:
         used = usage.get(vc.name, Held())
         guarantee = guarantees.get(vc.name, VcPolicy(0)).guarantee
         lent = borrowed.get(vc.name, 0)
@@ -119,8 +112,8 @@ def _views(vcs: list[VirtualCluster],
                               "memoryMB": used.memory_mb, "tasks": used.tasks},
             "gpuBorrowed": lent,
             "gpuFree": max(0, guarantee - (len(used.gpus) - lent)),
-            "waitingJobs": counts[2 * i],
-            "runningJobs": counts[2 * i + 1],
+            "waitingJobs": counts[vc.name, JobState.WAITING],
+            "runningJobs": counts[vc.name, JobState.RUNNING],
             "allowedCapabilities": vc.allowed_capabilities,
             "gpuHoursBudget": vc.gpu_hours_budget,
             "budgetPeriod": vc.budget_period,
@@ -166,7 +159,7 @@ def get_vc(name: str) -> dict[str, Any]:
       responses: {200: VirtualCluster}
     """
     view = _views([_vc_or_404(name)])[name]
-    view["queue"] = platform().store.r.zrange(keys.vc_queue(name), 0, QUEUE_SHOWN - 1)
+    view["queue"] = platform().store.vc_queue_ids(name, QUEUE_SHOWN)
     return view
 
 

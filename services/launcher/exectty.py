@@ -209,7 +209,7 @@ class TtySessions:
 
     def _audit_end(self, request: TtyRequest, exit_code: int | None, reason: EndReason,
                    seconds: float) -> None:
-        pipe = self.store.r.pipeline(transaction=True)
+        pipe = self.store.pipeline(atomic=True)
         self.store.add_event(pipe, request.exec.job_id, "exec-session-end",
                              user=request.exec.user, attempt=request.exec.attempt,
                              role=request.exec.role, index=request.exec.index,

@@ -33,7 +33,7 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
 from shared.node.containers import LABEL_NODE, TaskRef
-from shared.state import keys, leases, proxytokens, sshkeys
+from shared.state import leases, proxytokens, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.state.leases import Holder, NameLost
@@ -179,7 +179,7 @@ class Launcher:
             outcome = start_sshd(self.runtime.client.api, container_id, port)
         what = f"{ref.job_id} attempt {ref.attempt} {ref.role}[{ref.index}]"
         (log.info if outcome.started else log.warning)("ssh in %s: %s", what, outcome.message)
-        pipe = self.store.r.pipeline(transaction=False)
+        pipe = self.store.pipeline(atomic=False)
         self.store.add_event(pipe, ref.job_id, "ssh", attempt=ref.attempt, role=ref.role,
                              index=ref.index, started=outcome.started, port=port,
                              message=outcome.message)
@@ -223,7 +223,7 @@ class Launcher:
         """The task's current container (its latest task retry's, of the job's
         current submission)."""
         task = self.store.get_task(job_id, attempt, role, index)
-        submission = self.store.r.hget(keys.job(job_id), "submission") or ""
+        submission = self.store.submission_of(job_id)
         return TaskRef(job_id, attempt, role, index, task.retries if task else 0, submission)
 
     def _settle_unstarted(self, ref: TaskRef, diagnostics: str) -> None:

@@ -36,7 +36,7 @@ from shared.domain.lease import (
 from shared.domain.models import parse_attempt_task_key
 from shared.domain.states import TaskState
 from shared.infra.config import Settings
-from shared.state import keys, leases
+from shared.state import leases
 from shared.state.store import Store
 
 log = logging.getLogger("pai.scheduler")
@@ -107,7 +107,7 @@ class NodeWarden:
                if c in REPLACE_LAUNCHES}
         if not bad:
             return
-        for member in self.store.r.zrange(keys.LAUNCHING, 0, -1):
+        for member in self.store.launching():
             job_id, attempt, role, index = parse_attempt_task_key(member)
             task = self.store.get_task(job_id, attempt, role, index)
             if task is None or task.state != TaskState.LAUNCHING or task.node not in bad:

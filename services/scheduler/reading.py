@@ -12,12 +12,10 @@ hold.
 
 from __future__ import annotations
 
-import json
-
 from services.scheduler.core import JobRequest, job_request
 from services.scheduler.policy import Attained, Las, RunningJob
 from shared.domain.cluster import BORROWED
-from shared.domain.models import Allocation, Attempt, Job, JobSpec, Task
+from shared.domain.models import Allocation, Job, JobSpec
 from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.config import Settings
@@ -50,7 +48,7 @@ class PassReader:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
-        self.jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (store._queued_jobs)
+        self.jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (_queued_jobs)
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
 
     def snapshot(self) -> Snapshot:
@@ -66,12 +64,12 @@ class PassReader:
         unparsed = [job for job in jobs if job not in self.specs]
         if not unparsed:
             return
-        raws = self.store.r.mget([keys.job_config(job_id) for job_id, _ in unparsed])
+        configs = self.store.read_configs([job_id for job_id, _ in unparsed])
         if len(self.specs) + len(unparsed) > MAX_CACHED_SPECS:
             self.specs.clear()
-        for job, raw in zip(unparsed, raws, strict=True):
-            if raw:
-                self.specs[job] = JobSpec.from_config(json.loads(raw))
+        for job, config in zip(unparsed, configs, strict=True):
+            if config:
+                self.specs[job] = JobSpec.from_config(config)
 
     def attained(self, queue: list[JobRequest]) -> dict[str, Attained]:
         """What the queued jobs' ended attempts attained (GPUs x run time),
@@ -81,16 +79,12 @@ class PassReader:
         unread = [q for q in queue if q.attempt and (q.job_id, q.seq, q.attempt)
                   not in self._attained]
         if unread:
-            pipe = self.store.r.pipeline(transaction=False)
-            for q in unread:
-                first = max(0, q.attempt - MAX_ATTEMPTS_READ)
-                pipe.hmget(keys.job_attempts(q.job_id),
-                           [str(i) for i in range(first, q.attempt + 1)])
+            read = self.store.read_attempts_many(
+                [(q.job_id, range(max(0, q.attempt - MAX_ATTEMPTS_READ), q.attempt + 1))
+                 for q in unread])
             if len(self._attained) + len(unread) > MAX_CACHED_SPECS:
                 self._attained.clear()
-            for q, raws in zip(unread, pipe.execute(), strict=True):
-                attempts = [Attempt.from_dict(json.loads(raw)) if raw else None
-                            for raw in raws]
+            for q, attempts in zip(unread, read, strict=True):
                 self._attained[q.job_id, q.seq, q.attempt] = Attained(
                     sum(q.gpus * max(0, (a.completed_ms or 0) - a.started_ms)
                         for a in attempts[:-1] if a is not None and a.started_ms),
@@ -106,13 +100,10 @@ class PassReader:
         be anywhere but in the first). XX: a job dequeued meanwhile stays out."""
         if not attained:
             return
-        pipe = self.store.r.pipeline(transaction=False)
-        for request in queue:
-            seen = attained.get(request.job_id)
-            if seen is not None:
-                pipe.zadd(keys.vc_queue(request.vc), {request.job_id: queue_order(
-                    request.priority, request.seq, self.las.queue_of(seen, now))}, xx=True)
-        pipe.execute()
+        self.store.reorder_vc_queues([
+            (request.vc, request.job_id,
+             queue_order(request.priority, request.seq, self.las.queue_of(seen, now)))
+            for request in queue if (seen := attained.get(request.job_id)) is not None])
 
     def queue(self, queued: list[tuple[str, Job | None]], now: int
               ) -> tuple[list[JobRequest], dict[str, Job]]:
@@ -170,12 +161,9 @@ class PassReader:
                 wanted.append(job)
         if not wanted:
             return {}
-        pipe = self.store.r.pipeline(transaction=False)
-        for job in wanted:
-            pipe.hgetall(keys.job_tasks(job.id, job.attempt))
-        return {job.id: {key for key, raw in fields.items()
-                         if Task.from_dict(json.loads(raw)).state == TaskState.WAITING}
-                for job, fields in zip(wanted, pipe.execute(), strict=True)}
+        read = self.store.read_tasks_many([(job.id, job.attempt) for job in wanted])
+        return {job.id: {key for key, task in tasks.items() if task.state == TaskState.WAITING}
+                for job, tasks in zip(wanted, read, strict=True)}
 
     def running(self, allocations: dict[str, list[Allocation]]) -> list[RunningJob]:
         """The placed jobs as the policy weighs them: one round trip for the

@@ -10,7 +10,6 @@ message or a second replica does no harm.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -39,13 +38,12 @@ from shared.domain.models import (
     attempt_task_key,
     parse_attempt_task_key,
     split_job_id,
-    task_key,
 )
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
-from shared.state import keys, retention, telemetry, usage
+from shared.state import retention, telemetry, usage
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.lifecycle import (
     mark_preempted,
@@ -313,7 +311,7 @@ class Scheduler:
 
     def _record_pass(self, seconds: float, placed_by_vc: Counter[str]) -> None:
         """Count the pass for Prometheus (through Redis: see shared/state/telemetry.py)."""
-        pipe = self.store.r.pipeline(transaction=False)
+        pipe = self.store.pipeline(atomic=False)
         telemetry.record(pipe, telemetry.SCHEDULER_PASS, value=seconds)
         for vc, placed in placed_by_vc.items():
             telemetry.record(pipe, telemetry.PLACEMENTS, {"vc": vc}, placed)
@@ -363,7 +361,7 @@ class Scheduler:
             elif task.state.is_final and task.node:
                 freed = self.store.release_allocation(
                     task.node, attempt_task_key(job_id, attempt, task.role, task.index)) or freed
-        if freed or self.store.r.zscore(keys.QUEUE, job_id) is not None:
+        if freed or self.store.is_queued(job_id):
             self.request_pass(deferrable=deferrable)
 
     def stop_job(self, job_id: str, *, deferrable: bool = False) -> None:
@@ -416,10 +414,8 @@ class Scheduler:
         """
         held = self._held_tasks([node.name for node in self.store.get_nodes()])
         job_ids = sorted({alloc.job_id for (_, alloc), _ in held})
-        pipe = self.store.r.pipeline(transaction=False)
-        for job_id in job_ids:
-            pipe.hmget(keys.job(job_id), ("state", "attempt"))
-        jobs = dict(zip(job_ids, pipe.execute() if job_ids else [], strict=True))
+        jobs = dict(zip(job_ids, self.store.job_fields(job_ids, ("state", "attempt")),
+                        strict=True))
         for (node, alloc), task in held:
             state, attempt = jobs[alloc.job_id]
             if task is None or state is None or task.state.is_final:
@@ -434,23 +430,17 @@ class Scheduler:
         two round trips, however many there are."""
         allocations = self.store.all_allocations(nodes)
         held = [(node, alloc) for node in nodes for alloc in allocations[node]]
-        pipe = self.store.r.pipeline(transaction=False)
-        for _, alloc in held:
-            pipe.hget(keys.job_tasks(alloc.job_id, alloc.attempt),
-                      task_key(alloc.role, alloc.index))
-        raws = pipe.execute() if held else []
-        return [(entry, Task.from_dict(json.loads(raw)) if raw else None)
-                for entry, raw in zip(held, raws, strict=True)]
+        tasks = self.store.allocation_tasks([alloc for _, alloc in held])
+        return list(zip(held, tasks, strict=True))
 
     def retry_stale_launches(self) -> None:
         """Launches past their lease: sent again once, the node kept from new
         work meanwhile (a gray failure: it renews but does not start them);
         a launch still not started a second lease after its placement goes
         back to the queue, to be placed elsewhere."""
-        r = self.store.r
         now = now_ms()
         timeout_ms = int(self.settings.launch_timeout_seconds * 1000)
-        for member in r.zrangebyscore(keys.LAUNCHING, 0, now):
+        for member in self.store.launching(due_by_ms=now):
             task = renew_stale_launch(self.store, member, now + timeout_ms)
             if task is None or task.node is None:
                 continue
@@ -467,5 +457,5 @@ class Scheduler:
             self.messenger.start_task(task.node, job_id, attempt, role, index)
 
     def resend_stops(self) -> None:
-        for job_id in self.store.r.zrange(keys.state_jobs(JobState.STOPPING), 0, -1):
+        for job_id in self.store.job_ids_in_state(JobState.STOPPING):
             self.stop_job(job_id)

@@ -12,7 +12,7 @@ job's record goes into it too (`Archive.record`, the compacted record's
 fields): a hash of a few hundred bytes beside it cost a key of its own, its
 field names in full and Redis's per-key overhead, about 260 bytes a job,
 where the same fields compressed with the rest add about 60. The store reads
-a compacted job's record from here when it has no hash (shared/state/store.py).
+a compacted job's record from here when it has no hash (shared/state/store).
 
 Pure: encoding and decoding only, so the format is tested without Redis.
 The format starts with a version byte; the compression dictionary belongs

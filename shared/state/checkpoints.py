@@ -11,26 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.state import keys
-
-# Keeps the higher of the stored step and ARGV[2]: the result does not
-# depend on the order batches arrive in, nor on a batch arriving twice (log
-# shipping is at least once, and a shipper replaced while it still held
-# lines may write them after its successor wrote later ones).
-# KEYS[1] the job's hash; ARGV: attempt, step.
-_KEEP_HIGHER = """
-local current = redis.call('HGET', KEYS[1], ARGV[1])
-if not current or tonumber(current) < tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-end
-return 0
-"""
+from shared.state import keys, scripts
 
 
 def record_step(pipe: Any, job_id: str, attempt: int, step: int) -> None:
     """Queue, on `pipe`, the attempt's step if it is the highest reported
     yet (idempotent and independent of the order reports arrive in)."""
-    pipe.eval(_KEEP_HIGHER, 1, keys.job_checkpoints(job_id), str(attempt), str(step))
+    scripts.run(pipe, scripts.KEEP_HIGHER_STEP, [keys.job_checkpoints(job_id)],
+                [str(attempt), str(step)])
 
 
 def read_steps(reader: Any, job_id: str) -> dict[int, int]:

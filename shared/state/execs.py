@@ -28,7 +28,7 @@ from typing import Any
 
 from shared.infra import links
 from shared.infra.config import MAX_EXEC_TIMEOUT_SECONDS
-from shared.state import keys
+from shared.state import keys, scripts
 
 MAX_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr together, as one answer carries them
 MAX_ARGS = 1024  # arguments of one command
@@ -192,16 +192,6 @@ def answer_seconds(timeout_seconds: int, margin_seconds: float) -> float:
 # ------------------------------------------------------------------ in Redis
 
 
-# KEYS[1] the request; ARGV: this node, who claims. The request must exist
-# (it expires), name this node, and be unclaimed; then its fields.
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if redis.call('HGET', KEYS[1], 'node') ~= ARGV[1] then return false end
-if redis.call('HSETNX', KEYS[1], '""" + CLAIMED + """', ARGV[2]) == 0 then return false end
-return redis.call('HGETALL', KEYS[1])
-"""
-
-
 def write_request(pipe: Any, request: ExecRequest) -> None:
     """Queue the request's hash and its expiry on `pipe`."""
     key = keys.exec_request(request.id)
@@ -214,12 +204,12 @@ class Claims:
 
     def __init__(self, r: Any) -> None:
         self.r = r
-        self._claim = r.register_script(_CLAIM)
 
     def claim(self, request_id: str, node: str, claimer: str) -> ExecRequest | None:
         """The request, if this call took it for `node`; None when it is gone,
         names another node, or was taken before (a redelivered message)."""
-        raw = self._claim(keys=[keys.exec_request(request_id)], args=[node, claimer])
+        raw = scripts.run(self.r, scripts.CLAIM_EXEC, [keys.exec_request(request_id)],
+                          [node, claimer, CLAIMED])
         if not raw:
             return None
         values = [v.decode() if isinstance(v, bytes) else str(v) for v in raw]

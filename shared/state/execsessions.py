@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from shared.state import keys
+from shared.state import keys, scripts
 from shared.state.execs import ExecRequest
 
 DEFAULT_ARGV = ("/bin/sh",)
@@ -174,48 +174,6 @@ def node_lost(now_ms: int, started_ms: int, beat_ms: int | None) -> bool:
 # ------------------------------------------------------------------ in Redis
 
 
-# KEYS[1] the session; ARGV: this node, who claims. As shared/state/execs.py's claim.
-_CLAIM = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if redis.call('HGET', KEYS[1], 'node') ~= ARGV[1] then return false end
-if redis.call('HSETNX', KEYS[1], '""" + CLAIMED + """', ARGV[2]) == 0 then return false end
-return redis.call('HGETALL', KEYS[1])
-"""
-# KEYS: the session, the list or stream; ARGV: most entries, ttl ms, then the
-# entry (a list's value, or a stream's field/value pairs). -1: the session is
-# gone; 0: full (try again once the reader caught up); 1: added.
-_PUSH_INPUT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 1
-"""
-_PUT_OUTPUT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 1
-"""
-# KEYS[1] the session; ARGV[1] now ms. 0: the session is gone.
-_BEAT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], '""" + BEAT + """', ARGV[1])
-return 1
-"""
-# KEYS: session, input, output; ARGV: ttl ms, then the end entry's pairs. The
-# end entry only for a session someone still holds; every other key goes.
-_END = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('XADD', KEYS[3], '*', unpack(ARGV, 2))
-  redis.call('PEXPIRE', KEYS[3], ARGV[1])
-end
-redis.call('DEL', KEYS[1], KEYS[2])
-return 1
-"""
-
-
 def _keys(session_id: str) -> list[str]:
     return [keys.exec_session(session_id), keys.exec_session_input(session_id),
             keys.exec_session_output(session_id)]
@@ -263,18 +221,14 @@ class Sessions:
 
     def __init__(self, r: Any) -> None:
         self.r = r
-        self._claim = r.register_script(_CLAIM)
-        self._push_input = r.register_script(_PUSH_INPUT)
-        self._put_output = r.register_script(_PUT_OUTPUT)
-        self._end = r.register_script(_END)
-        self._beat = r.register_script(_BEAT)
 
     # ---- the launcher's side
 
     def claim(self, session_id: str, node: str, claimer: str) -> TtyRequest | None:
         """The session, if this call took it for `node`; None when it is gone,
         names another node, or was taken before."""
-        raw = self._claim(keys=[keys.exec_session(session_id)], args=[node, claimer])
+        raw = scripts.run(self.r, scripts.CLAIM_EXEC, [keys.exec_session(session_id)],
+                          [node, claimer, CLAIMED])
         if not raw:
             return None
         values = [v.decode() if isinstance(v, bytes) else str(v) for v in raw]
@@ -284,9 +238,9 @@ class Sessions:
     def put_output(self, session_id: str, fields: dict[str, str]) -> int:
         """Append an output entry: 1 added, 0 full, -1 the session is gone."""
         key, _, output = _keys(session_id)
-        return int(self._put_output(keys=[key, output],
-                                    args=[OUTPUT_MAX_ENTRIES, SESSION_TTL_SECONDS * 1000,
-                                          *_pairs(fields)]))
+        return int(scripts.run(self.r, scripts.PUT_TERMINAL_OUTPUT, [key, output],
+                               [OUTPUT_MAX_ENTRIES, SESSION_TTL_SECONDS * 1000,
+                                *_pairs(fields)]))
 
     def put_data(self, session_id: str, data: bytes) -> int:
         return self.put_output(session_id, {"d": data.decode("latin-1")})
@@ -294,7 +248,8 @@ class Sessions:
     def beat(self, session_id: str, now_ms: int) -> bool:
         """The launcher's heartbeat; False when the session is gone (its
         client left): HSET only on a hash that exists."""
-        return bool(self._beat(keys=[keys.exec_session(session_id)], args=[str(now_ms)]))
+        return bool(scripts.run(self.r, scripts.BEAT_TERMINAL, [keys.exec_session(session_id)],
+                                [str(now_ms), BEAT]))
 
     def take_input(self, session_id: str, wait_seconds: float) -> list[bytes | Resize]:
         """What the user typed (and resizes), waiting up to `wait_seconds` for
@@ -314,7 +269,8 @@ class Sessions:
         fields = {"exit": "" if exit_code is None else str(exit_code), "reason": reason.value}
         if message:
             fields["message"] = message
-        self._end(keys=_keys(session_id), args=[SESSION_TTL_SECONDS * 1000, *_pairs(fields)])
+        scripts.run(self.r, scripts.END_TERMINAL, _keys(session_id),
+                    [SESSION_TTL_SECONDS * 1000, *_pairs(fields)])
 
     def refuse(self, session_id: str, refusal: Refusal, message: str = "") -> None:
         self.put_output(session_id, {"refused": refusal.value, "message": message})
@@ -324,8 +280,8 @@ class Sessions:
     def push_input(self, session_id: str, entry: str) -> int:
         """Queue input for the launcher: 1 queued, 0 full, -1 the session is gone."""
         key, input_key, _ = _keys(session_id)
-        return int(self._push_input(keys=[key, input_key],
-                                    args=[INPUT_MAX_ENTRIES, SESSION_TTL_SECONDS * 1000, entry]))
+        return int(scripts.run(self.r, scripts.PUSH_TERMINAL_INPUT, [key, input_key],
+                               [INPUT_MAX_ENTRIES, SESSION_TTL_SECONDS * 1000, entry]))
 
     def renew(self, session_id: str) -> dict[str, str] | None:
         """Keep the session alive; its fields (the launcher's heartbeat among

@@ -92,13 +92,6 @@ def add_removal(pipe: Any, job_id: str) -> None:
     pipe.xadd(keys.JOB_CHANGES, {"j": job_id, "d": GONE}, maxlen=MAX_LEN, approximate=True)
 
 
-# The Lua line `Store.insert_job`'s script appends with: KEYS[{key}] the feed,
-# the job's id and its encoded row in the named variables.
-def lua_append(feed_key: str, job_id: str, row: str) -> str:
-    return (f"redis.call('XADD', {feed_key}, 'MAXLEN', '~', '{MAX_LEN}', '*', "
-            f"'j', {job_id}, 'd', {row})")
-
-
 @dataclass(frozen=True)
 class Changes:
     """What one read of the feed answered, at one instant."""
@@ -107,34 +100,3 @@ class Changes:
     added: int  # entries ever added to the feed
     last_id: str  # the newest entry's id ("0-0": none yet)
     entries: list[tuple[str, str, str]]  # (entry id, job id, encoded row or GONE)
-
-
-# KEYS: the feed, the all-jobs index. ARGV: the entry id to read after ("":
-# read none, only where the feed stands), how many entries at most.
-_READ_CHANGES = """#!lua flags=no-writes
-local jobs = redis.call('ZCARD', KEYS[2])
-if redis.call('EXISTS', KEYS[1]) == 0 then return {jobs, 0, '0-0', {}} end
-local info = redis.call('XINFO', 'STREAM', KEYS[1])
-local added, last = 0, '0-0'
-for i = 1, #info, 2 do
-  if info[i] == 'entries-added' then added = info[i + 1] end
-  if info[i] == 'last-generated-id' then last = info[i + 1] end
-end
-local entries = {}
-if ARGV[1] ~= '' then
-  entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
-end
-return {jobs, added, last, entries}
-"""
-
-
-def read_changes(store: Any, after: str, count: int) -> Changes:
-    """The feed's entries after `after` (at most `count`), with the feed's
-    position and the number of jobs, in one atomic read."""
-    jobs, added, last_id, raw = store.run_script(
-        _READ_CHANGES, [keys.JOB_CHANGES, keys.JOBS], [after, str(count)])
-    entries = []
-    for entry_id, fields in raw:
-        values = dict(zip(fields[::2], fields[1::2], strict=True))
-        entries.append((entry_id, values.get("j", ""), values.get("d", GONE)))
-    return Changes(int(jobs), int(added), last_id, entries)

@@ -35,11 +35,11 @@ import numpy.typing as npt
 from shared.domain import jobsort
 from shared.domain.jobnames import NameOrder, NameText, Rows
 from shared.domain.jobsort import MISSING, STATE_CODES, Ints
-from shared.state import jobfeed, keys
+from shared.state import keys
 from shared.state.jobfeed import GONE, SortRow
 
 if TYPE_CHECKING:
-    from shared.state.store import Store
+    from shared.state.store.listing import ListingMixin
 
 Column = npt.NDArray[np.generic]
 COLUMNS: dict[str, type[np.generic]] = {
@@ -72,7 +72,7 @@ class Batch:
 class JobTable:
     """This process's copy of every job's sort fields (see the module's doc)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: ListingMixin) -> None:
         self.store = store
         self._lock = threading.Lock()
         self.loads = 0  # full loads done (tests and the benchmark read it)
@@ -165,7 +165,7 @@ class JobTable:
             self._load()
         while True:
             assert self.after is not None
-            changes = jobfeed.read_changes(self.store, self.after, FEED_PAGE)
+            changes = self.store.read_changes(self.after, FEED_PAGE)
             missed = changes.added - self.added - len(changes.entries)
             if missed < 0 or (missed > 0 and len(changes.entries) < FEED_PAGE):
                 self._load()  # trimmed past what this table saw, or a new feed
@@ -183,7 +183,7 @@ class JobTable:
         position read first: changes made while loading come after it."""
         self.loads += 1
         self._reset()
-        start = jobfeed.read_changes(self.store, "", 0)
+        start = self.store.read_changes("", 0)
         self.after, self.added = start.last_id, start.added
         offset = 0
         while True:

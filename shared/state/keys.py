@@ -19,6 +19,8 @@ SCHEDULER_LOCK = PREFIX + "lock:scheduler"
 SCHEDULERS = PREFIX + "schedulers"  # zset scheduler replica -> last heartbeat ms
 # set while a "schedule" message is on its way: later submits need not send one
 PASS_REQUESTED = PREFIX + "scheduler:pass-requested"
+# set when a pass is asked for while another holds the lock (services/scheduler/gate.py)
+SCHEDULER_DIRTY = PREFIX + "scheduler:dirty"
 # zset job id -> completed ms: finished jobs whose record is not compacted yet
 RETENTION_PENDING = PREFIX + "retention:pending"
 # hash final state -> rank: where the retention sweep's repair walk resumes

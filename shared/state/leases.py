@@ -31,7 +31,7 @@ from shared.domain.lease import (
     Outage,
     Phase,
 )
-from shared.state import keys
+from shared.state import keys, scripts
 from shared.state.store import Store
 
 
@@ -42,107 +42,6 @@ class Role(StrEnum):
 
 class NameLost(RuntimeError):
     """The agent no longer holds its node's name: another took it over."""
-
-
-# Both scripts stamp with TIME: Redis 7 replicates a script's effects, so a
-# non-deterministic call is fine in it.
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# Claim the node's name for an agent's process.
-# KEYS: lease, NODES, NODES_LOST
-# ARGV: name, engine, role, instance, pid, ip, peer ('' keeps it), lease_ms, grace_ms,
-#       renew_ms, live_ms (how long the lease stays live after a renewal), force,
-#       the phase a new holder starts in (Phase.RECONCILING)
-# Answers {"TAKEN", now} | {"HELD_ELSEWHERE", engine, ip, age_ms} |
-#         {"ROLE_HELD", instance, pid}
-_CLAIM = _NOW + """
-local h = redis.call('HMGET', KEYS[1], 'engine', 'renewed', 'live_until', 'ip',
-                     ARGV[3], ARGV[3] .. '_pid', 'lost')
-local engine, renewed, live_until = h[1], tonumber(h[2] or '0'), tonumber(h[3] or '0')
-if engine and engine ~= ARGV[2] then
-  if now < live_until then
-    return {'HELD_ELSEWHERE', engine, h[4] or '', tostring(now - renewed)}
-  end
-  redis.call('DEL', KEYS[1])
-  engine = false
-end
-if engine and h[5] and h[5] ~= ARGV[4] and ARGV[12] ~= '1' then
-  return {'ROLE_HELD', h[5], h[6] or ''}
-end
-if not engine then
-  redis.call('HSET', KEYS[1], 'engine', ARGV[2], 'claimed', now, 'phase', ARGV[13],
-             'healthy_since', 0, 'served', 0)
-elseif tonumber(h[7] or '0') > 0 and tonumber(h[7] or '0') >= renewed then
-  redis.call('HSET', KEYS[1], 'healthy_since', now)  -- back after it was declared lost
-end
-redis.call('HSET', KEYS[1], 'ip', ARGV[6], 'lease_ms', ARGV[8], 'grace_ms', ARGV[9],
-           'renew_ms', ARGV[10], ARGV[3], ARGV[4], ARGV[3] .. '_pid', ARGV[5],
-           'renewed', now, ARGV[3] .. '_renewed', now, 'live_until', now + ARGV[11])
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'peer', ARGV[7]) end
-if ARGV[3] == 'monitor' then
-  redis.call('HSET', KEYS[1], 'phase', ARGV[13])
-end
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-redis.call('SREM', KEYS[3], ARGV[1])
-return {'TAKEN', tostring(now)}
-"""
-
-# Renew the lease, only for the holder's own process of its role. The node
-# is back from a problem (its settling time starts) when its problem clears
-# after it had served (been READY without a problem since its claim: a node
-# whose first problem clears is joining, not flapping), when it was declared
-# lost since its last renewal, or when it says so (a monitor back from
-# silence).
-# KEYS: lease, NODES, node record, NODES_LOST
-# ARGV: name, engine, role, instance, live_ms, phase ('' keeps it), problem
-#       ('-' keeps it), inventory JSON ('' writes none), '1' if back from silence,
-#       the phase of a node that takes work (Phase.READY)
-# Answers {"OK", now, nodes standing} | {"LOST", holder engine, holder instance}
-_RENEW = _NOW + """
-local h = redis.call('HMGET', KEYS[1], 'engine', ARGV[3], 'problem', 'renewed', 'lost',
-                     'phase', 'served')
-if h[1] ~= ARGV[2] or h[2] ~= ARGV[4] then
-  return {'LOST', h[1] or '', h[2] or ''}
-end
-local problem, lost = h[3] or '', tonumber(h[5] or '0')
-local phase = ARGV[6] ~= '' and ARGV[6] or (h[6] or '')
-local back = ARGV[9] == '1' or (lost > 0 and lost >= tonumber(h[4] or '0'))
-if ARGV[7] ~= '-' then
-  if problem ~= '' and ARGV[7] == '' and h[7] == '1' then back = true end
-  problem = ARGV[7]
-end
-redis.call('HSET', KEYS[1], 'renewed', now, ARGV[3] .. '_renewed', now,
-           'live_until', now + ARGV[5], 'problem', problem)
-if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'phase', ARGV[6]) end
-if phase == ARGV[10] and problem == '' then redis.call('HSET', KEYS[1], 'served', '1') end
-if back then redis.call('HSET', KEYS[1], 'healthy_since', now) end
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-if ARGV[8] ~= '' then redis.call('SET', KEYS[3], ARGV[8]) end
-redis.call('SREM', KEYS[4], ARGV[1])
-return {'OK', tostring(now),
-        tostring(redis.call('ZCARD', KEYS[2]) - redis.call('SCARD', KEYS[4]))}
-"""
-
-# The control plane declares a node lost, unless it renewed meanwhile.
-# KEYS: lease, NODES, NODES_LOST   ARGV: name, the renewal the judgement saw
-_MARK_LOST = _NOW + """
-local renewed = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if renewed and tonumber(renewed) > tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[1], 'lost', now)
-redis.call('SADD', KEYS[3], ARGV[1])
-return 1
-"""
-
-# KEYS: lease   ARGV: role, instance
-_RELEASE = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  redis.call('HDEL', KEYS[1], ARGV[1], ARGV[1] .. '_pid')
-end
-return 0
-"""
 
 
 @dataclass(frozen=True)
@@ -166,7 +65,7 @@ def claim(store: Store, holder: Holder, *, ip: str, peer: str, lease_ms: int, gr
           renew_ms: int, live_ms: int, force: bool = False) -> ClaimAnswer:
     """Claim the node's name for `holder` (shared/domain/lease.py, rule 1)."""
     answer = store.run_script(
-        _CLAIM, [keys.node_lease(holder.node), keys.NODES, keys.NODES_LOST],
+        scripts.CLAIM_NODE, [keys.node_lease(holder.node), keys.NODES, keys.NODES_LOST],
         [holder.node, holder.engine, holder.role.value, holder.instance, str(holder.pid), ip,
          peer, str(lease_ms), str(grace_ms), str(renew_ms), str(live_ms),
          "1" if force else "0", Phase.RECONCILING.value])
@@ -191,7 +90,7 @@ def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = N
     process of this role) holds it now. `back`: the node returns from a
     silence (its settling time starts)."""
     answer = store.run_script(
-        _RENEW, [keys.node_lease(holder.node), keys.NODES, keys.node(holder.node),
+        scripts.RENEW_NODE, [keys.node_lease(holder.node), keys.NODES, keys.node(holder.node),
                  keys.NODES_LOST],
         [holder.node, holder.engine, holder.role.value, holder.instance, str(live_ms),
          phase.value if phase is not None else "", "-" if problem is None else problem,
@@ -206,7 +105,7 @@ def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = N
 def release(store: Store, holder: Holder) -> None:
     """A process that stops cleanly gives up its role, so that its successor
     on this machine need not look for it."""
-    store.run_script(_RELEASE, [keys.node_lease(holder.node)],
+    store.run_script(scripts.RELEASE_NODE_ROLE, [keys.node_lease(holder.node)],
                      [holder.role.value, holder.instance])
 
 
@@ -235,23 +134,16 @@ def read_cluster(store: Store) -> ClusterView:
 
 def mark_lost(store: Store, node: str, renewed_ms: int) -> bool:
     """Declare `node` lost, unless it renewed after `renewed_ms`."""
-    return bool(store.run_script(_MARK_LOST, [keys.node_lease(node), keys.NODES, keys.NODES_LOST],
+    return bool(store.run_script(scripts.MARK_NODE_LOST,
+                                 [keys.node_lease(node), keys.NODES, keys.NODES_LOST],
                                  [node, str(renewed_ms)]))
-
-
-# The control plane's own mark on a node with a lease (launches overdue).
-# KEYS: lease   ARGV: reason, until ms
-_MARK = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'marked', ARGV[1], 'marked_until', ARGV[2])
-return 1
-"""
 
 
 def mark_node(store: Store, node: str, reason: str, until_ms: int) -> bool:
     """Keep `node` from new work until `until_ms`, saying why; False for a
     node without a lease (set up by hand: nothing to mark)."""
-    return bool(store.run_script(_MARK, [keys.node_lease(node)], [reason, str(until_ms)]))
+    return bool(store.run_script(scripts.MARK_NODE, [keys.node_lease(node)],
+                                 [reason, str(until_ms)]))
 
 
 def read_outage(reader: Any) -> Outage:

@@ -34,7 +34,7 @@ from shared.domain.models import (
 )
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState, check_task_move
 from shared.infra.clock import now_ms
-from shared.state import keys, retention, telemetry
+from shared.state import keys, retention, scripts, telemetry
 from shared.state.store import Expect, Pipe, Store
 
 PASS_REQUEST_TTL_MS = 1000
@@ -202,6 +202,12 @@ def claim_pass_request(store: Store) -> bool:
     return bool(store.r.set(keys.PASS_REQUESTED, "1", nx=True, px=PASS_REQUEST_TTL_MS))
 
 
+def ask_pass_again(store: Store) -> None:
+    """What a pass read moved under it: the next request passes (the pass
+    lock's dirty flag, services/scheduler/gate.py)."""
+    store.r.set(keys.SCHEDULER_DIRTY, "1")
+
+
 def take_pass_request(pipe: Pipe) -> None:
     """A pass is about to read the queue: the next submit must ask again."""
     pipe.delete(keys.PASS_REQUESTED)
@@ -234,21 +240,6 @@ def set_waiting(store: Store, job_id: str, reason: str, explanation: str = "", *
     return store.transact(decide, key)
 
 
-# Each KEYS[i] a job record; ARGV[1] the state a job waits in
-# (JobState.WAITING), ARGV[i + 1] the job's [reason, explanation, version] (JSON)
-_SET_WAITING = """
-local written = 0
-for i, key in ipairs(KEYS) do
-  local want = cjson.decode(ARGV[i + 1])
-  local now = redis.call('HMGET', key, 'state', 'version', 'waiting_reason', 'waiting')
-  if now[1] == ARGV[1] and now[2] == want[3]
-      and ((now[3] or '') ~= want[1] or (now[4] or '') ~= want[2]) then
-    redis.call('HSET', key, 'waiting_reason', want[1], 'waiting', want[2])
-    written = written + 1
-  end
-end
-return written
-"""
 SET_WAITING_BATCH = 1000
 
 
@@ -260,7 +251,7 @@ def set_waiting_many(store: Store, reasons: Sequence[tuple[str, str, str, int]])
     for start in range(0, len(reasons), SET_WAITING_BATCH):
         batch = reasons[start:start + SET_WAITING_BATCH]
         written += int(store.run_script(
-            _SET_WAITING, [keys.job(job_id) for job_id, *_ in batch],
+            scripts.SET_WAITING, [keys.job(job_id) for job_id, *_ in batch],
             [JobState.WAITING.value, *(json.dumps([reason, explanation, str(version)])
                                        for _, reason, explanation, version in batch)]))
     return written

@@ -27,7 +27,7 @@ from shared.domain.models import (
 )
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.clock import now_ms
-from shared.state import gpufaults, keys
+from shared.state import gpufaults, keys, scripts
 from shared.state.lifecycle import move_task
 from shared.state.store import EVENTS_MAX_LEN, Pipe, Store, compact_json, event_fields
 
@@ -155,132 +155,8 @@ MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhi
 # json.dumps(..., separators=(",", ":")) without building an encoder per call
 _compact_json = compact_json
 
-# Binds a batch of gangs, each on its own terms, in one round trip. For each
-# job in turn: the job record still says what the pass decided on (version,
-# WAITING, attempt, queue_seq, VC: every write of a job's tasks bumps its
-# version, so its tasks are as read, all WAITING) and it has as many tasks
-# as were read (the gang whole), no admin holds any of its nodes, and every
-# node still has room (the same rules as shared/domain/cluster.py `placement_fits`,
-# against what the node holds now, this batch's earlier jobs included). A
-# job passing all of them gets its writes, rendered by the caller; one that
-# fails gets none. The reply holds 1 or 0 per job.
-#
-# KEYS: node flags, launching, queue, then the keys the jobs' entries name
-# by position. A job entry: j, t, e, q (job, tasks, events, VC queue key
-# positions), id, v, s, a, vc (version, queue_seq, attempt, VC as the pass
-# read them), nt (how many tasks), new (task field -> position in ARGV of
-# the record to write), f (job fields to write), ev (event fields, flat), l
-# (launch entries, flat: member, deadline), n (per node: k, h = node and
-# allocation key positions, name, g = GPUs, p = ports, c = CPUs, m = memory,
-# w = allocation field and ARGV position of its record, flat).
-# ARGV: the entries (JSON), the events' bound, the state a job waits in
-# (JobState.WAITING), then the records the entries
-# point at: passed as they are, not as strings inside the JSON, they are
-# neither escaped by the caller nor decoded by the script.
-FIXED_ARGS = 3  # the script's ARGV before the records
-_COMMIT_PLACEMENTS = """
-local flags_key, launching_key, queue_key, faults_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local jobs = cjson.decode(ARGV[1])
-local nodes = {}
-
-local function node_view(name, node_key, alloc_key)
-  local view = nodes[name]
-  if view then return view end
-  view = {ok = false}
-  nodes[name] = view
-  local raw = redis.call('GET', node_key)
-  if not raw then return view end
-  local node = cjson.decode(raw)
-  view.gpus, view.used_gpus, view.used_ports = {}, {}, {}
-  for _, gpu in ipairs(node.gpus or {}) do
-    view.gpus[type(gpu) == 'table' and gpu.index or gpu] = true
-  end
-  view.cpus, view.memory = node.cpus or 0, node.memory_mb or 0
-  view.used_cpus, view.used_memory = 0, 0
-  view.ok = true
-  for _, value in ipairs(redis.call('HVALS', alloc_key)) do
-    local held = cjson.decode(value)
-    for _, g in ipairs(held.gpus) do
-      if view.used_gpus[g] or not view.gpus[g] then view.ok = false end
-      view.used_gpus[g] = true
-    end
-    for _, p in ipairs(held.ports) do
-      if view.used_ports[p] then view.ok = false end
-      view.used_ports[p] = true
-    end
-    view.used_cpus = view.used_cpus + held.cpus
-    view.used_memory = view.used_memory + held.memory_mb
-  end
-  return view
-end
-
-local function fits(view, part)
-  if not view.ok then return false end
-  local gpus, ports = {}, {}
-  for _, g in ipairs(part.g) do
-    if gpus[g] or view.used_gpus[g] or not view.gpus[g] then return false end
-    -- marked unhealthy since the pass read the faults (shared/domain/gpuhealth.py)
-    if redis.call('HEXISTS', faults_key, part.name .. ':' .. g) == 1 then return false end
-    gpus[g] = true
-  end
-  for _, p in ipairs(part.p) do
-    if ports[p] or view.used_ports[p] then return false end
-    ports[p] = true
-  end
-  return view.used_cpus + part.c <= view.cpus and view.used_memory + part.m <= view.memory
-end
-
-local function still_decidable(job)
-  local key = KEYS[job.j]
-  local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq',
-                        'virtual_cluster')
-  if now[1] ~= job.v or now[2] ~= ARGV[3] or now[3] ~= job.a or now[4] ~= job.s
-      or now[5] ~= job.vc then
-    return false
-  end
-  if redis.call('HLEN', KEYS[job.t]) ~= job.nt then return false end
-  for _, part in ipairs(job.n) do
-    local flag = redis.call('HGET', flags_key, part.name)
-    if flag and flag ~= '' then return false end
-    if not fits(node_view(part.name, KEYS[part.k], KEYS[part.h]), part) then return false end
-  end
-  return true
-end
-
-local function bind(job)
-  for _, part in ipairs(job.n) do
-    local view = nodes[part.name]
-    for _, g in ipairs(part.g) do view.used_gpus[g] = true end
-    for _, p in ipairs(part.p) do view.used_ports[p] = true end
-    view.used_cpus = view.used_cpus + part.c
-    view.used_memory = view.used_memory + part.m
-    for i = 1, #part.w, 2 do
-      redis.call('HSET', KEYS[part.h], part.w[i], ARGV[part.w[i + 1]])
-    end
-  end
-  for i = 1, #job.l, 2 do
-    redis.call('ZADD', launching_key, job.l[i + 1], job.l[i])
-  end
-  for field, at in pairs(job.new) do  -- one by one: a gang may be too big to unpack
-    redis.call('HSET', KEYS[job.t], field, ARGV[at])
-  end
-  redis.call('ZREM', queue_key, job.id)
-  redis.call('ZREM', KEYS[job.q], job.id)
-  redis.call('HSET', KEYS[job.j], unpack(job.f))
-  redis.call('XADD', KEYS[job.e], 'MAXLEN', '~', ARGV[2], '*', unpack(job.ev))
-end
-
-local bound = {}
-for i, job in ipairs(jobs) do
-  if still_decidable(job) then
-    bind(job)
-    bound[i] = 1
-  else
-    bound[i] = 0
-  end
-end
-return bound
-"""
+# The script's ARGV before the records the entries name (scripts.COMMIT_PLACEMENTS)
+FIXED_ARGS = len(scripts.COMMIT_PLACEMENTS.args) - 1
 
 
 class _ScriptKeys:
@@ -414,7 +290,7 @@ def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
             entries.append(entry)
     if not entries:
         return [False] * len(batch)
-    reply = store.run_script(_COMMIT_PLACEMENTS, script_keys.names,
+    reply = store.run_script(scripts.COMMIT_PLACEMENTS, script_keys.names,
                              [_compact_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value,
                               *records])
     return [position is not None and bool(reply[position]) for position in positions]

@@ -12,7 +12,7 @@ repeatable after a kill -9 at any point:
    the last attempt's tasks, a summary of the events and the record (less
    what only a live job uses) fold into one compressed archive
    (shared/domain/archive.py) and their keys go, the record's hash too. The API
-   reads the same job before and after (shared/state/store.py falls back to the
+   reads the same job before and after (shared/state/store falls back to the
    archive; logs come from files).
 2. Expire: finished jobs older than PAI_RETENTION_DAYS go with every key
    they had, their index entries and their log files.

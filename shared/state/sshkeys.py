@@ -12,16 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from shared.domain.ssh import KeyPair, SshAccess, generate, key_comment, pair_of
-from shared.state import keys
-
-# Deletes the key only while it holds this very value: a submit that lost
-# its race (409) removes its own key, never the key of the job that won.
-_DISCARD = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+from shared.state import keys, scripts
 
 
 def store_key(r: Any, job_id: str, pair: KeyPair) -> bool:
@@ -34,7 +25,7 @@ def store_key(r: Any, job_id: str, pair: KeyPair) -> bool:
 
 def discard_key(r: Any, job_id: str, pair: KeyPair) -> None:
     """Undo `store_key` for a submit that stored no job (409, a changed VC)."""
-    r.eval(_DISCARD, 1, keys.job_ssh_key(job_id), pair.private_key)
+    scripts.run(r, scripts.DISCARD_SSH_KEY, [keys.job_ssh_key(job_id)], [pair.private_key])
 
 
 def read_key(r: Any, job_id: str) -> KeyPair | None:

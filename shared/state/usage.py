@@ -26,7 +26,7 @@ from typing import Any
 
 from shared.domain.models import Allocation, Task, attempt_task_key, split_job_id, task_key
 from shared.infra import config
-from shared.state import keys, telemetry
+from shared.state import keys, scripts, telemetry
 
 DAY_MS = 24 * 3600 * 1000
 # What a report may be grouped by, in the order its rows' keys are shown.
@@ -207,27 +207,6 @@ def report(rows: Iterable[DayUsage], by: Sequence[str], keep: Filter) -> list[di
 
 # ------------------------------------------------------------------ Redis
 
-# Adds a record's roll-up increments only if the record was not added before:
-# HSETNX on the day's record hash is the guard, so recording the same task
-# twice (a redelivered exit, a repair re-running) counts it once.
-# KEYS[1]: the record hash; ARGV[1], ARGV[2]: the record's key and JSON.
-# Then, per increment i: KEYS[i + 1] the hash, ARGV the field, the amount,
-# and "i" (HINCRBY) or "f" (HINCRBYFLOAT); or, for a key's expiry, any field,
-# the instant (ms) and "x" (PEXPIREAT: the retention, set by the write).
-RECORD_ONCE = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
-for i = 1, #KEYS - 1 do
-  local field, amount, kind = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
-  if kind == 'f' then
-    redis.call('HINCRBYFLOAT', KEYS[i + 1], field, amount)
-  elseif kind == 'x' then
-    redis.call('PEXPIREAT', KEYS[i + 1], amount)
-  else
-    redis.call('HINCRBY', KEYS[i + 1], field, amount)
-  end
-end
-return 1
-"""
 COUNTERS = (telemetry.GPU_SECONDS, telemetry.CPU_SECONDS, telemetry.MEMORY_MB_SECONDS)
 
 
@@ -340,7 +319,7 @@ def record_interval(pipe: Any, interval: Interval, retention_days: int | None = 
             record_keys.append(metric.key)
             args += [telemetry.counter_field(metric, labels),
                      repr(units * interval.duration_ms / 1000), "f"]
-    pipe.eval(RECORD_ONCE, len(record_keys), *record_keys, *args)
+    scripts.run(pipe, scripts.RECORD_USAGE_ONCE, record_keys, args)
 
 
 def held_allocation(reader: Any, job_id: str, attempt: int, task: Task) -> Allocation | None:

@@ -268,7 +268,7 @@ def test_the_caches_keep_only_what_is_queued_or_placed(
     records) goes once they are gone, so a scheduler that runs for months
     holds about what its cluster and queue hold."""
     monkeypatch.setattr(reading, "PRUNE_SLACK", 0)
-    monkeypatch.setattr("shared.state.store.MAX_GONE_ALLOCATIONS", 0)
+    monkeypatch.setattr("shared.state.store.nodes.MAX_GONE_ALLOCATIONS", 0)
     running, waiting = fill_and_queue(store, worker, 2)
     scheduler = worker.scheduler
     assert {job_id for job_id, _ in scheduler.reader.specs} == set(running + waiting)

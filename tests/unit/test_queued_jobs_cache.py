@@ -1,11 +1,11 @@
-"""The pass's queued records (shared/state/store.py `_queued_jobs`): Redis sends a
+"""The pass's queued records (shared/state/store/nodes.py `_queued_jobs`): Redis sends a
 record again only when its version or submission moved (None: unchanged),
 and only what it sends is parsed."""
 
 from __future__ import annotations
 
 from shared.domain.models import Job
-from shared.state.store import _queued_jobs
+from shared.state.store.nodes import _queued_jobs
 
 
 def fields(job_id: str, version: int, seq: int = 7, **extra: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.state.store import _event_json, compact_json, event_fields
+from shared.state.store.codec import _event_json, compact_json, event_fields
 
 VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text()

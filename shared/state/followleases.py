@@ -1,0 +1,26 @@
+"""A user's leases of long-held requests in Redis (log follows, execs,
+terminals, proxied connections: services/api/follows.py keeps the caps).
+
+One sorted set per user and kind (lease id -> expiry ms); every write that
+checks before it writes is one script (shared/state/scripts/follows.py).
+"""
+
+from __future__ import annotations
+
+from shared.state import scripts
+from shared.state.store import Store
+
+
+def acquire(store: Store, key: str, lease: str, now_ms: int, expiry_ms: int, cap: int) -> bool:
+    """Take `lease` unless the set holds `cap` live ones (expired ones dropped)."""
+    return bool(store.run_script(scripts.ACQUIRE_FOLLOW, [key], [lease, now_ms, expiry_ms, cap]))
+
+
+def renew(store: Store, key: str, lease: str, now_ms: int, expiry_ms: int) -> bool:
+    """Extend a live lease; False when it is gone (expired and dropped, or released)."""
+    return bool(store.run_script(scripts.RENEW_FOLLOW, [key], [lease, now_ms, expiry_ms]))
+
+
+def release(store: Store, key: str, lease: str) -> None:
+    """Give the lease back (its own member; nothing else is touched)."""
+    store.r.zrem(key, lease)

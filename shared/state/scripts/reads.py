@@ -1,0 +1,104 @@
+"""Read-only scripts: many hashes, or the feed of job changes, in one round
+trip (`#!lua flags=no-writes` lets a replica answer them).
+"""
+
+from __future__ import annotations
+
+from shared.state.scripts import Script
+
+# The same fields of many job records as one string: the values joined by
+# NUL (never in a field: numbers, states, names), "\1" for a field that is
+# not there (a record that is not there: compacted, or gone). One reply a
+# chunk, not one per value: the client parses 2,000 records at once.
+HMGET_JOINED = Script(
+    "hmget_joined",
+    keys=("hashes...",),
+    args=("fields...",),
+    source=r"""#!lua flags=no-writes
+local out = {}
+for _, key in ipairs(KEYS) do
+  local got = redis.call('HMGET', key, unpack(ARGV))
+  for j = 1, #ARGV do out[#out + 1] = got[j] or '\1' end
+end
+return table.concat(out, '\0')
+""")
+
+# One string per field, each hash's value (or the default: missing, empty or
+# "None") joined by spaces.
+HMGET_COLUMNS = Script(
+    "hmget_columns",
+    keys=("hashes...",),
+    args=("field, default, field, default...",),
+    source=r"""#!lua flags=no-writes
+local fields, defaults, columns = {}, {}, {}
+for j = 1, #ARGV, 2 do
+  fields[#fields + 1] = ARGV[j]
+  defaults[#defaults + 1] = ARGV[j + 1]
+  columns[#columns + 1] = {}
+end
+for i, key in ipairs(KEYS) do
+  local got = redis.call('HMGET', key, unpack(fields))
+  for j = 1, #fields do
+    local value = got[j]
+    if not value or value == '' or value == 'None' then value = defaults[j] end
+    columns[j][i] = value
+  end
+end
+for j = 1, #columns do columns[j] = table.concat(columns[j], ' ') end
+return columns
+""")
+
+# Many hashes whole, each as HGETALL's flat field/value list.
+HGETALL_MANY = Script(
+    "hgetall_many",
+    keys=("hashes...",),
+    args=(),
+    source="""
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('HGETALL', key)
+end
+return out
+""")
+
+# The queued jobs' records, each whole (HGETALL's flat list; empty for one
+# that is gone) unless ARGV[i], "<version>:<queue_seq>" of the record the
+# scheduler holds, still matches: then 0.
+QUEUED_RECORDS = Script(
+    "queued_records",
+    keys=("job records...",),
+    args=("per record: the stamp the scheduler holds ('' : none)...",),
+    source="""
+local out = {}
+for i, key in ipairs(KEYS) do
+  local now = redis.call('HMGET', key, 'version', 'queue_seq')
+  if ARGV[i] ~= '' and now[1] and now[2] and now[1] .. ':' .. now[2] == ARGV[i] then
+    out[i] = 0
+  else
+    out[i] = redis.call('HGETALL', key)
+  end
+end
+return out
+""")
+
+# The feed's entries after ARGV[1] ("": none, only where the feed stands),
+# with the feed's position and the number of jobs, in one atomic read.
+READ_JOB_CHANGES = Script(
+    "read_job_changes",
+    keys=("the feed of job changes", "all jobs"),
+    args=("entry id to read after", "most entries"),
+    source="""#!lua flags=no-writes
+local jobs = redis.call('ZCARD', KEYS[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then return {jobs, 0, '0-0', {}} end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local added, last = 0, '0-0'
+for i = 1, #info, 2 do
+  if info[i] == 'entries-added' then added = info[i + 1] end
+  if info[i] == 'last-generated-id' then last = info[i + 1] end
+end
+local entries = {}
+if ARGV[1] ~= '' then
+  entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
+end
+return {jobs, added, last, entries}
+""")

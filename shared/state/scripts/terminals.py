@@ -1,0 +1,74 @@
+"""Scripts of exec requests and terminal sessions (shared/state/execs.py,
+shared/state/execsessions.py): each checks the request or session still
+exists before it writes.
+"""
+
+from __future__ import annotations
+
+from shared.state.scripts import Script
+
+# Take an exec request or terminal session for this node: it must exist (it
+# expires), name this node, and be unclaimed; then its fields (false if not).
+CLAIM_EXEC = Script(
+    "claim_exec",
+    keys=("the request or session",),
+    args=("this node", "who claims", "the field a claim sets"),
+    source="""
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('HGET', KEYS[1], 'node') ~= ARGV[1] then return false end
+if redis.call('HSETNX', KEYS[1], ARGV[3], ARGV[2]) == 0 then return false end
+return redis.call('HGETALL', KEYS[1])
+""")
+
+# A terminal's input: -1 the session is gone; 0 full (try again once the
+# reader caught up); 1 added.
+PUSH_TERMINAL_INPUT = Script(
+    "push_terminal_input",
+    keys=("the session", "its input list"),
+    args=("most entries", "ttl ms", "the entry"),
+    source="""
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+""")
+
+# A terminal's output entry, answered as PUSH_TERMINAL_INPUT.
+PUT_TERMINAL_OUTPUT = Script(
+    "put_terminal_output",
+    keys=("the session", "its output stream"),
+    args=("most entries", "ttl ms", "the entry's field/value pairs..."),
+    source="""
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+""")
+
+# The launcher's heartbeat on a session that still exists (0: it is gone).
+BEAT_TERMINAL = Script(
+    "beat_terminal",
+    keys=("the session",),
+    args=("now ms", "the heartbeat's field"),
+    source="""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[1])
+return 1
+""")
+
+# A session's end: the end entry only for a session someone still holds;
+# every other key goes.
+END_TERMINAL = Script(
+    "end_terminal",
+    keys=("the session", "its input", "its output"),
+    args=("ttl ms", "the end entry's field/value pairs..."),
+    source="""
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('XADD', KEYS[3], '*', unpack(ARGV, 2))
+  redis.call('PEXPIRE', KEYS[3], ARGV[1])
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+""")

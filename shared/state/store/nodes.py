@@ -1,0 +1,267 @@
+"""Nodes and their allocations: a node's record and renewals, an admin's
+holds, the allocations each node holds, and the snapshot a scheduling
+pass decides on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared.domain import gpuhealth
+from shared.domain.cluster import NodeFlags, change_flags
+from shared.domain.lease import ClusterView, Lease, NodeSilence, Outage
+from shared.domain.models import Allocation, Job, Node, parse_attempt_task_key, task_key
+from shared.domain.states import TASK_FINAL
+from shared.infra.clock import now_ms
+from shared.state import keys, scripts
+from shared.state.store import NodeNotFound, Pipe, Reader, StoreCore
+from shared.state.store.listing import READ_MANY, _pairs
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster and the queue as one scheduling pass reads them."""
+
+    faults: gpuhealth.Faults
+    nodes: list[Node]  # every node that ever reported, with its heartbeat
+    flags: dict[str, NodeFlags]  # the nodes an admin holds
+    allocations: dict[str, list[Allocation]]  # node -> what it holds
+    queued: list[tuple[str, Job | None]]  # the scheduler's queue, its records
+    # every node's renewals and lease, the outage record and Redis's time:
+    # what decides which nodes may take work (shared/domain/lease.py)
+    cluster: ClusterView = field(default_factory=lambda: ClusterView({}, Outage(), 0))
+
+
+class NodesMixin(StoreCore):
+    """Nodes, an admin's holds on them, their allocations, and the pass's snapshot."""
+
+    def register_node(self, node: Node) -> None:
+        """Write the node's record and stamp its renewal with Redis's time,
+        with no lease: a node set up by hand (tests, benchmarks, drills).
+        A node agent registers through its lease (shared/state/leases.py)."""
+        node.heartbeat_ms = int(self.run_script(
+            scripts.REGISTER_NODE, [keys.node(node.name), keys.NODES],
+            [node.name, json.dumps(node.to_dict(), separators=(",", ":"))]))
+
+    def heartbeat(self, name: str) -> None:
+        """Stamp a renewal of a node set up by hand, with Redis's time."""
+        self.run_script(scripts.REGISTER_NODE, [keys.node(name), keys.NODES], [name, ""])
+
+    def node_heartbeats(self) -> dict[str, int]:
+        return {n: int(s) for n, s in self.r.zrange(keys.NODES, 0, -1, withscores=True)}
+
+    def get_nodes(self) -> list[Node]:
+        """Every node that ever reported, with its last heartbeat."""
+        beats = self.node_heartbeats()
+        if not beats:
+            return []
+        return _nodes_from(beats, self.r.mget([keys.node(n) for n in beats]))
+
+    def launching(self, due_by_ms: int | None = None) -> list[str]:
+        """The launches waiting on a node to start them (attempt task keys),
+        only those whose deadline is `due_by_ms` or earlier if given."""
+        if due_by_ms is None:
+            return self.r.zrange(keys.LAUNCHING, 0, -1)
+        return self.r.zrangebyscore(keys.LAUNCHING, 0, due_by_ms)
+
+    def node_flags(self) -> dict[str, NodeFlags]:
+        """Every node an admin holds (cordoned or draining), in one round trip;
+        a node not named here is schedulable."""
+        raw: dict[str, str] = self.r.hgetall(keys.NODE_FLAGS)
+        return {name: NodeFlags.from_json(flags) for name, flags in raw.items()}
+
+    def set_node_flags(self, name: str, *, schedulable: bool | None = None,
+                       drain: bool | None = None, reason: str | None = None,
+                       by: str) -> NodeFlags:
+        """Apply an admin's change (cluster.change_flags) on the flags as they
+        are at commit; NodeNotFound for a node that never reported, ValueError
+        for a change that means nothing. A node made schedulable again loses
+        its entry, so `node_flags()` lists only the nodes held."""
+
+        def change(pipe: Pipe) -> NodeFlags:
+            if pipe.zscore(keys.NODES, name) is None:
+                raise NodeNotFound(f"node {name} has never reported")
+            raw = pipe.hget(keys.NODE_FLAGS, name)
+            flags = change_flags(NodeFlags.from_json(raw) if raw else NodeFlags(),
+                                 schedulable=schedulable, drain=drain, reason=reason, by=by,
+                                 now_ms=now_ms())
+            pipe.multi()
+            if flags.accepts_work:
+                pipe.hdel(keys.NODE_FLAGS, name)
+            else:
+                pipe.hset(keys.NODE_FLAGS, name, flags.to_json())
+            return flags
+
+        return self.transact(change, keys.NODE_FLAGS)
+
+    def clear_node_flags(self, name: str) -> bool:
+        """Forget any hold on a node (one being retired): True if it had one.
+        A single HDEL, so nothing can interleave with it."""
+        return bool(self.r.hdel(keys.NODE_FLAGS, name))
+
+    def get_node(self, name: str) -> Node | None:
+        """One node's record with its last heartbeat, without reading the others."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zscore(keys.NODES, name)
+        pipe.get(keys.node(name))
+        beat, raw = pipe.execute()
+        if beat is None or not raw:
+            return None
+        node = Node.from_dict(json.loads(raw))
+        node.heartbeat_ms = int(beat)
+        return node
+
+    def get_allocations(self, reader: Reader, node: str) -> dict[str, Allocation]:
+        raw: dict[str, str] = reader.hgetall(keys.node_alloc(node))
+        return {k: Allocation.from_dict(json.loads(v)) for k, v in raw.items()}
+
+    def all_allocations(self, node_names: Sequence[str]) -> dict[str, list[Allocation]]:
+        """Every allocation of the named nodes, in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in node_names:
+            pipe.hgetall(keys.node_alloc(name))
+        replies = pipe.execute() if node_names else []
+        return {name: [Allocation.from_dict(json.loads(v)) for v in raw.values()]
+                for name, raw in zip(node_names, replies, strict=True)}
+
+    def snapshot(self, known: dict[str, Allocation] | None = None,
+                 queue_limit: int = 100_000,
+                 jobs_known: dict[str, tuple[str, Job]] | None = None) -> Snapshot:
+        """What a scheduling pass decides on, in two round trips: the GPU
+        faults, the nodes and their heartbeats, the admins' holds, the queue,
+        Redis's time and the outage record, then the nodes' records,
+        allocations and leases and the queued jobs' records. `known`:
+        allocations parsed before, by their stored text (an allocation's
+        text is written once and never changed), which this
+        keeps up to date with the allocations it parses (and rid of most of
+        those released). `jobs_known`: queued records read before (job id ->
+        stamp and record, `_queued_jobs`), which Redis sends again only when
+        their version or submission changed."""
+        jobs_known = {} if jobs_known is None else jobs_known
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.GPU_FAULTS)
+        pipe.zrange(keys.NODES, 0, -1, withscores=True)
+        pipe.hgetall(keys.NODE_FLAGS)
+        pipe.zrange(keys.QUEUE, 0, queue_limit - 1)
+        pipe.time()
+        pipe.hgetall(keys.CONTROL_PLANE)
+        faults, beats_list, flags, queued, (seconds, micros), outage = pipe.execute()
+        beats = {n: int(s) for n, s in beats_list}
+        pipe = self.r.pipeline(transaction=False)
+        if beats:
+            pipe.mget([keys.node(n) for n in beats])
+        for name in beats:
+            pipe.hgetall(keys.node_alloc(name))
+        for name in beats:
+            pipe.hgetall(keys.node_lease(name))
+        for start in range(0, len(queued), READ_MANY):  # one command, not one each
+            chunk = queued[start:start + READ_MANY]
+            stamps = [jobs_known[job_id][0] if job_id in jobs_known else "" for job_id in chunk]
+            scripts.run(pipe, scripts.QUEUED_RECORDS, [keys.job(i) for i in chunk], stamps)
+        replies = pipe.execute() if beats or queued else []
+        at = 1 if beats else 0
+        nodes = _nodes_from(beats, replies[0]) if beats else []
+        held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
+        at += len(beats)
+        cluster = ClusterView(
+            {name: NodeSilence(renewed, Lease.from_fields(raw) if raw else None)
+             for (name, renewed), raw in zip(beats.items(), replies[at:at + len(beats)],
+                                             strict=True)},
+            Outage.from_fields(outage), int(seconds) * 1000 + int(micros) // 1000)
+        records = [None if flat == 0 else _pairs(flat)
+                   for chunk in replies[at + len(beats):] for flat in chunk]
+        parsed = {} if known is None else known
+        allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
+                       for node in nodes}
+        live = sum(len(raw) for raw in held.values())
+        if len(parsed) > 2 * live + MAX_GONE_ALLOCATIONS:  # keep those still held
+            kept = {text: parsed[text] for raw in held.values() for text in raw.values()
+                    if text in parsed}
+            parsed.clear()
+            parsed.update(kept)
+        return Snapshot(
+            gpuhealth.parse_faults(faults), nodes,
+            {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
+            _queued_jobs(queued, records, jobs_known), cluster)
+
+    def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
+        pipe.hset(keys.node_alloc(alloc.node), alloc.key,
+                  json.dumps(alloc.to_dict(), separators=(",", ":")))
+
+    def release_allocation(self, node: str, alloc_key: str) -> bool:
+        """Free an allocation whose task is settled or gone; False otherwise.
+
+        Conditional on the task's record: once a finished job is deleted its
+        name may be submitted again, and the new job's allocation has the same
+        key; a release decided on the old task must not free it. (Every write
+        of an allocation also writes its task, so checking the task in the
+        same atomic step as the delete suffices.) One round trip: a script
+        (scripts.RELEASE_ALLOCATION) that reads the task and deletes the allocation at once.
+        """
+        job_id, attempt, role, index = parse_attempt_task_key(alloc_key)
+        return bool(self.run_script(
+            scripts.RELEASE_ALLOCATION, [keys.job_tasks(job_id, attempt), keys.node_alloc(node)],
+            [task_key(role, index), alloc_key, *sorted(TASK_FINAL)]))
+
+
+def _queued_jobs(ids: Sequence[str], records: Sequence[dict[str, str] | None],
+                 known: dict[str, tuple[str, Job]]) -> list[tuple[str, Job | None]]:
+    """The queued jobs' records, parsed: a record Redis did not send again
+    (None: its version and submission are those of the one in `known`, job id
+    -> stamp and record, which keeps only the queued ones) is the one parsed
+    before; {} is a record that is gone.
+
+    A job's version moves with every write but two, the waiting reason and
+    the mode, and a resubmitted name has a new `queue_seq`: the pass reads
+    neither of those two from a queued record but the reason it wrote itself
+    (`Scheduler._pass` keeps the record it holds up to date with that). So
+    Redis sends a queued record only when it changed, and a pass over a long
+    queue neither ships nor parses the records of jobs that did not move."""
+    queued: list[tuple[str, Job | None]] = []
+    for job_id, fields in zip(ids, records, strict=True):
+        if fields is None:
+            queued.append((job_id, known[job_id][1]))
+            continue
+        if not fields:
+            known.pop(job_id, None)
+            queued.append((job_id, None))
+            continue
+        job = Job.from_fields(fields)
+        version, seq = fields.get("version"), fields.get("queue_seq")
+        if version and seq:
+            known[job_id] = (f"{version}:{seq}", job)
+        else:
+            known.pop(job_id, None)  # an old record without them: read whole every pass
+        queued.append((job_id, job))
+    if len(known) > 2 * len(ids) + 1000:
+        wanted = set(ids)
+        for job_id in [i for i in known if i not in wanted]:
+            del known[job_id]
+    return queued
+
+
+def _nodes_from(beats: dict[str, int], raws: Sequence[str | None]) -> list[Node]:
+    """The nodes' records (None: gone), each with its heartbeat."""
+    nodes = []
+    for name, raw in zip(beats, raws, strict=True):
+        if raw:
+            node = Node.from_dict(json.loads(raw))
+            node.heartbeat_ms = beats[name]
+            nodes.append(node)
+    return nodes
+
+
+MAX_KNOWN_ALLOCATIONS = 200_000
+MAX_GONE_ALLOCATIONS = 1_000  # released allocations `snapshot` may keep parsed
+
+
+def _allocation(text: str, known: dict[str, Allocation]) -> Allocation:
+    """The allocation stored as `text`, parsed once (Allocation is frozen)."""
+    alloc = known.get(text)
+    if alloc is None:
+        if len(known) >= MAX_KNOWN_ALLOCATIONS:
+            known.clear()
+        alloc = known[text] = Allocation.from_dict(json.loads(text))
+    return alloc
