@@ -2,7 +2,8 @@
 
 Two collectors in a registry made per app (no module globals):
 
-- `ClusterCollector` reads the cluster's state from Redis at scrape time:
+- `ClusterCollector` reads the cluster's state from Redis at scrape time
+  (shared/state/queuecounts.py for the jobs and queues):
   jobs by state and virtual cluster, the queue, GPUs/CPUs/memory per node,
   node and scheduler heartbeats. Nothing is cached, so any API worker
   answers the same.
@@ -16,12 +17,11 @@ families without samples, so "Redis down" is an alert, not a failed scrape.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, Response, current_app, g, request
@@ -39,117 +39,17 @@ from redis.exceptions import RedisError
 from shared.domain.cluster import held, held_by_vc
 from shared.domain.lease import conditions_of
 from shared.domain.models import Allocation, split_job_id
-from shared.domain.states import JobState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
-from shared.state import keys, leases, telemetry, usage
+from shared.state import leases, telemetry, usage
 from shared.state.accounts import DEFAULT_VC, Accounts, VirtualCluster
+from shared.state.queuecounts import jobs_by_state_and_vc, queue_view
 from shared.state.store import Store
 
 log = logging.getLogger("pai.api")
 
 EXTENSION = "pai.metrics"
 MIB = 1024 * 1024
-# The queue is walked front first until every VC's oldest waiting job is
-# known; this bounds one scrape's walk whatever the queue holds.
-QUEUE_WALK_LIMIT = 20_000
-QUEUE_WALK_CHUNK = 500
-
-
-# --------------------------------------------------------------- the state
-
-
-@dataclass
-class QueueView:
-    length: dict[str, int] = field(default_factory=dict)  # vc -> queued jobs
-    oldest_ms: dict[str, int] = field(default_factory=dict)  # vc -> when its oldest was queued
-
-
-def jobs_by_state_and_vc(r: Any, vcs: Sequence[str]) -> dict[tuple[str, str], int]:
-    """(state, vc) -> jobs, by intersecting the state and VC index sets."""
-    pairs = [(state.value, vc) for state in JobState for vc in vcs]
-    pipe = r.pipeline(transaction=False)
-    for state, vc in pairs:
-        pipe.zintercard(2, [keys.state_jobs(state), keys.vc_jobs(vc)])
-    return {pair: int(n) for pair, n in zip(pairs, pipe.execute(), strict=True)}
-
-
-def queue_view(r: Any, vcs: Sequence[str], limit: int = QUEUE_WALK_LIMIT,
-               chunk: int = QUEUE_WALK_CHUNK) -> QueueView:
-    """Queued jobs per VC, and when each VC's longest-waiting job was queued.
-
-    The queue is ordered by submit sequence, and a retried job goes back
-    with its old sequence, so the first first-attempt job of a VC in queue
-    order was submitted before every later job of that VC was submitted or
-    re-queued: the walk stops for a VC there. Retried jobs before it are
-    timed from their attempt's creation (when they were queued again).
-    """
-    pipe = r.pipeline(transaction=False)
-    for vc in vcs:
-        pipe.zintercard(2, [keys.QUEUE, keys.vc_jobs(vc)])
-    view = QueueView(length={vc: int(n) for vc, n in zip(vcs, pipe.execute(), strict=True)})
-    pending = {vc for vc, n in view.length.items() if n}
-    start = 0
-    while pending and start < limit:
-        ids = r.zrange(keys.QUEUE, start, start + chunk - 1)
-        if not ids:
-            break
-        start += chunk
-        pipe = r.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(keys.job(job_id), "virtual_cluster", "state", "attempt", "created_ms")
-        rows = [_QueuedRow(job_id, vc or "", state, attempt, created)
-                for job_id, (vc, state, attempt, created) in zip(ids, pipe.execute(),
-                                                                 strict=True)]
-        rows = [row for row in rows if row.vc in pending and row.state == JobState.WAITING]
-        requeued = _attempt_starts(r, [row for row in rows if row.retried])
-        for row in rows:
-            queued = requeued.get(row.job_id) if row.retried else int(row.created_ms or 0)
-            if queued:
-                view.oldest_ms[row.vc] = min(view.oldest_ms.get(row.vc, queued), queued)
-            if not row.retried:
-                pending.discard(row.vc)
-    return view
-
-
-@dataclass(frozen=True)
-class _QueuedRow:
-    job_id: str
-    vc: str
-    state: str | None
-    attempt: str | None
-    created_ms: str | None
-
-    @property
-    def retried(self) -> bool:
-        return self.attempt not in (None, "", "0")
-
-
-def _attempt_starts(r: Any, retried: Sequence[_QueuedRow]) -> dict[str, int]:
-    """When each retried job's current attempt was created (queued again)."""
-    if not retried:
-        return {}
-    pipe = r.pipeline(transaction=False)
-    for row in retried:
-        pipe.hget(keys.job_attempts(row.job_id), row.attempt)
-    starts = {}
-    for row, raw in zip(retried, pipe.execute(), strict=True):
-        created = _json_int(raw, "created_ms")
-        if created:
-            starts[row.job_id] = created
-    return starts
-
-
-def _json_int(raw: str | None, name: str) -> int | None:
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw).get(name)
-    except (ValueError, AttributeError):
-        return None
-    return int(value) if isinstance(value, int | float) else None
-
-
 # -------------------------------------------------------------- collectors
 
 
@@ -230,7 +130,7 @@ class ClusterCollector(Collector):
         yield from families.values()
 
     def _fill(self, families: dict[str, GaugeMetricFamily]) -> None:
-        r = self.store.r
+        r = self.store.r  # the state layer's readers take the client
         vc_records = Accounts(self.store).list_vcs()
         vcs = sorted({vc.name for vc in vc_records} | {DEFAULT_VC})
         for (state, vc), count in jobs_by_state_and_vc(r, vcs).items():
@@ -251,7 +151,7 @@ class ClusterCollector(Collector):
             families["pai_scheduler_last_heartbeat_timestamp_seconds"].add_metric(
                 [name], beat / 1000)
         families["pai_redis_memory_used_bytes"].add_metric(
-            [], int(r.memory_stats()["total.allocated"]))
+            [], self.store.memory_used_bytes())
         if self.settings.redis_maxmemory_bytes:
             families["pai_redis_memory_max_bytes"].add_metric(
                 [], self.settings.redis_maxmemory_bytes)

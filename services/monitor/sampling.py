@@ -43,9 +43,18 @@ from shared.infra.config import Settings
 from shared.node.containers import LABEL_JOB, LABEL_NODE, LABEL_USER, LABEL_VC, task_ref_from_labels
 from shared.node.engine import EngineCalls
 from shared.node.nvml import Nvml, text
-from shared.state import gpufaults, keys, tasksamples
+from shared.state import gpufaults, tasksamples
 from shared.state.accounts import Accounts
-from shared.state.idle import IdleAction, IdlePolicy, Verdict, decide, stop_reason
+from shared.state.idle import (
+    IdleAction,
+    IdlePolicy,
+    SampleTaken,
+    Verdict,
+    decide,
+    idle_runs,
+    keep_round,
+    stop_reason,
+)
 from shared.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -270,23 +279,22 @@ class NodeSampler:
 
     def _record(self, tasks: list[TaskSample], gpus: list[GpuSample] | None,
                 now: int, listed: frozenset[str]) -> list[Series]:
-        r, idle_key = self.store.r, keys.idle_tasks(self.node)
         utilization = self._gpu_utilization(gpus)
-        previous = {k: int(v) for k, v in (r.hgetall(idle_key) or {}).items() if v.isdigit()}
+        previous = idle_runs(self.store.r, self.node)
         maxlen = tasksamples.max_samples(self.settings.task_sample_seconds,
                                          self.settings.task_sample_keep_seconds)
         # running but not sampled this round (docker stats failed): nothing new to judge
         idle: dict[str, int] = {key: previous[key] for key in listed if key in previous}
         series: list[Series] = []
         stops: list[tuple[TaskSample, Verdict]] = []
-        pipe = r.pipeline()  # MULTI: a reader never sees the idle hash half rewritten
+        taken: list[SampleTaken] = []
         for task in tasks:
             job_id = f"{task.user}~{task.job_name}"
             key = attempt_task_key(job_id, task.attempt, task.role, task.index)
             sample = tasksamples.Sample(
                 time_ms=now, cpu_percent=task.cpu_percent, memory_bytes=task.memory_bytes,
                 gpu_percent=tasksamples.task_gpu_percent(task.gpus, utilization))
-            tasksamples.add(pipe, job_id, task.attempt, task.role, task.index, sample, maxlen)
+            taken.append(SampleTaken(job_id, task.attempt, task.role, task.index, sample))
             verdict = decide(previous.get(key), [sample], now, self._policy())
             if verdict.since_ms is None:
                 idle.pop(key, None)
@@ -296,10 +304,7 @@ class NodeSampler:
                 series.append(Series(TASK_GPU_IDLE, task_labels(self.node, task),
                                      (now - verdict.since_ms) / 1000.0))
                 stops.append((task, verdict))
-        pipe.delete(idle_key)
-        if idle:
-            pipe.hset(idle_key, mapping={k: str(v) for k, v in idle.items()})
-        pipe.execute()
+        keep_round(self.store.r, self.node, taken, idle, maxlen)
         for task, verdict in stops:
             self._maybe_stop(task, verdict, now)
         return series

@@ -23,7 +23,7 @@ from typing import Any
 from shared.domain.exits import STOPPED_BY_PLATFORM
 from shared.domain.models import Task, attempt_task_key, parse_attempt_task_key
 from shared.domain.states import TaskState
-from shared.state import keys
+from shared.state import keys, tasksamples
 from shared.state.tasksamples import Sample
 
 
@@ -83,6 +83,38 @@ def stop_reason(since_ms: int, policy: IdlePolicy) -> str:
     return (f"{STOPPED_BY_PLATFORM}its GPUs stayed below {policy.percent:g}% "
             f"utilisation for {(policy.window_ms + policy.grace_ms) // 1000} s "
             f"(idle since {since_ms} ms; the VC's idleGpuAction is stop)")
+
+
+# ------------------------------------------- a node's runs and samples (Redis)
+
+
+def idle_runs(reader: Any, node: str) -> dict[str, int]:
+    """Attempt task key -> start of its idle run, as the node's monitor last judged."""
+    return {key: int(raw) for key, raw in (reader.hgetall(keys.idle_tasks(node)) or {}).items()
+            if str(raw).isdigit()}
+
+
+@dataclass(frozen=True)
+class SampleTaken:
+    job_id: str
+    attempt: int
+    role: str
+    index: int
+    sample: Sample
+
+
+def keep_round(client: Any, node: str, taken: Iterable[SampleTaken], runs: dict[str, int],
+               maxlen: int) -> None:
+    """One sampling round of a node: each task's sample on its stream, and the
+    node's idle runs replaced by `runs`, in one MULTI (a reader never sees the
+    idle hash half rewritten)."""
+    pipe = client.pipeline()
+    for one in taken:
+        tasksamples.add(pipe, one.job_id, one.attempt, one.role, one.index, one.sample, maxlen)
+    pipe.delete(keys.idle_tasks(node))
+    if runs:
+        pipe.hset(keys.idle_tasks(node), mapping={k: str(v) for k, v in runs.items()})
+    pipe.execute()
 
 
 # ------------------------------------------------- reading the flags (Redis)

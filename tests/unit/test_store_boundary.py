@@ -25,11 +25,18 @@ def _is_store_client(node: ast.expr) -> bool:
 
 
 def raw_calls(source: str) -> list[str]:
-    """Each call of a method on the store's client, as `line: text`."""
+    """Each call of a method on the store's client, directly or through a
+    name it was given (`r = self.store.r; r.get(...)`), as `line: text`."""
+    tree = ast.parse(source)
+    aliases = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+               and _is_store_client(node.value)
+               for target in node.targets if isinstance(target, ast.Name)}
     found = []
-    for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and _is_store_client(node.func.value)):
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        client = node.func.value
+        if _is_store_client(client) or (isinstance(client, ast.Name) and client.id in aliases):
             found.append(f"{node.lineno}: {ast.unparse(node.func)}(...)")
     return found
 
@@ -45,6 +52,8 @@ def test_the_checker_finds_each_form() -> None:
     assert raw_calls("store.r.zrank(key, job)")
     assert raw_calls("self.store.r.pipeline(transaction=False)")
     assert raw_calls("platform().store.r.ping()")
+    assert raw_calls("r = self.store.r\nr.memory_stats()")
+    assert not raw_calls("r = self.store.r\nqueue_view(r, vcs)")
     assert not raw_calls("idle.flagged_tasks(store.r, job_id)")  # the state layer's
     assert not raw_calls("store.queue_position(job)")
     assert not raw_calls("self.r.get(key)")  # a client of the service's own

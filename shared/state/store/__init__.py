@@ -177,6 +177,10 @@ class StoreCore:
         """Whether Redis answers (raises when it does not)."""
         return bool(self.r.ping())
 
+    def memory_used_bytes(self) -> int:
+        """What Redis has allocated (its MEMORY STATS total)."""
+        return int(self.r.memory_stats()["total.allocated"])
+
     def read_archive(self, reader: Reader, job_id: str) -> Archive | None:
         """A compacted job's archive (shared/domain/archive.py), or None: every
         part's readers fall back to it, so a job reads the same before and
