@@ -1,6 +1,12 @@
 """The shared storage's identity: one file per storage root and in the log
 tree, holding this cluster's id (keys.CLUSTER_ID), written by the control
 plane (`ensure`) for every node agent to check (shared/infra/sharedstorage.py).
+
+The API does it at start where it may write the storage (`make up`, an
+operator's own install). Where it runs unprivileged beside a root-owned
+storage (Docker Compose, Kubernetes), `python -m shared.state.storageid`
+does the same once, as root, before it: Compose's storage-init service, the
+api Deployment's init container.
 """
 
 from __future__ import annotations
@@ -8,16 +14,19 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Iterable, Sequence
 
 from shared.infra import safefs
+from shared.infra.config import load_settings
 from shared.infra.sharedstorage import IDENTITY_FILE, read_identity
 from shared.state import leases
 from shared.state.logfiles import ensure_tree
-from shared.state.store import Store
+from shared.state.store import Store, connect
 
 log = logging.getLogger(__name__)
+
 
 def cluster_id(store: Store) -> str:
     return leases.cluster_id(store, uuid.uuid4().hex)
@@ -63,3 +72,18 @@ def ensure(store: Store, folders: Iterable[str]) -> list[str]:
     for problem in problems:
         log.error("shared storage: %s", problem)
     return problems
+
+
+def main() -> int:
+    """The control plane's storage step alone, with the platform's settings;
+    exit 1 when any folder is not this cluster's storage (each said why)."""
+    logging.basicConfig(level=logging.INFO, format="storageid: %(message)s")
+    settings = load_settings()
+    store = Store(connect(settings.redis_url, pool_size=2))
+    problems = ensure_storage(store, settings.storage_roots, settings.task_log_dir,
+                              settings.log_group)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

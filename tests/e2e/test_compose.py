@@ -41,6 +41,7 @@ import pytest
 import requests
 import yaml
 
+from bench import BenchError
 from bench.live_platform import wait_for
 from shared.domain.storage import task_log_parts
 
@@ -217,7 +218,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, docker_client: docker.Docker
 
 
 # Services that run once and exit 0 by design.
-ONE_SHOT = {"redis-credentials"}
+ONE_SHOT = {"redis-credentials", "storage-init"}
 
 
 def healthy(stack: Stack) -> bool:
@@ -294,7 +295,11 @@ def test_hello_world_succeeds_through_the_api(stack: Stack) -> None:
         nodes = session.get(f"{stack.api}/api/v1/nodes", timeout=10).json()
         return any(n["name"] == stack.node and n["state"] == "READY" for n in nodes)
 
-    wait_for(node_ready, timeout=60, interval=0.5, what=f"node {stack.node} to be READY")
+    try:
+        wait_for(node_ready, timeout=60, interval=0.5, what=f"node {stack.node} to be READY")
+    except BenchError as error:  # say why: the node's view carries its reasons
+        nodes = session.get(f"{stack.api}/api/v1/nodes", timeout=10).json()
+        raise AssertionError(f"{error}; nodes: {nodes}") from error
     config = json.loads((ROOT / "examples" / "hello-world.json").read_text())
     resp = session.post(f"{stack.api}/api/v1/user/{ADMIN[0]}/jobs", json=config, timeout=10)
     assert resp.status_code == 202, resp.text

@@ -245,9 +245,24 @@ def test_every_container_has_probes_resources_and_a_security_context() -> None:
 
 def test_api_and_scheduler_run_as_the_images_unprivileged_user() -> None:
     for workload in of_kind("Deployment"):
-        context = workload["spec"]["template"]["spec"]["securityContext"]
+        pod = workload["spec"]["template"]["spec"]
+        context = pod["securityContext"]
         assert context["runAsNonRoot"] is True and context["runAsUser"] == 10001, \
             resource_id(workload)
+        assert all("runAsUser" not in c.get("securityContext", {}) for c in pod["containers"])
+
+
+def test_only_the_storage_step_runs_as_root_and_before_the_api() -> None:
+    """The identity file every node agent checks is written by a root init
+    container of the api (user pai may not write the storage root), with
+    the file capabilities only."""
+    roots = [(resource_id(w), c) for w in of_kind(*WORKLOADS)
+             for c in w["spec"]["template"]["spec"].get("initContainers", [])
+             if c.get("securityContext", {}).get("runAsUser") == 0]
+    storage = [(where, c) for where, c in roots if c["command"][-1] == "shared.state.storageid"]
+    assert len(storage) == 1 and storage[0][0].endswith("pai-api"), storage
+    caps = storage[0][1]["securityContext"]["capabilities"]
+    assert caps["add"] == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
 
 
 def test_scraped_pods_expose_the_annotated_port() -> None:
