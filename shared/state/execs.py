@@ -42,6 +42,16 @@ KEEP_SECONDS = 60
 CLAIMED = "claimed"  # the request's field a launcher sets when it takes it
 
 
+def claim_hash(r: Any, key: str, node: str, claimer: str) -> dict[str, str] | None:
+    """Take the request or session hash at `key` for `node` (scripts.CLAIM_EXEC):
+    its fields, or None when it is gone, names another node, or was taken."""
+    raw = scripts.run(r, scripts.CLAIM_EXEC, [key], [node, claimer, CLAIMED])
+    if not raw:
+        return None
+    values = [v.decode() if isinstance(v, bytes) else str(v) for v in raw]
+    return dict(zip(values[::2], values[1::2], strict=True))
+
+
 class Outcome(StrEnum):
     """How a launcher answered an exec request."""
 
@@ -208,13 +218,8 @@ class Claims:
     def claim(self, request_id: str, node: str, claimer: str) -> ExecRequest | None:
         """The request, if this call took it for `node`; None when it is gone,
         names another node, or was taken before (a redelivered message)."""
-        raw = scripts.run(self.r, scripts.CLAIM_EXEC, [keys.exec_request(request_id)],
-                          [node, claimer, CLAIMED])
-        if not raw:
-            return None
-        values = [v.decode() if isinstance(v, bytes) else str(v) for v in raw]
-        return ExecRequest.from_fields(request_id, dict(zip(values[::2], values[1::2],
-                                                            strict=True)))
+        fields = claim_hash(self.r, keys.exec_request(request_id), node, claimer)
+        return None if fields is None else ExecRequest.from_fields(request_id, fields)
 
     def answer(self, request: ExecRequest, result: ExecResult) -> None:
         key = keys.exec_result(request.id)

@@ -39,7 +39,7 @@ from enum import StrEnum
 from typing import Any
 
 from shared.state import keys, scripts
-from shared.state.execs import ExecRequest
+from shared.state.execs import ExecRequest, claim_hash
 
 DEFAULT_ARGV = ("/bin/sh",)
 DEFAULT_COLS, DEFAULT_ROWS = 80, 24
@@ -53,7 +53,6 @@ RENEW_SECONDS = 10  # the API renews the session (and its user's lease) this oft
 NODE_LOST_SECONDS = 30  # no heartbeat for this long: the API ends the session
 START_WAIT_SECONDS = 30  # how long the API waits for a start message after the upgrade
 
-CLAIMED = "claimed"
 BEAT = "beat"
 
 
@@ -227,13 +226,8 @@ class Sessions:
     def claim(self, session_id: str, node: str, claimer: str) -> TtyRequest | None:
         """The session, if this call took it for `node`; None when it is gone,
         names another node, or was taken before."""
-        raw = scripts.run(self.r, scripts.CLAIM_EXEC, [keys.exec_session(session_id)],
-                          [node, claimer, CLAIMED])
-        if not raw:
-            return None
-        values = [v.decode() if isinstance(v, bytes) else str(v) for v in raw]
-        return TtyRequest.from_fields(session_id, dict(zip(values[::2], values[1::2],
-                                                           strict=True)))
+        fields = claim_hash(self.r, keys.exec_session(session_id), node, claimer)
+        return None if fields is None else TtyRequest.from_fields(session_id, fields)
 
     def put_output(self, session_id: str, fields: dict[str, str]) -> int:
         """Append an output entry: 1 added, 0 full, -1 the session is gone."""
