@@ -1,4 +1,5 @@
-"""One multi-host cluster for the module's faults (tests/cluster/platform.py).
+"""One multi-host cluster for the tier's tests (tests/cluster/platform.py):
+the faults, then training across two of its hosts.
 
 `make test` runs every fault with short durations (PAI_CLUSTER_FAULT_SECONDS,
 default 30); `make test-cluster` holds the outages for minutes. Each test
@@ -24,14 +25,14 @@ FAULT_SECONDS = float(os.environ.get("PAI_CLUSTER_FAULT_SECONDS", "30"))
 OUTAGE_SECONDS = float(os.environ.get("PAI_CLUSTER_OUTAGE_SECONDS", str(FAULT_SECONDS)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def figures() -> Iterator[dict[str, Any]]:
     found: dict[str, Any] = {}
     yield found
     print("\ncluster figures:", json.dumps(found, indent=1, sort_keys=True))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory,
             figures: dict[str, Any]) -> Iterator[Cluster]:
     reason = can_make_hosts()

@@ -214,6 +214,17 @@ class Cluster:
             return [t["containerNodeName"] for t in tasks]
         return None
 
+    def task_log(self, name: str, role: str, index: int) -> str:
+        reply = self.http.get(f"{self.url}/api/v1/user/{ADMIN[0]}/jobs/{name}/tasks/{role}/"
+                              f"{index}/log", timeout=30)
+        reply.raise_for_status()
+        return reply.text
+
+    def cordon(self, node: str, schedulable: bool) -> None:
+        reply = self.http.put(f"{self.url}/api/v1/nodes/{node}",
+                              json={"schedulable": schedulable}, timeout=10)
+        assert reply.status_code == 200, reply.text
+
     def stop_job(self, name: str) -> None:
         self.http.put(f"{self.url}/api/v1/user/{ADMIN[0]}/jobs/{name}/executionType",
                       json={"value": "STOP"}, timeout=10)

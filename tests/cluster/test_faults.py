@@ -33,12 +33,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.redis]
 FOREVER = "while true; do sleep 1; done"
 
 
-def cordon(cluster: Cluster, node: str, schedulable: bool) -> None:
-    reply = cluster.http.put(f"{cluster.url}/api/v1/nodes/{node}",
-                             json={"schedulable": schedulable}, timeout=10)
-    assert reply.status_code == 200, reply.text
-
-
 def settle(cluster: Cluster, names: list[str]) -> None:
     """Stop these jobs and wait for them to end; every node READY again."""
     for name in names:
@@ -223,7 +217,7 @@ def test_a_node_whose_clock_is_minutes_off_changes_nothing(
         cluster.wait(lambda: cluster.node_view(skewed)["state"] == "READY", "the skewed node")
         for name in cluster.nodes:
             if name != skewed:
-                cordon(cluster, name, False)
+                cluster.cordon(name, False)
         submitted = time.time() * 1000
         cluster.submit("on-skewed", "sleep 3")
         cluster.wait(lambda: cluster.job("on-skewed")["jobStatus"]["state"] == "SUCCEEDED",
@@ -248,7 +242,7 @@ def test_a_node_whose_clock_is_minutes_off_changes_nothing(
                                       "jobs restarted": restarted(cluster, ["on-skewed"])}
     finally:
         for name in cluster.nodes:
-            cordon(cluster, name, True)
+            cluster.cordon(name, True)
         cluster.stop_agent(skewed)
         cluster.start_agent(skewed)
     cluster.wait(lambda: cluster.node_view(skewed)["state"] == "READY", "the node, clock fixed")
@@ -258,7 +252,7 @@ def test_a_node_whose_clock_is_minutes_off_changes_nothing(
 def test_a_node_whose_engine_hangs_is_taken_out_and_its_gang_placed_elsewhere(
         cluster: Cluster, figures: dict[str, Any]) -> None:
     hung, spare = "n2", "n1"
-    cordon(cluster, spare, False)
+    cluster.cordon(spare, False)
     cluster.engines[hung].freeze()
     frozen_at = time.monotonic()
     try:
@@ -268,7 +262,7 @@ def test_a_node_whose_engine_hangs_is_taken_out_and_its_gang_placed_elsewhere(
         noticed = time.monotonic() - frozen_at
         cluster.wait(lambda: cluster.job("gang")["jobStatus"]["attemptIndex"] >= 1,
                      "the gang's first attempt to be given back")
-        cordon(cluster, spare, True)
+        cluster.cordon(spare, True)
         placed = cluster.wait(lambda: cluster.running_on("gang", attempt=1),
                               "the gang to run on the other nodes")
         replaced = time.monotonic() - frozen_at
@@ -278,7 +272,7 @@ def test_a_node_whose_engine_hangs_is_taken_out_and_its_gang_placed_elsewhere(
         assert "not ready" in detail["attempts"][0]["reason"]
     finally:
         cluster.engines[hung].thaw()
-        cordon(cluster, spare, True)
+        cluster.cordon(spare, True)
     cluster.wait(lambda: cluster.node_view(hung)["state"] == "READY",
                  "the node, its engine back, to settle and be READY")
     figures["engine hung"] = {"not ready after s": round(noticed, 1),
@@ -304,7 +298,7 @@ def test_a_node_without_the_shared_storage_takes_no_work(
                             "the node without its storage to be NOT_READY, saying why")
         for name in cluster.nodes:
             if name != bare:
-                cordon(cluster, name, False)
+                cluster.cordon(name, False)
         cluster.submit("needs-storage", "sleep 1")
         waiting = cluster.wait(lambda: (status := cluster.job("needs-storage")["jobStatus"])
                                .get("waitingReason") and status, "a pass to leave the job waiting")
@@ -315,7 +309,7 @@ def test_a_node_without_the_shared_storage_takes_no_work(
                                       "job while only that node took work": waiting["state"]}
     finally:
         for name in cluster.nodes:
-            cordon(cluster, name, True)
+            cluster.cordon(name, True)
         cluster.stop_agent(bare)
         cluster.start_agent(bare)
     cluster.wait(lambda: cluster.node_view(bare)["state"] == "READY", "the node, storage back")
