@@ -4,8 +4,9 @@ tasks that find each other from the PAI_* environment (gloo), and the
 environment OpenPAI's own DDP example reads is there.
 
 The DDP test takes its cluster from the `ddp_cluster` fixture, by name: here
-"one-host" (both workers on the session's one node). A multi-host tier adds
-a name whose platform puts the workers on two nodes; the test is the same.
+"one-host" (both workers on the session's one node). The same example with
+its ranks on two hosts is tests/cluster/test_training.py, in the multi-host
+tier.
 """
 
 from __future__ import annotations
