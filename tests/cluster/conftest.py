@@ -25,14 +25,17 @@ FAULT_SECONDS = float(os.environ.get("PAI_CLUSTER_FAULT_SECONDS", "30"))
 OUTAGE_SECONDS = float(os.environ.get("PAI_CLUSTER_OUTAGE_SECONDS", str(FAULT_SECONDS)))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def figures() -> Iterator[dict[str, Any]]:
     found: dict[str, Any] = {}
     yield found
     print("\ncluster figures:", json.dumps(found, indent=1, sort_keys=True))
 
 
-@pytest.fixture(scope="session")
+# Package scope: one cluster for this folder's modules, torn down after its
+# last test, before the rest of a `make test` run (a session-scoped cluster
+# would keep three engines and their agents busy through every later test).
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory,
             figures: dict[str, Any]) -> Iterator[Cluster]:
     reason = can_make_hosts()
