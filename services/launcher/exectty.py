@@ -27,7 +27,7 @@ from typing import Any
 from docker.errors import APIError, NotFound
 from docker.utils import socket as docker_socket
 
-from services.launcher.runtime import DockerRuntime
+from services.launcher.runtime import DockerRuntime, close_exec_socket
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.state import execsessions
@@ -110,8 +110,7 @@ class TtySessions:
             try:
                 reason = self._pump(request, exec_id, sock)
             finally:
-                with contextlib.suppress(OSError):
-                    sock.close()
+                close_exec_socket(sock)
             exit_code = self._finish(exec_id, reason)
             self.sessions.end(request.id, exit_code, reason)
             self._audit_end(request, exit_code, reason, time.monotonic() - started)
