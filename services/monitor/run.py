@@ -35,6 +35,7 @@ log = logging.getLogger("pai.monitor")
 
 RECONCILE_SECONDS = 10.0
 SHUTDOWN_JOIN_SECONDS = 15.0
+STOP_SLICE_SECONDS = 0.5  # how long a stop may wait for the reconcile loop to see it
 
 
 def reconcile_loop(monitor: Monitor, stop: threading.Event, keeper: LeaseKeeper | None = None,
@@ -43,11 +44,15 @@ def reconcile_loop(monitor: Monitor, stop: threading.Event, keeper: LeaseKeeper 
     and at once when the lease keeper asks (the node is back from silence):
     after a whole pass it tells the keeper, which may then say READY."""
     requested = keeper.reconcile_requested if keeper is not None else threading.Event()
+    due = time.monotonic() + interval
     while not stop.is_set():
-        requested.wait(interval)
+        # in slices, so that a stop is seen within one (not after a whole interval)
+        if not requested.wait(min(STOP_SLICE_SECONDS, interval)) and time.monotonic() < due:
+            continue
         if stop.is_set():
             return
         requested.clear()
+        due = time.monotonic() + interval
         generation = keeper.reconcile_generation() if keeper is not None else 0
         try:
             summary = monitor.reconcile()
