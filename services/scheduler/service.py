@@ -46,9 +46,10 @@ from shared.infra.messaging import Messenger
 from shared.state import retention, telemetry, usage
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.lifecycle import (
+    ModeChange,
     mark_preempted,
     renew_stale_launch,
-    set_mode,
+    set_modes,
     set_waiting_many,
 )
 from shared.state.placing import PlacementCommit, commit_placement, commit_placements
@@ -69,6 +70,7 @@ MAX_DEFERRED = 64
 class PassStats:
     placed: int = 0
     waiting: int = 0
+    modes_changed: int = 0  # running jobs promoted to their guarantee or demoted from it
     seconds: float = 0.0
 
 
@@ -174,8 +176,8 @@ class Scheduler:
         for preemption in plan.preempt:
             self._preempt(preemption, now)
         attempts = {r.job_id: r.attempt for r in running}
-        for job_id, mode in plan.modes.items():
-            set_mode(self.store, job_id, attempt=attempts[job_id], mode=mode)
+        stats.modes_changed = len(set_modes(self.store, [
+            ModeChange(job_id, attempts[job_id], mode) for job_id, mode in plan.modes.items()]))
         self._stop_overdue(running, now)
         self._explain_waiting(plan.waiting, records)
         stats.seconds = time.perf_counter() - started

@@ -35,7 +35,7 @@ from shared.domain.models import (
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState, check_task_move
 from shared.infra.clock import now_ms
 from shared.state import keys, retention, scripts, telemetry
-from shared.state.store import Expect, Pipe, Store
+from shared.state.store import EVENTS_MAX_LEN, Expect, Pipe, Store, event_fields
 
 PASS_REQUEST_TTL_MS = 1000
 
@@ -282,22 +282,38 @@ def mark_preempted(store: Store, job_id: str, *, attempt: int, by: str,
     return store.transact(decide, key)
 
 
-def set_mode(store: Store, job_id: str, *, attempt: int, mode: str) -> bool:
-    """A placed job now runs on its VC's guarantee or on borrowed GPUs (the
-    policy promotes and demotes as other work comes and goes)."""
-    key = keys.job(job_id)
+@dataclass(frozen=True)
+class ModeChange:
+    """A placed job's attempt now runs on its VC's guarantee or on borrowed
+    GPUs (the policy promotes and demotes as other work comes and goes)."""
 
-    def decide(pipe: Pipe) -> bool:
-        job = store.read_job(pipe, job_id)
-        if job is None or job.attempt != attempt or job.state not in LIVE_JOB_STATES \
-                or not job.mode or job.mode == mode:
-            return False
-        pipe.multi()
-        pipe.hset(key, "mode", mode)
-        store.add_event(pipe, job_id, "mode", attempt=attempt, mode=mode)
-        return True
+    job_id: str
+    attempt: int
+    mode: str
 
-    return store.transact(decide, key)
+
+SET_MODES_BATCH = 500
+
+
+def set_modes(store: Store, changes: Sequence[ModeChange]) -> list[str]:
+    """Write each change where its job still runs that attempt, is live and
+    placed, and has another mode, with a "mode" event; the jobs changed.
+    One script call per SET_MODES_BATCH jobs: a pass that demotes every job
+    of a VC at once stays a few round trips, not a transaction per job."""
+    changed: list[str] = []
+    live = json.dumps(sorted(state.value for state in LIVE_JOB_STATES))
+    for start in range(0, len(changes), SET_MODES_BATCH):
+        batch = changes[start:start + SET_MODES_BATCH]
+        script_keys = [key for c in batch for key in (keys.job(c.job_id),
+                                                      keys.job_events(c.job_id))]
+        args = [str(EVENTS_MAX_LEN), live]
+        for c in batch:
+            event = event_fields("mode", attempt=c.attempt, mode=c.mode)
+            args.append(json.dumps([str(c.attempt), c.mode,
+                                    [part for item in event.items() for part in item]]))
+        positions = store.run_script(scripts.SET_MODES, script_keys, args)
+        changed += [batch[int(position) - 1].job_id for position in positions]
+    return changed
 
 
 STALE_BATCH = 500

@@ -24,13 +24,14 @@ from shared.domain.models import (
     parse_attempt_task_key,
 )
 from shared.domain.states import JobState, TaskState
-from shared.state import keys
+from shared.state import keys, lifecycle
 from shared.state.lifecycle import (
+    ModeChange,
     delete_job,
     mark_preempted,
     mark_task_running,
     request_stop,
-    set_mode,
+    set_modes,
     set_waiting,
     submit_job,
 )
@@ -783,13 +784,34 @@ def test_tasks_exiting_at_once_under_preemption_requeue_exactly_once(
         assert event_kinds(store, job.id).count("attempt-end") == 1
 
 
-def test_set_mode_changes_only_a_placed_job(store: Store) -> None:
-    job = submit_job(store, "alice", config("moded"))
-    assert not set_mode(store, job.id, attempt=0, mode="borrowed")  # not placed
-    placed_job = job_of(store, job.id)
-    assert commit_placement(store, job.id, version=placed_job.version, attempt=0,
-                            placements=placements(store, job.id),
-                            launch_deadline_ms=DEADLINE_MS, mode="guaranteed")
-    assert set_mode(store, job.id, attempt=0, mode="borrowed")
-    assert job_of(store, job.id).mode == "borrowed"
-    assert not set_mode(store, job.id, attempt=0, mode="borrowed")  # already so
+def test_set_modes_changes_only_placed_jobs_still_on_that_attempt(store: Store) -> None:
+    waiting = submit_job(store, "alice", config("mode-waiting"))
+    placed = [submit_job(store, "alice", config(f"mode-placed-{i}")) for i in range(4)]
+    for job in placed:
+        place(store, job.id, mode="guaranteed")
+    stopped = placed[3]
+    assert request_stop(store, stopped.id).state == JobState.STOPPING
+    changes = [ModeChange(waiting.id, 0, "borrowed"),      # not placed: no mode
+               ModeChange(placed[0].id, 0, "borrowed"),    # changes
+               ModeChange(placed[1].id, 1, "borrowed"),    # another attempt
+               ModeChange(placed[2].id, 0, "guaranteed"),  # already so
+               ModeChange(stopped.id, 0, "borrowed")]      # no longer live
+    assert set_modes(store, changes) == [placed[0].id]
+    assert [job_of(store, j.id).mode for j in [waiting, *placed]] == \
+        ["", "borrowed", "guaranteed", "guaranteed", "guaranteed"]
+    mode_events = [e for e in store.get_events(placed[0].id) if e["kind"] == "mode"]
+    assert [(e["attempt"], e["mode"]) for e in mode_events] == [(0, "borrowed")]
+    assert set_modes(store, changes) == []  # again: nothing left to change
+    assert not [e for e in store.get_events(placed[2].id) if e["kind"] == "mode"]
+
+
+def test_set_modes_batches_a_mass_demotion(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifecycle, "SET_MODES_BATCH", 2)  # five jobs: three script calls
+    jobs = [submit_job(store, "alice", config(f"mass-{i}")) for i in range(5)]
+    for job in jobs:
+        place(store, job.id, mode="guaranteed")
+    assert set_modes(store, [ModeChange(j.id, 0, "borrowed") for j in jobs]) == \
+        [j.id for j in jobs]
+    assert {job_of(store, j.id).mode for j in jobs} == {"borrowed"}
+
+

@@ -36,11 +36,11 @@ def placements(store: Store, job_id: str, node: str = "n1") -> list[TaskPlacemen
     ]
 
 
-def place(store: Store, job_id: str, node: str = "n1") -> None:
+def place(store: Store, job_id: str, node: str = "n1", mode: str = "") -> None:
     job = job_of(store, job_id)
     assert commit_placement(store, job_id, version=job.version, attempt=job.attempt,
                             placements=placements(store, job_id, node),
-                            launch_deadline_ms=DEADLINE_MS)
+                            launch_deadline_ms=DEADLINE_MS, mode=mode)
 
 
 ROUNDS = 50  # a race's runs: enough to meet each interleaving

@@ -78,6 +78,7 @@ from shared.state.scripts.jobs import (  # noqa: E402
     DISCARD_SSH_KEY,
     KEEP_HIGHER_STEP,
     RECORD_USAGE_ONCE,
+    SET_MODES,
     SET_WAITING,
 )
 from shared.state.scripts.nodes import (  # noqa: E402
@@ -112,6 +113,7 @@ from shared.state.scripts.terminals import (  # noqa: E402
 ALL: tuple[Script, ...] = (
     CREATE_JOB,
     SET_WAITING,
+    SET_MODES,
     KEEP_HIGHER_STEP,
     DISCARD_SSH_KEY,
     RECORD_USAGE_ONCE,

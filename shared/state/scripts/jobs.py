@@ -113,6 +113,35 @@ end
 return written
 """)
 
+# Each pair of KEYS a job record and its events: the job's placement mode
+# (guaranteed or borrowed) set where the job still runs the attempt the pass
+# saw, is still live, has a mode and a different one. ARGV[2] lists the live
+# states (JSON); ARGV[i + 2] is the i-th job's [attempt, mode, event fields
+# flattened] (JSON), its "mode" event made by the caller. Returns the
+# 1-based positions of the jobs it changed.
+SET_MODES = Script(
+    "set_modes",
+    keys=("a job record, then its events, per job...",),
+    args=("the events' bound", "the live states (JSON)",
+          "per job: [attempt, mode, event fields...] JSON..."),
+    source="""
+local live = {}
+for _, state in ipairs(cjson.decode(ARGV[2])) do live[state] = true end
+local changed = {}
+for i = 1, #KEYS / 2 do
+  local want = cjson.decode(ARGV[i + 2])
+  local key = KEYS[2 * i - 1]
+  local now = redis.call('HMGET', key, 'state', 'attempt', 'mode')
+  if now[1] and live[now[1]] and (now[2] or '0') == want[1]
+      and (now[3] or '') ~= '' and now[3] ~= want[2] then
+    redis.call('HSET', key, 'mode', want[2])
+    redis.call('XADD', KEYS[2 * i], 'MAXLEN', '~', ARGV[1], '*', unpack(want[3]))
+    changed[#changed + 1] = i
+  end
+end
+return changed
+""")
+
 # Keeps the higher of the stored step and ARGV[2]: the result does not
 # depend on the order batches arrive in, nor on a batch arriving twice (log
 # shipping is at least once, and a shipper replaced while it still held
