@@ -11,7 +11,9 @@ unhealthy, a node that no longer has room): the next pass decides it again.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +31,14 @@ from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.state import gpufaults, keys, scripts
 from shared.state.lifecycle import move_task
-from shared.state.store import EVENTS_MAX_LEN, Pipe, Store, compact_json, event_fields
+from shared.state.store import (
+    EVENTS_MAX_LEN,
+    Pipe,
+    Store,
+    StoreError,
+    compact_json,
+    event_fields,
+)
 
 
 def _bind_task(task: Task, placement: TaskPlacement, launched_ms: int) -> bool:
@@ -258,25 +267,71 @@ def commit_placements(store: Store, commits: Sequence[PlacementCommit], *,
     """Bind many gangs at once, each as `commit_placement` binds one: True for
     each one bound, False for each the world moved away from (the next pass
     decides it again). Two round trips per MAX_BATCH_TASKS tasks: the jobs'
-    records and tasks in one pipeline, then one script that re-checks them,
-    and the nodes, and applies each gang's writes or none of them."""
-    bound: list[bool] = []
-    batch: list[PlacementCommit] = []
+    tasks read, then one script that re-checks them, and the nodes, and
+    applies each gang's writes or none of them.
+
+    The batches overlap: while Redis runs one batch's script (on a thread of
+    its own, in batch order), this thread renders the next batch's entries
+    from tasks it read just before. The two are as big as each other at
+    scale, and Redis and the scheduler have a core each. A batch's script
+    re-checks all it relies on, as it would one round trip later."""
+    batches = _batches(commits)
+    if len(batches) <= 1:
+        return [bound for batch in batches
+                for bound in _apply_batch(store, _prepare_batch(
+                    batch, _read_tasks(store, batch), launch_deadline_ms))]
+    failed = threading.Event()  # a script that raised: the batches after it are not run
+
+    def apply(prepared: _Prepared) -> list[bool]:
+        if failed.is_set():
+            raise StoreError("an earlier batch of this commit failed")
+        try:
+            return _apply_batch(store, prepared)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(1, thread_name_prefix="pai-commit") as scripts_runner:
+        pending = []
+        read = _read_tasks(store, batches[0])
+        for at, batch in enumerate(batches):
+            prepared = _prepare_batch(batch, read, launch_deadline_ms)
+            if at + 1 < len(batches):
+                read = _read_tasks(store, batches[at + 1])
+            pending.append(scripts_runner.submit(apply, prepared))
+        return [bound for done in pending for bound in done.result()]
+
+
+def _batches(commits: Sequence[PlacementCommit]) -> list[list[PlacementCommit]]:
+    """The commits in order, MAX_BATCH_TASKS tasks a batch at most (a bigger
+    gang alone in its own)."""
+    batches: list[list[PlacementCommit]] = []
     size = 0
     for commit in commits:
-        if batch and size + len(commit.placements) > MAX_BATCH_TASKS:
-            bound += _commit_batch(store, batch, launch_deadline_ms)
-            batch, size = [], 0
-        batch.append(commit)
+        if not batches or (batches[-1] and size + len(commit.placements) > MAX_BATCH_TASKS):
+            batches.append([])
+            size = 0
+        batches[-1].append(commit)
         size += len(commit.placements)
-    if batch:
-        bound += _commit_batch(store, batch, launch_deadline_ms)
-    return bound
+    return batches
 
 
-def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
-                  launch_deadline_ms: int) -> list[bool]:
-    read = store.read_hashes([keys.job_tasks(c.job_id, c.attempt) for c in batch])
+@dataclass
+class _Prepared:
+    """A batch rendered for the script: its KEYS, ARGV and where each job's
+    answer is in the reply (None: refused before the script)."""
+
+    script_keys: list[str]
+    args: list[str]
+    positions: list[int | None]
+
+
+def _read_tasks(store: Store, batch: Sequence[PlacementCommit]) -> list[dict[str, str]]:
+    return store.read_hashes([keys.job_tasks(c.job_id, c.attempt) for c in batch])
+
+
+def _prepare_batch(batch: Sequence[PlacementCommit], read: Sequence[dict[str, str]],
+                   launch_deadline_ms: int) -> _Prepared:
     script_keys = _ScriptKeys(keys.NODE_FLAGS, keys.LAUNCHING, keys.QUEUE, keys.GPU_FAULTS)
     entries: list[dict[str, Any]] = []
     positions: list[int | None] = []
@@ -288,9 +343,13 @@ def _commit_batch(store: Store, batch: Sequence[PlacementCommit],
         positions.append(len(entries) if entry is not None else None)
         if entry is not None:
             entries.append(entry)
-    if not entries:
-        return [False] * len(batch)
-    reply = store.run_script(scripts.COMMIT_PLACEMENTS, script_keys.names,
-                             [_compact_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value,
-                              *records])
-    return [position is not None and bool(reply[position]) for position in positions]
+    args = [_compact_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value, *records] \
+        if entries else []
+    return _Prepared(script_keys.names, args, positions)
+
+
+def _apply_batch(store: Store, prepared: _Prepared) -> list[bool]:
+    if not prepared.args:  # every job already refused
+        return [False] * len(prepared.positions)
+    reply = store.run_script(scripts.COMMIT_PLACEMENTS, prepared.script_keys, prepared.args)
+    return [at is not None and bool(reply[at]) for at in prepared.positions]
