@@ -363,9 +363,7 @@ def list_user_jobs(username: str) -> list[dict[str, Any]]:
     """A user's jobs, newest first (at most 1000).
     ---
     get:
-      responses:
-        200:
-          content: {application/json: {schema: {type: array, items: JobSummary}}}
+      responses: {200: [JobSummary]}
     """
     jobs, _ = platform().store.list_jobs(username=username, limit=1000)
     return [job_summary(j) for j in jobs]
@@ -556,10 +554,7 @@ def idle_gpu_tasks() -> list[dict[str, Any]]:
     in sees them, as anyone sees the job list.
     ---
     get:
-      responses:
-        200:
-          content:
-            application/json: {schema: {type: array, items: IdleGpuTask}}
+      responses: {200: [IdleGpuTask]}
     """
     store, settings = platform().store, platform().settings
     nodes = list(store.node_heartbeats())
