@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from flask import Blueprint, Response, current_app, g, request
@@ -68,6 +68,7 @@ VCS_EXTENSION = "pai.known_vcs"
 SHAPES_EXTENSION = "pai.config_shapes"
 # The stored config's key for a v2 job's submission as it may be shown back.
 V2_SUBMISSION = "protocolV2"
+View = TypeVar("View", bound=Callable[..., Any])
 
 
 def _config_body(read: Callable[[], Any] = read_document) -> Any:
@@ -97,50 +98,53 @@ def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
     return job
 
 
-@bp.post("/jobs", endpoint="submit")
-@bp.post("/user/<username>/jobs", endpoint="submit_for_user")
-def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
-    """Submit a job: as the caller, or for a user (themselves, or anyone for an admin).
+# Both submit views answer alike: 202, or with dryRun 200 and the config as it
+# would be stored; only the bodies they take differ (`_submit_operation`).
+_SUBMIT_OPERATION = """
     ---
     post:
       errors: [400, 403, 404, 409]
       parameters:
-      - {in: query, schema: SubmitQuerySchema}
+      - {{in: query, schema: SubmitQuerySchema}}
       requestBody:
         required: true
         content:
-          application/json: {schema: JobConfig}
-          text/yaml: {schema: {type: string, description: "a v1 or protocol v2 config"}}
+{content}
       responses:
         202: Submitted
         200:
           description: dryRun; the config as it would be stored
-          content: {application/json: {schema: DryRun}}
-    """
+          content: {{application/json: {{schema: DryRun}}}}
+"""
+
+
+def _submit_operation(*content: str) -> Callable[[View], View]:
+    """A submit view's OpenAPI operation, after its own summary: `content`,
+    one line a media type it takes, is all that is particular to it."""
+    lines = "\n".join(f"          {media}" for media in content)
+
+    def document(view: View) -> View:
+        view.__doc__ = (view.__doc__ or "") + _SUBMIT_OPERATION.format(content=lines)
+        return view
+
+    return document
+
+
+@bp.post("/jobs", endpoint="submit")
+@bp.post("/user/<username>/jobs", endpoint="submit_for_user")
+@_submit_operation("application/json: {schema: JobConfig}",
+                   'text/yaml: {schema: {type: string, description: "a v1 or protocol v2 config"}}')
+def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
+    """Submit a job: as the caller, or for a user (themselves, or anyone for an admin)."""
     dry_run = load_query(SubmitQuerySchema())["dryRun"]
     return _submit(username or current_user().username, _config_body(), dry_run)
 
 
 @bp_v2.post("/jobs", endpoint="submit")
+@_submit_operation(*(f"{media}: {{schema: JobConfigV2}}"
+                     for media in ("text/yaml", "application/yaml", "application/json")))
 def submit_v2() -> tuple[dict[str, Any], int]:
-    """Submit an OpenPAI protocol v2 job (YAML; JSON is YAML) as the caller.
-    ---
-    post:
-      errors: [400, 403, 404, 409]
-      parameters:
-      - {in: query, schema: SubmitQuerySchema}
-      requestBody:
-        required: true
-        content:
-          text/yaml: {schema: JobConfigV2}
-          application/yaml: {schema: JobConfigV2}
-          application/json: {schema: JobConfigV2}
-      responses:
-        202: Submitted
-        200:
-          description: dryRun; the config as it would be stored
-          content: {application/json: {schema: DryRun}}
-    """
+    """Submit an OpenPAI protocol v2 job (YAML; JSON is YAML) as the caller."""
     dry_run = load_query(SubmitQuerySchema())["dryRun"]
     body = _config_body(read_yaml)
     if not is_v2(body):
