@@ -15,6 +15,8 @@ one: 201 or 200 with it) and its other errors by status (`errors: [404,
   `PUBLIC_ENDPOINTS` the auth check reads);
 - the request body a view declares with `@takes(Schema())` (the schema
   `load_body()` loads it by), with 400 and 413;
+- the query parameters a view declares with `@takes_query(Schema())` (the
+  schema `load_query()` loads them by), before any others it lists;
 - 403 for an `@admin_only` view;
 - no 404 on a path that names nothing: one view may serve two rules (submit,
   with and without `/user/<username>`), each documented on its own.
@@ -45,6 +47,7 @@ from werkzeug.routing import Rule
 from services.api import schemas
 from services.api.auth import ADMIN_ONLY, PUBLIC_ENDPOINTS
 from services.api.bodies import BODY_SCHEMA
+from services.api.queries import QUERY_SCHEMA
 from shared.domain.jobspec import MAX_ENVS, BoundedList, EnvVars, JobConfigSchema
 from shared.domain.jobspec_v2 import JobConfigV2Schema
 
@@ -216,6 +219,10 @@ class _ConventionsPlugin(BasePlugin):
         else:
             operation["security"] = [{BEARER: []}]
             responses.setdefault(401, "Unauthorized")
+        query_schema = getattr(view, QUERY_SCHEMA, None)
+        if query_schema is not None:
+            operation.setdefault("parameters", []).insert(0, {"in": "query",
+                                                              "schema": query_schema})
         body_schema = getattr(view, BODY_SCHEMA, None)
         if body_schema is not None:
             operation.setdefault("requestBody", {
