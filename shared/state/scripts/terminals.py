@@ -45,17 +45,6 @@ PUT_TERMINAL_OUTPUT = _bounded_add("put_terminal_output", "its output stream", "
                                    "redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))",
                                    "the entry's field/value pairs...")
 
-# The launcher's heartbeat on a session that still exists (0: it is gone).
-BEAT_TERMINAL = Script(
-    "beat_terminal",
-    keys=("the session",),
-    args=("now ms", "the heartbeat's field"),
-    source="""
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[2], ARGV[1])
-return 1
-""")
-
 # A session's end: the end entry only for a session someone still holds;
 # every other key goes.
 END_TERMINAL = Script(
