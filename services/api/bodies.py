@@ -197,20 +197,27 @@ def load(schema: Schema, data: Any, what: str = "request body") -> dict[str, Any
 def takes(schema: Schema) -> Callable[[View], View]:
     """Declare a view's JSON request body: `load_body()` loads it by `schema`,
     and the OpenAPI document shows `schema` as the body (with 400 and 413)."""
+    return declares(BODY_SCHEMA, schema)
+
+
+def declares(what: str, schema: Schema) -> Callable[[View], View]:
+    """Set `schema` on a view under `what` (a body's, a query's): the one
+    declaration both the view's loading and the OpenAPI document read."""
 
     def declare(view: View) -> View:
-        setattr(view, BODY_SCHEMA, schema)
+        setattr(view, what, schema)
         return view
 
     return declare
 
 
-def declared_schema() -> Schema:
-    """The schema the current request's view declared with `takes`."""
+def declared_schema(what: str = BODY_SCHEMA) -> Schema:
+    """The schema the current request's view declared under `what` (`takes`
+    for a body, services/api/queries.py's `takes_query` for a query)."""
     view = current_app.view_functions[request.endpoint or ""]
-    schema: Schema | None = getattr(view, BODY_SCHEMA, None)
+    schema: Schema | None = getattr(view, what, None)
     if schema is None:
-        raise LookupError(f"{request.endpoint} reads a body but declares no @takes schema")
+        raise LookupError(f"{request.endpoint} loads what it declares no {what} for")
     return schema
 
 

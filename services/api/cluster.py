@@ -106,9 +106,7 @@ def nodes() -> list[dict[str, Any]]:
     whether it takes new work.
     ---
     get:
-      responses:
-        200:
-          content: {application/json: {schema: {type: array, items: Node}}}
+      responses: {200: [Node]}
     """
     return _node_views(platform().store.get_nodes())
 
@@ -197,9 +195,7 @@ def prometheus_targets() -> list[dict[str, Any]]:
     ---
     get:
       security: []
-      responses:
-        200:
-          content: {application/json: {schema: {type: array, items: {type: object}}}}
+      responses: {200: [{type: object}]}
     """
     pai = platform()
     conditions = node_conditions(pai.store, pai.settings)

@@ -40,7 +40,7 @@ from services.api.execschemas import ControlMessageSchema
 from services.api.follows import Caps, FollowLeases, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
-from services.api.queries import ExecTtyQuerySchema, load_query
+from services.api.queries import ExecTtyQuerySchema, load_query, takes_query
 from shared.domain.jobspec import flat_errors
 from shared.infra.clock import now_ms
 from shared.state import execsessions, keys, telemetry
@@ -123,6 +123,7 @@ def _ttys() -> _Ttys:
 @bp.route("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/exec", methods=["GET"],
           websocket=True)
 @bp.route("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/exec", methods=["GET"])
+@takes_query(ExecTtyQuerySchema())
 def terminal(username: str, name: str, role: str, index: int) -> Response:
     """A terminal in a task's running container, over a WebSocket.
     ---
@@ -143,7 +144,6 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
         PAI_EXEC_IDLE_SECONDS, or older than PAI_EXEC_MAX_SESSION_SECONDS,
         is closed.
       parameters:
-      - {in: query, schema: ExecTtyQuerySchema}
       - {in: header, name: Upgrade, required: true, schema: {type: string, enum: [websocket]}}
       - {in: header, name: Sec-WebSocket-Version, schema: {type: string, enum: ["13"]}}
       - {in: header, name: Sec-WebSocket-Key, schema: {type: string},
@@ -154,7 +154,7 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
     """
     job = get_job_or_404(username, name, owner_only=True, action="run commands in the tasks")
     pai = platform()
-    query = load_query(ExecTtyQuerySchema())
+    query = load_query()
     if request.environ.get("HTTP_UPGRADE", "").lower() != "websocket":
         raise ApiError("BadRequestError", "this is the interactive exec: open a WebSocket "
                        "(Upgrade: websocket); run one command with POST on this path", 400)

@@ -7,12 +7,11 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from flask import Blueprint, Response, current_app, g, request
 from kombu.exceptions import OperationalError
-from marshmallow import Schema
 from redis.exceptions import RedisError
 
 from services.api import jobmetrics
@@ -26,6 +25,7 @@ from services.api.queries import (
     SubmitQuerySchema,
     TaskSamplesQuerySchema,
     load_query,
+    takes_query,
 )
 from services.api.render import job_detail, job_summary
 from services.api.schemas import StopRequestSchema
@@ -68,6 +68,7 @@ VCS_EXTENSION = "pai.known_vcs"
 SHAPES_EXTENSION = "pai.config_shapes"
 # The stored config's key for a v2 job's submission as it may be shown back.
 V2_SUBMISSION = "protocolV2"
+View = TypeVar("View", bound=Callable[..., Any])
 
 
 def _config_body(read: Callable[[], Any] = read_document) -> Any:
@@ -97,51 +98,54 @@ def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
     return job
 
 
-@bp.post("/jobs", endpoint="submit")
-@bp.post("/user/<username>/jobs", endpoint="submit_for_user")
-def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
-    """Submit a job: as the caller, or for a user (themselves, or anyone for an admin).
+# Both submit views answer alike: 202, or with dryRun 200 and the config as it
+# would be stored; only the bodies they take differ (`_submit_operation`).
+_SUBMIT_OPERATION = """
     ---
     post:
       errors: [400, 403, 404, 409]
-      parameters:
-      - {in: query, schema: SubmitQuerySchema}
       requestBody:
         required: true
         content:
-          application/json: {schema: JobConfig}
-          text/yaml: {schema: {type: string, description: "a v1 or protocol v2 config"}}
+{content}
       responses:
         202: Submitted
         200:
           description: dryRun; the config as it would be stored
-          content: {application/json: {schema: DryRun}}
-    """
-    dry_run = load_query(SubmitQuerySchema())["dryRun"]
+          content: {{application/json: {{schema: DryRun}}}}
+"""
+
+
+def _submit_operation(*content: str) -> Callable[[View], View]:
+    """A submit view's OpenAPI operation, after its own summary: `content`,
+    one line a media type it takes, is all that is particular to it."""
+    lines = "\n".join(f"          {media}" for media in content)
+
+    def document(view: View) -> View:
+        view.__doc__ = (view.__doc__ or "") + _SUBMIT_OPERATION.format(content=lines)
+        return view
+
+    return document
+
+
+@bp.post("/jobs", endpoint="submit")
+@bp.post("/user/<username>/jobs", endpoint="submit_for_user")
+@takes_query(SubmitQuerySchema())
+@_submit_operation("application/json: {schema: JobConfig}",
+                   'text/yaml: {schema: {type: string, description: "a v1 or protocol v2 config"}}')
+def submit(username: str | None = None) -> tuple[dict[str, Any], int]:
+    """Submit a job: as the caller, or for a user (themselves, or anyone for an admin)."""
+    dry_run = load_query()["dryRun"]
     return _submit(username or current_user().username, _config_body(), dry_run)
 
 
 @bp_v2.post("/jobs", endpoint="submit")
+@takes_query(SubmitQuerySchema())
+@_submit_operation(*(f"{media}: {{schema: JobConfigV2}}"
+                     for media in ("text/yaml", "application/yaml", "application/json")))
 def submit_v2() -> tuple[dict[str, Any], int]:
-    """Submit an OpenPAI protocol v2 job (YAML; JSON is YAML) as the caller.
-    ---
-    post:
-      errors: [400, 403, 404, 409]
-      parameters:
-      - {in: query, schema: SubmitQuerySchema}
-      requestBody:
-        required: true
-        content:
-          text/yaml: {schema: JobConfigV2}
-          application/yaml: {schema: JobConfigV2}
-          application/json: {schema: JobConfigV2}
-      responses:
-        202: Submitted
-        200:
-          description: dryRun; the config as it would be stored
-          content: {application/json: {schema: DryRun}}
-    """
-    dry_run = load_query(SubmitQuerySchema())["dryRun"]
+    """Submit an OpenPAI protocol v2 job (YAML; JSON is YAML) as the caller."""
+    dry_run = load_query()["dryRun"]
     body = _config_body(read_yaml)
     if not is_v2(body):
         raise ApiError("InvalidJobConfigError", "this endpoint takes protocol v2 configs",
@@ -329,14 +333,13 @@ def _submit_decided(username: str, body: Any, remembered: bool,
 
 
 @bp.get("/jobs")
+@takes_query(JobListQuerySchema())
 def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
     """Jobs newest first (or oldest first, or by another field), filtered; a page
     with the total on request.
     ---
     get:
       errors: [400]
-      parameters:
-      - {in: query, schema: JobListQuerySchema}
       responses:
         200:
           content:
@@ -346,7 +349,7 @@ def list_jobs() -> dict[str, Any] | list[dict[str, Any]]:
                 - {type: array, items: JobSummary}
                 - JobPage
     """
-    query = load_query(JobListQuerySchema())
+    query = load_query()
     jobs, total = platform().store.list_jobs(
         username=query.get("username"), vc=query.get("vc"), state=query.get("state"),
         keyword=query.get("keyword"), offset=query["offset"], limit=query["limit"],
@@ -363,9 +366,7 @@ def list_user_jobs(username: str) -> list[dict[str, Any]]:
     """A user's jobs, newest first (at most 1000).
     ---
     get:
-      responses:
-        200:
-          content: {application/json: {schema: {type: array, items: JobSummary}}}
+      responses: {200: [JobSummary]}
     """
     jobs, _ = platform().store.list_jobs(username=username, limit=1000)
     return [job_summary(j) for j in jobs]
@@ -456,21 +457,20 @@ def execution_type(username: str, name: str) -> tuple[dict[str, Any], int]:
     return {"message": f"stop requested for job {name}", "state": job.state.value}, 202
 
 
-def task_asked(username: str, name: str, role: str, index: int, schema: Schema, *,
+def task_asked(username: str, name: str, role: str, index: int, *,
                action: str) -> tuple[Job, dict[str, Any], int]:
-    """The job, if the caller owns it or is an admin (else 403/404), the query
-    loaded by `schema`, and the attempt it names, which has task
-    `role`[`index`] (else 404)."""
-    job, query, attempt = _job_asked(username, name, schema, action=action)
+    """The job, if the caller owns it or is an admin (else 403/404), the
+    view's query, and the attempt it names, which has task `role`[`index`]
+    (else 404)."""
+    job, query, attempt = _job_asked(username, name, action=action)
     if not platform().store.task_exists(job.id, attempt, role, index):
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)
     return job, query, attempt
 
 
-def _job_asked(username: str, name: str, schema: Schema, *,
-               action: str) -> tuple[Job, dict[str, Any], int]:
+def _job_asked(username: str, name: str, *, action: str) -> tuple[Job, dict[str, Any], int]:
     job = get_job_or_404(username, name, owner_only=True, action=action)
-    query = load_query(schema)
+    query = load_query()
     return job, query, _attempt_asked(job, query)
 
 
@@ -484,18 +484,16 @@ def _attempt_asked(job: Job, query: dict[str, Any]) -> int:
 
 
 @bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/samples")
+@takes_query(TaskSamplesQuerySchema())
 def task_samples(username: str, name: str, role: str, index: int) -> dict[str, Any]:
     """A task attempt's CPU, memory and GPU use over time, as its node's monitor
     sampled it (kept until the finished job is compacted); who may read its log.
     ---
     get:
       errors: [400, 403, 404]
-      parameters:
-      - {in: query, schema: TaskSamplesQuerySchema}
       responses: {200: TaskSamples}
     """
-    job, query, attempt = task_asked(username, name, role, index, TaskSamplesQuerySchema(),
-                                     action="read the samples")
+    job, query, attempt = task_asked(username, name, role, index, action="read the samples")
     store = platform().store
     found = tasksamples.read(store.r, job.id, attempt, role, index, limit=query["limit"])
     return {"attempt": attempt, "intervalSeconds": platform().settings.task_sample_seconds,
@@ -503,6 +501,7 @@ def task_samples(username: str, name: str, role: str, index: int) -> dict[str, A
 
 
 @bp.get("/user/<username>/jobs/<name>/metrics")
+@takes_query(JobMetricsQuerySchema())
 def job_metrics(username: str, name: str) -> dict[str, Any]:
     """A job attempt's CPU, memory, GPU and GPU memory use over time, per task:
     from Prometheus when PAI_PROMETHEUS_URL is set, else (or when it fails)
@@ -511,12 +510,9 @@ def job_metrics(username: str, name: str) -> dict[str, Any]:
     ---
     get:
       errors: [400, 403, 404]
-      parameters:
-      - {in: query, schema: JobMetricsQuerySchema}
       responses: {200: JobMetrics}
     """
-    job, query, attempt = _job_asked(username, name, JobMetricsQuerySchema(),
-                                     action="read the metrics")
+    job, query, attempt = _job_asked(username, name, action="read the metrics")
     settings = platform().settings
     to_ms = query.get("to", job.completed_ms if job.state.is_final and job.completed_ms
                       else now_ms())
@@ -556,10 +552,7 @@ def idle_gpu_tasks() -> list[dict[str, Any]]:
     in sees them, as anyone sees the job list.
     ---
     get:
-      responses:
-        200:
-          content:
-            application/json: {schema: {type: array, items: IdleGpuTask}}
+      responses: {200: [IdleGpuTask]}
     """
     store, settings = platform().store, platform().settings
     nodes = list(store.node_heartbeats())

@@ -6,13 +6,17 @@ after `---` in each view's docstring, bodies from the marshmallow schemas in
 `services.api.schemas` and `shared.domain.jobspec`. The conventions every operation
 shares are applied once, by `_ConventionsPlugin`, from what the code itself
 declares, so a docstring lists only what is particular to its view: its
-success responses (`200: User` for a JSON body of one schema) and its other
-errors by status (`errors: [404, 409]`). The rest is derived:
+success responses (`200: User` for a JSON body of one schema, `200: [User]`
+for a JSON array of them; `upserts: User` for a PUT that creates or changes
+one: 201 or 200 with it) and its other errors by status (`errors: [404,
+409]`). The rest is derived:
 
 - the bearer token and 401, unless the endpoint is public (the same
   `PUBLIC_ENDPOINTS` the auth check reads);
 - the request body a view declares with `@takes(Schema())` (the schema
   `load_body()` loads it by), with 400 and 413;
+- the query parameters a view declares with `@takes_query(Schema())` (the
+  schema `load_query()` loads them by), before any others it lists;
 - 403 for an `@admin_only` view;
 - no 404 on a path that names nothing: one view may serve two rules (submit,
   with and without `/user/<username>`), each documented on its own.
@@ -43,6 +47,7 @@ from werkzeug.routing import Rule
 from services.api import schemas
 from services.api.auth import ADMIN_ONLY, PUBLIC_ENDPOINTS
 from services.api.bodies import BODY_SCHEMA
+from services.api.queries import QUERY_SCHEMA
 from shared.domain.jobspec import MAX_ENVS, BoundedList, EnvVars, JobConfigSchema
 from shared.domain.jobspec_v2 import JobConfigV2Schema
 
@@ -199,15 +204,25 @@ class _ConventionsPlugin(BasePlugin):
         responses = operation.setdefault("responses", {})
         for status in operation.pop("errors", ()):
             responses.setdefault(status, _ERROR_NAMES[status])
+        upserted = operation.pop("upserts", None)
+        if upserted is not None:  # `upserts: User`: the one changed, or created
+            responses.setdefault(200, {"description": "changed", "content": _json(upserted)})
+            responses.setdefault(201, {"description": "created", "content": _json(upserted)})
         for status, response in list(responses.items()):
             if isinstance(response, str) and response not in ERROR_RESPONSES:
-                # `200: User`: a JSON body of that schema
-                responses[status] = {"content": {"application/json": {"schema": response}}}
+                responses[status] = {"content": _json(response)}  # `200: User`
+            elif isinstance(response, list):
+                (items,) = response  # `200: [User]`: an array of that schema
+                responses[status] = {"content": _json({"type": "array", "items": items})}
         if rule.endpoint in PUBLIC_ENDPOINTS:
             operation["security"] = []
         else:
             operation["security"] = [{BEARER: []}]
             responses.setdefault(401, "Unauthorized")
+        query_schema = getattr(view, QUERY_SCHEMA, None)
+        if query_schema is not None:
+            operation.setdefault("parameters", []).insert(0, {"in": "query",
+                                                              "schema": query_schema})
         body_schema = getattr(view, BODY_SCHEMA, None)
         if body_schema is not None:
             operation.setdefault("requestBody", {
@@ -223,3 +238,8 @@ class _ConventionsPlugin(BasePlugin):
             if isinstance(response, dict):
                 response.setdefault("description", HTTPStatus(int(status)).phrase)
         operation["responses"] = dict(sorted(responses.items(), key=lambda r: int(r[0])))
+
+
+def _json(schema: str | dict[str, Any]) -> dict[str, Any]:
+    """A response's content: a JSON body of `schema` (a component's name, or inline)."""
+    return {"application/json": {"schema": schema}}

@@ -1,8 +1,9 @@
-"""Query strings as marshmallow schemas, loaded like bodies: a view loads
-its query with `load_query(Schema())` and names the same schema in its
-docstring (`{in: query, schema: ...}`), so the OpenAPI document shows what
-the code enforces, and a bad value is a 400 that names the parameter
-(services/api/bodies.py `load`), never a 500 or a silent default.
+"""Query strings as marshmallow schemas, loaded like bodies: a view declares
+its query with `@takes_query(Schema())` and loads it with `load_query()`;
+the OpenAPI document shows the same schema's fields as the parameters
+(services/api/openapi.py), so it shows what the code enforces, and a bad
+value is a 400 that names the parameter (services/api/bodies.py `load`),
+never a 500 or a silent default.
 
 Two kinds. The job list's, a task log's and a submit's queries are
 `_ClientQuery`s: OpenPAI's clients and HTML forms send parameters of their
@@ -14,6 +15,7 @@ one. The others refuse an unknown parameter, as bodies do.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from flask import request
@@ -28,7 +30,7 @@ from marshmallow import (
     validates_schema,
 )
 
-from services.api.bodies import load
+from services.api.bodies import View, declared_schema, declares, load
 from services.api.execschemas import check_argv
 from services.api.schemabase import MS
 from services.api.schemas import JOB_STATES, MAX_TAIL
@@ -36,14 +38,22 @@ from shared.domain import jobsort
 from shared.domain.names import INPUT_PATTERN
 from shared.state import execs, execsessions
 
+QUERY_SCHEMA = "query_schema"  # the attribute `takes_query` sets on a view
 MAX_OFFSET = 10**12  # past any real job count; keeps Redis' int64 ranges valid
 MAX_LIST_LIMIT = 1000
 
 
-def load_query(schema: Schema) -> dict[str, Any]:
-    """The request's query loaded by `schema` (a list field takes every value
-    of its parameter, any other field the first); a 400 naming every
-    refused parameter."""
+def takes_query(schema: Schema) -> Callable[[View], View]:
+    """Declare a view's query: `load_query()` loads it by `schema`, and the
+    OpenAPI document shows its fields as the operation's query parameters."""
+    return declares(QUERY_SCHEMA, schema)
+
+
+def load_query() -> dict[str, Any]:
+    """The request's query loaded by the view's declared schema (a list field
+    takes every value of its parameter, any other field the first); a 400
+    naming every refused parameter."""
+    schema = declared_schema(QUERY_SCHEMA)
     args = request.args
     data: dict[str, Any] = {}
     for key in args:

@@ -156,11 +156,7 @@ def list_shares() -> list[dict[str, Any]]:
     """The storage shares: all of them for an admin, those granted to you otherwise.
     ---
     get:
-      responses:
-        200:
-          content:
-            application/json:
-              schema: {type: array, items: StorageShareSchema}
+      responses: {200: [StorageShareSchema]}
     """
     user = current_user()
     return [s.view() for s in load_shares(platform().store) if _visible(s, user)]
@@ -188,13 +184,7 @@ def put_share(name: str) -> tuple[dict[str, Any], int]:
     """Create or change a storage share (admin only); its users mount it read-only.
     ---
     put:
-      responses:
-        200:
-          description: changed
-          content: {application/json: {schema: StorageShareSchema}}
-        201:
-          description: created
-          content: {application/json: {schema: StorageShareSchema}}
+      upserts: StorageShareSchema
     """
     try:
         share_name = canonical_name(name)

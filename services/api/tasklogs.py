@@ -20,7 +20,7 @@ from services.api.follows import RENEW_SECONDS, Follows, follows_of
 from services.api.jobs import task_asked
 from services.api.loghub import TaskLog, stream_position
 from services.api.platform import platform
-from services.api.queries import TaskLogQuerySchema
+from services.api.queries import TaskLogQuerySchema, takes_query
 from services.api.schemas import MAX_TAIL
 from shared.domain.models import Job
 from shared.domain.storage import task_log_parts
@@ -33,21 +33,19 @@ KEEPALIVE_SECONDS = 15
 
 
 @bp.get("/user/<username>/jobs/<name>/tasks/<role>/<int:index>/log")
+@takes_query(TaskLogQuerySchema())
 def task_log(username: str, name: str, role: str, index: int) -> Response:
     """A task's log: the last lines as text, or followed as server-sent events.
     ---
     get:
       errors: [400, 403, 404]
-      parameters:
-      - {in: query, schema: TaskLogQuerySchema}
       responses:
         200:
           content:
             text/plain: {schema: {type: string}}
             text/event-stream: {schema: {type: string}}
     """
-    job, query, attempt = task_asked(username, name, role, index, TaskLogQuerySchema(),
-                                     action="read the logs")
+    job, query, attempt = task_asked(username, name, role, index, action="read the logs")
     tail = query["tail"]
     log_dir = _filed_in(job, attempt, role, index)
     if log_dir is not None:

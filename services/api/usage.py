@@ -12,7 +12,7 @@ from flask import Blueprint, Response
 from services.api.auth import accounts, current_user
 from services.api.errors import ApiError
 from services.api.platform import platform
-from services.api.queries import UsageQuerySchema, load_query
+from services.api.queries import UsageQuerySchema, load_query, takes_query
 from services.api.vcs import budget_view
 from shared.domain.models import Allocation, Task, job_id_of
 from shared.infra.clock import now_ms
@@ -87,20 +87,19 @@ def _cell(value: Any) -> Any:
 
 
 @bp.get("/usage")
+@takes_query(UsageQuerySchema())
 def get_usage() -> Any:
     """GPU-, CPU- and memory-seconds used, grouped; a user sees their own.
     ---
     get:
       errors: [400, 403]
-      parameters:
-      - {in: query, schema: UsageQuerySchema}
       responses:
         200:
           content:
             application/json: {schema: UsageReport}
             text/csv: {schema: {type: string}}
     """
-    query = load_query(UsageQuerySchema())
+    query = load_query()
     user, vc = _scope(query)
     first, last = query["from_"].isoformat(), query["to"].isoformat()
     by = [d for d in usage.DIMENSIONS if d in query["groupBy"]]

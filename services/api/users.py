@@ -66,9 +66,7 @@ def list_users() -> list[dict[str, Any]]:
     """Every user (admin only).
     ---
     get:
-      responses:
-        200:
-          content: {application/json: {schema: {type: array, items: User}}}
+      responses: {200: [User]}
     """
     return [u.view() for u in accounts().list_users()]
 

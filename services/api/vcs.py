@@ -170,13 +170,7 @@ def put_vc(name: str) -> tuple[dict[str, Any], int]:
     """Create or change a virtual cluster (admin only).
     ---
     put:
-      responses:
-        200:
-          description: changed
-          content: {application/json: {schema: VirtualCluster}}
-        201:
-          description: created
-          content: {application/json: {schema: VirtualCluster}}
+      upserts: VirtualCluster
     """
     body = load_body()
     problems = capability_list_errors(body["allowedCapabilities"])
@@ -242,11 +236,7 @@ def list_user_budgets(name: str) -> list[dict[str, Any]]:
     ---
     get:
       errors: [404]
-      responses:
-        200:
-          content:
-            application/json:
-              schema: {type: array, items: {$ref: '#/components/schemas/UserBudget'}}
+      responses: {200: [UserBudget]}
     """
     budgets: list[dict[str, Any]] = _views([_vc_or_404(name)])[name]["userBudgets"]
     return budgets
@@ -277,13 +267,7 @@ def put_user_budget(name: str, user: str) -> tuple[dict[str, Any], int]:
     ---
     put:
       errors: [404]
-      responses:
-        200:
-          description: changed
-          content: {application/json: {schema: UserBudget}}
-        201:
-          description: created
-          content: {application/json: {schema: UserBudget}}
+      upserts: UserBudget
     """
     body = load_body()
     try:

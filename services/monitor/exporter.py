@@ -18,16 +18,17 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.monitor.nodemetrics import NODE_SERIES, Series, SeriesSpec, Type
+from services.monitor.nodemetrics import NODE_SERIES, Series
 from services.monitor.sampling import IdleStop, NodeSampler, NvmlReader
+from shared.domain.metricfamily import Kind, MetricFamily
 from shared.infra.config import Settings
 from shared.state.store import Store
 
 log = logging.getLogger(__name__)
 
 
-def _family(spec: SeriesSpec) -> GaugeMetricFamily | CounterMetricFamily:
-    if spec.type == Type.COUNTER:
+def _family(spec: MetricFamily) -> GaugeMetricFamily | CounterMetricFamily:
+    if spec.kind == Kind.COUNTER:
         return CounterMetricFamily(spec.name, spec.help, labels=list(spec.labelnames))
     return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labelnames))
 
@@ -36,7 +37,7 @@ class NodeCollector(Collector):
     """Every node family, filled from whatever `source` returns at scrape time."""
 
     def __init__(self, source: Callable[[], Sequence[Series]],
-                 specs: Sequence[SeriesSpec] = NODE_SERIES) -> None:
+                 specs: Sequence[MetricFamily] = NODE_SERIES) -> None:
         self.source, self.specs = source, tuple(specs)
 
     def describe(self) -> Iterable[Metric]:

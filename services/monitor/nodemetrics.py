@@ -14,70 +14,58 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
+
+from shared.domain.metricfamily import Kind, MetricFamily
 
 GPU_LABELS = ("node", "index", "uuid", "model")
 TASK_LABELS = ("node", "user", "job_name", "role", "index", "attempt", "vc")
 TASK_GPU_LABELS = (*TASK_LABELS, "gpu", "uuid")
 
 
-class Type(StrEnum):
-    GAUGE = "gauge"
-    COUNTER = "counter"
+def _gauge(name: str, help_text: str, labelnames: tuple[str, ...]) -> MetricFamily:
+    """A node family: each is a gauge, but for GPU_ECC_ERRORS, the one counter."""
+    return MetricFamily(name, Kind.GAUGE, help_text, labelnames)
 
 
-@dataclass(frozen=True)
-class SeriesSpec:
-    """One metric family: a counter's name is given without Prometheus' `_total`."""
+GPU_UTILIZATION = _gauge("pai_gpu_utilization_percent",
+                         "Percent of the last sample period a kernel ran on the GPU (NVML).",
+                         GPU_LABELS)
+GPU_MEMORY_USED = _gauge("pai_gpu_memory_used_bytes", "GPU memory in use.", GPU_LABELS)
+GPU_MEMORY_TOTAL = _gauge("pai_gpu_memory_total_bytes", "GPU memory installed.", GPU_LABELS)
+GPU_TEMPERATURE = _gauge("pai_gpu_temperature_celsius", "GPU core temperature.", GPU_LABELS)
+GPU_POWER = _gauge("pai_gpu_power_watts", "GPU power draw.", GPU_LABELS)
+GPU_ECC_ERRORS = MetricFamily("pai_gpu_ecc_errors", Kind.COUNTER,
+                              "ECC memory errors since the driver loaded, by type "
+                              "(corrected, uncorrected).", (*GPU_LABELS, "type"))
+GPU_EXTERNAL = _gauge("pai_gpu_external_processes",
+                      "Processes on the GPU that are not in any pai task container "
+                      "(OpenPAI's 'GPU used by an external process').", GPU_LABELS)
+TASK_CPU = _gauge("pai_task_cpu_percent",
+                  "A task container's CPU use (100 = one core busy).", TASK_LABELS)
+TASK_MEMORY = _gauge("pai_task_memory_bytes",
+                     "A task container's memory use, page cache excluded (as docker stats).",
+                     TASK_LABELS)
+TASK_GPU_UTILIZATION = _gauge("pai_task_gpu_utilization_percent",
+                              "Utilization of each GPU assigned to a task.", TASK_GPU_LABELS)
+TASK_GPU_IDLE = _gauge("pai_task_gpu_idle_seconds",
+                       "How long every GPU of a task flagged idle has stayed below "
+                       "PAI_IDLE_GPU_PERCENT (shared/state/idle.py); absent while not flagged.",
+                       TASK_LABELS)
+GPU_UNHEALTHY = _gauge("pai_gpu_unhealthy",
+                       "1 for each GPU of the node marked unhealthy, with why (XID, ECC, "
+                       "pages, thermal: docs/monitoring.md); absent while healthy.",
+                       ("node", "index", "reason"))
+NVML_UP = _gauge("pai_monitor_nvml_up",
+                 "1 when the monitor reads the node's GPUs through NVML; 0: no GPU series.",
+                 ("node",))
+SAMPLE_DURATION = _gauge("pai_monitor_sample_duration_seconds",
+                         "How long the last round of NVML and container sampling took.",
+                         ("node",))
+SAMPLE_TIME = _gauge("pai_monitor_last_sample_timestamp_seconds",
+                     "When the series served were sampled.", ("node",))
 
-    name: str
-    type: Type
-    help: str
-    labelnames: tuple[str, ...]
-
-
-GPU_UTILIZATION = SeriesSpec("pai_gpu_utilization_percent", Type.GAUGE,
-                             "Percent of the last sample period a kernel ran on the GPU (NVML).",
-                             GPU_LABELS)
-GPU_MEMORY_USED = SeriesSpec("pai_gpu_memory_used_bytes", Type.GAUGE,
-                             "GPU memory in use.", GPU_LABELS)
-GPU_MEMORY_TOTAL = SeriesSpec("pai_gpu_memory_total_bytes", Type.GAUGE,
-                              "GPU memory installed.", GPU_LABELS)
-GPU_TEMPERATURE = SeriesSpec("pai_gpu_temperature_celsius", Type.GAUGE,
-                             "GPU core temperature.", GPU_LABELS)
-GPU_POWER = SeriesSpec("pai_gpu_power_watts", Type.GAUGE, "GPU power draw.", GPU_LABELS)
-GPU_ECC_ERRORS = SeriesSpec("pai_gpu_ecc_errors", Type.COUNTER,
-                            "ECC memory errors since the driver loaded, by type "
-                            "(corrected, uncorrected).", (*GPU_LABELS, "type"))
-GPU_EXTERNAL = SeriesSpec("pai_gpu_external_processes", Type.GAUGE,
-                          "Processes on the GPU that are not in any pai task container "
-                          "(OpenPAI's 'GPU used by an external process').", GPU_LABELS)
-TASK_CPU = SeriesSpec("pai_task_cpu_percent", Type.GAUGE,
-                      "A task container's CPU use (100 = one core busy).", TASK_LABELS)
-TASK_MEMORY = SeriesSpec("pai_task_memory_bytes", Type.GAUGE,
-                         "A task container's memory use, page cache excluded (as docker stats).",
-                         TASK_LABELS)
-TASK_GPU_UTILIZATION = SeriesSpec("pai_task_gpu_utilization_percent", Type.GAUGE,
-                                  "Utilization of each GPU assigned to a task.", TASK_GPU_LABELS)
-TASK_GPU_IDLE = SeriesSpec("pai_task_gpu_idle_seconds", Type.GAUGE,
-                           "How long every GPU of a task flagged idle has stayed below "
-                           "PAI_IDLE_GPU_PERCENT (shared/state/idle.py); absent while not flagged.",
-                           TASK_LABELS)
-GPU_UNHEALTHY = SeriesSpec("pai_gpu_unhealthy", Type.GAUGE,
-                           "1 for each GPU of the node marked unhealthy, with why (XID, ECC, "
-                           "pages, thermal: docs/monitoring.md); absent while healthy.",
-                           ("node", "index", "reason"))
-NVML_UP = SeriesSpec("pai_monitor_nvml_up", Type.GAUGE,
-                     "1 when the monitor reads the node's GPUs through NVML; 0: no GPU series.",
-                     ("node",))
-SAMPLE_DURATION = SeriesSpec("pai_monitor_sample_duration_seconds", Type.GAUGE,
-                             "How long the last round of NVML and container sampling took.",
-                             ("node",))
-SAMPLE_TIME = SeriesSpec("pai_monitor_last_sample_timestamp_seconds", Type.GAUGE,
-                         "When the series served were sampled.", ("node",))
-
-NODE_SERIES: tuple[SeriesSpec, ...] = (
+NODE_SERIES: tuple[MetricFamily, ...] = (
     GPU_UTILIZATION, GPU_MEMORY_USED, GPU_MEMORY_TOTAL, GPU_TEMPERATURE, GPU_POWER,
     GPU_ECC_ERRORS, GPU_EXTERNAL, TASK_CPU, TASK_MEMORY, TASK_GPU_UTILIZATION, NVML_UP,
     SAMPLE_DURATION, SAMPLE_TIME, GPU_UNHEALTHY, TASK_GPU_IDLE,
@@ -86,7 +74,7 @@ NODE_SERIES: tuple[SeriesSpec, ...] = (
 
 @dataclass(frozen=True)
 class Series:
-    spec: SeriesSpec
+    spec: MetricFamily
     labels: tuple[str, ...]  # values, in the spec's label order
     value: float
 

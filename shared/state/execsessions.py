@@ -242,8 +242,8 @@ class Sessions:
     def beat(self, session_id: str, now_ms: int) -> bool:
         """The launcher's heartbeat; False when the session is gone (its
         client left): HSET only on a hash that exists."""
-        return bool(scripts.run(self.r, scripts.BEAT_TERMINAL, [keys.exec_session(session_id)],
-                                [str(now_ms), BEAT]))
+        return bool(scripts.run(self.r, scripts.HSET_IF_EXISTS, [keys.exec_session(session_id)],
+                                [BEAT, str(now_ms)]))
 
     def take_input(self, session_id: str, wait_seconds: float) -> list[bytes | Resize]:
         """What the user typed (and resizes), waiting up to `wait_seconds` for

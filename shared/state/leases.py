@@ -142,8 +142,8 @@ def mark_lost(store: Store, node: str, renewed_ms: int) -> bool:
 def mark_node(store: Store, node: str, reason: str, until_ms: int) -> bool:
     """Keep `node` from new work until `until_ms`, saying why; False for a
     node without a lease (set up by hand: nothing to mark)."""
-    return bool(store.run_script(scripts.MARK_NODE, [keys.node_lease(node)],
-                                 [reason, str(until_ms)]))
+    return bool(store.run_script(scripts.HSET_IF_EXISTS, [keys.node_lease(node)],
+                                 ["marked", reason, "marked_until", str(until_ms)]))
 
 
 def read_outage(reader: Any) -> Outage:

@@ -24,9 +24,9 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from shared.domain.metricfamily import Kind, MetricFamily
 from shared.infra.clock import now_ms
 from shared.state import keys
 
@@ -34,22 +34,8 @@ from shared.state import keys
 SCHEDULER_FORGET_MS = 24 * 3600 * 1000
 
 
-class Kind(StrEnum):
-    COUNTER = "counter"
-    HISTOGRAM = "histogram"
-
-
-@dataclass(frozen=True)
-class RecordedMetric:
-    """One metric kept in Redis. `name` is the family name (a counter's
-    samples get Prometheus' `_total` suffix, a histogram's `_bucket`, `_sum`
-    and `_count`)."""
-
-    name: str
-    kind: Kind
-    help: str
-    labelnames: tuple[str, ...] = ()
-    buckets: tuple[float, ...] = ()  # upper bounds, ascending; +Inf is implied
+class RecordedMetric(MetricFamily):
+    """One metric kept in Redis: a counter or a histogram."""
 
     @property
     def key(self) -> str:

@@ -73,6 +73,7 @@ from shared.state.scripts.follows import (  # noqa: E402
     ACQUIRE_FOLLOW,
     RENEW_FOLLOW,
 )
+from shared.state.scripts.hashes import HSET_IF_EXISTS  # noqa: E402
 from shared.state.scripts.jobs import (  # noqa: E402
     CREATE_JOB,
     DISCARD_SSH_KEY,
@@ -83,7 +84,6 @@ from shared.state.scripts.jobs import (  # noqa: E402
 )
 from shared.state.scripts.nodes import (  # noqa: E402
     CLAIM_NODE,
-    MARK_NODE,
     MARK_NODE_LOST,
     REGISTER_NODE,
     RELEASE_ALLOCATION,
@@ -103,7 +103,6 @@ from shared.state.scripts.scheduler import (  # noqa: E402
     END_PASS,
 )
 from shared.state.scripts.terminals import (  # noqa: E402
-    BEAT_TERMINAL,
     CLAIM_EXEC,
     END_TERMINAL,
     PUSH_TERMINAL_INPUT,
@@ -131,12 +130,11 @@ ALL: tuple[Script, ...] = (
     RENEW_NODE,
     MARK_NODE_LOST,
     RELEASE_NODE_ROLE,
-    MARK_NODE,
     CLAIM_EXEC,
     PUSH_TERMINAL_INPUT,
     PUT_TERMINAL_OUTPUT,
-    BEAT_TERMINAL,
     END_TERMINAL,
     ACQUIRE_FOLLOW,
     RENEW_FOLLOW,
+    HSET_IF_EXISTS,
 )

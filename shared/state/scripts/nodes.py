@@ -149,14 +149,3 @@ if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
 end
 return 0
 """)
-
-# The control plane's own mark on a node with a lease (launches overdue).
-MARK_NODE = Script(
-    "mark_node",
-    keys=("lease",),
-    args=("reason", "until ms"),
-    source="""
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'marked', ARGV[1], 'marked_until', ARGV[2])
-return 1
-""")

@@ -20,43 +20,30 @@ if redis.call('HSETNX', KEYS[1], ARGV[3], ARGV[2]) == 0 then return false end
 return redis.call('HGETALL', KEYS[1])
 """)
 
-# A terminal's input: -1 the session is gone; 0 full (try again once the
-# reader caught up); 1 added.
-PUSH_TERMINAL_INPUT = Script(
-    "push_terminal_input",
-    keys=("the session", "its input list"),
-    args=("most entries", "ttl ms", "the entry"),
-    source="""
+
+def _bounded_add(name: str, holder: str, length: str, add: str, entry: str) -> Script:
+    """A terminal's input and its output are added to alike: only while the
+    session exists (-1: it is gone), only below a bound (0: full; try again
+    once the reader caught up), each add renewing the holder's TTL (1: added).
+    `length` and `add` are the Lua that count and add to a list or a stream."""
+    return Script(
+        name,
+        keys=("the session", holder),
+        args=("most entries", "ttl ms", entry),
+        source=f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('LLEN', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('RPUSH', KEYS[2], ARGV[3])
+if redis.call('{length}', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
+{add}
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return 1
 """)
 
-# A terminal's output entry, answered as PUSH_TERMINAL_INPUT.
-PUT_TERMINAL_OUTPUT = Script(
-    "put_terminal_output",
-    keys=("the session", "its output stream"),
-    args=("most entries", "ttl ms", "the entry's field/value pairs..."),
-    source="""
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 1
-""")
 
-# The launcher's heartbeat on a session that still exists (0: it is gone).
-BEAT_TERMINAL = Script(
-    "beat_terminal",
-    keys=("the session",),
-    args=("now ms", "the heartbeat's field"),
-    source="""
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], ARGV[2], ARGV[1])
-return 1
-""")
+PUSH_TERMINAL_INPUT = _bounded_add("push_terminal_input", "its input list", "LLEN",
+                                   "redis.call('RPUSH', KEYS[2], ARGV[3])", "the entry")
+PUT_TERMINAL_OUTPUT = _bounded_add("put_terminal_output", "its output stream", "XLEN",
+                                   "redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))",
+                                   "the entry's field/value pairs...")
 
 # A session's end: the end entry only for a session someone still holds;
 # every other key goes.
