@@ -133,6 +133,15 @@ def test_a_user_sees_another_users_job_only_as_the_api_allows(
     assert alice.get("/api/v1/user/alice/jobs/private").json["jobStatus"]["state"] == "WAITING"
 
 
+def test_the_owner_reads_a_task_log_through_the_portal_with_the_apis_query(
+        browser: FlaskClient, alice: AuthedClient) -> None:
+    alice.post("/api/v1/user/alice/jobs", json=config("readable"))
+    portal_login(browser, "alice")
+    assert browser.get("/jobs/alice/readable/tasks/main/0/log?tail=10").status_code == 200
+    refused = browser.get("/jobs/alice/readable/tasks/main/0/log?tail=many")
+    assert refused.status_code == 400 and "tail" in refused.get_data(as_text=True)
+
+
 def test_the_owner_stops_a_job_from_the_list(browser: FlaskClient, alice: AuthedClient) -> None:
     for name in ("one", "two"):
         alice.post("/api/v1/user/alice/jobs", json=config(name))
