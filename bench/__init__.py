@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 
@@ -133,3 +134,30 @@ def latency_figures(samples: Sequence[float]) -> dict[str, float]:
     """p50, p90 and the worst of some milliseconds, as the exec benchmarks print them."""
     return {"p50 ms": percentile(samples, 0.5), "p90 ms": percentile(samples, 0.9),
             "max ms": max(samples)}
+
+
+def redis_pid(url: str) -> int | None:
+    """The pid of the local redis-server serving `url` (the throwaway one),
+    found by its command line; None for any other (its CPU is not shown)."""
+    port = str(urlsplit(url).port)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # redis-server sets its title to "<binary> <address>:<port>"
+        title = b" ".join(argv).split()
+        if len(title) >= 2 and title[0].endswith(b"redis-server") \
+                and title[1].rpartition(b":")[2].decode() == port:
+            return int(proc.name)
+    return None
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (0 when unknown)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

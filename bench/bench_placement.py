@@ -48,10 +48,8 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from urllib.parse import urlsplit
 
-from bench import Figure, Figures, throwaway_redis
+from bench import Figure, Figures, cpu_seconds, redis_pid, throwaway_redis
 from services.scheduler.core import (
     Cluster,
     JobRequest,
@@ -178,33 +176,6 @@ def measure(nodes_count: int, busy: bool) -> dict[str, Figure]:
         "index ms": index_s * 1000, "ratio pass/index": pass_s / index_s,
         "queue build ms": min(build_samples) * 1000,
     }
-
-
-def redis_pid(url: str) -> int | None:
-    """The pid of the local redis-server serving `url` (the throwaway one),
-    found by its command line; None for any other (its CPU is not shown)."""
-    port = str(urlsplit(url).port)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # redis-server sets its title to "<binary> <address>:<port>"
-        title = b" ".join(argv).split()
-        if len(title) >= 2 and title[0].endswith(b"redis-server") \
-                and title[1].rpartition(b":")[2].decode() == port:
-            return int(proc.name)
-    return None
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of a process so far (0 when unknown)."""
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 SERVICE_CONFIG = {"image": "busybox", "taskRoles": [{

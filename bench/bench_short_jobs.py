@@ -34,12 +34,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlparse
 
 import docker
 import redis
 
-from bench import BenchError, Figure, Figures, percentile, throwaway_redis
+from bench import BenchError, Figure, Figures, percentile, redis_pid, throwaway_redis
 from bench.bench_capacity import tree_cpu_seconds
 from bench.live_platform import Platform, bare_container, reference_engine, running_platform
 from shared.domain.models import Job
@@ -77,24 +76,6 @@ def engine_cpu_seconds() -> float:
             fields = rest.split()
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
-
-
-def redis_pid(url: str) -> int | None:
-    """The pid of the redis-server listening on `url`'s port (the benchmark's
-    throwaway one, whose title names its address)."""
-    port = f":{urlparse(url).port}"
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                title = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        program, _, address = title.strip().partition(" ")
-        if program.endswith("redis-server") and address.endswith(port):
-            return int(entry)
-    return None
 
 
 class CpuMeter:

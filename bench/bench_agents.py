@@ -1,0 +1,169 @@
+"""The control plane's cost per node: lightweight node agents, no containers.
+
+Each agent does to the control plane what a node's agent does, without
+Docker: its monitor's lease, claimed and then renewed every
+PAI_HEARTBEAT_SECONDS by the real `LeaseKeeper` (which reads its peers again
+every 30 s, and sooner when the count of standing nodes changes), and its
+launcher's lease, renewed as often with the node's whole record once a
+minute. The agents' turns are spread over the heartbeat, as independent
+machines' are. Meanwhile 1-GPU jobs are submitted at a steady rate and the
+real `Scheduler.run_pass` runs once a second, placing them until the
+cluster is full (no launcher starts them: the launch timeout is set past the
+run, so none is sent again).
+
+Reported for each size: the scheduler's pass time (p50, max), the placements,
+the heartbeats made (two renewals each), and Redis's CPU over the steady window, in all and per
+node; the growth of Redis's CPU per node from the smallest size to the
+largest says whether the cost per node stays flat (O(N)) or grows with the
+cluster (O(N^2): a cluster-wide read per node).
+
+PAI_BENCH_AGENTS overrides the sizes (comma separated; 50,200 by default),
+PAI_BENCH_AGENT_SECONDS the steady window (65 s: past one peer refresh).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import cast
+
+from bench import (
+    BenchError,
+    Figure,
+    Figures,
+    Table,
+    cpu_seconds,
+    percentile,
+    redis_pid,
+    throwaway_redis,
+)
+from services.monitor.fence import Fencer
+from services.monitor.lease import LeaseKeeper
+from services.scheduler.service import Scheduler
+from shared.domain.models import Gpu, Node
+from shared.infra.config import Settings
+from shared.infra.messaging import Messenger, make_celery
+from shared.state import leases
+from shared.state.leases import Claim, Holder, Role
+from shared.state.lifecycle import submit_job
+from shared.state.nodeagent import lease_terms, live_ms, new_holder
+from shared.state.store import Store
+
+SIZES = (50, 200)
+WINDOW_SECONDS = 65.0
+GPUS_PER_NODE = 8
+SUBMITS_PER_SECOND = 20
+PASS_SECONDS = 1.0
+RECORD_SECONDS = 60.0  # the launcher's whole record, as `heartbeat_loop` sends it
+JOB = {"image": "busybox", "taskRoles": [{
+    "name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 1000,
+    "gpuNumber": 1, "command": "sleep 3600"}]}
+
+
+class Agent:
+    """One node's two leases, renewed as its launcher and monitor renew them."""
+
+    def __init__(self, settings: Settings, store: Store, index: int) -> None:
+        self.node = Node(f"agent-{index:04d}", f"10.1.{index // 250}.{index % 250 + 1}",
+                         cpus=64, memory_mb=512_000,
+                         gpus=[Gpu(g) for g in range(GPUS_PER_NODE)])
+        self.settings, self.store = settings, store
+        self.launcher = new_holder(self.node.name, "bench-engine", Role.LAUNCHER)
+        monitor = new_holder(self.node.name, "bench-engine", Role.MONITOR)
+        for holder in (self.launcher, monitor):
+            self._claim(holder)
+        # the fencer acts only past the lease, which this bench never lets pass
+        self.keeper = LeaseKeeper(settings, store, monitor, cast(Fencer, None), b"bench",
+                                  lambda: "", lambda reason: None)
+        self.keeper.reconciled(0)
+        self.record_at = 0.0
+
+    def _claim(self, holder: Holder) -> None:
+        terms = lease_terms(self.settings)
+        answer = leases.claim(self.store, holder, ip=self.node.ip,
+                              peer=f"{self.node.ip}:7071", lease_ms=terms.lease_ms,
+                              grace_ms=terms.grace_ms, renew_ms=terms.renew_ms,
+                              live_ms=live_ms(self.settings))
+        if answer.claim != Claim.TAKEN:
+            raise BenchError(f"{holder.node}: not claimed in a fresh Redis: {answer.claim}")
+
+    def turn(self, now: float) -> None:
+        """One heartbeat: the monitor's renewal, then the launcher's."""
+        if not self.keeper.renew_once():
+            raise BenchError(f"{self.node.name}: a renewal failed")
+        record = now - self.record_at >= RECORD_SECONDS
+        leases.renew(self.store, self.launcher, live_ms=live_ms(self.settings),
+                     inventory=self.node.to_dict() if record else None)
+        if record:
+            self.record_at = now
+
+
+def drive_agents(agents: list[Agent], heartbeat: float, stop: threading.Event,
+                 renewals: list[int]) -> None:
+    """Each agent's turn once a heartbeat, the turns spread evenly over it."""
+    gap = heartbeat / len(agents)
+    started = time.monotonic()
+    turn = 0
+    while not stop.is_set():
+        due = started + turn * gap
+        if stop.wait(max(0.0, due - time.monotonic())):
+            return
+        agents[turn % len(agents)].turn(time.monotonic())
+        renewals[0] += 1
+        turn += 1
+
+
+def one_size(count: int, window: float) -> dict[str, Figure]:
+    with throwaway_redis() as url:
+        settings = Settings(redis_url=url, launch_timeout_seconds=3600.0)
+        store = Store.from_url(url)
+        server = redis_pid(url)
+        agents = [Agent(settings, store, i) for i in range(count)]
+        scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+        stop, renewals = threading.Event(), [0]
+        driver = threading.Thread(target=drive_agents, daemon=True,
+                                  args=(agents, settings.heartbeat_seconds, stop, renewals))
+        driver.start()
+        try:
+            time.sleep(settings.heartbeat_seconds)  # every agent renewed once: steady from here
+            passes: list[float] = []
+            placed = submitted = 0
+            redis_cpu, counted = cpu_seconds(server), renewals[0]
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) < window:
+                while submitted < elapsed * SUBMITS_PER_SECOND:
+                    submit_job(store, f"user{submitted % 16:02d}",
+                               {**JOB, "jobName": f"job-{submitted:06d}"})
+                    submitted += 1
+                began = time.perf_counter()
+                placed += scheduler.run_pass().placed
+                passes.append((time.perf_counter() - began) * 1000)
+                time.sleep(max(0.0, PASS_SECONDS - (time.perf_counter() - began)))
+            seconds = time.monotonic() - started
+            redis_cpu, made = cpu_seconds(server) - redis_cpu, renewals[0] - counted
+        finally:
+            stop.set()
+            driver.join(10)
+            store.r.close()
+    figures: dict[str, Figure] = {
+        "window s": seconds, "heartbeats/s": made / seconds, "submitted": submitted,
+        "placed": placed, "pass p50 ms": percentile(passes, 0.5), "pass max ms": max(passes)}
+    if server is not None:
+        figures["Redis CPU %"] = redis_cpu / seconds * 100
+        figures["Redis CPU ms/s per node"] = redis_cpu / seconds * 1000 / count
+    return figures
+
+
+def run() -> Figures:
+    sizes = [int(s) for s in os.environ.get("PAI_BENCH_AGENTS", ",".join(map(str, SIZES)))
+             .split(",")]
+    window = float(os.environ.get("PAI_BENCH_AGENT_SECONDS", WINDOW_SECONDS))
+    table = {f"{count} agents": one_size(count, window) for count in sizes}
+    figures: dict[str, Figure | Table] = {"agents (no containers), heartbeat 5 s": table}
+    per_node = [row.get("Redis CPU ms/s per node") for row in table.values()]
+    if len(sizes) > 1 and all(isinstance(v, float) and v > 0 for v in per_node):
+        first, last = cast(float, per_node[0]), cast(float, per_node[-1])
+        figures["Redis CPU per node, largest vs smallest size"] = last / first
+        figures["nodes, largest vs smallest size"] = sizes[-1] / sizes[0]
+    return figures
