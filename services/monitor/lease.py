@@ -30,11 +30,10 @@ from shared.state.store import Store
 
 log = logging.getLogger(__name__)
 
-PEERS_REFRESH_SECONDS = 30.0
-# When the cluster's count of standing nodes no longer matches the peers
-# this node knows (a node joined, was lost, came back), it reads them again
-# sooner, at most this often
-PEERS_CHANGED_SECONDS = 5.0
+# A node reads its peers (every lease: O(nodes)) again when a renewal says
+# the nodes changed (a claim, a new peer address, a node lost or back: the
+# nodes' version), and at least this often besides
+PEERS_REFRESH_SECONDS = 600.0
 WATCH_SECONDS = 1.0  # how often the watchdog looks at the silence
 
 
@@ -65,6 +64,7 @@ class LeaseKeeper:
         self._generation = 0  # returns from silence; a reconcile clears only its own
         self._peers: list[tuple[str, str]] = []
         self._peers_read = 0.0
+        self._peers_version = -1  # the nodes' version the peers were read at
         # The nodes standing at the last renewal, this one included: the
         # cluster this node counts a majority of when it is cut off, however
         # few of them it knows the address of
@@ -144,11 +144,10 @@ class LeaseKeeper:
                 self.reconcile_requested.set()
             self.contact = Contact(max(sent, self.contact.last_ok))
         self._standing = renewal.standing
-        since_read = sent - self._peers_read
-        if since_read >= PEERS_REFRESH_SECONDS or (
-                since_read >= PEERS_CHANGED_SECONDS and renewal.standing != len(self._peers) + 1):
+        if renewal.nodes_version != self._peers_version \
+                or sent - self._peers_read >= PEERS_REFRESH_SECONDS:
             self._peers = leases.peers(self.store, self.holder.node)
-            self._peers_read = sent
+            self._peers_read, self._peers_version = sent, renewal.nodes_version
 
     @property
     def known_nodes(self) -> int:

@@ -116,6 +116,9 @@ NODES = PREFIX + "nodes"
 # set: the nodes declared lost and not back since; the nodes standing are
 # NODES less these (what a node counts its cluster by when it is cut off)
 NODES_LOST = PREFIX + "nodes-lost"
+# Counts the changes of who the nodes are (a claim, a peer address, a node
+# declared lost or back): a node reads its peers again only when it moved.
+NODES_VERSION = PREFIX + "nodes-version"
 # hash: the control plane's own outage as the scheduler last judged it
 # (shared/domain/lease.py Outage: since, ended, checked)
 CONTROL_PLANE = PREFIX + "control-plane"

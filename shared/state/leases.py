@@ -65,7 +65,8 @@ def claim(store: Store, holder: Holder, *, ip: str, peer: str, lease_ms: int, gr
           renew_ms: int, live_ms: int, force: bool = False) -> ClaimAnswer:
     """Claim the node's name for `holder` (shared/domain/lease.py, rule 1)."""
     answer = store.run_script(
-        scripts.CLAIM_NODE, [keys.node_lease(holder.node), keys.NODES, keys.NODES_LOST],
+        scripts.CLAIM_NODE, [keys.node_lease(holder.node), keys.NODES, keys.NODES_LOST,
+                             keys.NODES_VERSION],
         [holder.node, holder.engine, holder.role.value, holder.instance, str(holder.pid), ip,
          peer, str(lease_ms), str(grace_ms), str(renew_ms), str(live_ms),
          "1" if force else "0", Phase.RECONCILING.value])
@@ -81,6 +82,7 @@ def claim(store: Store, holder: Holder, *, ip: str, peer: str, lease_ms: int, gr
 class Renewal:
     stamped_ms: int  # the Redis time the renewal was stamped with
     standing: int  # the cluster's nodes not declared lost, this node included
+    nodes_version: int  # changes when who the nodes are does (their peers to read again)
 
 
 def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = None,
@@ -91,7 +93,7 @@ def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = N
     silence (its settling time starts)."""
     answer = store.run_script(
         scripts.RENEW_NODE, [keys.node_lease(holder.node), keys.NODES, keys.node(holder.node),
-                 keys.NODES_LOST],
+                             keys.NODES_LOST, keys.NODES_VERSION],
         [holder.node, holder.engine, holder.role.value, holder.instance, str(live_ms),
          phase.value if phase is not None else "", "-" if problem is None else problem,
          json.dumps(inventory, separators=(",", ":")) if inventory is not None else "",
@@ -99,7 +101,7 @@ def renew(store: Store, holder: Holder, *, live_ms: int, phase: Phase | None = N
     if answer[0] != "OK":
         raise NameLost(f"node {holder.node}'s name is held by engine {answer[1] or '?'} "
                        f"(its {holder.role.value} instance {answer[2] or '?'})")
-    return Renewal(int(answer[1]), int(answer[2]))
+    return Renewal(int(answer[1]), int(answer[2]), int(answer[3]))
 
 
 def release(store: Store, holder: Holder) -> None:
@@ -135,7 +137,8 @@ def read_cluster(store: Store) -> ClusterView:
 def mark_lost(store: Store, node: str, renewed_ms: int) -> bool:
     """Declare `node` lost, unless it renewed after `renewed_ms`."""
     return bool(store.run_script(scripts.MARK_NODE_LOST,
-                                 [keys.node_lease(node), keys.NODES, keys.NODES_LOST],
+                                 [keys.node_lease(node), keys.NODES, keys.NODES_LOST,
+                                  keys.NODES_VERSION],
                                  [node, str(renewed_ms)]))
 
 

@@ -105,7 +105,7 @@ def cluster(docker_client: docker.DockerClient, test_image: str,
     made: list[Agent] = []
     run = f"fence-{uuid.uuid4().hex[:6]}"
 
-    def agent(redis_url: str, name: str) -> Agent:
+    def agent(redis_url: str, name: str, *, with_peer_address: bool = True) -> Agent:
         settings = Settings(redis_url=redis_url, node_name=f"{run}-{name}", node_ip="127.0.0.1",
                             heartbeat_seconds=0.5, node_lease_seconds=2.0,
                             node_fence_grace_seconds=1.0, node_lost_seconds=5.0,
@@ -119,7 +119,8 @@ def cluster(docker_client: docker.DockerClient, test_image: str,
                              Fencer(docker_client, settings.node_name, journal, 1.0), key,
                              lambda: "", exits.append)
         peers = PeerServer("127.0.0.1", 0, settings.node_name, key, keeper.silence)
-        claim_name(store, holder, settings, peer=peers.address, stop=stop)
+        claim_name(store, holder, settings, peer=peers.address if with_peer_address else "",
+                   stop=stop)
         made.append(Agent(settings.node_name, keeper, journal, peers, exits))
         return made[-1]
 
@@ -183,10 +184,10 @@ def test_a_node_cut_off_alone_stops_its_containers_and_journals_them(
         relay.close()
 
 
-def test_a_node_that_knows_no_peer_yet_fences_when_cut_off_alone(
+def test_a_node_that_knows_no_peer_address_fences_when_cut_off_alone(
         cluster: Callable[..., Agent], own_redis: OwnRedis) -> None:
-    """Attack: a node read its peers before the others joined, so it knows
-    no peer's address. Cut off alone, it must not take itself for the whole
+    """Attack: a node knows no peer's address (the others joined without
+    one it can use). Cut off alone, it must not take itself for the whole
     cluster and hold: the control plane counts three nodes, declares it
     lost and runs its work elsewhere. It counts the nodes standing at its
     last renewal, and a peer it cannot ask is one that did not answer."""
@@ -195,11 +196,12 @@ def test_a_node_that_knows_no_peer_yet_fences_when_cut_off_alone(
     a = cluster(own_redis.url.replace(f":{port}", f":{relay.port}"), "a")
     try:
         a.keeper.reconciled(0)
-        assert a.keeper.renew_once()  # reads its peers now: none has joined
-        for other in (cluster(own_redis.url, "b"), cluster(own_redis.url, "c")):
+        assert a.keeper.renew_once()
+        for name in ("b", "c"):
+            other = cluster(own_redis.url, name, with_peer_address=False)
             other.keeper.reconciled(0)
             assert other.keeper.renew_once()
-        assert a.keeper.renew_once()  # too soon to read the peers again
+        assert a.keeper.renew_once()  # the nodes changed: it reads its peers again
         assert a.keeper.known_nodes == 3
 
         relay.cut.set()

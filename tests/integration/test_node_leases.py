@@ -55,6 +55,32 @@ def test_a_claim_and_its_renewals_are_stamped_with_redis_time(store: Store, node
     assert lease.renewed_ms == stamped and lease.claimed_ms <= stamped
 
 
+def test_the_nodes_version_moves_when_who_the_nodes_are_changes_and_only_then(
+        store: Store, node: str) -> None:
+    """Nodes read their peers again only when this version moved: a new node,
+    a new peer address, a node declared lost and a node back each move it;
+    renewals do not."""
+    def version() -> int:
+        return int(store.r.get(keys.NODES_VERSION) or 0)
+
+    monitor, launcher = holder(node, "engine-a"), holder(node, "engine-a", Role.LAUNCHER)
+    start = version()
+    assert claim(store, monitor) == Claim.TAKEN  # a new node
+    assert claim(store, launcher) == Claim.TAKEN  # its other process, at the same address
+    renewal = leases.renew(store, monitor, live_ms=60_000)
+    assert version() == renewal.nodes_version == start + 1
+    assert leases.renew(store, launcher, live_ms=60_000).nodes_version == start + 1
+
+    assert leases.mark_lost(store, node, renewal.stamped_ms)
+    assert version() == start + 2
+    back = leases.renew(store, monitor, live_ms=60_000)
+    assert back.nodes_version == version() == start + 3
+    assert claim(store, monitor, ip="10.1.0.2") == Claim.TAKEN  # restarted on a new address
+    assert leases.renew(store, monitor, live_ms=60_000).nodes_version == start + 4
+    assert claim(store, monitor, ip="10.1.0.2") == Claim.TAKEN  # the same again: no change
+    assert version() == start + 4
+
+
 def test_a_second_machine_with_a_taken_name_is_refused_and_harms_nothing(
         store: Store, node: str) -> None:
     first = holder(node, "engine-a")

@@ -26,6 +26,7 @@ LITERAL_KEYS = [
     pytest.param(keys.RETENTION_CURSOR, "pai:retention:cursor", id="RETENTION_CURSOR"),
     pytest.param(keys.NODES, "pai:nodes", id="NODES"),
     pytest.param(keys.NODES_LOST, "pai:nodes-lost", id="NODES_LOST"),
+    pytest.param(keys.NODES_VERSION, "pai:nodes-version", id="NODES_VERSION"),
     pytest.param(keys.NODE_FLAGS, "pai:node-flags", id="NODE_FLAGS"),
     pytest.param(keys.CONTROL_PLANE, "pai:control-plane", id="CONTROL_PLANE"),
     pytest.param(keys.CLUSTER_ID, "pai:cluster-id", id="CLUSTER_ID"),

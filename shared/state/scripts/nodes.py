@@ -46,18 +46,20 @@ return redis.call('HDEL', KEYS[2], ARGV[2])
 """)
 
 # Claim the node's name for an agent's process (shared/state/leases.py).
+# A new holder, a new peer address or a node back from lost counts as a
+# change of the nodes (their version, read back by every renewal).
 # Answers {"TAKEN", now} | {"HELD_ELSEWHERE", engine, ip, age_ms} |
 #         {"ROLE_HELD", instance, pid}
 CLAIM_NODE = Script(
     "claim_node",
-    keys=("lease", "nodes", "nodes lost"),
+    keys=("lease", "nodes", "nodes lost", "nodes version"),
     args=("name", "engine", "role", "instance", "pid", "ip", "peer ('' keeps it)",
           "lease ms", "grace ms", "renew ms",
           "live ms (how long the lease stays live after a renewal)", "force",
           "the phase a new holder starts in (Phase.RECONCILING)"),
     source=_NOW + """
 local h = redis.call('HMGET', KEYS[1], 'engine', 'renewed', 'live_until', 'ip',
-                     ARGV[3], ARGV[3] .. '_pid', 'lost')
+                     ARGV[3], ARGV[3] .. '_pid', 'lost', 'peer')
 local engine, renewed, live_until = h[1], tonumber(h[2] or '0'), tonumber(h[3] or '0')
 if engine and engine ~= ARGV[2] then
   if now < live_until then
@@ -69,6 +71,7 @@ end
 if engine and h[5] and h[5] ~= ARGV[4] and ARGV[12] ~= '1' then
   return {'ROLE_HELD', h[5], h[6] or ''}
 end
+local changed = not engine or (ARGV[7] ~= '' and ARGV[7] ~= h[8])
 if not engine then
   redis.call('HSET', KEYS[1], 'engine', ARGV[2], 'claimed', now, 'phase', ARGV[13],
              'healthy_since', 0, 'served', 0)
@@ -83,7 +86,8 @@ if ARGV[3] == 'monitor' then
   redis.call('HSET', KEYS[1], 'phase', ARGV[13])
 end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
-redis.call('SREM', KEYS[3], ARGV[1])
+if redis.call('SREM', KEYS[3], ARGV[1]) == 1 then changed = true end
+if changed then redis.call('INCR', KEYS[4]) end
 return {'TAKEN', tostring(now)}
 """)
 
@@ -93,10 +97,12 @@ return {'TAKEN', tostring(now)}
 # whose first problem clears is joining, not flapping), when it was declared
 # lost since its last renewal, or when it says so (a monitor back from
 # silence).
-# Answers {"OK", now, nodes standing} | {"LOST", holder engine, holder instance}
+# A node back from lost counts as a change of the nodes.
+# Answers {"OK", now, nodes standing, the nodes' version} |
+#         {"LOST", holder engine, holder instance}
 RENEW_NODE = Script(
     "renew_node",
-    keys=("lease", "nodes", "node record", "nodes lost"),
+    keys=("lease", "nodes", "node record", "nodes lost", "nodes version"),
     args=("name", "engine", "role", "instance", "live ms", "phase ('' keeps it)",
           "problem ('-' keeps it)", "inventory JSON ('' writes none)",
           "'1' if back from silence", "the phase of a node that takes work (Phase.READY)"),
@@ -120,21 +126,23 @@ if phase == ARGV[10] and problem == '' then redis.call('HSET', KEYS[1], 'served'
 if back then redis.call('HSET', KEYS[1], 'healthy_since', now) end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 if ARGV[8] ~= '' then redis.call('SET', KEYS[3], ARGV[8]) end
-redis.call('SREM', KEYS[4], ARGV[1])
+if redis.call('SREM', KEYS[4], ARGV[1]) == 1 then redis.call('INCR', KEYS[5]) end
 return {'OK', tostring(now),
-        tostring(redis.call('ZCARD', KEYS[2]) - redis.call('SCARD', KEYS[4]))}
+        tostring(redis.call('ZCARD', KEYS[2]) - redis.call('SCARD', KEYS[4])),
+        redis.call('GET', KEYS[5]) or '0'}
 """)
 
 # The control plane declares a node lost, unless it renewed meanwhile.
 MARK_NODE_LOST = Script(
     "mark_node_lost",
-    keys=("lease", "nodes", "nodes lost"),
+    keys=("lease", "nodes", "nodes lost", "nodes version"),
     args=("name", "the renewal the judgement saw"),
     source=_NOW + """
 local renewed = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if renewed and tonumber(renewed) > tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'lost', now)
 redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('INCR', KEYS[4])
 return 1
 """)
 
