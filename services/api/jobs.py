@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from flask import Blueprint, Response, current_app, g, request
@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from services.api import jobmetrics
 from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
-from services.api.bodies import load_body, read_document, read_yaml, takes
+from services.api.bodies import View, load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
 from services.api.platform import extension_of, platform
 from services.api.queries import (
@@ -68,7 +68,6 @@ VCS_EXTENSION = "pai.known_vcs"
 SHAPES_EXTENSION = "pai.config_shapes"
 # The stored config's key for a v2 job's submission as it may be shown back.
 V2_SUBMISSION = "protocolV2"
-View = TypeVar("View", bound=Callable[..., Any])
 
 
 def _config_body(read: Callable[[], Any] = read_document) -> Any:

@@ -49,6 +49,13 @@ def takes_query(schema: Schema) -> Callable[[View], View]:
     return declares(QUERY_SCHEMA, schema)
 
 
+def query_of(view: Callable[..., Any]) -> Schema:
+    """The query `view` declared: for a view that serves another's answer
+    (the portal's log view calls the API's), whose query it takes as it is."""
+    schema: Schema = getattr(view, QUERY_SCHEMA)
+    return schema
+
+
 def load_query() -> dict[str, Any]:
     """The request's query loaded by the view's declared schema (a list field
     takes every value of its parameter, any other field the first); a 400

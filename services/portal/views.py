@@ -44,7 +44,7 @@ from flask.typing import ResponseReturnValue
 
 from services.api import auth, tasklogs
 from services.api.errors import ApiError
-from services.api.queries import TaskLogQuerySchema, takes_query
+from services.api.queries import query_of, takes_query
 from services.portal import pages
 from shared.domain.states import JobState
 from shared.domain.storage import UNMOUNTED_KEY
@@ -383,7 +383,7 @@ def stop_one(username: str, name: str) -> ResponseReturnValue:
 
 
 @bp.get("/jobs/<username>/<name>/tasks/<role>/<int:index>/log")
-@takes_query(TaskLogQuerySchema())  # the API view's query: it loads this view's declaration
+@takes_query(query_of(tasklogs.task_log))  # it loads the declaration of the endpoint served
 def task_log(username: str, name: str, role: str, index: int) -> ResponseReturnValue:
     """The API's log view itself (text, or followed as server-sent events),
     for the session's user: an EventSource cannot send a bearer token."""
