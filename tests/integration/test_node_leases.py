@@ -74,6 +74,8 @@ def test_the_nodes_version_moves_when_who_the_nodes_are_changes_and_only_then(
 
     assert leases.mark_lost(store, node, last.stamped_ms)
     assert version() == start + 2
+    assert leases.mark_lost(store, node, last.stamped_ms)  # judged again: already lost
+    assert version() == start + 2
     back = leases.renew(store, monitor, live_ms=60_000)
     assert back.nodes_version == version() == start + 3
     assert claim(store, monitor, ip="10.1.0.2") == Claim.TAKEN  # restarted on a new address

@@ -132,7 +132,8 @@ return {'OK', tostring(now),
         redis.call('GET', KEYS[5]) or '0'}
 """)
 
-# The control plane declares a node lost, unless it renewed meanwhile.
+# The control plane declares a node lost, unless it renewed meanwhile; the
+# nodes change (their version moves) only when it was not lost already.
 MARK_NODE_LOST = Script(
     "mark_node_lost",
     keys=("lease", "nodes", "nodes lost", "nodes version"),
@@ -141,8 +142,7 @@ MARK_NODE_LOST = Script(
 local renewed = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if renewed and tonumber(renewed) > tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'lost', now)
-redis.call('SADD', KEYS[3], ARGV[1])
-redis.call('INCR', KEYS[4])
+if redis.call('SADD', KEYS[3], ARGV[1]) == 1 then redis.call('INCR', KEYS[4]) end
 return 1
 """)
 
