@@ -19,6 +19,11 @@ At the end it evaluates on a held-out fifth of the data, writes the model
 (`model.pt`) and `metrics.json` to the output folder (`PAI_OUTPUT_DIR`), and
 exits 1 if the accuracy is below `--target-accuracy`.
 
+It trains on the GPU when the task has one (`--device auto`, the default:
+CUDA when PyTorch sees a device, which in a task means the platform gave it
+GPUs), with NCCL between the tasks of a DDP job; otherwise on the CPU over
+gloo. `--device cpu` or `--device cuda` forces either.
+
     exec python3 train_digits.py --steps 1500 --target-accuracy 0.95
 
 (`exec`: the platform's SIGTERM goes to the task's shell, which would die of
@@ -64,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=100, help="steps")
     parser.add_argument("--target-accuracy", type=float, default=0.95)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: CUDA when PyTorch sees a GPU, else the CPU")
     parser.add_argument("--port-label", default="SynPort",
                         help="the portList label of the DDP master's port")
     parser.add_argument("--output", default=os.environ.get("PAI_OUTPUT_DIR") or "output",
@@ -82,14 +89,26 @@ class Digits:
     test_y: torch.Tensor
 
 
-def load_data(seed: int) -> Digits:
-    """scikit-learn's digits as 1x8x8 images scaled to [0, 1], 80/20 split."""
+def pick_device(choice: str) -> torch.device:
+    """`auto` is CUDA where PyTorch sees a device: a task sees only the GPUs
+    the platform gave it, so its first is cuda:0."""
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda, but PyTorch sees no GPU (did the job ask for gpu > 0?)")
+    return torch.device(choice)
+
+
+def load_data(seed: int, device: torch.device) -> Digits:
+    """scikit-learn's digits as 1x8x8 images scaled to [0, 1], 80/20 split,
+    on the training device (all 1,797 of them fit anywhere)."""
     digits = load_digits()
     images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(digits.target, dtype=torch.long)
     train_i, test_i = train_test_split(range(len(labels)), test_size=0.2,
                                        random_state=seed, stratify=digits.target)
-    return Digits(images[train_i], labels[train_i], images[test_i], labels[test_i])
+    return Digits(images[train_i].to(device), labels[train_i].to(device),
+                  images[test_i].to(device), labels[test_i].to(device))
 
 
 def batch_indices(step: int, seed: int, size: int, total: int) -> torch.Tensor:
@@ -162,7 +181,7 @@ def interface_of(ip: str) -> str | None:
     return None
 
 
-def join_group(where: Placement) -> None:
+def join_group(where: Placement, device: torch.device) -> None:
     os.environ.setdefault("MASTER_ADDR", where.master_addr)
     os.environ.setdefault("MASTER_PORT", str(where.master_port))
     own_ip = os.environ.get("PAI_CURRENT_CONTAINER_IP", "")
@@ -172,7 +191,8 @@ def join_group(where: Placement) -> None:
     print(f"rank {where.rank} of {where.world_size}: master "
           f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
           f"{f', gloo on {interface}' if interface else ''}", flush=True)
-    dist.init_process_group("gloo", init_method="env://", rank=where.rank,
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method="env://", rank=where.rank,
                             world_size=where.world_size)
 
 
@@ -249,6 +269,7 @@ def save_checkpoint(folder: Path, step: int, model: nn.Module,
 class Run:
     args: argparse.Namespace
     where: Placement
+    device: torch.device
     data: Digits
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -263,12 +284,12 @@ def train(run: Run, stop: StopNotice) -> tuple[int, bool, float]:
     loss_fn = nn.CrossEntropyLoss()
     step, stopped, busy = run.first_step, False, 0.0
     while step < args.steps:
-        if agreed_to_stop(stop.asked(), where):
+        if agreed_to_stop(stop.asked(), where, run.device):
             stopped = True
             break
         began = time.perf_counter()
         batch = batch_indices(step, args.seed, args.batch_size * where.world_size,
-                              len(data.train_y))[where.rank::where.world_size]
+                              len(data.train_y))[where.rank::where.world_size].to(run.device)
         run.optimizer.zero_grad()
         loss = loss_fn(run.model(data.train_x[batch]), data.train_y[batch])
         loss.backward()
@@ -282,12 +303,12 @@ def train(run: Run, stop: StopNotice) -> tuple[int, bool, float]:
     return step, stopped, busy
 
 
-def agreed_to_stop(asked: bool, where: Placement) -> bool:
+def agreed_to_stop(asked: bool, where: Placement, device: torch.device) -> bool:
     """Every rank stops at the same step, or the others would wait forever
     in their next all-reduce."""
     if where.world_size == 1:
         return asked
-    flag = torch.tensor([1 if asked else 0])
+    flag = torch.tensor([1 if asked else 0], device=device)  # NCCL reduces on the GPU
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -298,15 +319,15 @@ def module_of(model: nn.Module) -> nn.Module:
     return inner
 
 
-def start(args: argparse.Namespace, where: Placement) -> Run:
+def start(args: argparse.Namespace, where: Placement, device: torch.device) -> Run:
     torch.manual_seed(args.seed)
     threads = os.environ.get("PAI_TASK_CPU_NUM")
     if threads:
         torch.set_num_threads(max(1, int(threads)))
-    model = make_model(args.width)
+    model = make_model(args.width).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     folder = Path(args.output) / "checkpoints"
-    run = Run(args, where, load_data(args.seed), model, optimizer, folder)
+    run = Run(args, where, device, load_data(args.seed, device), model, optimizer, folder)
     state = newest_checkpoint(folder)
     attempt = os.environ.get("PAI_JOB_ATTEMPT_ID", "0")
     if state is not None:
@@ -316,8 +337,12 @@ def start(args: argparse.Namespace, where: Placement) -> Run:
         print(f"attempt {attempt}: resuming from step {run.first_step}", flush=True)
     else:
         print(f"attempt {attempt}: starting at step 0", flush=True)
+    print(f"training on {device}"
+          f"{f' ({torch.cuda.get_device_name(device)})' if device.type == 'cuda' else ''}",
+          flush=True)
     if where.world_size > 1:
-        run.model = nn.parallel.DistributedDataParallel(model)
+        ids = [device.index or 0] if device.type == "cuda" else None
+        run.model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
     return run
 
 
@@ -337,7 +362,7 @@ def finish(run: Run, steps_done: int, busy: float) -> int:
         torch.save(model.state_dict(), out / "model.pt")
         (out / "metrics.json").write_text(json.dumps({
             "steps": steps_done, "accuracy": test_accuracy, "msPerStep": ms_per_step,
-            "worldSize": run.where.world_size,
+            "worldSize": run.where.world_size, "device": run.device.type,
             "parameterSum": parameter_sum,
         }, indent=2) + "\n")
     if test_accuracy < run.args.target_accuracy:
@@ -351,9 +376,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     stop = StopNotice()
     where = placement(args.port_label)
+    device = pick_device(args.device)
     if where.world_size > 1:
-        join_group(where)
-    run = start(args, where)
+        join_group(where, device)
+    run = start(args, where, device)
     steps_done, stopped, busy = train(run, stop)
     if stopped:
         print(f"stopping at step {steps_done} ({stop.reason()})", flush=True)

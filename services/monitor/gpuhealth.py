@@ -56,6 +56,11 @@ class GpuHealthWatch:
     def close(self) -> None:
         self.nvml.close()
 
+    @property
+    def watching_xids(self) -> bool:
+        """Whether the driver reports critical XID events to this watch."""
+        return self._events is not None
+
     def observe(self) -> list[tuple[int, str, str]]:
         """(GPU index, reason, source) of every failure seen this round."""
         found: list[tuple[int, str, str]] = []
