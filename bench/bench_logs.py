@@ -7,7 +7,10 @@ names), with its default log bound (PAI_LOG_MAX_LINES = 100,000).
 - Shipping: a job runs `seq 1 100000`; the figure is the time from submit
   until `GET .../log?tail=1` answers `100000` (the last line readable through
   the API), beside a bare Docker SDK run of the same command in the same
-  image until the container exited (create, start, run, wait).
+  image until the container exited (create, start, run, wait); and the
+  engine's own floor for any shipper: the same run with its log followed
+  through the engine's API from the start, read as fast as it comes and
+  thrown away, until the last line arrived.
 - Tails: `GET .../log?tail=N` of that finished job, every answer checked
   line by line (the last N numbers), beside a bare XREVRANGE COUNT N of the
   task's stream with redis-py, in the same run.
@@ -41,6 +44,7 @@ from bench.live_platform import (
     running_platform,
     wait_for,
 )
+from shared.node.engine import EngineCalls
 from shared.state import keys
 
 LINES = 100_000
@@ -86,6 +90,30 @@ def bare_run_seconds(command: str) -> float:
         container.remove(force=True)
         return seconds
     finally:
+        client.close()
+
+
+def bare_follow_seconds(command: str) -> float:
+    """Seconds from create until the engine's follow of the log handed over
+    its last byte, read in HTTP/1.0 blocks as the monitor reads it."""
+    client = docker_engine()
+    engine = EngineCalls(client)
+    label = {"pai.bench": uuid.uuid4().hex[:8]}
+    try:
+        start = time.perf_counter()
+        container = client.containers.run(TEST_IMAGE, ["/bin/sh", "-c", command], detach=True,
+                                          labels=label, network_mode="host")
+        response = engine.follow_log(str(container.id))
+        try:
+            while response.read1(1 << 16):
+                pass
+        finally:
+            response.close()
+        seconds = time.perf_counter() - start
+        container.remove(force=True)
+        return seconds
+    finally:
+        engine.close()
         client.close()
 
 
@@ -186,6 +214,7 @@ def run() -> Figures:
     with throwaway_redis() as url, running_platform(url) as pai:
         name, ship_seconds = ship(pai)
         bare_seconds = bare_run_seconds(f"seq 1 {LINES}")
+        engine_seconds = bare_follow_seconds(f"seq 1 {LINES}")
         tail_table, stream_length = tails(pai, name, url)
         platform_follow = follow_latencies(pai)
     bare_follow = bare_follow_latencies()
@@ -197,6 +226,8 @@ def run() -> Figures:
         "submit -> last line readable s": ship_seconds,
         "bare docker run of the job s": bare_seconds,
         "ratio": ship_seconds / bare_seconds,
+        "bare run, its log followed to the end s": engine_seconds,
+        "ratio to the engine's follow": ship_seconds / engine_seconds,
         "stream length (bound 100,000)": stream_length,
         "GET .../log?tail=N (checked)": tail_table,
         "follow: print -> receipt": follow,

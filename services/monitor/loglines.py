@@ -6,18 +6,20 @@ into lines, cap each one, and keep the cursor that makes a restarted shipper
 skip exactly what was already shipped.
 
 The cursor is (the newest Docker timestamp shipped, how many lines were shipped
-with exactly that timestamp). Docker's `since` only has second precision and is
-inclusive, so a resumed stream repeats the tail of what was shipped: lines
-older than the cursor are dropped, then the first `count` lines carrying its
-timestamp, and from the first line past it everything is new. Counting equal
-timestamps matters because one burst of output can stamp several lines with
-the same nanosecond on a coarse clock.
+with exactly that timestamp). A resumed stream asks Docker for the log `since`
+that very nanosecond (the engine takes `<seconds>.<nanoseconds>`), which is
+inclusive, so it repeats the lines stamped with it and any older line the
+engine interleaves: lines older than the cursor are dropped, then the first
+`count` lines carrying its timestamp, and from the first line past it
+everything is new. Counting equal timestamps matters because one burst of
+output can stamp several lines with the same nanosecond on a coarse clock.
 """
 
 from __future__ import annotations
 
 import calendar
 import codecs
+import functools
 import re
 from dataclasses import dataclass
 
@@ -32,10 +34,36 @@ NANOS_PER_SECOND = 1_000_000_000
 
 _TIMESTAMP = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})")
+_SECOND_DIGITS = 19  # "2026-11-22T07:36:15"
+_MAX_FRACTION_DIGITS = 9
 
 
 def parse_docker_timestamp(text: str) -> int | None:
-    """Nanoseconds since the epoch of an RFC 3339 timestamp; None if it is not one."""
+    """Nanoseconds since the epoch of an RFC 3339 timestamp; None if it is not one.
+
+    Docker stamps in UTC ("...Z"), and a burst of output shares its second:
+    that second is parsed once (`_utc_second`), the fraction per line.
+    """
+    if len(text) > _SECOND_DIGITS and text[-1] == "Z":
+        fraction = text[_SECOND_DIGITS + 1:-1]
+        separator = text[_SECOND_DIGITS]
+        if (separator == "Z" and len(text) == _SECOND_DIGITS + 1) or (
+                separator == "." and 0 < len(fraction) <= _MAX_FRACTION_DIGITS
+                and fraction.isascii() and fraction.isdigit()):
+            seconds = _utc_second(text[:_SECOND_DIGITS])
+            if seconds is not None:
+                return seconds * NANOS_PER_SECOND + int(fraction.ljust(9, "0") or "0")
+    return _parse_rfc3339(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _utc_second(text: str) -> int | None:
+    """Seconds since the epoch of "YYYY-MM-DDTHH:MM:SS" in UTC."""
+    stamp = _parse_rfc3339(text + "Z")
+    return None if stamp is None else stamp // NANOS_PER_SECOND
+
+
+def _parse_rfc3339(text: str) -> int | None:
     match = _TIMESTAMP.fullmatch(text)
     if match is None:
         return None
@@ -75,6 +103,40 @@ def render_line(message: bytes, max_bytes: int = MAX_LINE_BYTES) -> str:
     return decoder.decode(message[:max_bytes], final=False)
 
 
+# A multiplexed log frame: stream number (0-2), three zero bytes, length (4 bytes).
+FRAME_HEADER_BYTES = 8
+LAST_STREAM_NUMBER = 2
+
+
+class FrameSplitter:
+    """The payload of Docker's multiplexed stream (a container without a
+    TTY: stdout and stderr as frames, each a header and its bytes), from
+    chunks cut anywhere, headers and payloads included. stdout and stderr
+    come out as one stream, in the engine's order."""
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._left = 0  # payload bytes of the current frame still to come
+
+    def feed(self, chunk: bytes) -> bytes:
+        out = bytearray()
+        at, size = 0, len(chunk)
+        while at < size:
+            if self._left:
+                take = min(self._left, size - at)
+                out += chunk[at:at + take]
+                at += take
+                self._left -= take
+                continue
+            need = FRAME_HEADER_BYTES - len(self._header)
+            self._header += chunk[at:at + need]
+            at += need
+            if len(self._header) == FRAME_HEADER_BYTES:
+                self._left = int.from_bytes(self._header[4:], "big")
+                self._header.clear()
+        return bytes(out)
+
+
 class LineSplitter:
     """Cuts a byte stream into lines across chunk boundaries.
 
@@ -88,14 +150,14 @@ class LineSplitter:
         self._buffer = bytearray()
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        lines: list[bytes] = []
-        start = 0
-        while (newline := chunk.find(b"\n", start)) >= 0:
-            self._keep(chunk[start:newline])
-            lines.append(bytes(self._buffer))
+        *lines, rest = chunk.split(b"\n")
+        if lines:  # the first completes what earlier chunks began
+            self._keep(lines[0])
+            lines[0] = bytes(self._buffer)
             self._buffer.clear()
-            start = newline + 1
-        self._keep(chunk[start:])
+            limit = self._limit
+            lines = [line if len(line) <= limit else line[:limit] for line in lines]
+        self._keep(rest)
         return lines
 
     def finish(self) -> list[bytes]:
@@ -134,10 +196,12 @@ class LogCursor:
         return cursor if cursor.ts_ns > 0 and cursor.count > 0 else None
 
     @property
-    def since_seconds(self) -> int | None:
-        """Docker's `since` for a resumed stream (whole seconds, inclusive)."""
-        seconds = self.ts_ns // NANOS_PER_SECOND
-        return seconds if seconds > 0 else None
+    def since(self) -> str | None:
+        """Docker's `since` for a resumed stream: this very nanosecond,
+        inclusive, so the stream starts at the cursor's own lines rather than
+        at the start of its second (a busy second can hold 100,000 lines)."""
+        seconds, nanos = divmod(self.ts_ns, NANOS_PER_SECOND)
+        return f"{seconds}.{nanos:09d}" if seconds > 0 else None
 
 
 def advance(cursor: LogCursor | None, ts_ns: int) -> LogCursor:

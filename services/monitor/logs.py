@@ -36,6 +36,8 @@ from requests.exceptions import RequestException
 from services.monitor.dispatch import backoff_delay
 from services.monitor.logfile import TaskLogFile
 from services.monitor.loglines import (
+    LAST_STREAM_NUMBER,
+    FrameSplitter,
     LineSplitter,
     LogCursor,
     ReplayFilter,
@@ -47,7 +49,7 @@ from services.monitor.observations import Phase, describe, phase_of
 from shared.domain.checkpoints import last_checkpoint_step
 from shared.node.containers import TaskRef
 from shared.node.engine import BROKEN_STREAM_ERRORS, EngineCalls
-from shared.state import checkpoints, keys
+from shared.state import checkpoints, keys, scripts
 from shared.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -67,9 +69,6 @@ _FINAL_FLUSH_TRIES = 3
 # After Docker ended a log stream, how long a shipper waits for the monitor to
 # see the container stop before it asks Docker whether it still runs.
 EXIT_NOTICE_SECONDS = 1.0
-# A multiplexed log frame: stream number (0-2), three zero bytes, length (4 bytes).
-_FRAME_HEADER_BYTES = 8
-_LAST_STREAM_NUMBER = 2
 _RAW_READ_BYTES = 64 * 1024
 
 LogEntry = tuple[str, LogCursor | None]
@@ -84,11 +83,10 @@ def append_log_entries(r: Any, ref: TaskRef, entries: Sequence[LogEntry],
         return
     key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
     pipe = r.pipeline(transaction=False)
-    for line, cursor in entries:
-        fields = {LINE_FIELD: line}
-        if cursor is not None:
-            fields[CURSOR_FIELD] = cursor.encode()
-        pipe.xadd(key, fields, maxlen=max_lines, approximate=True)
+    pairs = [part for line, cursor in entries
+             for part in (line, cursor.encode() if cursor is not None else "")]
+    scripts.run(pipe, scripts.APPEND_LOG_LINES, [key],
+                [max_lines, LINE_FIELD, CURSOR_FIELD, *pairs])
     step = last_checkpoint_step(line for line, _cursor in entries)
     if step is not None:
         checkpoints.record_step(pipe, ref.job_id, ref.attempt, step)
@@ -241,7 +239,7 @@ class LogShipper:
     def _read_stream(self) -> tuple[bool, bool]:
         """One pass over the log from the cursor on: whether any new line came,
         and whether the stream ended as Docker ends it (not broke)."""
-        since = self.cursor.since_seconds if self.cursor is not None else None
+        since = self.cursor.since if self.cursor is not None else None
         try:
             stream = LogStream(self._engine, str(self.container.id), since)
         except NotFound:
@@ -256,11 +254,9 @@ class LogShipper:
         splitter, replay, received = LineSplitter(), ReplayFilter(self.cursor), False
         try:
             for chunk in stream:
-                for raw in splitter.feed(chunk):
-                    received = self._accept(raw, replay) or received
+                received = self._accept(splitter.feed(chunk), replay) or received
             if not self._closing.is_set():
-                for raw in splitter.finish():
-                    received = self._accept(raw, replay) or received
+                received = self._accept(splitter.finish(), replay) or received
         except (DockerException, RequestException, OSError) as error:
             log.debug("the log stream of %s broke: %s", self.task_name, error)
         finally:
@@ -269,15 +265,24 @@ class LogShipper:
             close_stream(stream)
         return received, stream.ended and not self._closing.is_set()
 
-    def _accept(self, raw: bytes, replay: ReplayFilter) -> bool:
-        ts_ns, message = split_timestamp(raw)
-        if replay.skips(ts_ns):
+    def _accept(self, raws: list[bytes], replay: ReplayFilter) -> bool:
+        """Queue the lines (all that one read brought) the replay does not
+        skip; write them when a batch is full. Whether any was new."""
+        entries: list[LogEntry] = []
+        cursor = self.cursor
+        for raw in raws:
+            ts_ns, message = split_timestamp(raw)
+            if replay.skips(ts_ns):
+                continue
+            if ts_ns is not None:
+                cursor = advance(cursor, ts_ns)
+            entries.append((render_line(message), cursor))
+        if not entries:
             return False
-        if ts_ns is not None:
-            self.cursor = advance(self.cursor, ts_ns)
+        self.cursor = cursor
         with self._lock:
             first = not self._pending
-            self._pending.append((render_line(message), self.cursor))
+            self._pending += entries
             full = len(self._pending) >= self.batch_lines
         if first and not full and self._on_pending is not None:
             self._on_pending(self)
@@ -310,7 +315,7 @@ class LogStream:
     (0-2); a TTY's raw stream starts with a line's timestamp, a digit.
     """
 
-    def __init__(self, engine: EngineCalls, container_id: str, since: int | None) -> None:
+    def __init__(self, engine: EngineCalls, container_id: str, since: str | None) -> None:
         self._response = engine.follow_log(container_id, since)
         self.ended = False
 
@@ -326,20 +331,13 @@ class LogStream:
         first = response.read(1)
         if not first:
             return
-        if first[0] > _LAST_STREAM_NUMBER:
-            yield first
-            while chunk := response.read1(_RAW_READ_BYTES):  # what has arrived, up to a bound
-                yield chunk
-            return
-        header = first + response.read(_FRAME_HEADER_BYTES - 1)
-        while len(header) == _FRAME_HEADER_BYTES:
-            length = int.from_bytes(header[4:], "big")
-            if length:
-                data = response.read(length)
-                if not data:
-                    return
+        frames = None if first[0] > LAST_STREAM_NUMBER else FrameSplitter()
+        chunk = first
+        while chunk:
+            data = chunk if frames is None else frames.feed(chunk)
+            if data:
                 yield data
-            header = response.read(_FRAME_HEADER_BYTES)
+            chunk = response.read1(_RAW_READ_BYTES)  # whatever has arrived, up to a bound
 
     def close(self) -> None:
         self._response.close()

@@ -59,6 +59,18 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+class _UnixConnection10(_UnixConnection):
+    """A request in HTTP/1.0, for a long response read as it comes: the
+    engine then sends the body as it writes it, closing the connection at
+    its end, rather than as HTTP/1.1 chunks. A log follow flushes every
+    message as its own chunk, so a chunked read returns one line at a time;
+    this one returns every line that has arrived. (`_http_vsn` is how
+    http.client chooses the request's version.)"""
+
+    _http_vsn = 10
+    _http_vsn_str = "HTTP/1.0"
+
+
 class EngineCalls:
     """Create, start and remove a container, as the SDK's low-level calls do."""
 
@@ -123,8 +135,9 @@ class EngineCalls:
         return [self.client.containers.prepare_model(listed_attrs(row))
                 for row in self.api.containers(**query)]
 
-    def follow_log(self, container_id: str, since: int | None = None) -> LogResponse:
-        """`docker logs --follow --timestamps` (stdout and stderr, from `since`):
+    def follow_log(self, container_id: str, since: str | None = None) -> LogResponse:
+        """`docker logs --follow --timestamps` (stdout and stderr, from `since`,
+        `<seconds>[.<nanoseconds>]` since the epoch, inclusive):
         the open response, its body as the engine sends it (framed, unless the
         container has a TTY). It has a connection of its own, with no read
         timeout: a follow waits for output for as long as the container runs."""
@@ -139,9 +152,10 @@ class EngineCalls:
             self.api._disable_socket_timeout(self.api._get_raw_response_socket(response))
             return _SdkLogResponse(response)
         url = f"{self._prefix}{path}?{urlencode(params)}"
-        conn = _UnixConnection(self._socket, self._timeout)
+        conn = _UnixConnection10(self._socket, self._timeout)
         try:
             conn.request("GET", url)
+            sock = conn.sock  # the reply keeps it; the connection lets go (HTTP/1.0 closes)
             reply = conn.getresponse()
             failed = reply.read() if reply.status >= 400 else None
         except (http.client.HTTPException, OSError) as error:
@@ -150,9 +164,9 @@ class EngineCalls:
         if failed is not None:
             conn.close()
             _raise_api_error(reply, failed, url)
-        assert conn.sock is not None
-        conn.sock.settimeout(None)
-        return _DirectLogResponse(conn, reply)
+        assert sock is not None
+        sock.settimeout(None)
+        return _DirectLogResponse(sock, reply)
 
     def close(self) -> None:
         with self._lock:
@@ -230,8 +244,8 @@ BROKEN_STREAM_ERRORS: tuple[type[BaseException], ...] = (
 
 
 class _DirectLogResponse:
-    def __init__(self, conn: _UnixConnection, reply: http.client.HTTPResponse) -> None:
-        self._conn, self._reply = conn, reply
+    def __init__(self, sock: socket.socket, reply: http.client.HTTPResponse) -> None:
+        self._sock, self._reply = sock, reply
         self._closed = False
 
     def read(self, amount: int) -> bytes:
@@ -247,13 +261,11 @@ class _DirectLogResponse:
 
     def close(self) -> None:
         self._closed = True
-        sock = self._conn.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):  # closed or broken already
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked on it
-            # The descriptor goes once the response's file lets go of it too;
-            # the reply is not closed here, under a read that may be running.
-            sock.close()
+        with contextlib.suppress(OSError):  # closed or broken already
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked on it
+        # The descriptor goes once the response's file lets go of it too;
+        # the reply is not closed here, under a read that may be running.
+        self._sock.close()
 
 
 class _SdkLogResponse:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import itertools
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.monitor import loglines
 from services.monitor.loglines import (
     MAX_LINE_BYTES,
+    FrameSplitter,
     LineSplitter,
     LogCursor,
     ReplayFilter,
@@ -37,6 +43,25 @@ BASE = 1_795_332_975 * 1_000_000_000
 )
 def test_parse_docker_timestamp(text: str, expected: int | None) -> None:
     assert parse_docker_timestamp(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["2026-11-22T07:36:15.Z", "2026-11-22T07:36:15ZZ", "2026-11-22T07:36:15.12a4Z",
+     "2026-11-22T07:36:15.1234567890Z", "2026-13-22T07:36:15.5Z"],
+)
+def test_fast_path_refuses_what_the_full_parse_refuses(text: str) -> None:
+    assert parse_docker_timestamp(text) is None
+
+
+@given(st.text(alphabet="0123456789-:.TZ+\u0661", min_size=19, max_size=32)
+       | st.builds(lambda base, fraction, zone: base + fraction + zone,
+                   st.sampled_from(["2026-11-22T07:36:15", "1999-12-31T23:59:60",
+                                    "2026-02-30T00:00:00"]),
+                   st.sampled_from(["", ".", ".5", ".000000001", ".1234567890", ".x"]),
+                   st.sampled_from(["Z", "+02:00", "", "z"])))
+def test_the_per_second_cache_agrees_with_the_full_parse(text: str) -> None:
+    assert parse_docker_timestamp(text) == loglines._parse_rfc3339(text)
 
 
 @pytest.mark.parametrize(
@@ -105,6 +130,26 @@ def test_line_splitter_caps_a_long_line_and_recovers() -> None:
     assert got == [b"0123456789", b"ok"]
 
 
+def _frame(stream: int, payload: bytes) -> bytes:
+    return bytes([stream, 0, 0, 0]) + len(payload).to_bytes(4, "big") + payload
+
+
+def test_frame_splitter_joins_stdout_and_stderr_in_order() -> None:
+    frames = FrameSplitter()
+    data = _frame(1, b"out\n") + _frame(2, b"err\n") + _frame(1, b"") + _frame(1, b"more")
+    assert frames.feed(data) == b"out\nerr\nmore"
+
+
+@given(st.lists(st.tuples(st.sampled_from([1, 2]), st.binary(max_size=40)), max_size=12),
+       st.lists(st.integers(min_value=0, max_value=400), max_size=8))
+def test_frame_splitter_cut_anywhere(frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
+    stream = b"".join(_frame(number, payload) for number, payload in frames)
+    edges = [0, *sorted(min(cut, len(stream)) for cut in cuts), len(stream)]
+    splitter = FrameSplitter()
+    got = b"".join(splitter.feed(stream[a:b]) for a, b in itertools.pairwise(edges))
+    assert got == b"".join(payload for _, payload in frames)
+
+
 def test_line_splitter_one_byte_at_a_time() -> None:
     splitter = LineSplitter()
     data = b"first line\r\nsecond\nthird"
@@ -131,8 +176,9 @@ def test_cursor_decode(text: str | None, expected: LogCursor | None) -> None:
 def test_cursor_round_trip_and_since() -> None:
     cursor = LogCursor(BASE + 999_999_999, 3)
     assert LogCursor.decode(cursor.encode()) == cursor
-    assert cursor.since_seconds == BASE // 1_000_000_000
-    assert LogCursor(5, 1).since_seconds is None  # Docker refuses since=0
+    assert cursor.since == f"{BASE // 1_000_000_000}.999999999"
+    assert LogCursor(BASE + 5, 1).since == f"{BASE // 1_000_000_000}.000000005"
+    assert LogCursor(5, 1).since is None  # Docker refuses since=0
 
 
 @pytest.mark.parametrize(

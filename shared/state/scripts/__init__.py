@@ -82,6 +82,7 @@ from shared.state.scripts.jobs import (  # noqa: E402
     SET_MODES,
     SET_WAITING,
 )
+from shared.state.scripts.logs import APPEND_LOG_LINES  # noqa: E402
 from shared.state.scripts.nodes import (  # noqa: E402
     CLAIM_NODE,
     MARK_NODE_LOST,
@@ -137,4 +138,5 @@ ALL: tuple[Script, ...] = (
     ACQUIRE_FOLLOW,
     RENEW_FOLLOW,
     HSET_IF_EXISTS,
+    APPEND_LOG_LINES,
 )
