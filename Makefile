@@ -65,6 +65,7 @@ test-cluster: runtime-test ## pai across test hosts: partitions, outages, loss, 
 	$(WITH_ENV) unset PAI_REDIS_URL; \
 	    PAI_CLUSTER_FAULT_SECONDS=$${PAI_CLUSTER_FAULT_SECONDS:-150} \
 	    PAI_CLUSTER_OUTAGE_SECONDS=$${PAI_CLUSTER_OUTAGE_SECONDS:-300} \
+	    PAI_CLUSTER_AGENT_SECONDS=$${PAI_CLUSTER_AGENT_SECONDS:-120} \
 	    $(VENV)/bin/pytest -s --timeout 1200 tests/cluster $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy, and mypy --strict on the pure domain (shared/domain)

@@ -1,12 +1,8 @@
 """The control plane's cost per node: lightweight node agents, no containers.
 
-Each agent does to the control plane what a node's agent does, without
-Docker: its monitor's lease, claimed and then renewed every
-PAI_HEARTBEAT_SECONDS by the real `LeaseKeeper` (which reads its peers again
-every 30 s, and sooner when the count of standing nodes changes), and its
-launcher's lease, renewed as often with the node's whole record once a
-minute. The agents' turns are spread over the heartbeat, as independent
-machines' are. Meanwhile 1-GPU jobs are submitted at a steady rate and the
+Each agent is a `bench.lightagent.Agent`: the real `LeaseKeeper` and the
+launcher's renewals, no Docker; their turns are spread over the heartbeat,
+as independent machines' are. Meanwhile 1-GPU jobs are submitted at a steady rate and the
 real `Scheduler.run_pass` runs once a second, placing them until the
 cluster is full (no launcher starts them: the launch timeout is set past the
 run, so none is sent again).
@@ -38,80 +34,20 @@ from bench import (
     redis_pid,
     throwaway_redis,
 )
-from services.monitor.fence import Fencer
-from services.monitor.lease import LeaseKeeper
+from bench.lightagent import Agent, Tally, drive_agents
 from services.scheduler.service import Scheduler
-from shared.domain.models import Gpu, Node
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
-from shared.state import leases
-from shared.state.leases import Claim, Holder, Role
 from shared.state.lifecycle import submit_job
-from shared.state.nodeagent import lease_terms, live_ms, new_holder
 from shared.state.store import Store
 
 SIZES = (50, 200)
 WINDOW_SECONDS = 65.0
-GPUS_PER_NODE = 8
 SUBMITS_PER_SECOND = 20
 PASS_SECONDS = 1.0
-RECORD_SECONDS = 60.0  # the launcher's whole record, as `heartbeat_loop` sends it
 JOB = {"image": "busybox", "taskRoles": [{
     "name": "main", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 1000,
     "gpuNumber": 1, "command": "sleep 3600"}]}
-
-
-class Agent:
-    """One node's two leases, renewed as its launcher and monitor renew them."""
-
-    def __init__(self, settings: Settings, store: Store, index: int) -> None:
-        self.node = Node(f"agent-{index:04d}", f"10.1.{index // 250}.{index % 250 + 1}",
-                         cpus=64, memory_mb=512_000,
-                         gpus=[Gpu(g) for g in range(GPUS_PER_NODE)])
-        self.settings, self.store = settings, store
-        self.launcher = new_holder(self.node.name, "bench-engine", Role.LAUNCHER)
-        monitor = new_holder(self.node.name, "bench-engine", Role.MONITOR)
-        for holder in (self.launcher, monitor):
-            self._claim(holder)
-        # the fencer acts only past the lease, which this bench never lets pass
-        self.keeper = LeaseKeeper(settings, store, monitor, cast(Fencer, None), b"bench",
-                                  lambda: "", lambda reason: None)
-        self.keeper.reconciled(0)
-        self.record_at = 0.0
-
-    def _claim(self, holder: Holder) -> None:
-        terms = lease_terms(self.settings)
-        answer = leases.claim(self.store, holder, ip=self.node.ip,
-                              peer=f"{self.node.ip}:7071", lease_ms=terms.lease_ms,
-                              grace_ms=terms.grace_ms, renew_ms=terms.renew_ms,
-                              live_ms=live_ms(self.settings))
-        if answer.claim != Claim.TAKEN:
-            raise BenchError(f"{holder.node}: not claimed in a fresh Redis: {answer.claim}")
-
-    def turn(self, now: float) -> None:
-        """One heartbeat: the monitor's renewal, then the launcher's."""
-        if not self.keeper.renew_once():
-            raise BenchError(f"{self.node.name}: a renewal failed")
-        record = now - self.record_at >= RECORD_SECONDS
-        leases.renew(self.store, self.launcher, live_ms=live_ms(self.settings),
-                     inventory=self.node.to_dict() if record else None)
-        if record:
-            self.record_at = now
-
-
-def drive_agents(agents: list[Agent], heartbeat: float, stop: threading.Event,
-                 renewals: list[int]) -> None:
-    """Each agent's turn once a heartbeat, the turns spread evenly over it."""
-    gap = heartbeat / len(agents)
-    started = time.monotonic()
-    turn = 0
-    while not stop.is_set():
-        due = started + turn * gap
-        if stop.wait(max(0.0, due - time.monotonic())):
-            return
-        agents[turn % len(agents)].turn(time.monotonic())
-        renewals[0] += 1
-        turn += 1
 
 
 def one_size(count: int, window: float) -> dict[str, Figure]:
@@ -119,17 +55,18 @@ def one_size(count: int, window: float) -> dict[str, Figure]:
         settings = Settings(redis_url=url, launch_timeout_seconds=3600.0)
         store = Store.from_url(url)
         server = redis_pid(url)
-        agents = [Agent(settings, store, i) for i in range(count)]
+        agents = [Agent(settings, store, f"agent-{i:04d}", f"10.1.{i // 250}.{i % 250 + 1}")
+                  for i in range(count)]
         scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
-        stop, renewals = threading.Event(), [0]
+        stop, tally = threading.Event(), Tally()
         driver = threading.Thread(target=drive_agents, daemon=True,
-                                  args=(agents, settings.heartbeat_seconds, stop, renewals))
+                                  args=(agents, settings.heartbeat_seconds, stop, tally))
         driver.start()
         try:
             time.sleep(settings.heartbeat_seconds)  # every agent renewed once: steady from here
             passes: list[float] = []
             placed = submitted = 0
-            redis_cpu, counted = cpu_seconds(server), renewals[0]
+            redis_cpu, counted = cpu_seconds(server), tally.made
             started = time.monotonic()
             while (elapsed := time.monotonic() - started) < window:
                 while submitted < elapsed * SUBMITS_PER_SECOND:
@@ -141,11 +78,13 @@ def one_size(count: int, window: float) -> dict[str, Figure]:
                 passes.append((time.perf_counter() - began) * 1000)
                 time.sleep(max(0.0, PASS_SECONDS - (time.perf_counter() - began)))
             seconds = time.monotonic() - started
-            redis_cpu, made = cpu_seconds(server) - redis_cpu, renewals[0] - counted
+            redis_cpu, made = cpu_seconds(server) - redis_cpu, tally.made - counted
         finally:
             stop.set()
             driver.join(10)
             store.r.close()
+    if tally.failed:
+        raise BenchError(f"{tally.failed} renewals failed on a local Redis")
     figures: dict[str, Figure] = {
         "window s": seconds, "heartbeats/s": made / seconds, "submitted": submitted,
         "placed": placed, "pass p50 ms": percentile(passes, 0.5), "pass max ms": max(passes)}
