@@ -249,13 +249,12 @@ class Sessions:
         """What the user typed (and resizes), waiting up to `wait_seconds` for
         the first; everything waiting is taken at once."""
         key = keys.exec_session_input(session_id)
-        found = self.r.blpop([key], timeout=wait_seconds)
-        if found is None:
+        # BLMPOP: the first keystroke and any after it in one round trip (a
+        # BLPOP then an LPOP for the rest made every keystroke wait for two)
+        found = self.r.blmpop(wait_seconds, 1, key, direction="LEFT", count=INPUT_MAX_ENTRIES)
+        if not found:
             return []
-        entries = [found[1]]
-        rest = self.r.lpop(key, INPUT_MAX_ENTRIES)
-        entries.extend(rest or [])
-        return [parse_input(e) for e in entries]
+        return [parse_input(e) for e in found[1]]
 
     def end(self, session_id: str, exit_code: int | None, reason: EndReason,
             message: str = "") -> None:

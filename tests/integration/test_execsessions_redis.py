@@ -51,6 +51,7 @@ def test_input_waits_when_the_node_is_behind(redis_client: redis.Redis) -> None:
     assert sessions.push_input(request.id, full) == 1
     assert sessions.push_input(request.id, execsessions.input_resize(Resize(90, 30))) == 1
     assert sessions.take_input(request.id, 1.0) == [b"one too many", Resize(90, 30)]
+    assert sessions.take_input(request.id, 0.05) == []  # nothing waiting: the wait ends
 
 
 def test_output_waits_when_the_client_is_behind(redis_client: redis.Redis) -> None:
