@@ -60,7 +60,7 @@ class TtySessions:
         self.settings, self.store, self.runtime, self.node = settings, store, runtime, node
         self.running_container = running_container
         self.slots = threading.BoundedSemaphore(settings.exec_tty_slots_per_node)
-        # Each session holds one connection in BLPOP and uses one to write:
+        # Each session holds one connection in BLMPOP and uses one to write:
         # a pool of their own, so they never take the Celery threads'.
         self.sessions = Sessions(connect(settings.redis_url,
                                          pool_size=2 * settings.exec_tty_slots_per_node + 2))
@@ -100,7 +100,9 @@ class TtySessions:
                 sock = api.exec_start(exec_id, socket=True, tty=True)
             except (NotFound, APIError) as error:
                 log.info("exec session in %s refused by Docker: %s", what, error)
-                self.sessions.refuse(request.id, Refusal.NOT_RUNNING, f"Docker refused: {error}")
+                self.sessions.refuse(request.id, Refusal.NOT_RUNNING,
+                                     f"its container does not run on {self.node}: "
+                                     f"Docker refused: {error}")
                 return
             self._resize(exec_id, Resize(request.cols, request.rows))
             started = time.monotonic()

@@ -284,13 +284,21 @@ class Launcher:
 
     def _running_container(self, request: ExecRequest) -> str | None:
         """The id of the request's task container, if the task is RUNNING on
-        this node in its job's current attempt and the container runs."""
+        this node in its job's current attempt.
+
+        The id its start recorded (for this submission and task retry: see
+        `mark_task_running`) is taken as it is, without asking Docker; a
+        container that stopped since is refused by Docker's exec, and the
+        request answered NOT_RUNNING then. A task without one asks Docker
+        for its container by name."""
         job = self.store.get_job(request.job_id)
         if job is None or job.attempt != request.attempt or job.state != JobState.RUNNING:
             return None
         task = self.store.get_task(request.job_id, request.attempt, request.role, request.index)
         if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:
             return None
+        if task.container_id:
+            return task.container_id
         container = self.runtime.find(TaskRef(request.job_id, request.attempt, request.role,
                                               request.index, task.retries, job.submission))
         if container is None or container.status != "running" \
@@ -307,7 +315,8 @@ class Launcher:
             except (NotFound, APIError) as error:
                 log.info("exec in %s refused by Docker: %s", what, error)
                 self.claims.answer(request, ExecResult(
-                    Outcome.NOT_RUNNING, message=f"Docker refused: {error}"))
+                    Outcome.NOT_RUNNING, message=f"its container does not run on "
+                                                 f"{self.node.name}: Docker refused: {error}"))
                 return
             self.claims.answer(request, ExecResult(
                 Outcome.DONE, exit_code=done.exit_code, output=done.output,
