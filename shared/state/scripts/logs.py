@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from shared.state.scripts import MORE, Script
 
-# A batch of shipped lines, each its own entry with the cursor after it (an
-# empty cursor: none), then the stream cut back to about its bound. One
+# A batch of shipped lines, each its own entry, with the shipping cursor on
+# those that carry one (an empty cursor: none; the monitor gives it to a
+# batch's last line), then the stream cut back to about its bound. One
 # command for the batch: as 500 XADDs the monitor spent more time encoding
 # commands than Redis spent running them.
 APPEND_LOG_LINES = Script(
