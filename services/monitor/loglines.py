@@ -21,6 +21,7 @@ import calendar
 import codecs
 import functools
 import re
+import struct
 from dataclasses import dataclass
 
 # A line longer than this is cut (the rest of it is dropped), as Docker's own
@@ -106,6 +107,7 @@ def render_line(message: bytes, max_bytes: int = MAX_LINE_BYTES) -> str:
 # A multiplexed log frame: stream number (0-2), three zero bytes, length (4 bytes).
 FRAME_HEADER_BYTES = 8
 LAST_STREAM_NUMBER = 2
+_FRAME_LENGTH = struct.Struct(">I")  # the header's last four bytes
 
 
 class FrameSplitter:
@@ -115,26 +117,28 @@ class FrameSplitter:
     come out as one stream, in the engine's order."""
 
     def __init__(self) -> None:
-        self._header = bytearray()
+        self._header = b""  # the start of a header the last chunk cut
         self._left = 0  # payload bytes of the current frame still to come
 
     def feed(self, chunk: bytes) -> bytes:
-        out = bytearray()
-        at, size = 0, len(chunk)
+        if self._header:
+            chunk, self._header = self._header + chunk, b""
+        out: list[bytes] = []
+        at, size, left = 0, len(chunk), self._left
         while at < size:
-            if self._left:
-                take = min(self._left, size - at)
-                out += chunk[at:at + take]
-                at += take
-                self._left -= take
-                continue
-            need = FRAME_HEADER_BYTES - len(self._header)
-            self._header += chunk[at:at + need]
-            at += need
-            if len(self._header) == FRAME_HEADER_BYTES:
-                self._left = int.from_bytes(self._header[4:], "big")
-                self._header.clear()
-        return bytes(out)
+            if left:
+                end = min(at + left, size)
+                out.append(chunk[at:end])
+                left -= end - at
+                at = end
+            elif size - at < FRAME_HEADER_BYTES:
+                self._header = chunk[at:]
+                break
+            else:
+                (left,) = _FRAME_LENGTH.unpack_from(chunk, at + 4)
+                at += FRAME_HEADER_BYTES
+        self._left = left
+        return b"".join(out)
 
 
 class LineSplitter:
