@@ -405,7 +405,8 @@ class Monitor:
         ref = event.ref
         if ref is not None and mark_task_running(self.store, ref.job_id, ref.attempt,
                                                  ref.role, ref.index, event.container_id,
-                                                 task_retry=ref.retry):
+                                                 task_retry=ref.retry,
+                                                 submission=ref.submission):
             self.shipping.ensure(self.docker.containers.prepare_model({"Id": event.container_id}),
                                  ref)
             return True

@@ -16,11 +16,13 @@ from docker.models.containers import Container
 
 from services.monitor.fence import FencedContainer, FenceJournal
 from services.monitor.logs import close_stream
+from services.monitor.observations import ContainerEvent, EventKind
 from services.monitor.service import Monitor, ReconcileSummary
 from shared.domain.models import Job, attempt_task_key
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.messaging import ATTEMPT_ENDED, TASK_ENDED
+from shared.node.containers import TaskRef
 from shared.state.taskexits import record_task_exit
 from tests.support.monitor_rig import GATE, Rig, release
 from tests.support.monitor_rig import rig as rig  # the fixture
@@ -305,3 +307,23 @@ def test_the_watcher_carries_on_after_the_event_stream_breaks(rig: Rig) -> None:
     assert _final_job(rig, job_id).state == JobState.SUCCEEDED
     assert rig.log(job_id) == ["after the break"]
     wait_for(lambda: rig.gone(container), "the container to be removed")
+
+
+def test_the_start_of_an_earlier_submissions_container_does_not_run_the_task(rig: Rig) -> None:
+    """A job deleted and submitted again under its name while a launch of
+    the old submission was on its way: that container's start event names
+    the same task, but not the job's submission, so it must not make the new
+    submission's task RUNNING (nor give it the old container, which an exec
+    would then enter)."""
+    job_id = rig.place()
+    ref = TaskRef(job_id, 0, "main", 0, submission="an-earlier-submission")
+    event = ContainerEvent(EventKind.START, "0" * 64, ref, None, int(now_ms() / 1000))
+
+    assert rig.monitor()._on_start(event) is False
+    task = rig.task(job_id)
+    assert task.state == TaskState.LAUNCHING and task.container_id is None
+
+    current = TaskRef(job_id, 0, "main", 0, submission=rig.job(job_id).submission)
+    assert rig.monitor()._on_start(ContainerEvent(EventKind.START, "1" * 64, current, None,
+                                                  int(now_ms() / 1000))) is True
+    assert rig.task(job_id).container_id == "1" * 64
