@@ -99,6 +99,7 @@ def bare_follow_seconds(command: str) -> float:
     client = docker_engine()
     engine = EngineCalls(client)
     label = {"pai.bench": uuid.uuid4().hex[:8]}
+    container = None
     try:
         start = time.perf_counter()
         container = client.containers.run(TEST_IMAGE, ["/bin/sh", "-c", command], detach=True,
@@ -109,10 +110,10 @@ def bare_follow_seconds(command: str) -> float:
                 pass
         finally:
             response.close()
-        seconds = time.perf_counter() - start
-        container.remove(force=True)
-        return seconds
+        return time.perf_counter() - start
     finally:
+        if container is not None:
+            container.remove(force=True)
         engine.close()
         client.close()
 

@@ -186,12 +186,13 @@ def join_group(where: Placement, device: torch.device) -> None:
     os.environ.setdefault("MASTER_PORT", str(where.master_port))
     own_ip = os.environ.get("PAI_CURRENT_CONTAINER_IP", "")
     interface = interface_of(own_ip) if own_ip else None
-    if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if interface:  # NCCL's bootstrap, like gloo, may otherwise take another interface
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     print(f"rank {where.rank} of {where.world_size}: master "
           f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-          f"{f', gloo on {interface}' if interface else ''}", flush=True)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+          f"{f', {backend} on {interface}' if interface else ''}", flush=True)
     dist.init_process_group(backend, init_method="env://", rank=where.rank,
                             world_size=where.world_size)
 

@@ -104,9 +104,11 @@ def render_line(message: bytes, max_bytes: int = MAX_LINE_BYTES) -> str:
     return decoder.decode(message[:max_bytes], final=False)
 
 
-# A multiplexed log frame: stream number (0-2), three zero bytes, length (4 bytes).
+# A multiplexed log frame: stream number (0-3: stdin, stdout, stderr, the
+# engine's own errors, as "Error grabbing logs"), three zero bytes, length
+# (4 bytes).
 FRAME_HEADER_BYTES = 8
-LAST_STREAM_NUMBER = 2
+LAST_STREAM_NUMBER = 3
 _FRAME_LENGTH = struct.Struct(">I")  # the header's last four bytes
 
 
@@ -119,6 +121,11 @@ class FrameSplitter:
     def __init__(self) -> None:
         self._header = b""  # the start of a header the last chunk cut
         self._left = 0  # payload bytes of the current frame still to come
+
+    @property
+    def pending(self) -> bool:
+        """Inside a frame: a stream that ends here was cut, not finished."""
+        return bool(self._header) or self._left > 0
 
     def feed(self, chunk: bytes) -> bytes:
         if self._header:

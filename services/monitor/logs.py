@@ -14,8 +14,10 @@ Each batch is also appended to the task's full log file in the platform's
 log tree (PAI_LOG_DIR), right after it reached Redis (logfile.py).
 
 Restart safety: a batch is written by one script, so it reached Redis whole
-or not at all, and its last entry carries, beside its line, the cursor after
-it (`loglines.LogCursor`): it says exactly how far shipping got. A new
+or not at all (out of memory, Redis refuses a script's first write, never a
+later one, so as not to stop it halfway), and its last entry carries,
+beside its line, the cursor after it (`loglines.LogCursor`): it says
+exactly how far shipping got. A new
 shipper (a restarted monitor, or a stream that broke) reads the newest
 entry's cursor, asks Docker for the log since that nanosecond and drops what
 it repeats. (Only the last entry: a cursor on every line cost about 22
@@ -258,7 +260,9 @@ class LogShipper:
         try:
             for chunk in stream:
                 received = self._accept(splitter.feed(chunk), replay) or received
-            if not self._closing.is_set():
+            if stream.ended and not self._closing.is_set():
+                # the log's last line, without its newline; a broken stream's
+                # unfinished line waits for the resumed read, which has it whole
                 received = self._accept(splitter.finish(), replay) or received
         except (DockerException, RequestException, OSError) as error:
             log.debug("the log stream of %s broke: %s", self.task_name, error)
@@ -311,11 +315,15 @@ class LogStream:
     """One `docker logs --follow --timestamps` response (`EngineCalls.follow_log`,
     without the inspect the SDK makes first to learn whether the container
     has a TTY), telling whether it `ended` as Docker ends a follow (the
-    container stopped) or broke, which the SDK's stream reports alike.
+    container stopped) or broke: a reset, or (the follow is read in HTTP/1.0,
+    whose body ends when the connection does) an end inside a frame. An
+    engine that closes the connection between two frames reads as an end,
+    which costs the shipper its wait for the exit's notice and an inspect.
 
     The first byte says how the output comes: a multiplexed stream (no TTY)
     starts with a frame header, whose first byte is the stream's number
-    (0-2); a TTY's raw stream starts with a line's timestamp, a digit.
+    (0-3, 3 the engine's own errors); a TTY's raw stream starts with a
+    line's timestamp, a digit.
     """
 
     def __init__(self, engine: EngineCalls, container_id: str, since: str | None) -> None:
@@ -341,6 +349,8 @@ class LogStream:
             if data:
                 yield data
             chunk = response.read1(_RAW_READ_BYTES)  # whatever has arrived, up to a bound
+        if frames is not None and frames.pending:
+            raise ConnectionAbortedError("the log stream ended inside a frame")
 
     def close(self) -> None:
         self._response.close()

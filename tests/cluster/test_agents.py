@@ -85,8 +85,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         cluster.start_redis()
         store = Store.from_url(cluster.redis_url)
+        # Nothing starts the placed tasks: a launch timeout past the run, or
+        # after 20 s the scheduler would take every node for unready and
+        # place the jobs again, and the figures would measure that.
         cluster.processes.start("scheduler", cluster.cp.nsenter(str(BIN / "pai-scheduler")),
-                                cluster.env())
+                                cluster.env(PAI_LAUNCH_TIMEOUT_SECONDS="3600"))
         for name, host in hosts.items():
             cluster.processes.start(
                 f"agents-{name}",

@@ -22,6 +22,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 
+from services.monitor.loglines import LogCursor, split_timestamp
 from services.monitor.logs import LogShipping, LogStream
 from shared.domain.states import TaskState
 from shared.node.containers import TaskRef
@@ -147,8 +148,22 @@ def test_the_log_of_a_missing_container_is_not_found(engine: EngineCalls) -> Non
 
 def test_a_follow_resumes_from_a_second(rig: Rig, engine: EngineCalls) -> None:
     container = rig.exited(rig.run(rig.place(), "echo early"))
-    stream = LogStream(engine, str(container.id), 2**31 - 1)  # a second long after the exit
+    stream = LogStream(engine, str(container.id), str(2**31 - 1))  # long after the exit
     assert list(stream) == []
+    assert stream.ended
+
+
+def test_a_follow_resumes_from_a_cursors_own_nanosecond(rig: Rig, engine: EngineCalls) -> None:
+    """What the shipper's resume relies on: Docker takes `since` to the
+    nanosecond, inclusive, so the resumed read starts at the cursor's line
+    rather than at the start of its second."""
+    container = rig.exited(rig.run(rig.place(), "seq 1 200"))
+    lines = b"".join(LogStream(engine, str(container.id), None)).splitlines()
+    stamp, _ = split_timestamp(lines[149])
+    assert stamp is not None
+    cursor = LogCursor(stamp, 1)
+    stream = LogStream(engine, str(container.id), cursor.since)
+    assert _text(iter(stream)) == [str(n) for n in range(150, 201)]
     assert stream.ended
 
 

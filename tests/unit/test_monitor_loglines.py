@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import cast
 
 import pytest
 from hypothesis import given
@@ -20,6 +21,8 @@ from services.monitor.loglines import (
     render_line,
     split_timestamp,
 )
+from services.monitor.logs import LogStream
+from shared.node.engine import EngineCalls
 
 # 2026-11-22T07:36:15Z
 BASE = 1_795_332_975 * 1_000_000_000
@@ -243,3 +246,42 @@ def test_replay_filter_without_cursor_skips_nothing() -> None:
     replay = ReplayFilter(None)
     assert not replay.skips(1)
     assert not replay.skips(None)
+
+
+class _Response:
+    """A log response's body as the engine sent it, then its end."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def read(self, amount: int) -> bytes:
+        data, self.body = self.body[:amount], self.body[amount:]
+        return data
+
+    read1 = read
+
+    def close(self) -> None:
+        self.body = b""
+
+
+class _Engine:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def follow_log(self, container_id: str, since: str | None = None) -> _Response:
+        return _Response(self.body)
+
+
+@pytest.mark.parametrize(
+    ("body", "ended"),
+    [
+        pytest.param(_frame(1, b"a\n") + _frame(2, b"b\n"), True, id="at a frame's end"),
+        pytest.param(_frame(1, b"a\n") + _frame(2, b"b\n")[:5], False, id="inside a header"),
+        pytest.param(_frame(1, b"a\n") + _frame(2, b"bcd\n")[:10], False, id="inside a payload"),
+        pytest.param(b"2026-11-22T07:36:15Z on a tty", True, id="a raw stream"),
+    ],
+)
+def test_a_stream_that_stops_inside_a_frame_broke(body: bytes, ended: bool) -> None:
+    stream = LogStream(cast(EngineCalls, _Engine(body)), "c", None)
+    list(stream)
+    assert stream.ended is ended
