@@ -15,13 +15,12 @@ log tree (PAI_LOG_DIR), right after it reached Redis (logfile.py).
 
 Restart safety: a batch is written by one script, so it reached Redis whole
 or not at all (out of memory, Redis refuses a script's first write, never a
-later one, so as not to stop it halfway), and its last entry carries,
-beside its line, the cursor after it (`loglines.LogCursor`): it says
-exactly how far shipping got. A new
-shipper (a restarted monitor, or a stream that broke) reads the newest
-entry's cursor, asks Docker for the log since that nanosecond and drops what
-it repeats. (Only the last entry: a cursor on every line cost about 22
-bytes of Redis a line.)
+later one, so as not to stop it halfway), and its last entry carries, beside
+its line, the cursor after it (`loglines.LogCursor`): it says exactly how
+far shipping got. A new shipper (a restarted monitor, or a stream that
+broke) reads the newest entry's cursor, asks Docker for the log since that
+nanosecond and drops what it repeats. (Only the last entry: a cursor on
+every line cost about 22 bytes of Redis a line.)
 """
 
 from __future__ import annotations
