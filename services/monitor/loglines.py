@@ -5,14 +5,17 @@ No IO here. Docker sends arbitrary chunks of `<RFC3339Nano timestamp> <text>\\n`
 into lines, cap each one, and keep the cursor that makes a restarted shipper
 skip exactly what was already shipped.
 
-The cursor is (the newest Docker timestamp shipped, how many lines were shipped
-with exactly that timestamp). A resumed stream asks Docker for the log `since`
-that very nanosecond (the engine takes `<seconds>.<nanoseconds>`), which is
-inclusive, so it repeats the lines stamped with it and any older line the
-engine interleaves: lines older than the cursor are dropped, then the first
-`count` lines carrying its timestamp, and from the first line past it
-everything is new. Counting equal timestamps matters because one burst of
-output can stamp several lines with the same nanosecond on a coarse clock.
+The cursor is (the newest Docker timestamp shipped, how many lines were
+shipped with exactly that timestamp). A resumed stream asks Docker for the log
+`since` that very nanosecond (the engine takes `<seconds>.<nanoseconds>`),
+which is inclusive, so it repeats the lines stamped with it (and an engine
+that does not filter every line by time may send older ones): lines older than
+the cursor are dropped, then the first `count` lines carrying its timestamp,
+and from the first line past it everything is new. A line older than the
+cursor that was not shipped (stdout and stderr are stamped apart) is lost on a
+resume, now as with the whole-second `since` before. Counting equal timestamps
+matters because one burst of output can stamp several lines with the same
+nanosecond on a coarse clock.
 """
 
 from __future__ import annotations
