@@ -37,6 +37,7 @@ import redis
 
 from bench import BenchError, Figure, Figures, percentile, throwaway_redis, time_calls
 from bench.live_platform import (
+    BENCH_LABEL,
     TEST_IMAGE,
     USER,
     Platform,
@@ -78,38 +79,27 @@ def ship(pai: Platform) -> tuple[str, float]:
     return name, seconds
 
 
-def bare_run_seconds(command: str) -> float:
-    client = docker_engine()
-    label = {"pai.bench": uuid.uuid4().hex[:8]}
-    try:
-        start = time.perf_counter()
-        container = client.containers.run(TEST_IMAGE, ["/bin/sh", "-c", command], detach=True,
-                                          labels=label, network_mode="host")
-        container.wait(timeout=WAIT_SECONDS)
-        seconds = time.perf_counter() - start
-        container.remove(force=True)
-        return seconds
-    finally:
-        client.close()
-
-
-def bare_follow_seconds(command: str) -> float:
-    """Seconds from create until the engine's follow of the log handed over
-    its last byte, read in HTTP/1.0 blocks as the monitor reads it."""
+def bare_run_seconds(command: str, *, follow_log: bool = False) -> float:
+    """Seconds from create until the bare container exited or, with
+    `follow_log`, until the engine's follow of its log handed over its last
+    byte (read in HTTP/1.0 blocks, as the monitor reads it)."""
     client = docker_engine()
     engine = EngineCalls(client)
-    label = {"pai.bench": uuid.uuid4().hex[:8]}
     container = None
     try:
         start = time.perf_counter()
         container = client.containers.run(TEST_IMAGE, ["/bin/sh", "-c", command], detach=True,
-                                          labels=label, network_mode="host")
-        response = engine.follow_log(str(container.id))
-        try:
-            while response.read1(1 << 16):
-                pass
-        finally:
-            response.close()
+                                          labels={BENCH_LABEL: uuid.uuid4().hex[:8]},
+                                          network_mode="host")
+        if follow_log:
+            response = engine.follow_log(str(container.id))
+            try:
+                while response.read1(1 << 16):
+                    pass
+            finally:
+                response.close()
+        else:
+            container.wait(timeout=WAIT_SECONDS)
         return time.perf_counter() - start
     finally:
         if container is not None:
@@ -215,7 +205,7 @@ def run() -> Figures:
     with throwaway_redis() as url, running_platform(url) as pai:
         name, ship_seconds = ship(pai)
         bare_seconds = bare_run_seconds(f"seq 1 {LINES}")
-        engine_seconds = bare_follow_seconds(f"seq 1 {LINES}")
+        engine_seconds = bare_run_seconds(f"seq 1 {LINES}", follow_log=True)
         tail_table, stream_length = tails(pai, name, url)
         platform_follow = follow_latencies(pai)
     bare_follow = bare_follow_latencies()

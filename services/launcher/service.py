@@ -32,7 +32,7 @@ from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger
-from shared.node.containers import LABEL_NODE, TaskRef
+from shared.node.containers import TaskRef
 from shared.state import leases, proxytokens, sshkeys
 from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
@@ -284,27 +284,18 @@ class Launcher:
 
     def _running_container(self, request: ExecRequest) -> str | None:
         """The id of the request's task container, if the task is RUNNING on
-        this node in its job's current attempt.
-
-        The id its start recorded (for this submission and task retry: see
-        `mark_task_running`) is taken as it is, without asking Docker; a
-        container that stopped since is refused by Docker's exec, and the
-        request answered NOT_RUNNING then. A task without one asks Docker
-        for its container by name."""
+        this node in its job's current attempt: the id its start recorded
+        (for this submission and task retry: `mark_task_running`, the one
+        way a task becomes RUNNING), taken without asking Docker. A container
+        that stopped since is refused by Docker's exec, and the request is
+        answered NOT_RUNNING then."""
         job = self.store.get_job(request.job_id)
         if job is None or job.attempt != request.attempt or job.state != JobState.RUNNING:
             return None
         task = self.store.get_task(request.job_id, request.attempt, request.role, request.index)
         if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:
             return None
-        if task.container_id:
-            return task.container_id
-        container = self.runtime.find(TaskRef(request.job_id, request.attempt, request.role,
-                                              request.index, task.retries, job.submission))
-        if container is None or container.status != "running" \
-                or container.labels.get(LABEL_NODE) != self.node.name:
-            return None
-        return str(container.id)
+        return task.container_id or None
 
     def _run_exec(self, request: ExecRequest, container_id: str) -> None:
         what = f"{request.job_id} attempt {request.attempt} {request.role}[{request.index}]"
