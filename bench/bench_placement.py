@@ -24,7 +24,7 @@ Beside the core, the service: `Scheduler.run_pass` on a throwaway Redis
 (SERVICE_NODES registered nodes, SERVICE_JOBS queued 1-GPU jobs stored by
 `submit_job`), which also reads the queue from Redis, commits the placements
 (`commit_placements`: one compare-and-set script call per 1,000 tasks) and
-sends the start messages (one per node); then a second pass with nothing to
+sends the starts (an entry per node); then a second pass with nothing to
 change, the steady state of a long queue. Its committed placements/s stand
 beside the pure policy's decide rate on the same nodes and queue, timed in
 the same run, with their ratio; the CPU seconds of the scheduler's process

@@ -1,5 +1,6 @@
-"""`pai-launcher`: this node's Celery worker on queue `launcher.<node>`, plus
-the heartbeat thread that keeps the node's lease."""
+"""`pai-launcher`: this node's Celery worker on queue `launcher.<node>` (stops,
+preemptions, execs), the feed of its starts (services/launcher/starts.py),
+and the heartbeat thread that keeps the node's lease."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import threading
 
 from services.launcher.service import Launcher
+from services.launcher.starts import StartFeed
 from services.launcher.worker import create_launcher_app
 from shared.infra.config import Settings
 from shared.infra.messaging import launcher_queue
@@ -21,6 +23,7 @@ from shared.state import storageid
 from shared.state.clock import start_sync_thread
 from shared.state.leases import Holder, Role, release
 from shared.state.nodeagent import NameRefused, claim_name, new_holder
+from shared.state.starts import StartReader
 
 log = logging.getLogger("pai.launcher")
 
@@ -46,12 +49,15 @@ def worker() -> None:
     watch_storage(settings, launcher, stop)
 
     def name_lost(reason: str) -> None:
-        """Another machine's agent took the name: take no more messages."""
+        """Another machine's agent took the name: take no more starts or messages."""
         log.error("launcher of node %s stopping: %s", settings.node_name, reason)
+        stop.set()
         os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
 
     threading.Thread(target=launcher.heartbeat_loop, args=(stop, name_lost), daemon=True,
                      name="heartbeat").start()
+    feed = StartFeed(StartReader(launcher.store.r, settings.node_name), launcher.start_task)
+    threading.Thread(target=feed.run, args=(stop,), daemon=True, name="starts").start()
     try:
         app.worker_main(worker_argv(settings.node_name, settings.log_level))
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
@@ -48,8 +48,6 @@ EXIT_SETUP_FAILED = -1  # storage missing, Docker refused the container, stopped
 EXIT_IMAGE_UNAVAILABLE = -2  # the image could not be pulled: never retried
 
 REGISTER_SECONDS = 60.0
-# Containers one batched start message creates at once (Docker calls block)
-START_CONCURRENCY = 8
 STOP_TIMEOUT_SECONDS = 10
 
 
@@ -79,18 +77,6 @@ class Launcher:
         self.storage_problem: Callable[[], str] = lambda: ""
 
     # ---------------------------------------------------------------- start
-
-    def start_tasks(self, tasks: Sequence[tuple[str, int, str, int]]) -> None:
-        """Start the tasks a pass placed here (one message for them all), up to
-        START_CONCURRENCY at once, as separate messages would be; each start
-        checks its own task, so a repeated message starts nothing twice."""
-        if len(tasks) == 1:
-            self.start_task(*tasks[0])
-            return
-        with ThreadPoolExecutor(min(len(tasks), START_CONCURRENCY),
-                                thread_name_prefix="start") as pool:
-            for future in [pool.submit(self.start_task, *task) for task in tasks]:
-                future.result()  # a start's error is the message's, as it was alone
 
     def start_task(self, job_id: str, attempt: int, role: str, index: int) -> None:
         """Start the task's container if it is still this node's to start."""

@@ -1,4 +1,7 @@
-"""The launcher's Celery tasks: thin wrappers that parse ids and call Launcher."""
+"""The launcher's Celery tasks: thin wrappers that parse ids and call Launcher.
+
+Starts do not come this way: the launcher takes them from its node's stream
+(services/launcher/starts.py)."""
 
 from __future__ import annotations
 
@@ -35,15 +38,6 @@ def create_launcher_app(
     @app.task(name=messaging.PREEMPT_TASK, shared=False)
     def preempt_task(job_id: str, attempt: int, role: str, index: int) -> None:
         launcher.preempt_task(str(job_id), int(attempt), str(role), int(index))
-
-    @app.task(name=messaging.START_TASK, shared=False)
-    def start_task(job_id: str, attempt: int, role: str, index: int) -> None:
-        launcher.start_task(str(job_id), int(attempt), str(role), int(index))
-
-    @app.task(name=messaging.START_TASKS, shared=False)
-    def start_tasks(tasks: list[list[object]]) -> None:
-        launcher.start_tasks([(str(job_id), int(str(attempt)), str(role), int(str(index)))
-                              for job_id, attempt, role, index in tasks])
 
     @app.task(name=messaging.STOP_TASK, shared=False)
     def stop_task(job_id: str, attempt: int, role: str, index: int) -> None:

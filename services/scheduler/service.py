@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.scheduler import policy
@@ -53,6 +52,7 @@ from shared.state.lifecycle import (
     set_waiting_many,
 )
 from shared.state.placing import PlacementCommit, commit_placement, commit_placements
+from shared.state.starts import send as send_starts
 from shared.state.store import Store, compact_json, task_is_live
 from shared.state.taskexits import record_task_exit
 
@@ -216,10 +216,10 @@ class Scheduler:
         if stats.placed < len(bound):
             self.gate.look_again()  # some jobs changed under us
         try:
-            self.messenger.start_tasks(starts)
-        except (RedisError, OperationalError) as error:  # the placements stand
-            log.warning("start messages of %d tasks not sent (%s): their launch leases "
-                        "send them again", sum(len(t) for t in starts.values()), error)
+            send_starts(self.store.r, starts)
+        except RedisError as error:  # the placements stand
+            log.warning("starts of %d tasks not sent (%s): their launch leases send them "
+                        "again", sum(len(t) for t in starts.values()), error)
         return placed_by_vc
 
     def _explain_waiting(self, waiting: dict[str, Waiting], records: dict[str, Job]) -> None:
@@ -347,7 +347,7 @@ class Scheduler:
         is the one sender of starts; a repeated message finds it sent)."""
         task = self.store.get_task(job_id, attempt, role, index)
         if task is not None and task.state == TaskState.LAUNCHING and task.node:
-            self.messenger.start_task(task.node, job_id, attempt, role, index)
+            send_starts(self.store.r, {task.node: [(job_id, attempt, role, index)]})
 
     def stop_attempt(self, job_id: str, attempt: int, *, deferrable: bool = False) -> None:
         """An attempt ended or its job is stopping: stop what still runs.
@@ -456,7 +456,7 @@ class Scheduler:
                                  f"{2 * timeout_ms // 1000} s")
                 continue
             log.warning("launch of %s overdue: sending it again", member)
-            self.messenger.start_task(task.node, job_id, attempt, role, index)
+            send_starts(self.store.r, {task.node: [(job_id, attempt, role, index)]})
 
     def resend_stops(self) -> None:
         for job_id in self.store.job_ids_in_state(JobState.STOPPING):

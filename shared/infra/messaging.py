@@ -7,14 +7,12 @@ node's launcher on `launcher.<node>`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import redis
 from celery import Celery
 from kombu.transport import redis as kombu_redis
-from kombu.utils.uuid import uuid
 
 from shared.infra import links
 from shared.infra.config import Settings
@@ -31,8 +29,6 @@ ATTEMPT_ENDED = "pai.scheduler.attempt_ended"
 TASK_RELAUNCHED = "pai.scheduler.task_relaunched"
 STOP_JOB = "pai.scheduler.stop_job"
 RECONCILE = "pai.scheduler.reconcile"
-START_TASK = "pai.launcher.start_task"
-START_TASKS = "pai.launcher.start_tasks"
 STOP_TASK = "pai.launcher.stop_task"
 PREEMPT_TASK = "pai.launcher.preempt_task"
 EXEC = "pai.launcher.exec"
@@ -40,7 +36,6 @@ EXEC_TTY = "pai.launcher.exec-tty"
 
 
 NO_KWARGS_REPR = "{}"  # every platform task takes its arguments by position
-START_BATCH = 1000  # start messages per pipeline
 
 
 def launcher_queue(node: str) -> str:
@@ -224,35 +219,6 @@ class Messenger:
 
     def stop_job(self, job_id: str) -> None:
         self._send(STOP_JOB, [job_id], SCHEDULER_QUEUE)
-
-    def start_task(self, node: str, job_id: str, attempt: int, role: str, index: int) -> None:
-        self._send(START_TASK, [job_id, attempt, role, index], launcher_queue(node))
-
-    def start_tasks(self, starts: Mapping[str, Sequence[tuple[str, int, str, int]]]) -> None:
-        """Start many tasks: one message per node, naming its tasks (job id,
-        attempt, role, index), all pushed to Redis in one pipeline (kombu's
-        publish batch). A pass that places thousands of tasks pays per node,
-        not per task, and one round trip for them all. A message lost with a
-        failed pipeline is sent again by the launch lease (`retry_stale_launches`).
-
-        Nothing is declared first (`declare=[]`): Celery sends to a node's
-        queue through the default exchange, which needs no binding, and
-        kombu's declare of a queue it has not seen costs a transaction (the
-        queue's length) per node, which was most of a first pass's sends.
-        """
-        amqp = self.app.amqp
-        with self.app.producer_or_acquire() as producer, producer.batch(START_BATCH):
-            for node, tasks in starts.items():
-                if tasks:
-                    # send_task's two steps, without what it adds for a task
-                    # whose result is kept or which routes by its name (a
-                    # third of a big pass's sends): the same message
-                    message = amqp.create_task_message(
-                        uuid(), START_TASKS, [[list(t) for t in tasks]], {},
-                        argsrepr=f"[{len(tasks)} tasks]", kwargsrepr=NO_KWARGS_REPR,
-                        ignore_result=True)
-                    amqp.send_task_message(producer, START_TASKS, message,
-                                           queue=launcher_queue(node), declare=[])
 
     def stop_task(self, node: str, job_id: str, attempt: int, role: str, index: int) -> None:
         self._send(STOP_TASK, [job_id, attempt, role, index], launcher_queue(node))

@@ -161,6 +161,12 @@ def node_alloc(name: str) -> str:
     return f"{PREFIX}node:{name}:alloc"
 
 
+def node_starts(name: str) -> str:
+    """Stream: the starts the scheduler sent the node, read by its launcher
+    in a consumer group (shared/state/starts.py)."""
+    return f"{PREFIX}node:{name}:starts"
+
+
 # -- users and virtual clusters ------------------------------------------
 USERS = PREFIX + "users"
 VCS = PREFIX + "vcs"

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis
 import requests
 
 from bench.live_platform import Platform, wait_for
-from shared.infra.config import Settings
-from shared.infra.messaging import Messenger, make_celery
+from shared.state import starts
 from tests.support.platform import gate, launcher_idle, open_gate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -168,14 +168,14 @@ def test_gang_of_six_gpus_waits_for_the_first(platform: Platform,
         assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(map(str, task["containerGpus"]))
 
 
-def test_duplicate_start_message_runs_the_task_once(platform: Platform,
-                                                    unique: Callable[[str], str]) -> None:
+def test_duplicate_start_runs_the_task_once(platform: Platform,
+                                            unique: Callable[[str], str]) -> None:
     name = unique("dup")
     platform.submit(platform.config(name, 'echo ran >> "$PAI_OUTPUT_DIR/runs"; ' + gate()))
     detail = platform.wait_state(name, "RUNNING")
-    messenger = Messenger(make_celery(Settings(redis_url=platform.env["PAI_REDIS_URL"])))
-    for _ in range(2):
-        messenger.start_task(platform.node, f"alice~{name}", 0, "main", 0)
+    with redis.Redis.from_url(platform.env["PAI_REDIS_URL"]) as client:
+        for _ in range(2):
+            starts.send(client, {platform.node: [(f"alice~{name}", 0, "main", 0)]})
     wait_for(lambda: launcher_idle(platform), what="the launcher to handle both starts")
     open_gate(platform, name)
 

@@ -1,27 +1,31 @@
-"""The launcher's Celery side: tasks registered by name, fed from `launcher.<node>`."""
+"""The launcher's two inputs: Celery tasks registered by name, fed from
+`launcher.<node>`, and the feed of starts from the node's stream."""
 
 from __future__ import annotations
 
 import os
-import time
+import queue
+import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import docker
 import pytest
 import redis
-from celery.contrib.testing.worker import start_worker
 
 from services.launcher.run import worker_argv
+from services.launcher.starts import StartFeed
 from services.launcher.worker import create_launcher_app
 from shared.domain.models import TaskPlacement
 from shared.infra import messaging
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
-from shared.infra.messaging import Messenger, make_celery
 from shared.node.containers import LABEL_NODE, TaskRef
+from shared.state import starts
 from shared.state.lifecycle import submit_job
 from shared.state.placing import commit_placement
+from shared.state.starts import StartReader, StartRef
 from shared.state.store import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
@@ -64,13 +68,13 @@ def test_tasks_are_registered_by_name_and_call_the_launcher(
         settings: Settings, redis_client: redis.Redis, test_image: str,
         test_labels: dict[str, str]) -> None:
     app, launcher = create_launcher_app(settings, extra_labels=test_labels)
-    assert {messaging.START_TASK, messaging.STOP_TASK} <= set(app.tasks)
+    assert messaging.STOP_TASK in set(app.tasks)
+    assert not any("start" in name for name in app.tasks if name.startswith("pai."))
     store = Store(redis_client)
     store.register_node(launcher.node)
     job_id = placed_job(store, settings, test_image)
     ref = TaskRef(job_id, 0, "main", 0)
-
-    app.tasks[messaging.START_TASK].apply(args=[job_id, "0", "main", "0"]).get()
+    launcher.start_task(job_id, 0, "main", 0)
     container = launcher.runtime.find(ref)
     assert container is not None and container.status == "running"
 
@@ -79,42 +83,35 @@ def test_tasks_are_registered_by_name_and_call_the_launcher(
     assert container.status == "exited"
 
 
-def test_a_start_message_on_the_nodes_queue_starts_the_container(
+def test_starts_sent_to_the_nodes_stream_start_every_task_once(
         settings: Settings, redis_client: redis.Redis, test_image: str,
         test_labels: dict[str, str]) -> None:
-    app, launcher = create_launcher_app(settings, extra_labels=test_labels)
-    store = Store(redis_client)
-    store.register_node(launcher.node)
-    job_id = placed_job(store, settings, test_image)
-    sender = Messenger(make_celery(settings))
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      queues=[messaging.launcher_queue(settings.node_name)]):
-        sender.start_task(settings.node_name, job_id, 0, "main", 0)
-        deadline = time.monotonic() + WAIT_SECONDS
-        while launcher.runtime.find(TaskRef(job_id, 0, "main", 0)) is None:
-            assert time.monotonic() < deadline, "the worker never started the container"
-            time.sleep(0.05)
-
-
-def test_one_batched_start_message_starts_every_task_it_names(
-        settings: Settings, redis_client: redis.Redis, test_image: str,
-        test_labels: dict[str, str]) -> None:
-    """A pass sends one message per node naming all the tasks it placed
-    there; each is started (a repeat of the message starts nothing twice)."""
-    app, launcher = create_launcher_app(settings, extra_labels=test_labels)
-    assert messaging.START_TASKS in app.tasks
+    """A pass sends one entry per node naming all the tasks it placed there;
+    the feed starts each, and the same entry sent again starts nothing twice."""
+    _, launcher = create_launcher_app(settings, extra_labels=test_labels)
     store = Store(redis_client)
     store.register_node(launcher.node)
     jobs = [placed_job(store, settings, test_image, port) for port in (21000, 21001)]
-    sender = Messenger(make_celery(settings))
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      queues=[messaging.launcher_queue(settings.node_name)]):
-        sender.start_tasks({settings.node_name: [(job_id, 0, "main", 0) for job_id in jobs]})
-        deadline = time.monotonic() + WAIT_SECONDS
-        while any(launcher.runtime.find(TaskRef(j, 0, "main", 0)) is None for j in jobs):
-            assert time.monotonic() < deadline, "the worker never started both containers"
-            time.sleep(0.05)
-    launcher.start_tasks([(job_id, 0, "main", 0) for job_id in jobs])  # again: no-op
+    returned: queue.Queue[StartRef] = queue.Queue()
+
+    def start(*task: Any) -> None:
+        launcher.start_task(*task)
+        returned.put(task)
+
+    feed = StartFeed(StartReader(redis_client, settings.node_name), start, block_ms=100)
+    stop = threading.Event()
+    thread = threading.Thread(target=feed.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for _ in range(2):
+            starts.send(redis_client, {settings.node_name: [(j, 0, "main", 0) for j in jobs]})
+        assert sorted(returned.get(timeout=WAIT_SECONDS) for _ in range(4)) == \
+            sorted([(j, 0, "main", 0) for j in jobs] * 2)
+    finally:
+        stop.set()
+        thread.join(WAIT_SECONDS)
     containers = [launcher.runtime.find(TaskRef(j, 0, "main", 0)) for j in jobs]
-    assert all(c is not None for c in containers)
+    assert all(c is not None and c.status == "running" for c in containers)
     assert len({c.id for c in containers if c is not None}) == 2
+    assert len(launcher.runtime.client.containers.list(
+        all=True, filters={"label": f"{LABEL_NODE}={settings.node_name}"})) == 2

@@ -9,8 +9,6 @@ gangs it no longer allows are left out, and that a batch of one decides as
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +23,12 @@ from shared.domain.models import Gpu, Job, Node, TaskPlacement
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
-from shared.infra.messaging import START_TASKS, Messenger, make_celery
+from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys
 from shared.state.gpufaults import mark_fault
 from shared.state.lifecycle import request_stop, set_waiting_many, submit_job
 from shared.state.placing import PlacementCommit, commit_placement, commit_placements
+from shared.state.starts import StartRef, parse
 from shared.state.store import Store
 from tests.support.interleave import Hook, with_hooks
 from tests.support.redis_server import operator_url
@@ -188,11 +187,11 @@ def test_a_pass_sends_starts_only_for_what_it_bound_one_message_per_node(
     assert hook.fired
     assert stats.placed == 3
     assert redis_client.get(DIRTY) == "1"  # a gang lost: the next pass looks again
-    started: list[list[Any]] = []
+    started: list[StartRef] = []
     for node in ("n1", "n2"):
-        messages = [json.loads(m) for m in redis_client.lrange(f"launcher.{node}", 0, -1)]
-        assert [m["headers"]["task"] for m in messages] == [START_TASKS]  # one per node
-        started += json.loads(base64.b64decode(messages[0]["body"]))[0][0]
+        entries = redis_client.xrange(keys.node_starts(node))
+        assert len(entries) == 1  # one per node
+        started += parse(*entries[0]).tasks
     assert sorted(t[0] for t in started) == ["alice~a", "alice~b", "alice~d"]
     assert task_state(store, jobs["c"].id) == TaskState.STOPPED
     assert all(not k.startswith("alice~c") for n in ("n1", "n2") for k in held(store, n))

@@ -17,12 +17,13 @@ from shared.domain.models import TaskPlacement
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
-from shared.infra.messaging import START_TASK, START_TASKS, Messenger, make_celery
+from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys, leases
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.leases import Holder, Role
 from shared.state.lifecycle import delete_job, mark_task_running, submit_job
 from shared.state.placing import commit_placement
+from shared.state.starts import parse
 from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
 from tests.support.interleave import Hook, with_hooks
@@ -31,10 +32,10 @@ from tests.support.scheduling import scheduler as scheduler  # the fixtures
 from tests.support.scheduling import store as store
 
 
-def launcher_messages(r: redis.Redis, node: str) -> list[list[Any]]:
-    """The args of the Celery messages waiting in a launcher's queue, oldest
-    first; a batched start counts as one start per task it names."""
-    return [args for _, args in launcher_tasks(r, node)]
+def starts_sent(r: redis.Redis, node: str) -> list[list[Any]]:
+    """The tasks waiting in a node's stream of starts, oldest first."""
+    return [list(task) for _, fields in r.xrange(keys.node_starts(node))
+            for task in parse("", fields).tasks]
 
 
 def test_pass_places_in_order_and_sends_starts(store: Store, scheduler: Scheduler,
@@ -59,7 +60,7 @@ def test_pass_places_in_order_and_sends_starts(store: Store, scheduler: Schedule
     waiting_c = store.get_job("alice~c") or pytest.fail()
     assert json.loads(waiting_c.waiting)["blockedBy"] == [{"kind": "reservation",
                                                            "name": "alice~b"}]
-    assert [m[0] for m in launcher_messages(redis_client, "n1")] == ["alice~a"]
+    assert [m[0] for m in starts_sent(redis_client, "n1")] == ["alice~a"]
 
 
 def test_release_after_exit_lets_the_waiting_job_in(store: Store, scheduler: Scheduler) -> None:
@@ -113,12 +114,12 @@ def test_stale_launch_is_sent_again(store: Store, scheduler: Scheduler,
     add_node(store)
     submit_job(store, "alice", config("a"))
     scheduler.run_pass()
-    redis_client.delete("launcher.n1")
+    redis_client.delete(keys.node_starts("n1"))
     redis_client.zadd(keys.LAUNCHING, {"alice~a:0:main:0": 1})
 
     scheduler.retry_stale_launches()
 
-    assert [m[0] for m in launcher_messages(redis_client, "n1")] == ["alice~a"]
+    assert [m[0] for m in starts_sent(redis_client, "n1")] == ["alice~a"]
     assert (redis_client.zscore(keys.LAUNCHING, "alice~a:0:main:0") or 0) > 1
 
 
@@ -246,7 +247,7 @@ def test_a_stale_launch_that_starts_meanwhile_keeps_no_lease(
     add_node(store)
     submit_job(store, "alice", config("a"))
     scheduler.run_pass()
-    redis_client.delete("launcher.n1")
+    redis_client.delete(keys.node_starts("n1"))
     member = "alice~a:0:main:0"
     redis_client.zadd(keys.LAUNCHING, {member: 1})
     hook = Hook("before-write", keys.LAUNCHING,
@@ -256,24 +257,18 @@ def test_a_stale_launch_that_starts_meanwhile_keeps_no_lease(
 
     assert hook.fired
     assert redis_client.zscore(keys.LAUNCHING, member) is None
-    assert launcher_messages(redis_client, "n1") == []
+    assert starts_sent(redis_client, "n1") == []
 
 
 # ------------------------------------------------------------ the policy
 
 
 def launcher_tasks(r: redis.Redis, node: str) -> list[tuple[str, list[Any]]]:
-    """(task name, args) of what waits in a launcher's queue, oldest first; a
-    batched start is shown as the single starts it stands for."""
+    """(task name, args) of the Celery messages waiting in a launcher's queue
+    (stops, preemptions), oldest first."""
     messages = [json.loads(m) for m in reversed(r.lrange(f"launcher.{node}", 0, -1))]
-    found: list[tuple[str, list[Any]]] = []
-    for m in messages:
-        name, args = m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0]
-        if name == START_TASKS:
-            found += [(START_TASK, task) for task in args[0]]
-        else:
-            found.append((name, args))
-    return found
+    return [(m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0])
+            for m in messages]
 
 
 def test_a_borrowing_job_is_preempted_for_the_owner_and_comes_back_uncharged(
@@ -470,29 +465,28 @@ def test_the_sweep_releases_and_stops_in_one_round(store: Store, scheduler: Sche
                                                    ["alice~moved", 0, "main", 0])]
 
 
-def test_start_messages_lost_with_the_broker_are_sent_again_by_the_launch_lease(
-        store: Store, scheduler: Scheduler, redis_client: redis.Redis,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batch of start messages fails after the placements are committed:
-    the pass still finishes (the waiting job gets its reason), and the
-    launch lease sends the lost start once it is due."""
+def test_starts_lost_with_the_link_are_sent_again_by_the_launch_lease(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    """Sending the starts fails after the placements are committed: the
+    pass still finishes (the waiting job gets its reason), and the launch
+    lease sends the lost start once it is due."""
     add_node(store, gpus=1)
     submit_job(store, "alice", config("placed"))
     submit_job(store, "alice", config("waits"))
 
-    def broker_down(starts: object) -> None:
-        raise redis.ConnectionError("broker unreachable")
+    def link_down() -> None:
+        raise redis.ConnectionError("Redis unreachable")
 
-    monkeypatch.setattr(scheduler.messenger, "start_tasks", broker_down)
-    assert scheduler.run_pass().placed == 1
+    hook = Hook("before-write", keys.node_starts("n1"), link_down)
+    assert interleaved(redis_client, scheduler, hook).run_pass().placed == 1
+    assert hook.fired
     assert store.get_tasks("alice~placed", 0)[0].state == TaskState.LAUNCHING
     assert (store.get_job("alice~waits") or pytest.fail()).waiting_reason
-    assert launcher_messages(redis_client, "n1") == []
-    monkeypatch.undo()
+    assert starts_sent(redis_client, "n1") == []
 
     redis_client.zadd(keys.LAUNCHING, {"alice~placed:0:main:0": 1})  # its lease is due
     scheduler.retry_stale_launches()
-    assert launcher_messages(redis_client, "n1") == [["alice~placed", 0, "main", 0]]
+    assert starts_sent(redis_client, "n1") == [["alice~placed", 0, "main", 0]]
 
 @pytest.mark.parametrize(("waited_hours", "first"), [
     pytest.param(0, "fresh", id="a retried job that had much GPU time goes after a new one"),
@@ -591,7 +585,7 @@ def test_a_node_that_does_not_start_its_launches_is_marked_and_its_gang_placed_a
     scheduler.retry_stale_launches()
     lease = leases.read_lease(store.r, "stuck")
     assert lease is not None and "not started within" in lease.marked
-    assert [m[0] for m in launcher_messages(redis_client, "stuck")] == ["alice~gang"] * 2
+    assert [m[0] for m in starts_sent(redis_client, "stuck")] == ["alice~gang"] * 2
     view = scheduler.warden.round()
     assert view.conditions["stuck"][0].value == "NOT_READY"
 
@@ -641,11 +635,11 @@ def test_a_relaunched_task_gets_its_start_from_the_scheduler_once_it_launches(
     mark_task_running(store, job.id, 0, "main", 0, "c1")
     report = record_task_exit(store, job.id, 0, "main", 0, exit_code=3)
     assert report is not None and report.relaunched
-    before = len(launcher_messages(redis_client, "n1"))
+    before = len(starts_sent(redis_client, "n1"))
 
     scheduler.send_relaunch(job.id, 0, "main", 0)
 
-    assert launcher_messages(redis_client, "n1")[before:] == [[job.id, 0, "main", 0]]
+    assert starts_sent(redis_client, "n1")[before:] == [[job.id, 0, "main", 0]]
     mark_task_running(store, job.id, 0, "main", 0, "c2")
     scheduler.send_relaunch(job.id, 0, "main", 0)  # repeated, late: the task runs already
-    assert len(launcher_messages(redis_client, "n1")) == before + 1
+    assert len(starts_sent(redis_client, "n1")) == before + 1

@@ -15,6 +15,7 @@ import redis
 from bench import BenchError
 from bench.live_platform import USER, Platform, platform_env, run_id, running
 from shared.infra.messaging import launcher_queue
+from shared.state import keys
 
 
 @contextlib.contextmanager
@@ -70,7 +71,10 @@ def open_gate(pai: Platform, name: str, user: str = USER) -> None:
 
 
 def launcher_idle(pai: Platform) -> bool:
-    """Whether no message waits in the node's launcher queue and none is
-    being handled by any worker (kombu's `unacked` hash holds those)."""
+    """Whether nothing waits for the node's launcher or is in its hands: no
+    start in its stream (an entry is deleted once its starts ran), no
+    message in its queue, none being handled by any worker (kombu's
+    `unacked` hash holds those)."""
     with redis.Redis.from_url(pai.env["PAI_REDIS_URL"]) as client:
-        return client.llen(launcher_queue(pai.node)) == 0 and client.hlen("unacked") == 0
+        return (client.xlen(keys.node_starts(pai.node)) == 0
+                and client.llen(launcher_queue(pai.node)) == 0 and client.hlen("unacked") == 0)
