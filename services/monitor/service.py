@@ -204,17 +204,15 @@ class Monitor:
             # sender of starts) to start it: a repeated exit report is stale.
             self.messenger.task_relaunched(ref.job_id, ref.attempt, ref.role, ref.index)
             return report
-        if report is not None and report.attempt_ended:
-            # The attempt's end frees the allocation of each of its settled
-            # tasks, this one's included (Scheduler.stop_attempt): one
-            # message, where a task_ended as well cost a second send and a
-            # second handling for nothing.
+        if report is not None and report.attempt_ended and report.live_left:
+            # The attempt's end stops its tasks still running (and frees what
+            # they hold once they are settled: Scheduler.stop_attempt).
             self.messenger.attempt_ended(ref.job_id, ref.attempt)
             return report
-        # Always, even for a repeated exit: the scheduler's release is
-        # idempotent, and this is how a monitor that died between settling and
-        # telling still gets the allocation freed.
-        self.messenger.task_ended(ref.job_id, ref.attempt, ref.role, ref.index)
+        # The exit's own transaction freed the task's allocation (and queued
+        # the retry, if any): what is left is a pass. Asked for a repeated
+        # report too, for a monitor that died between settling and asking.
+        self.messenger.schedule()
         return report
 
     def handle_created(self, container: Container) -> bool:

@@ -329,12 +329,14 @@ class Scheduler:
     # ------------------------------------------------------ ends and stops
 
     def release_if_settled(self, job_id: str, attempt: int, role: str, index: int) -> bool:
-        """Free a task's allocation once its container is gone (task final)."""
+        """Whether the task is settled on a node, its GPUs free for a pass:
+        its exit's transaction freed its allocation (shared/state/taskexits.py);
+        this frees one that a settle of another kind left (a stop)."""
         task = self.store.get_task(job_id, attempt, role, index)
         if task is None or task.node is None or not task.state.is_final:
             return False
-        return self.store.release_allocation(task.node, attempt_task_key(job_id, attempt, role,
-                                                                         index))
+        self.store.release_allocation(task.node, attempt_task_key(job_id, attempt, role, index))
+        return True
 
     def task_ended(self, job_id: str, attempt: int, role: str, index: int, *,
                    deferrable: bool = False) -> None:
@@ -352,17 +354,20 @@ class Scheduler:
     def stop_attempt(self, job_id: str, attempt: int, *, deferrable: bool = False) -> None:
         """An attempt ended or its job is stopping: stop what still runs.
 
-        A pass follows when this freed something, or when the job waits in the
-        queue (a retry); otherwise the pass after the last task's release has
-        already seen everything this could change.
+        A pass follows when a settled task held a node (its GPUs freed now,
+        or by its exit), or when the job waits in the queue (a retry);
+        otherwise the pass after the last task's release has already seen
+        everything this could change.
         """
         freed = False
         for task in self.store.get_tasks(job_id, attempt):
             if task_is_live(task) and task.node:
                 self.messenger.stop_task(task.node, job_id, attempt, task.role, task.index)
             elif task.state.is_final and task.node:
-                freed = self.store.release_allocation(
-                    task.node, attempt_task_key(job_id, attempt, task.role, task.index)) or freed
+                # freed now, or by the task's exit (shared/state/taskexits.py)
+                self.store.release_allocation(
+                    task.node, attempt_task_key(job_id, attempt, task.role, task.index))
+                freed = True
         if freed or self.store.is_queued(job_id):
             self.request_pass(deferrable=deferrable)
 

@@ -4,8 +4,10 @@ job, compare-and-set.
 `record_task_exit` reads the job and the attempt's tasks under WATCH, asks
 the pure decision (shared/domain/exits.py `decide_exit`) and writes what it
 says: a relaunch on the task's allocation, the task settled, the attempt
-ended, the job retried or finished. A repeated report finds the task settled
-and writes nothing.
+ended, the job retried or finished. A settled task's allocation is freed in
+the same transaction: its container is gone, and its GPUs are free for the
+pass that follows (the caller asks for it). A repeated report finds the task
+settled and writes nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.state import keys, telemetry, usage
 from shared.state.lifecycle import clear_placement, closed_attempt, move_task
-from shared.state.store import Pipe, Store
+from shared.state.store import Pipe, Store, task_is_live
 
 # A task retry's launch lease when the caller names none: the scheduler sends
 # the start again once it is over (retry_stale_launches)
@@ -53,6 +55,9 @@ class ExitReport:
     # The task failed and its role's taskRetryCount covers it: it launches
     # again on its allocation (the caller sends the start)
     relaunched: bool = False
+    # The attempt ended with other tasks still live on their nodes: they
+    # are to be stopped (the scheduler's stop_attempt)
+    live_left: bool = False
 
 
 def record_task_exit(
@@ -137,6 +142,9 @@ def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], tas
     pipe.multi()
     store.write_tasks(pipe, job.id, attempt, [task, *unplaced])
     usage.record_task_usage(pipe, held, task)  # placement to exit, recorded once
+    if task.node:  # its container is gone: its GPUs are free for the next pass
+        pipe.hdel(keys.node_alloc(task.node),
+                  attempt_task_key(job.id, attempt, task.role, task.index))
     if job.state.is_final:
         store.dequeue(pipe, job.id, job.virtual_cluster)
     pipe.zrem(keys.LAUNCHING, attempt_task_key(job.id, attempt, task.role, task.index))
@@ -155,8 +163,10 @@ def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], tas
     if decision.attempt_ended:
         store.add_event(pipe, job.id, "attempt-end", attempt=attempt, state=job.state,
                         retried=decision.retry is not None)
+    live_left = decision.attempt_ended and any(
+        other is not task and other.node and task_is_live(other) for other in tasks.values())
     return ExitReport(task.state, job.state, decision.attempt_ended, decision.retry is not None,
-                      task.node)
+                      task.node, live_left=live_left)
 
 
 def _ended_attempt(store: Store, pipe: Pipe, job: Job, end: AttemptEnd | None) -> Attempt | None:

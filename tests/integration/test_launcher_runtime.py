@@ -126,7 +126,7 @@ def test_a_container_of_an_earlier_submission_is_removed_not_adopted(rig: Rig) -
     assert stale is not None and stale.labels["pai.submission"] == old.submission
     assert request_stop(rig.store, old.id).state == JobState.STOPPING
     assert record_task_exit(rig.store, old.id, 0, "main", 0, exit_code=143) is not None
-    assert rig.store.release_allocation(rig.node.name, f"{old.id}:0:main:0")
+    assert rig.store.get_allocations(rig.store.r, rig.node.name) == {}  # freed by the exit
     assert delete_job(rig.store, old.id)  # the old container was never told: cut off
     new = rig.submit(config)
     assert new.id == old.id and new.submission != old.submission

@@ -21,7 +21,7 @@ from services.monitor.service import Monitor, ReconcileSummary
 from shared.domain.models import Job, attempt_task_key
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
-from shared.infra.messaging import ATTEMPT_ENDED, TASK_ENDED
+from shared.infra.messaging import ATTEMPT_ENDED, SCHEDULE
 from shared.node.containers import TaskRef
 from shared.state.taskexits import record_task_exit
 from tests.support.monitor_rig import GATE, Rig, release
@@ -53,8 +53,10 @@ def test_a_task_that_exits_0_succeeds_with_its_log(rig: Rig) -> None:
     assert (task.state, task.exit_code) == (TaskState.SUCCEEDED, 0)
     assert rig.log(job_id) == ["one", "two", "three"]  # shipped before the task settled
     wait_for(lambda: rig.gone(container), "the container to be removed")
-    # The attempt's end frees the task's allocation too: one message, not two.
-    assert rig.messages() == [(ATTEMPT_ENDED, [job_id, 0])]
+    # The exit's own transaction freed the task's allocation: the scheduler
+    # is asked for a pass, nothing more.
+    assert rig.store.get_allocations(rig.store.r, rig.node) == {}
+    assert rig.messages() == [(SCHEDULE, [])]
 
 
 def test_a_task_that_exits_3_fails_with_exit_code_3(rig: Rig) -> None:
@@ -115,7 +117,7 @@ def test_reconcile_settles_an_exit_that_happened_while_no_monitor_ran(rig: Rig) 
     assert (rig.task(job_id).state, rig.task(job_id).exit_code) == (TaskState.SUCCEEDED, 0)
     assert rig.log(job_id) == ["while nobody watched"]
     assert rig.gone(container)
-    assert [name for name, _args in rig.messages()] == [ATTEMPT_ENDED]
+    assert [name for name, _args in rig.messages()] == [SCHEDULE]
 
 
 def test_reconcile_marks_a_running_container_running(rig: Rig) -> None:
@@ -152,7 +154,7 @@ def test_a_second_handling_of_the_same_exit_changes_nothing(rig: Rig) -> None:
              rig.store.get_events(job_id), rig.log(job_id))
     assert after == before
     assert rig.log(job_id) == ["once"]
-    assert rig.messages() == [(ATTEMPT_ENDED, [job_id, 0]), (TASK_ENDED, [job_id, 0, "main", 0])]
+    assert rig.messages() == [(SCHEDULE, []), (SCHEDULE, [])]
 
 
 def test_an_exit_settled_by_a_monitor_that_died_before_removing_is_cleaned_up(rig: Rig) -> None:
@@ -166,7 +168,10 @@ def test_an_exit_settled_by_a_monitor_that_died_before_removing_is_cleaned_up(ri
 
     assert (rig.job(job_id), rig.store.get_tasks(job_id, 0)) == before
     assert rig.gone(container)
-    assert rig.messages() == [(TASK_ENDED, [job_id, 0, "main", 0])]  # the allocation is freed
+    # the settle freed the allocation; a pass is asked for (the first
+    # monitor may have died before it asked)
+    assert rig.store.get_allocations(rig.store.r, rig.node) == {}
+    assert rig.messages() == [(SCHEDULE, [])]
 
 
 def test_an_orphan_container_is_stopped(rig: Rig) -> None:
@@ -264,7 +269,7 @@ def test_a_running_task_whose_container_vanished_is_a_platform_failure(rig: Rig)
     assert (job.state, job.attempt, job.retries, job.platform_retries) == \
         (JobState.WAITING, 1, 0, 1)
     assert rig.store.get_attempts(job_id)[0].platform_failure
-    assert rig.messages() == [(ATTEMPT_ENDED, [job_id, 0])]
+    assert rig.messages() == [(SCHEDULE, [])]
     assert monitor.reconcile().vanished == 0  # settled once
 
 
@@ -290,10 +295,27 @@ def test_a_multi_task_job_succeeds_when_every_task_has(rig: Rig) -> None:
     for index in range(3):
         assert rig.task(job_id, index).state == TaskState.SUCCEEDED
         assert rig.log(job_id, index) == [f"task {index}"]
-    # told after the transaction that ended the attempt: it may trail the state
-    ended = wait_for(lambda: [args for name, args in rig.messages() if name == ATTEMPT_ENDED],
-                     "the attempt-ended message")
-    assert ended == [[job_id, 0]]
+    # each exit freed its own task's allocation, so the attempt's end has
+    # nothing left to stop: a pass is asked for after each, and nothing more
+    # (told after the transaction: the messages may trail the state)
+    asked = wait_for(lambda: (sent := rig.messages())[2:] and sent, "three pass requests")
+    assert asked == [(SCHEDULE, [])] * 3
+    assert rig.store.get_allocations(rig.store.r, rig.node) == {}
+
+
+def test_an_exit_that_ends_the_attempt_under_running_tasks_asks_for_their_stop(rig: Rig) -> None:
+    """The first task's failure ends the attempt (one failed task fails it)
+    while the second still runs: the scheduler is told the attempt ended,
+    to stop the second; the first's allocation is freed already."""
+    job_id = rig.place(tasks=2)
+    failed = rig.exited(rig.run(job_id, "exit 3", index=0))
+    rig.run(job_id, "sleep 300", index=1)
+
+    report = rig.monitor().handle_exit(failed)
+
+    assert report is not None and report.attempt_ended and report.live_left
+    assert rig.messages() == [(ATTEMPT_ENDED, [job_id, 0])]
+    assert set(rig.store.get_allocations(rig.store.r, rig.node)) == {f"{job_id}:0:main:1"}
 
 
 def test_the_watcher_carries_on_after_the_event_stream_breaks(rig: Rig) -> None:
