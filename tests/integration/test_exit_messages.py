@@ -56,19 +56,6 @@ def test_each_task_of_a_gang_frees_its_own_allocation_as_it_exits(
     assert held == [2, 1, 0]
 
 
-def test_a_relaunched_task_keeps_its_allocation(store: Store, scheduler: Scheduler) -> None:
-    add_node(store)
-    job = submit_job(store, "alice", {**config("a"), "taskRoles": [{
-        **config("a")["taskRoles"][0], "taskRetryCount": 1}]})
-    scheduler.run_pass()
-    mark_task_running(store, job.id, 0, "main", 0, "c1")
-
-    report = record_task_exit(store, job.id, 0, "main", 0, exit_code=3)
-
-    assert report is not None and report.relaunched
-    assert store.get_allocations(store.r, "n1").keys() == {f"{job.id}:0:main:0"}
-
-
 def test_an_attempt_ended_under_a_running_task_stops_it_and_frees_it_once_settled(
         store: Store, scheduler: Scheduler) -> None:
     add_node(store)

@@ -640,6 +640,8 @@ def test_a_relaunched_task_gets_its_start_from_the_scheduler_once_it_launches(
     mark_task_running(store, job.id, 0, "main", 0, "c1")
     report = record_task_exit(store, job.id, 0, "main", 0, exit_code=3)
     assert report is not None and report.relaunched
+    # it relaunches on its allocation: the exit freed nothing
+    assert store.get_allocations(store.r, "n1").keys() == {f"{job.id}:0:main:0"}
     before = len(starts_sent(redis_client, "n1"))
 
     scheduler.send_relaunch(job.id, 0, "main", 0)
