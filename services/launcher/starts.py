@@ -103,6 +103,7 @@ class StartFeed:
             with self.lock:
                 self.in_hand[entry.id] = len(entry.tasks)
                 self.running += len(entry.tasks)
+                self.lock.notify_all()
             for task in entry.tasks:
                 self.pool.submit(self._start, entry.id, task)
 

@@ -21,6 +21,7 @@ A: StartRef = ("alice~a", 0, "main", 0)
 B: StartRef = ("alice~b", 2, "worker", 3)
 C: StartRef = ("bob~c", 0, "main", 0)
 WAIT_SECONDS = 10
+HOLD_SECONDS = 6 * WAIT_SECONDS  # a held start outlasts every wait of the test
 
 
 @pytest.fixture
@@ -120,7 +121,7 @@ class Starter:
 
     def __call__(self, job_id: str, attempt: int, role: str, index: int) -> None:
         task = (job_id, attempt, role, index)
-        self.release.wait(WAIT_SECONDS)
+        self.release.wait(HOLD_SECONDS)
         self.calls.put(task)
         if task in self.fail_once:
             self.fail_once.discard(task)
