@@ -55,8 +55,7 @@ class StartFeed:
         while not stop.is_set():
             try:
                 if time.monotonic() >= recover_at:
-                    self.reader.join()
-                    self.recover()
+                    self.recover()  # its first read joins the group if there is none
                     recover_at = time.monotonic() + RECOVER_SECONDS
                 self.take_once(stop)
             except redis.RedisError as error:

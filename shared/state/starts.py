@@ -72,7 +72,7 @@ def send(client: Any, starts: Mapping[str, Sequence[StartRef]]) -> None:
     pipe = client.pipeline(transaction=False)
     for node, tasks in sending.items():
         pipe.xadd(keys.node_starts(node),
-                  {FIELD: compact_json([[j, a, r, i] for j, a, r, i in tasks])},
+                  {FIELD: compact_json([list(task) for task in tasks])},
                   maxlen=MAX_ENTRIES, approximate=True)
     pipe.execute()
 
@@ -132,7 +132,7 @@ class StartReader:
         except redis.ResponseError as error:
             if "NOGROUP" not in str(error):
                 raise
-            self.join()  # the stream was deleted (a flush, a restore): join it again
+            self.join()  # no group yet (a new node), or the stream was deleted: join
             return []
         return [parse(entry_id, fields) for _, entries in answer or ()
                 for entry_id, fields in entries]
