@@ -58,9 +58,9 @@ from services.scheduler.core import (
     TaskRequest,
     free_view,
     job_request,
-    paused_gc,
     place_gang,
 )
+from services.scheduler.heap import paused_gc
 from services.scheduler.policy import plan as plan_pass
 from services.scheduler.service import Scheduler
 from shared.domain.cluster import VcPolicy, vc_policies

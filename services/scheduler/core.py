@@ -20,10 +20,7 @@ keyed by `JobRequest.fit_key`).
 
 from __future__ import annotations
 
-import gc
-import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from shared.domain.cluster import gpu_type_matches, held
@@ -507,33 +504,3 @@ def place_some(cluster: Cluster, request: JobRequest) -> GangResult:
             shortfall = cluster.shortfall(task, gpu_type) if cluster.nodes \
                 else Shortfall("tasks", len(request.tasks), 0)
     return GangResult(placements=tuple(placements), shortfall=shortfall)
-
-
-_gc_lock = threading.Lock()
-_gc_pausers = 0
-_gc_was_enabled = False
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """No cyclic garbage collection inside: for passes, which make no cycles.
-
-    A pass allocates an object or more per queued job; every so many the
-    collector walks the whole heap (the queue included), which made a pass
-    over 50,000 jobs grow faster than the queue (docs/performance-log.md).
-    Refcounting still frees everything. Nested and threaded uses are safe:
-    the collector is back on when the last one leaves, if it was on before.
-    """
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()

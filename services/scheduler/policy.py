@@ -58,7 +58,6 @@ from services.scheduler.core import (
     JobRequest,
     NodeFree,
     copy_node,
-    paused_gc,
     place_gang,
     place_some,
 )
@@ -83,6 +82,7 @@ from services.scheduler.decisions import (
     RunningJob,
     Waiting,
 )
+from services.scheduler.heap import paused_gc
 from services.scheduler.standing import VcStanding, could_hold
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches
 from shared.domain.models import split_job_id

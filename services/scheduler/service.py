@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from services.scheduler import policy
-from services.scheduler.core import Cluster, JobRequest, free_view, paused_gc
+from services.scheduler.core import Cluster, JobRequest, free_view
 from services.scheduler.decisions import Placed, Waiting
 from services.scheduler.gate import PASS_AGAIN, PASS_BEGUN, PASS_DEFERRED, PassGate
+from services.scheduler.heap import paused_gc
 from services.scheduler.nodes import NodeWarden
 from services.scheduler.policy import Las, Preemption, RunningJob
 from services.scheduler.reading import PassReader
@@ -139,11 +140,12 @@ class Scheduler:
 
     def run_pass(self) -> PassStats:
         """One pass: read, plan, commit, send. Without cyclic garbage
-        collection inside (as the policy's part already was): a first pass
-        over thousands of jobs allocates so much that the collector walked
-        the whole heap, the caches included, several times during it (a
-        sixth of the commit's CPU in the placement bench's profile)."""
-        with paused_gc():
+        collection inside, and what it leaves allocated frozen after it
+        (services/scheduler/heap.py): a first pass over thousands of jobs
+        allocates so much that the collector walked the whole heap, the
+        caches included, several times during it (a sixth of the commit's
+        CPU in the placement bench's profile), and again after it."""
+        with paused_gc(freeze_survivors=True):
             return self._pass()
 
     def _pass(self) -> PassStats:
