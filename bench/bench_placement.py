@@ -25,7 +25,9 @@ Beside the core, the service: `Scheduler.run_pass` on a throwaway Redis
 `submit_job`), which also reads the queue from Redis, commits the placements
 (`commit_placements`: one compare-and-set script call per 1,000 tasks) and
 sends the starts (an entry per node); then a second pass with nothing to
-change, the steady state of a long queue. Its committed placements/s stand
+change, the steady state of a long queue. The same placing pass again on a
+scheduler that had read the queue before (a pass while every node was
+cordoned), as a running scheduler has when capacity comes back. Its committed placements/s stand
 beside the pure policy's decide rate on the same nodes and queue, timed in
 the same run, with their ratio; the CPU seconds of the scheduler's process
 and of redis-server during each pass are shown too (steadier than the wall
@@ -210,44 +212,73 @@ def decide_only() -> dict[str, Figure]:
             "placed per CPU s": placed / min(cpu_samples)}
 
 
+def _loaded_store(url: str) -> Store:
+    """SERVICE_NODES registered nodes and SERVICE_JOBS queued jobs on `url`."""
+    store = Store.from_url(url)
+    for node in service_nodes():
+        store.register_node(node)
+    for j in range(SERVICE_JOBS):
+        submit_job(store, f"user{j % 97:02d}", {**SERVICE_CONFIG, "jobName": f"job-{j:06d}"})
+    return store
+
+
+def _measured_pass(scheduler: Scheduler, store: Store, server: int | None) -> dict[str, Figure]:
+    """One `run_pass`, the nodes' heartbeats stamped first: no agents renew
+    these nodes, and a big queue's submits and passes outlast their READY."""
+    for node in service_nodes():
+        store.heartbeat(node.name)
+    redis_cpu, cpu = cpu_seconds(server), time.process_time()
+    start = time.perf_counter()
+    stats = scheduler.run_pass()
+    seconds = time.perf_counter() - start
+    cpu, redis_cpu = time.process_time() - cpu, cpu_seconds(server) - redis_cpu
+    row: dict[str, Figure] = {
+        "queued": stats.placed + stats.waiting, "placed": stats.placed,
+        "pass ms": seconds * 1000, "placed/s": stats.placed / seconds if stats.placed else 0,
+        "modes changed": stats.modes_changed, "scheduler CPU ms": cpu * 1000}
+    if server is not None:
+        row["Redis CPU ms"] = redis_cpu * 1000
+    if stats.placed:
+        row["placed per CPU s"] = stats.placed / (cpu + redis_cpu)
+    return row
+
+
+def _set_schedulable(store: Store, nodes: Sequence[Node], schedulable: bool) -> None:
+    for node in nodes:
+        store.set_node_flags(node.name, schedulable=schedulable, by="bench")
+
+
 def service_passes() -> dict[str, dict[str, Figure]]:
-    """Three `Scheduler.run_pass`es over Redis: the first places, the second
-    finds nothing new to do, the third runs with half the nodes cordoned (the
-    default VC's guarantee halves, so half the running jobs are demoted to
-    borrowed); beside them, the policy alone on the same work."""
+    """`Scheduler.run_pass`es over Redis. A scheduler that never saw the
+    queue: the first pass places, the second finds nothing new to do, the
+    third runs with half the nodes cordoned (the default VC's guarantee
+    halves, so half the running jobs are demoted to borrowed). Then, on the
+    same nodes and queue stored again, a scheduler whose earlier pass read
+    the queue while every node was cordoned (as a running scheduler has,
+    when capacity comes back to a long queue): that pass, and the one that
+    places once the nodes are back. Beside them, the policy alone on the
+    same work."""
     table: dict[str, dict[str, Figure]] = {}
+    nodes = service_nodes()
     with throwaway_redis() as url:
-        store = Store.from_url(url)
-        for node in service_nodes():
-            store.register_node(node)
-        for j in range(SERVICE_JOBS):
-            submit_job(store, f"user{j % 97:02d}", {**SERVICE_CONFIG, "jobName": f"job-{j:06d}"})
+        store = _loaded_store(url)
         settings = Settings(redis_url=url)
         scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
         server = redis_pid(url)
-        nodes = service_nodes()
-        for label in ("first pass", "second pass", "half the nodes cordoned"):
-            if label == "half the nodes cordoned":  # the guarantee halves: jobs demoted
-                for node in nodes[::2]:
-                    store.set_node_flags(node.name, schedulable=False, by="bench")
-            # No agents renew these nodes: stamp them now, or a big queue's
-            # submits and passes outlast their READY and shrink the cluster.
-            for node in nodes:
-                store.heartbeat(node.name)
-            redis_cpu, cpu = cpu_seconds(server), time.process_time()
-            start = time.perf_counter()
-            stats = scheduler.run_pass()
-            seconds = time.perf_counter() - start
-            cpu, redis_cpu = time.process_time() - cpu, cpu_seconds(server) - redis_cpu
-            table[label] = {"queued": stats.placed + stats.waiting, "placed": stats.placed,
-                            "pass ms": seconds * 1000,
-                            "placed/s": stats.placed / seconds if stats.placed else 0,
-                            "modes changed": stats.modes_changed,
-                            "scheduler CPU ms": cpu * 1000}
-            if server is not None:
-                table[label]["Redis CPU ms"] = redis_cpu * 1000
-            if stats.placed:
-                table[label]["placed per CPU s"] = stats.placed / (cpu + redis_cpu)
+        table["first pass"] = _measured_pass(scheduler, store, server)
+        table["second pass"] = _measured_pass(scheduler, store, server)
+        _set_schedulable(store, nodes[::2], False)  # the guarantee halves: jobs demoted
+        table["half the nodes cordoned"] = _measured_pass(scheduler, store, server)
+        store.r.close()
+    with throwaway_redis() as url:
+        store = _loaded_store(url)
+        settings = Settings(redis_url=url)
+        scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+        server = redis_pid(url)
+        _set_schedulable(store, nodes, False)
+        table["queue read, every node cordoned"] = _measured_pass(scheduler, store, server)
+        _set_schedulable(store, nodes, True)
+        table["first pass, queue read before"] = _measured_pass(scheduler, store, server)
         store.r.close()
     table["policy alone (decide)"] = decide_only()
     return table
@@ -375,6 +406,10 @@ def run() -> Figures:
         committed_cpu / TARGET_PLACEMENTS_PER_S
     figures["committed / decided, per CPU s"] = \
         committed_cpu / float(service["policy alone (decide)"]["placed per CPU s"])
+    figures["committed placements/s (first pass, queue read before)"] = \
+        float(service["first pass, queue read before"]["placed/s"])
+    figures[f"committed, queue read before, vs target {TARGET_PLACEMENTS_PER_S:.0f}"] = \
+        float(service["first pass, queue read before"]["placed/s"]) / TARGET_PLACEMENTS_PER_S
     gangs = big_gangs()
     figures["big gangs (4 two-GPU tasks a node)"] = gangs
     sizes_run = list(GANG_SIZES)

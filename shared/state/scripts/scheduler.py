@@ -36,6 +36,8 @@ COMMIT_PLACEMENTS = Script(
 local flags_key, launching_key, queue_key, faults_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local jobs = cjson.decode(ARGV[1])
 local nodes = {}
+-- most of the time no GPU is marked: then no GPU needs looking up
+local any_faults = redis.call('EXISTS', faults_key) == 1
 
 local function node_view(name, node_key, alloc_key)
   local view = nodes[name]
@@ -74,7 +76,9 @@ local function fits(view, part)
   for _, g in ipairs(part.g) do
     if gpus[g] or view.used_gpus[g] or not view.gpus[g] then return false end
     -- marked unhealthy since the pass read the faults (shared/domain/gpuhealth.py)
-    if redis.call('HEXISTS', faults_key, part.name .. ':' .. g) == 1 then return false end
+    if any_faults and redis.call('HEXISTS', faults_key, part.name .. ':' .. g) == 1 then
+      return false
+    end
     gpus[g] = true
   end
   for _, p in ipairs(part.p) do
