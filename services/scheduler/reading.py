@@ -22,6 +22,7 @@ from shared.infra.config import Settings
 from shared.state import keys
 from shared.state.lifecycle import drop_stale_from_queue
 from shared.state.store import Snapshot, Store
+from shared.state.store.listing import complete_stamp
 
 # What the policy needs of a placed job's record (see `running`)
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
@@ -50,6 +51,9 @@ class PassReader:
         self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
         self.jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (_queued_jobs)
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
+        # job id -> (stamp, fields, RunningJob): the running jobs of the last
+        # pass, each with its record's stamp (`running`)
+        self._running: dict[str, tuple[str, list[str | None], RunningJob]] = {}
 
     def snapshot(self) -> Snapshot:
         """The nodes, their allocations, flags, faults and the queue, the
@@ -167,36 +171,48 @@ class PassReader:
 
     def running(self, allocations: dict[str, list[Allocation]]) -> list[RunningJob]:
         """The placed jobs as the policy weighs them: one round trip for the
-        few fields of their records it needs, and one for configs not seen
-        before (a preempted job's grace is its config's)."""
+        few fields of their records it needs, which Redis sends only for a
+        record that moved since the last pass (its stamp, `read_stamped_fields`),
+        and one for configs not seen before (a preempted job's grace is its
+        config's). A job whose record and allocations did not move keeps the
+        RunningJob of the last pass."""
         held: dict[str, list[Allocation]] = {}
         for allocs in allocations.values():
             for alloc in allocs:
                 held.setdefault(alloc.job_id, []).append(alloc)
         ids = sorted(held)
-        records = self.store.read_fields([keys.job(job_id) for job_id in ids], RUNNING_FIELDS)
-        live: list[tuple[str, list[str | None]]] = []
-        for job_id, values in zip(ids, records, strict=True):
+        known, self._running = self._running, {}
+        stamps = [known[job_id][0] if job_id in known else "" for job_id in ids]
+        read = self.store.read_stamped_fields([keys.job(job_id) for job_id in ids], stamps,
+                                              RUNNING_FIELDS)
+        live: list[tuple[str, str, list[str | None], RunningJob | None]] = []
+        for job_id, got in zip(ids, read, strict=True):
+            stamp, values, before = known[job_id] if got is None else (*got, None)
             state, attempt = values[0], values[1]
             if state in LIVE_JOB_STATES and attempt is not None:
-                live.append((job_id, values))
-        self._load_specs([(job_id, int(values[2] or 0)) for job_id, values in live])
+                live.append((job_id, stamp, values, before))
+        self._load_specs([(job_id, int(values[2] or 0)) for job_id, _, values, _ in live])
         running = []
-        for job_id, values in live:
+        for job_id, stamp, values, before in live:
             (_, attempt, queue_seq, vc, priority, mode, started, created, preempted_by,
              deadline) = values
             mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
             if not mine:
                 continue  # an old attempt's: the sweep releases it
-            spec = self.specs.get((job_id, int(queue_seq or 0)))
-            running.append(RunningJob(
-                job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
-                mode=mode or BORROWED, started_ms=int(started or created or 0),
-                allocations=mine, attempt=int(attempt or 0),
-                grace_ms=self.settings.preemption_grace_ms(
-                    spec.preemption_grace_seconds if spec else None),
-                preempted_by=preempted_by or "",
-                preempt_deadline_ms=int(deadline) if deadline else None))
+            job = before if before is not None and before.allocations == mine else None
+            if job is None:
+                spec = self.specs.get((job_id, int(queue_seq or 0)))
+                job = RunningJob(
+                    job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
+                    mode=mode or BORROWED, started_ms=int(started or created or 0),
+                    allocations=mine, attempt=int(attempt or 0),
+                    grace_ms=self.settings.preemption_grace_ms(
+                        spec.preemption_grace_seconds if spec else None),
+                    preempted_by=preempted_by or "",
+                    preempt_deadline_ms=int(deadline) if deadline else None)
+            if complete_stamp(stamp):
+                self._running[job_id] = (stamp, values, job)
+            running.append(job)
         return running
 
     def forget_gone(self, queue: list[JobRequest]) -> None:

@@ -95,6 +95,7 @@ from shared.state.scripts.reads import (  # noqa: E402
     HGETALL_MANY,
     HMGET_COLUMNS,
     HMGET_JOINED,
+    HMGET_STAMPED,
     QUEUED_RECORDS,
     READ_JOB_CHANGES,
 )
@@ -118,6 +119,7 @@ ALL: tuple[Script, ...] = (
     DISCARD_SSH_KEY,
     RECORD_USAGE_ONCE,
     HMGET_JOINED,
+    HMGET_STAMPED,
     HMGET_COLUMNS,
     HGETALL_MANY,
     QUEUED_RECORDS,

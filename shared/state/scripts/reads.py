@@ -23,6 +23,31 @@ end
 return table.concat(out, '\0')
 """)
 
+# HMGET_JOINED for records the caller may hold already: per hash, the
+# caller's stamp of it (ARGV[i], '': none) against its stamp now
+# (`version:queue_seq:mode`); '\2' alone where they are equal (and the record
+# has a version and a submission), else the stamp now and the fields' values
+# ('\1': not there). The fields follow the stamps in ARGV.
+HMGET_STAMPED = Script(
+    "hmget_stamped",
+    keys=("hashes...",),
+    args=("per hash: the stamp held ('' : none)...", "fields..."),
+    source=r"""#!lua flags=no-writes
+local n = #KEYS
+local out = {}
+for i, key in ipairs(KEYS) do
+  local got = redis.call('HMGET', key, 'version', 'queue_seq', 'mode', unpack(ARGV, n + 1))
+  local stamp = (got[1] or '') .. ':' .. (got[2] or '') .. ':' .. (got[3] or '')
+  if ARGV[i] ~= '' and got[1] and got[2] and stamp == ARGV[i] then
+    out[#out + 1] = '\2'
+  else
+    out[#out + 1] = stamp
+    for j = 4, #ARGV - n + 3 do out[#out + 1] = got[j] or '\1' end
+  end
+end
+return table.concat(out, '\0')
+""")
+
 # One string per field, each hash's value (or the default: missing, empty or
 # "None") joined by spaces.
 HMGET_COLUMNS = Script(

@@ -21,6 +21,13 @@ from shared.state.store import StoreCore
 
 SORT_READ_CHUNK = 2000  # hashes `read_fields` reads per script call: about 1 ms of Redis
 _MISSING = "\x01"  # what scripts.HMGET_JOINED answers for a field that is not there
+_UNCHANGED = "\x02"  # what scripts.HMGET_STAMPED answers for a record held already
+
+
+def complete_stamp(stamp: str) -> bool:
+    """A stamp `read_stamped_fields` can match: version and queue_seq known."""
+    version, _, rest = stamp.partition(":")
+    return bool(version) and bool(rest.partition(":")[0])
 # keys per HGETALL_MANY or QUEUED_RECORDS call (each call holds Redis for its length)
 READ_MANY = 10_000
 
@@ -115,6 +122,34 @@ class ListingMixin(StoreCore):
             if _MISSING in flat:  # rare: a field never written, or a hash gone
                 rows = [[None if v == _MISSING else v for v in row] for row in rows]
             values += rows
+        return values
+
+    def read_stamped_fields(self, hashes: Sequence[str], stamps: Sequence[str],
+                            fields: Sequence[str], chunk: int = SORT_READ_CHUNK,
+                            ) -> list[tuple[str, list[str | None]] | None]:
+        """`read_fields` of job records the caller may hold already: for
+        each hash, None where its stamp (`version:queue_seq:mode`: every
+        write of a record but its waiting reason and its mode moves the
+        version, and a name submitted again has a new queue_seq) is the one
+        in `stamps`
+        ('': none held), else the stamp now and the fields. A stamp with no
+        version or no queue_seq (a record gone, or written by an old
+        version) never matches: hold only complete ones (`complete_stamp`)."""
+        width = len(fields)
+        values: list[tuple[str, list[str | None]] | None] = []
+        for start in range(0, len(hashes), chunk):
+            part = hashes[start:start + chunk]
+            flat = self.run_script(scripts.HMGET_STAMPED, part,
+                                   [*stamps[start:start + chunk], *fields]).split("\0")
+            at = 0
+            for _ in part:
+                if flat[at] == _UNCHANGED:
+                    values.append(None)
+                    at += 1
+                    continue
+                row: list[str | None] = flat[at + 1:at + 1 + width]
+                values.append((flat[at], [None if v == _MISSING else v for v in row]))
+                at += 1 + width
         return values
 
     def read_columns(self, hashes: Sequence[str], fields: Sequence[tuple[str, str]],
