@@ -25,10 +25,11 @@ Beside the core, the service: `Scheduler.run_pass` on a throwaway Redis
 `submit_job`), which also reads the queue from Redis, commits the placements
 (`commit_placements`: one compare-and-set script call per 1,000 tasks) and
 sends the starts (an entry per node); then two passes with nothing to
-change, the second of them the steady state of a long queue. The same placing pass again on a
-scheduler that had read the queue before (a pass while every node was
-cordoned), as a running scheduler has when capacity comes back. Its committed placements/s stand
-beside the pure policy's decide rate on the same nodes and queue, timed in
+change, the second of them the steady state of a long queue. The same
+placing pass again on a scheduler that had read the queue before (a pass
+while every node was cordoned), as a running scheduler has when capacity
+comes back. Its committed placements/s stand beside the pure policy's
+decide rate on the same nodes and queue, timed in
 the same run, with their ratio; the CPU seconds of the scheduler's process
 and of redis-server during each pass are shown too (steadier than the wall
 clock on a shared machine).
@@ -256,8 +257,9 @@ def service_passes() -> dict[str, dict[str, Figure]]:
     """`Scheduler.run_pass`es over Redis. A scheduler that never saw the
     queue: the first pass places, the second finds nothing new to do (and
     reads the running jobs for the first time), the third neither (the
-    steady state), the fourth runs with half the nodes cordoned (the default VC's guarantee
-    halves, so half the running jobs are demoted to borrowed). Then, on the
+    steady state), the fourth runs with half the nodes cordoned (the default
+    VC's guarantee halves, so half the running jobs are demoted to
+    borrowed). Then, on the
     same nodes and queue stored again, a scheduler whose earlier pass read
     the queue while every node was cordoned (as a running scheduler has,
     when capacity comes back to a long queue): that pass, and the one that

@@ -22,7 +22,6 @@ from shared.infra.config import Settings
 from shared.state import keys
 from shared.state.lifecycle import drop_stale_from_queue
 from shared.state.store import Snapshot, Store
-from shared.state.store.listing import complete_stamp
 
 # What the policy needs of a placed job's record (see `running`)
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
@@ -210,7 +209,7 @@ class PassReader:
                         spec.preemption_grace_seconds if spec else None),
                     preempted_by=preempted_by or "",
                     preempt_deadline_ms=int(deadline) if deadline else None)
-            if complete_stamp(stamp):
+            if stamp:
                 self._running[job_id] = (stamp, values, job)
             running.append(job)
         return running

@@ -25,8 +25,9 @@ return table.concat(out, '\0')
 
 # HMGET_JOINED for records the caller may hold already: per hash, the
 # caller's stamp of it (ARGV[i], '': none) against its stamp now
-# (`version:queue_seq:mode`); '\2' alone where they are equal (and the record
-# has a version and a submission), else the stamp now and the fields' values
+# (`version:queue_seq:mode`, '' for a record without a version or a
+# submission: gone, or written by an old version, so never matched); '\2'
+# alone where they are equal, else the stamp now and the fields' values
 # ('\1': not there). The fields follow the stamps in ARGV.
 HMGET_STAMPED = Script(
     "hmget_stamped",
@@ -37,8 +38,9 @@ local n = #KEYS
 local out = {}
 for i, key in ipairs(KEYS) do
   local got = redis.call('HMGET', key, 'version', 'queue_seq', 'mode', unpack(ARGV, n + 1))
-  local stamp = (got[1] or '') .. ':' .. (got[2] or '') .. ':' .. (got[3] or '')
-  if ARGV[i] ~= '' and got[1] and got[2] and stamp == ARGV[i] then
+  local stamp = ''
+  if got[1] and got[2] then stamp = got[1] .. ':' .. got[2] .. ':' .. (got[3] or '') end
+  if stamp ~= '' and stamp == ARGV[i] then
     out[#out + 1] = '\2'
   else
     out[#out + 1] = stamp

@@ -22,12 +22,6 @@ from shared.state.store import StoreCore
 SORT_READ_CHUNK = 2000  # hashes `read_fields` reads per script call: about 1 ms of Redis
 _MISSING = "\x01"  # what scripts.HMGET_JOINED answers for a field that is not there
 _UNCHANGED = "\x02"  # what scripts.HMGET_STAMPED answers for a record held already
-
-
-def complete_stamp(stamp: str) -> bool:
-    """A stamp `read_stamped_fields` can match: version and queue_seq known."""
-    version, _, rest = stamp.partition(":")
-    return bool(version) and bool(rest.partition(":")[0])
 # keys per HGETALL_MANY or QUEUED_RECORDS call (each call holds Redis for its length)
 READ_MANY = 10_000
 
@@ -131,10 +125,9 @@ class ListingMixin(StoreCore):
         each hash, None where its stamp (`version:queue_seq:mode`: every
         write of a record but its waiting reason and its mode moves the
         version, and a name submitted again has a new queue_seq) is the one
-        in `stamps`
-        ('': none held), else the stamp now and the fields. A stamp with no
-        version or no queue_seq (a record gone, or written by an old
-        version) never matches: hold only complete ones (`complete_stamp`)."""
+        in `stamps` ('': none held), else the stamp now and the fields. The
+        stamp is '' for a record that cannot be matched (gone, or without a
+        version or queue_seq): not worth holding."""
         width = len(fields)
         values: list[tuple[str, list[str | None]] | None] = []
         for start in range(0, len(hashes), chunk):
