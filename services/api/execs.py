@@ -3,9 +3,9 @@
 The view checks who may (the job's owner and admins, as for the job's logs),
 that the task runs now, and the caller's cap of concurrent execs (a lease
 per exec, services/api/follows.py's leases under keys.exec_leases); then it
-writes the request with the audit record (the job's "exec" event and the
-counter) in one transaction, sends the request's id to the task's node, and
-waits for the node's answer (shared/state/execs.py). The API never reaches a
+writes the request, its call to the task's node (shared/state/nodecalls.py)
+and the audit record (the job's "exec" event and the counter) in one
+transaction, and waits for the node's answer (shared/state/execs.py). The API never reaches a
 node's Docker engine itself.
 """
 
@@ -26,7 +26,7 @@ from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from shared.domain.models import Job, split_job_id
 from shared.domain.states import JobState, TaskState
-from shared.state import execs, keys, telemetry
+from shared.state import execs, keys, nodecalls, telemetry
 from shared.state.execs import ExecRequest, Outcome
 from shared.state.store import Store, connect
 
@@ -87,7 +87,6 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
                                   node=node, argv=body["command"],
                                   timeout_seconds=body["timeoutSec"], user=caller.username)
         _record(pai.store, request)
-        pai.messenger.exec_command(node, request.id)
         result = execs.wait_result(state.waits.r, request.id, execs.answer_seconds(
             request.timeout_seconds, pai.settings.exec_answer_margin_seconds))
     if result is None:
@@ -118,9 +117,10 @@ def running_node(job: Job, role: str, index: int) -> str:
 
 
 def _record(store: Store, request: ExecRequest) -> None:
-    """The request for its node, and the audit of it, written together."""
+    """The request, the call to its node and the audit of it, written together."""
     pipe = store.pipeline(atomic=True)
     execs.write_request(pipe, request)
+    nodecalls.send(pipe, request.node, nodecalls.Kind.EXEC, request.id)
     store.add_event(pipe, request.job_id, "exec", user=request.user, attempt=request.attempt,
                     role=request.role, index=request.index, argv=request.argv)
     telemetry.record(pipe, telemetry.TASK_EXECS, {"user": request.user})

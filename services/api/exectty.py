@@ -43,7 +43,7 @@ from services.api.platform import extension_of, platform
 from services.api.queries import ExecTtyQuerySchema, load_query, takes_query
 from shared.domain.jobspec import flat_errors
 from shared.infra.clock import now_ms
-from shared.state import execsessions, keys, telemetry
+from shared.state import execsessions, keys, nodecalls, telemetry
 from shared.state.execsessions import (
     ControlError,
     EndReason,
@@ -200,7 +200,6 @@ class _Session:
                 return
             self.request = started
         self._record()
-        platform().messenger.exec_session(self.request.exec.node, self.request.id)
         try:
             if not self._wait_started(answer_seconds):
                 return
@@ -242,10 +241,11 @@ class _Session:
             self.request.exec, argv=argv), cols=window.cols, rows=window.rows)
 
     def _record(self) -> None:
-        """The session for its node, and the audit of it, written together."""
+        """The session, the call to its node and the audit of it, written together."""
         store, request = platform().store, self.request
         pipe = store.pipeline(atomic=True)
         execsessions.write_request(pipe, request)
+        nodecalls.send(pipe, request.exec.node, nodecalls.Kind.TTY, request.id)
         store.add_event(pipe, request.exec.job_id, "exec-session", user=request.exec.user,
                         attempt=request.exec.attempt, role=request.exec.role,
                         index=request.exec.index, argv=request.exec.argv, session=request.id)

@@ -66,8 +66,8 @@ class TtySessions:
                                          pool_size=2 * settings.exec_tty_slots_per_node + 2))
 
     def open(self, session_id: str) -> None:
-        """Claim the session and serve it in a thread of its own; the Celery
-        thread returns at once."""
+        """Claim the session and serve it in a thread of its own; the feed of
+        calls (calls.py) goes on at once."""
         request = self.sessions.claim(session_id, self.node, self.node)
         if request is None:
             log.info("exec session %s: not for this node, gone, or taken before", session_id)

@@ -1,6 +1,7 @@
 """`pai-launcher`: this node's Celery worker on queue `launcher.<node>` (stops,
-preemptions, execs), the feed of its starts (services/launcher/starts.py),
-and the heartbeat thread that keeps the node's lease."""
+preemptions), the feeds of its starts (services/launcher/starts.py) and of
+its calls, execs and terminal sessions (services/launcher/calls.py), and the
+heartbeat thread that keeps the node's lease."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import threading
 
+from services.launcher.calls import launcher_calls
 from services.launcher.service import Launcher
 from services.launcher.starts import StartFeed
 from services.launcher.worker import create_launcher_app
@@ -58,6 +60,8 @@ def worker() -> None:
                      name="heartbeat").start()
     feed = StartFeed(StartReader(launcher.store.r, settings.node_name), launcher.start_task)
     threading.Thread(target=feed.run, args=(stop,), daemon=True, name="starts").start()
+    calls = launcher_calls(launcher)
+    threading.Thread(target=calls.run, args=(stop,), daemon=True, name="calls").start()
     try:
         app.worker_main(worker_argv(settings.node_name, settings.log_level))
     finally:

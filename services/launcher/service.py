@@ -242,11 +242,11 @@ class Launcher:
     def exec_command(self, request_id: str) -> None:
         """Claim an exec request and run it in the pool (shared/state/execs.py).
 
-        The claim takes the request once, and only for this node: a message
-        delivered again finds it taken, one naming another node is left
-        alone. A task that does not run here now, in its job's current
-        attempt, gets NOT_RUNNING; a full pool, BUSY. The Celery thread
-        returns at once: a command may run for minutes, and starts and stops
+        The claim takes the request once, and only for this node: a call
+        read again finds it taken, one naming another node is left alone. A
+        task that does not run here now, in its job's current attempt, gets
+        NOT_RUNNING; a full pool, BUSY. The feed of calls (calls.py) goes on
+        at once: a command may run for minutes, and the node's other calls
         must not wait behind it.
         """
         request = self.claims.claim(request_id, self.node.name, self.node.name)
@@ -275,10 +275,10 @@ class Launcher:
         way a task becomes RUNNING), taken without asking Docker. A container
         that stopped since is refused by Docker's exec, and the request is
         answered NOT_RUNNING then."""
-        job = self.store.get_job(request.job_id)
+        job, task = self.store.read_live_task(request.job_id, request.attempt, request.role,
+                                              request.index)
         if job is None or job.attempt != request.attempt or job.state != JobState.RUNNING:
             return None
-        task = self.store.get_task(request.job_id, request.attempt, request.role, request.index)
         if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:
             return None
         return task.container_id or None

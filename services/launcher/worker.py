@@ -1,7 +1,7 @@
 """The launcher's Celery tasks: thin wrappers that parse ids and call Launcher.
 
-Starts do not come this way: the launcher takes them from its node's stream
-(services/launcher/starts.py)."""
+Starts, execs and terminal sessions do not come this way: the launcher takes
+them from its node's streams (services/launcher/starts.py and calls.py)."""
 
 from __future__ import annotations
 
@@ -42,13 +42,5 @@ def create_launcher_app(
     @app.task(name=messaging.STOP_TASK, shared=False)
     def stop_task(job_id: str, attempt: int, role: str, index: int) -> None:
         launcher.stop_task(str(job_id), int(attempt), str(role), int(index))
-
-    @app.task(name=messaging.EXEC, shared=False)
-    def exec_command(request_id: str) -> None:
-        launcher.exec_command(str(request_id))
-
-    @app.task(name=messaging.EXEC_TTY, shared=False)
-    def exec_session(session_id: str) -> None:
-        launcher.tty.open(str(session_id))
 
     return app, launcher

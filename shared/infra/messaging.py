@@ -31,8 +31,6 @@ STOP_JOB = "pai.scheduler.stop_job"
 RECONCILE = "pai.scheduler.reconcile"
 STOP_TASK = "pai.launcher.stop_task"
 PREEMPT_TASK = "pai.launcher.preempt_task"
-EXEC = "pai.launcher.exec"
-EXEC_TTY = "pai.launcher.exec-tty"
 
 
 NO_KWARGS_REPR = "{}"  # every platform task takes its arguments by position
@@ -225,12 +223,3 @@ class Messenger:
 
     def preempt_task(self, node: str, job_id: str, attempt: int, role: str, index: int) -> None:
         self._send(PREEMPT_TASK, [job_id, attempt, role, index], launcher_queue(node))
-
-    def exec_command(self, node: str, request_id: str) -> None:
-        """Ask the node's launcher to run the exec request (shared/state/execs.py)."""
-        self._send(EXEC, [request_id], launcher_queue(node))
-
-    def exec_session(self, node: str, session_id: str) -> None:
-        """Ask the node's launcher to open the interactive session
-        (shared/state/execsessions.py)."""
-        self._send(EXEC_TTY, [session_id], launcher_queue(node))

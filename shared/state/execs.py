@@ -1,14 +1,15 @@
 """Exec: run a command in a task's running container, through its node's launcher.
 
 The API never holds a node's Docker socket. It writes an exec request
-(keys.exec_request: a hash that expires) and sends its id to the node's
-launcher queue (messaging.EXEC_TASK). The launcher claims the request in one
-script (it exists, names this node, and nobody claimed it: a redelivered
-message finds it claimed and does nothing), checks that the task still runs
-there in the job's current attempt, runs the command with Docker's exec API
-in a bounded pool, and pushes the outcome on keys.exec_result, where the API
-waits for it (BLPOP). Both keys expire, so an answer nobody waits for, or a
-request no launcher took, leaves nothing behind.
+(keys.exec_request: a hash that expires) and, in the same transaction, a call
+naming it on the node's stream of calls (shared/state/nodecalls.py). The
+launcher claims the request in one script (it exists, names this node, and
+nobody claimed it: a call read again finds it claimed and does nothing),
+checks that the task still runs there in the job's current attempt, runs the
+command with Docker's exec API in a bounded pool, and pushes the outcome on
+keys.exec_result, where the API waits for it (BLPOP). Both keys expire, so an
+answer nobody waits for, or a request no launcher took, leaves nothing
+behind.
 
 The pure parts live here too: the argv rules, the output cap, the reader of
 Docker's multiplexed stream, and the check that a host PID belongs to a
@@ -217,7 +218,7 @@ class Claims:
 
     def claim(self, request_id: str, node: str, claimer: str) -> ExecRequest | None:
         """The request, if this call took it for `node`; None when it is gone,
-        names another node, or was taken before (a redelivered message)."""
+        names another node, or was taken before (a call read again)."""
         fields = claim_hash(self.r, keys.exec_request(request_id), node, claimer)
         return None if fields is None else ExecRequest.from_fields(request_id, fields)
 

@@ -6,7 +6,7 @@ node's launcher (which holds Docker's exec socket):
 
 - keys.exec_session: the session's request, a hash that lives while the API
   renews it (SESSION_TTL_SECONDS, renewed every RENEW_SECONDS). The launcher
-  claims it once (a redelivered message finds it claimed) and writes its
+  claims it once (a call read again finds it claimed) and writes its
   heartbeat in it (`beat`). When the hash is gone -- the client left and the
   API deleted it, or the API died and it expired -- the launcher kills the
   exec'd process and ends.

@@ -167,6 +167,12 @@ def node_starts(name: str) -> str:
     return f"{PREFIX}node:{name}:starts"
 
 
+def node_calls(name: str) -> str:
+    """Stream: the exec requests and terminal sessions the API sent the node,
+    read by its launcher in a consumer group (shared/state/nodecalls.py)."""
+    return f"{PREFIX}node:{name}:calls"
+
+
 # -- users and virtual clusters ------------------------------------------
 USERS = PREFIX + "users"
 VCS = PREFIX + "vcs"

@@ -1,31 +1,18 @@
 """A node's starts: the stream from which its launcher takes the tasks placed
-on it.
+on it (one of the node's streams, shared/state/nodestreams.py: read in a
+consumer group, at least once).
 
 The scheduler is the one writer (a pass's placements, a launch sent again
 when its lease fell due, a task retry's relaunch): one entry per node a send
-names, listing that node's tasks. The node's launcher is the one reader, in
-the consumer group GROUP. Delivery is at least once, as with a Celery
-message:
+names, listing that node's tasks. An entry stays pending until its starts
+ran, and a launcher reads what was left pending when it begins and every so
+often after, for a start that failed on the way. A start is idempotent: the
+launcher checks that the task is still its own to start, and finds a
+container made before by its name.
 
-- an entry the launcher took stays pending until it is `done`, after its
-  starts ran; `done` acknowledges and deletes it, so the stream holds only
-  what no launcher has finished;
-- a launcher reads its pending entries (`pending`) when it starts, so what a
-  killed launcher (or the launcher the node's name had before) took and did
-  not finish is started by the next one, and again every so often, for a
-  start that failed on the way;
-- a start is idempotent: the launcher checks that the task is still its own
-  to start, and finds a container made before by its name.
-
-An entry no launcher reads (its node down) is trimmed once the stream passes
-MAX_ENTRIES; the launch lease (the scheduler's `retry_stale_launches`) sends
-again what was trimmed or never sent.
-
-Why not a Celery message: a start is on the path of every GPU's turn, and a
-Celery message costs its sender and its worker most of a millisecond of CPU
-(kombu's encoding, the worker's bookkeeping) where an entry is one XADD in
-a pipeline and one read; a short job's launcher spends about 1 ms less
-(docs/performance-log.md, 2026-11-28).
+An entry trimmed before a launcher read it (its node down) is sent again by
+the launch lease (the scheduler's `retry_stale_launches`), as is one never
+sent.
 """
 
 from __future__ import annotations
@@ -36,20 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
-from shared.state import keys
+from shared.state import keys, nodestreams
+from shared.state.nodestreams import GroupReader
 from shared.state.store import compact_json
 
 log = logging.getLogger("pai.starts")
 
-GROUP = "launcher"
-# One launcher holds a node's name at a time (shared/state/nodeagent.py), so
-# the group has one consumer: a launcher that takes the name over reads the
-# entries its predecessor left pending as its own.
-CONSUMER = "launcher"
 FIELD = "tasks"
-MAX_ENTRIES = 1000
 
 # (job id, attempt, role, index): a task of an attempt
 StartRef = tuple[str, int, str, int]
@@ -71,9 +51,8 @@ def send(client: Any, starts: Mapping[str, Sequence[StartRef]]) -> None:
         return
     pipe = client.pipeline(transaction=False)
     for node, tasks in sending.items():
-        pipe.xadd(keys.node_starts(node),
-                  {FIELD: compact_json([list(task) for task in tasks])},
-                  maxlen=MAX_ENTRIES, approximate=True)
+        nodestreams.add(pipe, keys.node_starts(node),
+                        {FIELD: compact_json([list(task) for task in tasks])})
     pipe.execute()
 
 
@@ -91,48 +70,8 @@ def parse(entry_id: str, fields: Mapping[str, str] | None) -> Entry:
     return Entry(entry_id, tasks)
 
 
-class StartReader:
-    """The launcher's side of one node's stream."""
+class StartReader(GroupReader[Entry]):
+    """The launcher's side of one node's starts."""
 
     def __init__(self, client: Any, node: str) -> None:
-        self.client = client
-        self.key = keys.node_starts(node)
-
-    def join(self) -> None:
-        """Create the group (and the stream) if there is none yet, from the
-        stream's first entry: what was sent before any launcher of the node
-        ran is read too."""
-        try:
-            self.client.xgroup_create(self.key, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as error:
-            if "BUSYGROUP" not in str(error):
-                raise
-
-    def take(self, count: int, block_ms: int) -> list[Entry]:
-        """Entries no launcher took yet, waiting up to `block_ms` for one."""
-        return self._read(">", count, block_ms)
-
-    def pending(self, count: int, after: str = "0") -> list[Entry]:
-        """Entries taken and not done, oldest first, from past `after`."""
-        return self._read(after, count, None)
-
-    def done(self, entry_ids: Sequence[str]) -> None:
-        """Acknowledge and delete entries whose starts ran."""
-        if not entry_ids:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xack(self.key, GROUP, *entry_ids)
-        pipe.xdel(self.key, *entry_ids)
-        pipe.execute()
-
-    def _read(self, since: str, count: int, block_ms: int | None) -> list[Entry]:
-        try:
-            answer = self.client.xreadgroup(GROUP, CONSUMER, {self.key: since}, count=count,
-                                            block=block_ms)
-        except redis.ResponseError as error:
-            if "NOGROUP" not in str(error):
-                raise
-            self.join()  # no group yet (a new node), or the stream was deleted: join
-            return []
-        return [parse(entry_id, fields) for _, entries in answer or ()
-                for entry_id, fields in entries]
+        super().__init__(client, keys.node_starts(node), parse)

@@ -2,7 +2,7 @@
 launcher into a real container's TTY.
 
 The API is served on a free 127.0.0.1 port (werkzeug's threaded server, as
-Flask's own), the node's launcher is a Celery worker on the node's queue and
+Flask's own), the node's launcher reads its node's calls on a thread, and
 the task's container runs on the test Docker engine (tests/integration/
 test_execs.py's setting, whose `run_task` this reuses).
 """
@@ -33,7 +33,6 @@ from urllib.parse import urlencode
 import docker
 import pytest
 import redis
-from celery.contrib.testing.worker import start_worker
 from simple_websocket import Client, ConnectionClosed, ConnectionError
 
 from pai_cli.logins import Cluster, Logins, save
@@ -43,7 +42,6 @@ from services.api.auth import issue_token
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
-from shared.infra import messaging
 from shared.infra.config import Settings
 from shared.node.containers import LABEL_NODE, TaskRef
 from shared.state import keys, telemetry
@@ -51,7 +49,7 @@ from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, served
 from tests.support.api_process import Api
-from tests.support.launcher_rig import run_task
+from tests.support.launcher_rig import run_task, serving_calls
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -83,11 +81,10 @@ def settings(request: pytest.FixtureRequest, redis_server: str, redis_client: re
 
 @pytest.fixture
 def launcher(settings: Settings, test_labels: dict[str, str]) -> Iterator[Launcher]:
-    """The node's launcher, consuming its queue."""
-    app, launcher = create_launcher_app(settings, extra_labels=test_labels)
+    """The node's launcher, reading its node's calls."""
+    _, launcher = create_launcher_app(settings, extra_labels=test_labels)
     launcher.store.register_node(launcher.node)
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      queues=[messaging.launcher_queue(settings.node_name)]):
+    with serving_calls(launcher):
         yield launcher
 
 

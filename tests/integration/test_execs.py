@@ -1,7 +1,7 @@
 """Exec into a running task: the API, the node's launcher and Docker, all real.
 
-The API runs in Flask's test client; the node's launcher is a Celery worker
-on the node's queue (celery.contrib.testing), its containers on the test
+The API runs in Flask's test client; the node's launcher reads its node's
+calls (services/launcher/calls.py) on a thread, its containers on the test
 Docker engine. A task is made RUNNING as the monitor would (mark_task_running)
 once its container started.
 """
@@ -19,8 +19,6 @@ from typing import Any
 import docker
 import pytest
 import redis
-from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from flask.testing import FlaskClient
 
 from services.api import execs as api_execs
@@ -28,15 +26,15 @@ from services.api.app import create_app
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
-from shared.infra import messaging
 from shared.infra.config import Settings
 from shared.node.containers import LABEL_NODE, TaskRef
-from shared.state import execs, keys, telemetry
+from shared.state import execs, keys, nodecalls, telemetry
 from shared.state.execs import ExecRequest, Outcome
 from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, error_of, signed_in
-from tests.support.launcher_rig import JOB, run_task
+from tests.support.launcher_rig import JOB, run_task, serving_calls
+from tests.support.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -58,23 +56,16 @@ def settings(redis_server: str, redis_client: redis.Redis, tmp_path: Path,
 
 
 @pytest.fixture
-def launcher_app(settings: Settings, test_labels: dict[str, str]) -> tuple[Celery, Launcher]:
-    app, launcher = create_launcher_app(settings, extra_labels=test_labels)
+def launcher(settings: Settings, test_labels: dict[str, str]) -> Launcher:
+    _, launcher = create_launcher_app(settings, extra_labels=test_labels)
     launcher.store.register_node(launcher.node)
-    return app, launcher
+    return launcher
 
 
 @pytest.fixture
-def launcher(launcher_app: tuple[Celery, Launcher]) -> Launcher:
-    return launcher_app[1]
-
-
-@pytest.fixture
-def worker(launcher_app: tuple[Celery, Launcher], settings: Settings) -> Iterator[Launcher]:
-    """The node's launcher, consuming its queue."""
-    app, launcher = launcher_app
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      queues=[messaging.launcher_queue(settings.node_name)]):
+def worker(launcher: Launcher) -> Iterator[Launcher]:
+    """The node's launcher, reading its node's calls."""
+    with serving_calls(launcher):
         yield launcher
 
 
@@ -262,7 +253,7 @@ def test_a_node_that_does_not_answer_is_504(launcher: Launcher, settings: Settin
     admin = signed_in(client, "root")
     assert admin.post("/api/v1/user", json={"username": "alice",
                                             "password": "secret-pw"}).status_code == 201
-    run_task(Store(redis_client), launcher, test_image)  # no worker takes the node's queue
+    run_task(Store(redis_client), launcher, test_image)  # no launcher reads the node's calls
 
     resp = signed_in(client, "alice").post(EXEC_URL, json={"command": ["id"], "timeoutSec": 1})
     assert error_of(resp, 504) == "GatewayTimeoutError"
@@ -283,29 +274,28 @@ def forge(redis_client: redis.Redis, job_id: str, node: str, argv: list[str], *,
     return request
 
 
-def test_a_redelivered_message_runs_the_command_once(
-        launcher_app: tuple[Celery, Launcher], running: str,
-        redis_client: redis.Redis) -> None:
-    app, launcher = launcher_app
-    request = forge(redis_client, running, launcher.node.name,
+def test_a_call_read_twice_runs_the_command_once(worker: Launcher, running: str,
+                                                 redis_client: redis.Redis) -> None:
+    request = forge(redis_client, running, worker.node.name,
                     ["sh", "-c", "echo ran >> /tmp/ran; echo done"])
-    handler = app.tasks[messaging.EXEC]
-    handler.apply(args=[request.id]).get()
-    handler.apply(args=[request.id]).get()  # the same message again
+    pipe = redis_client.pipeline()
+    nodecalls.send(pipe, worker.node.name, nodecalls.Kind.EXEC, request.id)
+    nodecalls.send(pipe, worker.node.name, nodecalls.Kind.EXEC, request.id)  # the same again
+    pipe.execute()
 
     result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
     assert result is not None and result.outcome == Outcome.DONE
     assert result.output == "done\n"
-    assert in_container(launcher, running, "cat /tmp/ran") == "ran\n"
+    wait_for(lambda: redis_client.xlen(keys.node_calls(worker.node.name)) == 0,
+             "both calls handled")
+    assert in_container(worker, running, "cat /tmp/ran") == "ran\n"
     assert redis_client.llen(keys.exec_result(request.id)) == 0  # one answer only
 
 
-def test_a_request_for_another_node_does_nothing(
-        launcher_app: tuple[Celery, Launcher], running: str,
-        redis_client: redis.Redis) -> None:
-    app, launcher = launcher_app
+def test_a_request_for_another_node_does_nothing(launcher: Launcher, running: str,
+                                                 redis_client: redis.Redis) -> None:
     request = forge(redis_client, running, "node-elsewhere", ["sh", "-c", "touch /tmp/forged"])
-    app.tasks[messaging.EXEC].apply(args=[request.id]).get()
+    launcher.exec_command(request.id)
 
     assert not redis_client.exists(keys.exec_result(request.id))
     assert redis_client.hget(keys.exec_request(request.id), execs.CLAIMED) is None
@@ -313,13 +303,11 @@ def test_a_request_for_another_node_does_nothing(
         "No such file or directory\n")
 
 
-def test_a_request_for_another_attempt_is_not_run(
-        launcher_app: tuple[Celery, Launcher], running: str,
-        redis_client: redis.Redis) -> None:
-    app, launcher = launcher_app
+def test_a_request_for_another_attempt_is_not_run(launcher: Launcher, running: str,
+                                                  redis_client: redis.Redis) -> None:
     request = forge(redis_client, running, launcher.node.name,
                     ["sh", "-c", "touch /tmp/forged"], attempt=1)
-    app.tasks[messaging.EXEC].apply(args=[request.id]).get()
+    launcher.exec_command(request.id)
 
     result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
     assert result is not None and result.outcome == Outcome.NOT_RUNNING
@@ -327,9 +315,7 @@ def test_a_request_for_another_attempt_is_not_run(
         "No such file or directory\n")
 
 
-def test_an_expired_or_unknown_request_does_nothing(
-        launcher_app: tuple[Celery, Launcher], running: str,
-        redis_client: redis.Redis) -> None:
-    app, _ = launcher_app
-    app.tasks[messaging.EXEC].apply(args=["no-such-request"]).get()
+def test_an_expired_or_unknown_request_does_nothing(launcher: Launcher, running: str,
+                                                    redis_client: redis.Redis) -> None:
+    launcher.exec_command("no-such-request")
     assert not redis_client.exists(keys.exec_result("no-such-request"))

@@ -12,7 +12,8 @@ import redis
 
 from services.launcher.starts import StartFeed
 from shared.state import keys, starts
-from shared.state.starts import GROUP, StartReader, StartRef
+from shared.state.nodestreams import GROUP, MAX_ENTRIES
+from shared.state.starts import StartReader, StartRef
 
 pytestmark = pytest.mark.redis
 
@@ -101,10 +102,10 @@ def test_an_entry_that_does_not_parse_names_nothing() -> None:
 
 
 def test_the_stream_of_a_node_no_launcher_reads_is_bounded(redis_client: redis.Redis) -> None:
-    for _ in range(starts.MAX_ENTRIES * 2):
+    for _ in range(MAX_ENTRIES * 2):
         starts.send(redis_client, {NODE: [A]})
 
-    assert redis_client.xlen(keys.node_starts(NODE)) < starts.MAX_ENTRIES * 2
+    assert redis_client.xlen(keys.node_starts(NODE)) < MAX_ENTRIES * 2
 
 
 # ------------------------------------------------------------------ the feed

@@ -3,8 +3,10 @@ roots and the containers it starts, removed at the end."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import redis
 from docker.models.containers import Container
 
+from services.launcher.calls import launcher_calls
 from services.launcher.inventory import discover_node
 from services.launcher.runtime import DockerRuntime
 from services.launcher.service import Launcher
@@ -140,3 +143,18 @@ def run_task(store: Store, launcher: Launcher, image: str, *, owner: str = "alic
     assert container is not None and container.status == "running"
     assert mark_task_running(store, job.id, 0, "main", 0, str(container.id))
     return job.id
+
+
+@contextmanager
+def serving_calls(launcher: Launcher) -> Iterator[Launcher]:
+    """The launcher's feed of calls (execs, terminal sessions) on a thread of
+    its own, as pai-launcher runs it."""
+    stop = threading.Event()
+    thread = threading.Thread(target=launcher_calls(launcher, block_ms=100).run, args=(stop,),
+                              daemon=True, name="calls")
+    thread.start()
+    try:
+        yield launcher
+    finally:
+        stop.set()
+        thread.join(WAIT_SECONDS)

@@ -58,6 +58,7 @@ LITERAL_KEYS = [
     pytest.param(keys.node_alloc("gpu-01"), "pai:node:gpu-01:alloc", id="node_alloc"),
     pytest.param(keys.node_lease("gpu-01"), "pai:node:gpu-01:lease", id="node_lease"),
     pytest.param(keys.node_starts("gpu-01"), "pai:node:gpu-01:starts", id="node_starts"),
+    pytest.param(keys.node_calls("gpu-01"), "pai:node:gpu-01:calls", id="node_calls"),
     pytest.param(keys.user("alice"), "pai:user:alice", id="user"),
     pytest.param(keys.user_token_epoch("alice"), "pai:user:alice:token-epoch",
                  id="user_token_epoch"),

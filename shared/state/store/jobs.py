@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared.domain.archive import Archive
-from shared.domain.models import Attempt, Job, Task
+from shared.domain.models import Attempt, Job, Task, task_key
 from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import JobState, check_job_move
 from shared.infra.clock import now_ms
@@ -185,6 +185,18 @@ class JobsMixin(StoreCore):
         job = Job.from_fields({"id": job_id, **fields}) if fields else None
         return (job, _in_task_order(_tasks_from(raw_tasks).values()),
                 json.loads(raw_config) if raw_config else None)
+
+    def read_live_task(self, job_id: str, attempt: int, role: str, index: int
+                       ) -> tuple[Job | None, Task | None]:
+        """The job's record and one task of the attempt, in one round trip:
+        what a launcher reads to find a task it runs. A live job is never
+        compacted, so a job without a hash counts as gone."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(keys.job(job_id))
+        pipe.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
+        fields, raw_task = pipe.execute()
+        return (Job.from_fields({"id": job_id, **fields}) if fields else None,
+                Task.from_dict(json.loads(raw_task)) if raw_task else None)
 
     def get_config(self, job_id: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.job_config(job_id))
