@@ -19,7 +19,7 @@ from shared.domain.gpuhealth import GpuFault
 from shared.domain.lease import conditions_of
 from shared.domain.models import Allocation, Node
 from shared.infra.config import Settings
-from shared.state import gpufaults, leases
+from shared.state import gpufaults, leases, passwake
 from shared.state.lifecycle import claim_pass_request
 from shared.state.store import NodeNotFound, Store
 
@@ -166,7 +166,7 @@ def clear_gpu_fault(name: str, index: int) -> dict[str, Any]:
     log.info("%s cleared GPU %d of node %s (was: %s)", current_user().username, index, name,
              cleared.reason)
     if claim_pass_request(platform().store):  # waiting jobs may fit now
-        platform().messenger.schedule()
+        passwake.ring_now(platform().store.r)
     return _node_or_404(name)
 
 

@@ -45,7 +45,7 @@ from shared.domain.models import Job, JobSpec, Node, job_id_of
 from shared.domain.priority import PriorityClass
 from shared.domain.states import TaskState
 from shared.infra.clock import now_ms
-from shared.state import checkpoints, idle, keys, sshkeys, tasksamples
+from shared.state import checkpoints, idle, keys, passwake, sshkeys, tasksamples
 from shared.state.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
 from shared.state.lifecycle import delete_job, queue_new_job, request_stop
 from shared.state.retention import remove_logs
@@ -314,7 +314,7 @@ def _submit_decided(username: str, body: Any, remembered: bool,
     job = queued.job
     try:
         if queued.pass_claimed:
-            pai.messenger.schedule()
+            passwake.ring_now(pai.store.r)
     except (RedisError, OperationalError) as error:
         # The job is stored and queued: the scheduler's periodic pass places
         # it. A 503 now would send the client back to submit it again, and

@@ -57,6 +57,7 @@ from shared.node.containers import (
     task_ref_from_labels,
 )
 from shared.node.engine import EngineCalls
+from shared.state import passwake
 from shared.state.lifecycle import mark_task_running
 from shared.state.store import Store
 from shared.state.taskexits import ExitReport, record_task_exit
@@ -212,7 +213,7 @@ class Monitor:
         # The exit's own transaction freed the task's allocation (and queued
         # the retry, if any): what is left is a pass. Asked for a repeated
         # report too, for a monitor that died between settling and asking.
-        self.messenger.schedule()
+        passwake.ring_now(self.store.r)
         return report
 
     def handle_created(self, container: Container) -> bool:

@@ -1,4 +1,5 @@
-"""`pai-scheduler`: the Celery worker on queue `scheduler`, plus the repair loop."""
+"""`pai-scheduler`: the Celery worker on queue `scheduler`, the thread that
+answers the doorbell (shared/state/passwake.py), and the repair loop."""
 
 from __future__ import annotations
 
@@ -7,16 +8,33 @@ import threading
 from collections.abc import Callable
 
 from services.scheduler.nodes import REPAIR_SECONDS
+from services.scheduler.service import Scheduler
 from services.scheduler.worker import create_scheduler_app
 from shared.infra.config import load_settings
+from shared.infra.links import BLOCK_CHUNK_SECONDS
 from shared.infra.logs import setup_logging
 from shared.infra.supervise import serve, work_beside
-from shared.state import telemetry
+from shared.state import passwake, telemetry
 from shared.state.clock import start_sync_thread
 
 log = logging.getLogger("pai.scheduler")
 
 RECONCILE_SECONDS = REPAIR_SECONDS
+RETRY_SECONDS = 1.0
+
+
+def wake_loop(scheduler: Scheduler, stop: threading.Event,
+              block_seconds: float = BLOCK_CHUNK_SECONDS) -> None:
+    """Answer the doorbell until `stop`: a pass for each ring taken (the pass
+    gate folds those that come during a pass into one more). A lost link is
+    waited out; the repair loop's passes go on meanwhile."""
+    while not stop.is_set():
+        try:
+            if passwake.wait(scheduler.store.r, block_seconds):
+                scheduler.request_pass()
+        except Exception:
+            log.exception("pass request not taken; trying again in %.0f s", RETRY_SECONDS)
+            stop.wait(RETRY_SECONDS)
 
 
 def repair_loop(scheduler_reconcile: Callable[[], None], stop: threading.Event,
@@ -41,6 +59,7 @@ def worker() -> None:
     app, scheduler = create_scheduler_app(settings)
     stop = threading.Event()
     start_sync_thread(scheduler.store.r, stop)  # one clock with the nodes (Redis TIME)
+    threading.Thread(target=wake_loop, args=(scheduler, stop), daemon=True, name="wake").start()
     name = telemetry.scheduler_name()
     work_beside(app, ["worker", "-Q", "scheduler", "--pool", "solo", "-n", "scheduler@%h",
                       "--without-gossip", "--without-mingle", "--without-heartbeat",

@@ -11,6 +11,7 @@ message or a second replica does no harm.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections import Counter
@@ -86,7 +87,9 @@ class Scheduler:
         self.gate = PassGate(store)
         self._hard_stops: dict[str, int] = {}  # job id -> when its last hard stop was sent
         self._deferred = 0  # pass requests left to the messages behind them, in a row
-        self._requested = False  # the message being handled asked for a pass
+        # whether the message being handled asked for a pass: per thread, as
+        # the doorbell's and the repair loop's threads ask for passes too
+        self._handling = threading.local()
         self.warden = NodeWarden(settings, store, self.fail_node_tasks, self.fail_launch)
 
     # ------------------------------------------------------------ passes
@@ -104,7 +107,7 @@ class Scheduler:
         row, so a queue that never empties still gets its passes. `if_dirty`:
         only if a pass was asked for and has not run yet.
         """
-        self._requested = True
+        self._handling.requested = True
         defer = deferrable and self._deferred < MAX_DEFERRED
         token = uuid.uuid4().hex
         began = self.gate.begin(token, defer=defer, if_dirty=if_dirty)
@@ -131,11 +134,11 @@ class Scheduler:
         """Around the handling of one scheduler message: if it asked for no
         pass itself, it runs the pass an earlier message left to it (the
         dirty flag), unless more messages still wait behind it."""
-        self._requested = False
+        self._handling.requested = False
         try:
             yield
         finally:
-            if not self._requested:
+            if not self._handling.requested:
                 self.request_pass(deferrable=True, if_dirty=True)
 
     def run_pass(self) -> PassStats:

@@ -20,6 +20,8 @@ def create_scheduler_app(settings: Settings) -> tuple[Celery, Scheduler]:
     app = make_celery(settings, "pai-scheduler")
     scheduler = Scheduler(settings, Store.from_url(settings.redis_url), Messenger(app))
 
+    # Sent by services of an earlier version; today's ring the doorbell
+    # (shared/state/passwake.py), which the wake thread answers (run.py).
     @app.task(name=messaging.SCHEDULE, shared=False)
     def schedule() -> None:
         with scheduler.message():

@@ -17,8 +17,10 @@ QUEUE_SEQ = PREFIX + "queue:seq"  # counter giving each queued attempt its place
 LAUNCHING = PREFIX + "launching"  # zset "job:attempt:role:index" -> launch deadline ms
 SCHEDULER_LOCK = PREFIX + "lock:scheduler"
 SCHEDULERS = PREFIX + "schedulers"  # zset scheduler replica -> last heartbeat ms
-# set while a "schedule" message is on its way: later submits need not send one
+# set while a pass request is on its way: later submits need not send one
 PASS_REQUESTED = PREFIX + "scheduler:pass-requested"
+# list of at most one entry: the schedulers' doorbell (shared/state/passwake.py)
+SCHEDULER_WAKE = PREFIX + "scheduler:wake"
 # set when a pass is asked for while another holds the lock (services/scheduler/gate.py)
 SCHEDULER_DIRTY = PREFIX + "scheduler:dirty"
 # zset job id -> completed ms: finished jobs whose record is not compacted yet

@@ -54,8 +54,8 @@ def submit_job(store: Store, username: str, config: dict[str, Any], *,
 @dataclass(frozen=True)
 class Queued:
     job: Job
-    # This submit set the pass flag (see `claim_pass_request`): it sends the
-    # scheduler its "schedule" message.
+    # This submit set the pass flag (see `claim_pass_request`): it rings the
+    # schedulers' doorbell (shared/state/passwake.py).
     pass_claimed: bool
 
 
@@ -189,12 +189,13 @@ def request_stop(store: Store, job_id: str, reason: str = STOPPED_BY_USER) -> Jo
 
 
 def claim_pass_request(store: Store) -> bool:
-    """Should this caller send the scheduler a "schedule" message? Only when
-    none is on its way: a burst of submits then costs one message, not one each.
+    """Should this caller ring the schedulers' doorbell (shared/state/passwake.py)?
+    Only when no request is on its way: a burst of submits then costs one ring,
+    not one each.
 
     The scheduler clears the flag (`take_pass_request`) before its pass reads
     the queue, so a job queued while the flag was set is seen by the pass the
-    pending message starts. The flag expires, so a lost message delays jobs by
+    pending ring starts. The flag expires, so a lost ring delays jobs by
     at most PASS_REQUEST_TTL_MS (and the scheduler's periodic pass repairs even
     that). A submit claims it inside its create script (`queue_new_job`);
     this is the same claim for any other caller.

@@ -27,7 +27,7 @@ def test_submit_stores_a_waiting_job_and_asks_for_a_pass(
     assert resp.json == {"name": "mnist", "username": "alice", "state": "WAITING",
                          "url": "/api/v1/user/alice/jobs/mnist", "ignoredFields": ["authFile"]}
     assert redis_client.zrange(keys.QUEUE, 0, -1) == ["alice~mnist"]
-    assert redis_client.llen("scheduler") == 1  # the Celery message for a pass
+    assert redis_client.lrange(keys.SCHEDULER_WAKE, 0, -1) == ["1"]  # a pass asked for
 
 
 def test_detail_has_the_openpai_shape(client: AuthedClient) -> None:

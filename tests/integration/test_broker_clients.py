@@ -19,8 +19,8 @@ from shared.infra import links
 from shared.infra.config import Settings
 from shared.infra.messaging import (
     ATTEMPT_ENDED,
-    SCHEDULE,
     SCHEDULER_QUEUE,
+    STOP_JOB,
     TRANSPORT,
     Messenger,
     broker_queue_key,
@@ -95,11 +95,11 @@ def test_a_sent_message_names_its_arguments_without_celerys_saferepr(
     redis_client.delete(queue)
 
     messenger.attempt_ended("alice~job-1", 3)
-    messenger.schedule()
+    messenger.stop_job("bob~job-2")
 
     sent = [json.loads(raw) for raw in reversed(redis_client.lrange(queue, 0, -1))]
-    assert [m["headers"]["task"] for m in sent] == [ATTEMPT_ENDED, SCHEDULE]
+    assert [m["headers"]["task"] for m in sent] == [ATTEMPT_ENDED, STOP_JOB]
     assert [(m["headers"]["argsrepr"], m["headers"]["kwargsrepr"]) for m in sent] == [
-        ("['alice~job-1', 3]", "{}"), ("[]", "{}")]
+        ("['alice~job-1', 3]", "{}"), ("['bob~job-2']", "{}")]
     bodies = [json.loads(base64.b64decode(m["body"])) for m in sent]
-    assert [body[:2] for body in bodies] == [[["alice~job-1", 3], {}], [[], {}]]
+    assert [body[:2] for body in bodies] == [[["alice~job-1", 3], {}], [["bob~job-2"], {}]]

@@ -19,7 +19,7 @@ from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.node.containers import TaskRef
 from shared.node.nvml import Nvml
-from shared.state import gpufaults, keys
+from shared.state import gpufaults, keys, passwake
 from shared.state.lifecycle import mark_task_running, submit_job
 from shared.state.placing import commit_placement
 from shared.state.store import Store
@@ -153,6 +153,7 @@ def test_nodes_show_the_fault_and_an_admin_clears_it(
     cleared = admin.delete("/api/v1/nodes/n1/gpus/1/fault")
     assert cleared.status_code == 200, cleared.json
     assert (cleared.json["gpuUnhealthy"], cleared.json["gpus"][1]["healthy"]) == (0, True)
+    assert redis_client.lrange(passwake.KEY, 0, -1) == ["1"]  # waiting jobs may fit now
     again = admin.delete("/api/v1/nodes/n1/gpus/1/fault")
     assert (again.status_code, again.json["code"]) == (404, "NoGpuFaultError")
 

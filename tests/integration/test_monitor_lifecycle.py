@@ -21,7 +21,7 @@ from services.monitor.service import Monitor, ReconcileSummary
 from shared.domain.models import Job, attempt_task_key
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
-from shared.infra.messaging import ATTEMPT_ENDED, SCHEDULE
+from shared.infra.messaging import ATTEMPT_ENDED
 from shared.node.containers import TaskRef
 from shared.state.taskexits import record_task_exit
 from tests.support.monitor_rig import GATE, Rig, release
@@ -56,7 +56,8 @@ def test_a_task_that_exits_0_succeeds_with_its_log(rig: Rig) -> None:
     # The exit's own transaction freed the task's allocation: the scheduler
     # is asked for a pass, nothing more.
     assert rig.store.get_allocations(rig.store.r, rig.node) == {}
-    assert rig.messages() == [(SCHEDULE, [])]
+    assert rig.rang()
+    assert rig.messages() == []
 
 
 def test_a_task_that_exits_3_fails_with_exit_code_3(rig: Rig) -> None:
@@ -117,7 +118,8 @@ def test_reconcile_settles_an_exit_that_happened_while_no_monitor_ran(rig: Rig) 
     assert (rig.task(job_id).state, rig.task(job_id).exit_code) == (TaskState.SUCCEEDED, 0)
     assert rig.log(job_id) == ["while nobody watched"]
     assert rig.gone(container)
-    assert [name for name, _args in rig.messages()] == [SCHEDULE]
+    assert rig.rang()
+    assert rig.messages() == []
 
 
 def test_reconcile_marks_a_running_container_running(rig: Rig) -> None:
@@ -131,6 +133,7 @@ def test_reconcile_marks_a_running_container_running(rig: Rig) -> None:
     assert monitor.reconcile().running == 1  # again: nothing changes
     assert rig.task(job_id).state == TaskState.RUNNING
     assert rig.messages() == []
+    assert not rig.rang()
 
 
 def _status(container: Container) -> str:
@@ -145,6 +148,7 @@ def test_a_second_handling_of_the_same_exit_changes_nothing(rig: Rig) -> None:
 
     first = monitor.handle_exit(container)
     assert first is not None and first.attempt_ended
+    assert rig.rang()
     before = (rig.job(job_id), rig.store.get_tasks(job_id, 0), rig.store.get_attempts(job_id),
               rig.store.get_events(job_id), rig.log(job_id))
 
@@ -154,7 +158,8 @@ def test_a_second_handling_of_the_same_exit_changes_nothing(rig: Rig) -> None:
              rig.store.get_events(job_id), rig.log(job_id))
     assert after == before
     assert rig.log(job_id) == ["once"]
-    assert rig.messages() == [(SCHEDULE, []), (SCHEDULE, [])]
+    assert rig.rang()  # asked again: the first monitor may have died before it asked
+    assert rig.messages() == []
 
 
 def test_an_exit_settled_by_a_monitor_that_died_before_removing_is_cleaned_up(rig: Rig) -> None:
@@ -171,7 +176,8 @@ def test_an_exit_settled_by_a_monitor_that_died_before_removing_is_cleaned_up(ri
     # the settle freed the allocation; a pass is asked for (the first
     # monitor may have died before it asked)
     assert rig.store.get_allocations(rig.store.r, rig.node) == {}
-    assert rig.messages() == [(SCHEDULE, [])]
+    assert rig.rang()
+    assert rig.messages() == []
 
 
 def test_an_orphan_container_is_stopped(rig: Rig) -> None:
@@ -269,7 +275,8 @@ def test_a_running_task_whose_container_vanished_is_a_platform_failure(rig: Rig)
     assert (job.state, job.attempt, job.retries, job.platform_retries) == \
         (JobState.WAITING, 1, 0, 1)
     assert rig.store.get_attempts(job_id)[0].platform_failure
-    assert rig.messages() == [(SCHEDULE, [])]
+    assert rig.rang()
+    assert rig.messages() == []
     assert monitor.reconcile().vanished == 0  # settled once
 
 
@@ -296,10 +303,10 @@ def test_a_multi_task_job_succeeds_when_every_task_has(rig: Rig) -> None:
         assert rig.task(job_id, index).state == TaskState.SUCCEEDED
         assert rig.log(job_id, index) == [f"task {index}"]
     # each exit freed its own task's allocation, so the attempt's end has
-    # nothing left to stop: a pass is asked for after each, and nothing more
-    # (told after the transaction: the messages may trail the state)
-    asked = wait_for(lambda: (sent := rig.messages())[2:] and sent, "three pass requests")
-    assert asked == [(SCHEDULE, [])] * 3
+    # nothing left to stop: a pass is asked for (the doorbell folds the
+    # three rings into one), and nothing more
+    wait_for(rig.rang, "a pass request")
+    assert rig.messages() == []
     assert rig.store.get_allocations(rig.store.r, rig.node) == {}
 
 
@@ -315,6 +322,7 @@ def test_an_exit_that_ends_the_attempt_under_running_tasks_asks_for_their_stop(r
 
     assert report is not None and report.attempt_ended and report.live_left
     assert rig.messages() == [(ATTEMPT_ENDED, [job_id, 0])]
+    assert not rig.rang()
     assert set(rig.store.get_allocations(rig.store.r, rig.node)) == {f"{job_id}:0:main:1"}
 
 

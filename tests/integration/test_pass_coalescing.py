@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ import redis
 
 from services.scheduler import reading, service
 from services.scheduler.gate import DIRTY
+from services.scheduler.run import wake_loop
 from services.scheduler.service import PassStats, Scheduler
 from services.scheduler.worker import create_scheduler_app
 from shared.domain.models import Gpu, Node
@@ -27,10 +30,11 @@ from shared.domain.states import JobState, TaskState
 from shared.infra import messaging
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
-from shared.state import keys
+from shared.state import keys, passwake
 from shared.state.lifecycle import delete_job, mark_task_running, request_stop, submit_job
 from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
+from tests.support.polling import WAIT_SECONDS, wait_for
 
 GPUS = 4
 
@@ -307,3 +311,62 @@ def test_a_lock_that_expired_and_was_taken_is_left_to_its_new_holder(
     assert passes == 1
     assert store.r.get(keys.SCHEDULER_LOCK) == "another replica's token"
     assert store.r.get(DIRTY) == "1"
+
+
+# ------------------------------------------------------------- the doorbell
+
+
+@contextmanager
+def answering(scheduler: Scheduler) -> Iterator[None]:
+    """The scheduler's wake thread (services/scheduler/run.py), for the block."""
+    stop = threading.Event()
+    thread = threading.Thread(target=wake_loop, args=(scheduler, stop, 0.1), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(WAIT_SECONDS)
+        assert not thread.is_alive()
+
+
+def test_rings_before_a_pass_cost_one_pass(store: Store, worker: Worker,
+                                           redis_client: redis.Redis) -> None:
+    running, waiting = fill_and_queue(store, worker, GPUS)
+    for job_id in running[:3]:  # the monitor's report of each exit
+        record_task_exit(store, job_id, 0, "main", 0, exit_code=0)
+        passwake.ring_now(redis_client)
+    assert redis_client.llen(passwake.KEY) == 1  # the doorbell holds one ring
+    before = worker.passes
+
+    with answering(worker.scheduler):
+        wait_for(lambda: all(task_state(store, j) == TaskState.LAUNCHING
+                             for j in waiting[:3]), "the freed GPUs taken")
+
+    assert worker.passes - before == 1
+    assert redis_client.llen(passwake.KEY) == 0
+    assert all(task_state(store, j) == TaskState.WAITING for j in waiting[3:])
+
+
+def test_a_ring_during_a_pass_gets_a_pass_after_it(store: Store, worker: Worker,
+                                                   redis_client: redis.Redis) -> None:
+    running, waiting = fill_and_queue(store, worker, 1)
+    passes: list[int] = []
+    run_pass = worker.scheduler.run_pass
+
+    def exit_during_the_first() -> PassStats:
+        stats = run_pass()
+        if not passes:  # after this pass read the cluster, a task exits
+            record_task_exit(store, running[0], 0, "main", 0, exit_code=0)
+            passwake.ring_now(redis_client)
+        passes.append(1)
+        return stats
+
+    worker.scheduler.run_pass = exit_during_the_first  # type: ignore[method-assign]
+    passwake.ring_now(redis_client)
+
+    with answering(worker.scheduler):
+        wait_for(lambda: task_state(store, waiting[0]) == TaskState.LAUNCHING,
+                 "the GPU freed during the first pass taken by a second")
+
+    assert len(passes) == 2

@@ -24,6 +24,7 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.node.containers import TaskRef, container_name, task_labels
+from shared.state import passwake
 from shared.state.lifecycle import submit_job
 from shared.state.placing import commit_placement
 from shared.state.store import Store
@@ -136,6 +137,11 @@ class Rig:
 
     def log(self, job_id: str, index: int = 0, attempt: int = 0) -> list[str]:
         return [line for _id, line in self.store.read_log(job_id, attempt, "main", index)]
+
+    def rang(self) -> bool:
+        """Whether the schedulers' doorbell was rung (shared/state/passwake.py)
+        since the last look: a pass was asked for. The ring is taken."""
+        return self.redis.lpop(passwake.KEY) is not None
 
     def messages(self) -> list[tuple[str, list[Any]]]:
         """(task name, args) of every message sent to the scheduler, oldest first."""
