@@ -26,6 +26,7 @@ from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from shared.domain.models import Job, split_job_id
 from shared.domain.states import JobState, TaskState
+from shared.infra.clock import now_ms
 from shared.state import execs, keys, nodecalls, telemetry
 from shared.state.execs import ExecRequest, Outcome
 from shared.state.store import Store, connect
@@ -82,13 +83,14 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
     node = running_node(job, role, index)
     caller = current_user()
     state = _execs()
+    wait = execs.answer_seconds(body["timeoutSec"], pai.settings.exec_answer_margin_seconds)
     with state.caps.held(caller.username):
         request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
                                   node=node, argv=body["command"],
-                                  timeout_seconds=body["timeoutSec"], user=caller.username)
+                                  timeout_seconds=body["timeoutSec"], user=caller.username,
+                                  answer_by_ms=now_ms() + int(wait * 1000))
         _record(pai.store, request)
-        result = execs.wait_result(state.waits.r, request.id, execs.answer_seconds(
-            request.timeout_seconds, pai.settings.exec_answer_margin_seconds))
+        result = execs.wait_result(state.waits.r, request.id, wait)
     if result is None:
         raise ApiError("GatewayTimeoutError", f"node {node} did not answer in time; the "
                        "command may still have run", 504)

@@ -243,7 +243,8 @@ class Launcher:
         """Claim an exec request and run it in the pool (shared/state/execs.py).
 
         The claim takes the request once, and only for this node: a call
-        read again finds it taken, one naming another node is left alone. A
+        read again finds it taken, one naming another node is left alone. One
+        the API stopped waiting for is not run (its caller was told 504). A
         task that does not run here now, in its job's current attempt, gets
         NOT_RUNNING; a full pool, BUSY. The feed of calls (calls.py) goes on
         at once: a command may run for minutes, and the node's other calls
@@ -252,6 +253,10 @@ class Launcher:
         request = self.claims.claim(request_id, self.node.name, self.node.name)
         if request is None:
             log.info("exec request %s: not for this node, gone, or taken before", request_id)
+            return
+        if request.abandoned(now_ms()):
+            log.warning("exec request %s by %s in %s: read after the API stopped waiting for "
+                        "its answer; not run", request_id, request.user, request.job_id)
             return
         container_id = self._running_container(request)
         if container_id is None:

@@ -74,6 +74,9 @@ class ExecRequest:
     argv: list[str]
     timeout_seconds: int
     user: str
+    # when the API stops waiting for the answer (the cluster's clock, ms); 0
+    # for a request written by an API of an earlier version
+    answer_by_ms: int = 0
 
     @classmethod
     def new(cls, **fields: Any) -> ExecRequest:
@@ -82,14 +85,22 @@ class ExecRequest:
     def to_fields(self) -> dict[str, str]:
         return {"job": self.job_id, "attempt": str(self.attempt), "role": self.role,
                 "index": str(self.index), "node": self.node, "argv": json.dumps(self.argv),
-                "timeout": str(self.timeout_seconds), "user": self.user}
+                "timeout": str(self.timeout_seconds), "user": self.user,
+                "answer_by": str(self.answer_by_ms)}
 
     @classmethod
     def from_fields(cls, request_id: str, raw: dict[str, str]) -> ExecRequest:
         return cls(id=request_id, job_id=raw["job"], attempt=int(raw["attempt"]),
                    role=raw["role"], index=int(raw["index"]), node=raw["node"],
                    argv=[str(a) for a in json.loads(raw["argv"])],
-                   timeout_seconds=int(raw["timeout"]), user=raw["user"])
+                   timeout_seconds=int(raw["timeout"]), user=raw["user"],
+                   answer_by_ms=int(raw.get("answer_by") or 0))
+
+    def abandoned(self, now_ms: int) -> bool:
+        """Whether the API stopped waiting for the answer: the caller was told
+        504, and may already have sent the command again, so it is not run.
+        (A launcher down past a request's wait reads it only once back.)"""
+        return 0 < self.answer_by_ms < now_ms
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from services.api.app import create_app
 from services.api.follows import FollowLeases
 from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
+from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.node.containers import LABEL_NODE, TaskRef
 from shared.state import execs, keys, nodecalls, telemetry
@@ -264,10 +265,11 @@ def test_a_node_that_does_not_answer_is_504(launcher: Launcher, settings: Settin
 
 
 def forge(redis_client: redis.Redis, job_id: str, node: str, argv: list[str], *,
-          attempt: int = 0) -> ExecRequest:
+          attempt: int = 0, answer_by_ms: int = 0) -> ExecRequest:
     """A request written straight into Redis, as the API would (or an attacker)."""
     request = ExecRequest.new(job_id=job_id, attempt=attempt, role="main", index=0,
-                              node=node, argv=argv, timeout_seconds=10, user="alice")
+                              node=node, argv=argv, timeout_seconds=10, user="alice",
+                              answer_by_ms=answer_by_ms)
     pipe = redis_client.pipeline()
     execs.write_request(pipe, request)
     pipe.execute()
@@ -319,3 +321,17 @@ def test_an_expired_or_unknown_request_does_nothing(launcher: Launcher, running:
                                                     redis_client: redis.Redis) -> None:
     launcher.exec_command("no-such-request")
     assert not redis_client.exists(keys.exec_result("no-such-request"))
+
+
+def test_a_request_read_after_the_api_stopped_waiting_is_not_run(
+        launcher: Launcher, running: str, redis_client: redis.Redis) -> None:
+    """Its caller got a 504 (a launcher down, then back) and may have sent the
+    command again: running the first copy now would run it twice."""
+    late = forge(redis_client, running, launcher.node.name, ["sh", "-c", "touch /tmp/late"],
+                 answer_by_ms=now_ms() - 1)
+    launcher.exec_command(late.id)
+
+    assert not redis_client.exists(keys.exec_result(late.id))  # nobody waits for it
+    assert redis_client.hget(keys.exec_request(late.id), execs.CLAIMED) is not None
+    assert in_container(launcher, running, "ls /tmp/late 2>&1 || true").endswith(
+        "No such file or directory\n")

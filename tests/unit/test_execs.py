@@ -147,10 +147,16 @@ def test_in_container_wants_a_full_id(container_id: str) -> None:
 # --------------------------------------------------------------- records
 
 
-def test_request_and_result_survive_redis() -> None:
-    request = ExecRequest.new(job_id="alice~j", attempt=2, role="main", index=1, node="n1",
-                              argv=["sh", "-c", "echo 'x y'"], timeout_seconds=30, user="root")
-    assert ExecRequest.from_fields(request.id, request.to_fields()) == request
+def request(answer_by_ms: int = 0) -> ExecRequest:
+    return ExecRequest.new(job_id="alice~j", attempt=2, role="main", index=1, node="n1",
+                           argv=["sh", "-c", "echo 'x y'"], timeout_seconds=30, user="root",
+                           answer_by_ms=answer_by_ms)
+
+
+@pytest.mark.parametrize("answer_by_ms", [0, 1_700_000_040_000])
+def test_request_and_result_survive_redis(answer_by_ms: int) -> None:
+    sent = request(answer_by_ms)
+    assert ExecRequest.from_fields(sent.id, sent.to_fields()) == sent
     result = ExecResult(Outcome.DONE, 3, "out\nerr\n", truncated=True, timed_out=False)
     assert ExecResult.from_json(result.to_json()) == result
 
@@ -191,6 +197,23 @@ def test_schema_refuses(body: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as refused:
         ExecRequestSchema(max_timeout=600).load(body)
     assert field in refused.value.messages
+
+
+def test_a_request_of_an_earlier_api_version_reads_as_never_abandoned() -> None:
+    fields = request(1_700_000_040_000).to_fields()
+    del fields["answer_by"]
+    assert ExecRequest.from_fields("r1", fields).answer_by_ms == 0
+
+
+@pytest.mark.parametrize(("answer_by_ms", "now_ms", "abandoned"), [
+    (1_000, 999, False),
+    (1_000, 1_000, False),  # the API's last moment
+    (1_000, 1_001, True),
+    (0, 10**13, False),  # an earlier API version's request: no deadline
+])
+def test_a_request_is_abandoned_once_its_answer_is_no_longer_awaited(
+        answer_by_ms: int, now_ms: int, abandoned: bool) -> None:
+    assert request(answer_by_ms).abandoned(now_ms) is abandoned
 
 
 def test_answer_waits_past_the_timeout() -> None:
