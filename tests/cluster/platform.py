@@ -220,6 +220,15 @@ class Cluster:
         reply.raise_for_status()
         return reply.text
 
+    def exec(self, name: str, command: list[str], role: str = "main",
+             index: int = 0) -> dict[str, Any]:
+        """`pai exec`: the answer of the task's node, through the API."""
+        reply = self.http.post(f"{self.url}/api/v1/user/{ADMIN[0]}/jobs/{name}/tasks/{role}/"
+                               f"{index}/exec", json={"command": command}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        answer: dict[str, Any] = reply.json()
+        return answer
+
     def cordon(self, node: str, schedulable: bool) -> None:
         reply = self.http.put(f"{self.url}/api/v1/nodes/{node}",
                               json={"schedulable": schedulable}, timeout=10)

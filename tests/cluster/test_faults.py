@@ -73,6 +73,9 @@ def test_a_second_agent_with_a_taken_name_is_refused_and_harms_nothing(
     after = cluster.node_view(node)
     assert (after["ip"], after["state"]) == (before["ip"], "READY")
     assert cluster.running_on("steady") == [node]
+    # the rightful agent still answers the node's calls, from its own host
+    answer = cluster.exec("steady", ["sh", "-c", "echo reached; exit 4"])
+    assert (answer["exitCode"], answer["output"]) == (4, "reached\n")
     detail = cluster.job("steady")["jobStatus"]
     assert (detail["attemptIndex"], detail["platformRetries"]) == (0, 0)
     figures["two agents, one name"] = {"refused with": impostor.returncode,
