@@ -5,8 +5,8 @@ least once, and the launcher's feed that hands each to its handler."""
 from __future__ import annotations
 
 import queue
-import threading
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 
 import pytest
 import redis
@@ -16,6 +16,7 @@ from shared.state import keys, nodecalls
 from shared.state.nodecalls import Call, CallReader, Kind
 from shared.state.nodestreams import GROUP, MAX_ENTRIES
 from tests.support.polling import WAIT_SECONDS, wait_for
+from tests.support.threads import looping
 
 pytestmark = pytest.mark.redis
 
@@ -93,21 +94,13 @@ class Handler:
 
 @pytest.fixture
 def running_feed(reader: CallReader) -> Iterator[Callable[[Handler, Handler], CallFeed]]:
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
+    with ExitStack() as feeds:
+        def run(execs: Handler, ttys: Handler) -> CallFeed:
+            feed = CallFeed(reader, {Kind.EXEC: execs, Kind.TTY: ttys}, block_ms=100)
+            feeds.enter_context(looping(feed.run))
+            return feed
 
-    def run(execs: Handler, ttys: Handler) -> CallFeed:
-        feed = CallFeed(reader, {Kind.EXEC: execs, Kind.TTY: ttys}, block_ms=100)
-        thread = threading.Thread(target=feed.run, args=(stop,), daemon=True)
-        thread.start()
-        threads.append(thread)
-        return feed
-
-    yield run
-    stop.set()
-    for thread in threads:
-        thread.join(WAIT_SECONDS)
-        assert not thread.is_alive()
+        yield run
 
 
 def emptied(r: redis.Redis) -> None:

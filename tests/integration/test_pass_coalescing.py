@@ -14,7 +14,7 @@ import base64
 import json
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -34,7 +34,8 @@ from shared.state import keys, passwake
 from shared.state.lifecycle import delete_job, mark_task_running, request_stop, submit_job
 from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
-from tests.support.polling import WAIT_SECONDS, wait_for
+from tests.support.polling import wait_for
+from tests.support.threads import looping
 
 GPUS = 4
 
@@ -316,18 +317,9 @@ def test_a_lock_that_expired_and_was_taken_is_left_to_its_new_holder(
 # ------------------------------------------------------------- the doorbell
 
 
-@contextmanager
-def answering(scheduler: Scheduler) -> Iterator[None]:
+def answering(scheduler: Scheduler) -> AbstractContextManager[threading.Event]:
     """The scheduler's wake thread (services/scheduler/run.py), for the block."""
-    stop = threading.Event()
-    thread = threading.Thread(target=wake_loop, args=(scheduler, stop, 0.1), daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(WAIT_SECONDS)
-        assert not thread.is_alive()
+    return looping(lambda stop: wake_loop(scheduler, stop, 0.1))
 
 
 def test_rings_before_a_pass_cost_one_pass(store: Store, worker: Worker,

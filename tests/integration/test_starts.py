@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 
 import pytest
 import redis
@@ -14,6 +15,7 @@ from services.launcher.starts import StartFeed
 from shared.state import keys, starts
 from shared.state.nodestreams import GROUP, MAX_ENTRIES
 from shared.state.starts import StartReader, StartRef
+from tests.support.threads import looping
 
 pytestmark = pytest.mark.redis
 
@@ -134,21 +136,13 @@ class Starter:
 
 @pytest.fixture
 def running_feed(reader: StartReader) -> Iterator[Callable[[Starter], StartFeed]]:
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
+    with ExitStack() as feeds:
+        def run(starter: Starter) -> StartFeed:
+            feed = StartFeed(reader, starter, slots=2, block_ms=100)
+            feeds.enter_context(looping(feed.run))
+            return feed
 
-    def run(starter: Starter) -> StartFeed:
-        feed = StartFeed(reader, starter, slots=2, block_ms=100)
-        thread = threading.Thread(target=feed.run, args=(stop,), daemon=True)
-        thread.start()
-        threads.append(thread)
-        return feed
-
-    yield run
-    stop.set()
-    for thread in threads:
-        thread.join(WAIT_SECONDS)
-        assert not thread.is_alive()
+        yield run
 
 
 def wait_done(r: redis.Redis, feed: StartFeed) -> None:

@@ -3,7 +3,6 @@ roots and the containers it starts, removed at the end."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from shared.state.accounts import Accounts
 from shared.state.lifecycle import mark_task_running, submit_job
 from shared.state.placing import commit_placement
 from shared.state.store import Store
+from tests.support.threads import looping
 
 WAIT_SECONDS = 30
 USER = "alice"
@@ -149,12 +149,5 @@ def run_task(store: Store, launcher: Launcher, image: str, *, owner: str = "alic
 def serving_calls(launcher: Launcher) -> Iterator[Launcher]:
     """The launcher's feed of calls (execs, terminal sessions) on a thread of
     its own, as pai-launcher runs it."""
-    stop = threading.Event()
-    thread = threading.Thread(target=launcher_calls(launcher, block_ms=100).run, args=(stop,),
-                              daemon=True, name="calls")
-    thread.start()
-    try:
+    with looping(launcher_calls(launcher, block_ms=100).run):
         yield launcher
-    finally:
-        stop.set()
-        thread.join(WAIT_SECONDS)
