@@ -48,6 +48,9 @@ class Observer:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # when the last round over every engine began (monotonic): what a round
+    # that ended saw is at least that fresh
+    round_began: float = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, daemon=True, name="observer")
@@ -60,9 +63,15 @@ class Observer:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
+            began = time.monotonic()
             for node, engine in self.engines.items():
                 with contextlib.suppress(Exception):  # a frozen engine: seen again later
                     self._look(node, engine)
+            self.round_began = began
+
+    def looked_since(self, moment: float) -> bool:
+        """Whether a whole round over the engines began after `moment`."""
+        return self.round_began > moment
 
     def _look(self, node: str, engine: docker.DockerClient) -> None:
         now = time.monotonic()
