@@ -7,6 +7,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from redis.exceptions import RedisError
+
 from services.scheduler.nodes import REPAIR_SECONDS
 from services.scheduler.service import Scheduler
 from services.scheduler.worker import create_scheduler_app
@@ -32,6 +34,10 @@ def wake_loop(scheduler: Scheduler, stop: threading.Event,
         try:
             if passwake.wait(scheduler.store.r, block_seconds):
                 scheduler.request_pass()
+        except RedisError as error:  # Redis down or unreachable: one line a try
+            log.warning("pass request not taken (%s); trying again in %.0f s", error,
+                        RETRY_SECONDS)
+            stop.wait(RETRY_SECONDS)
         except Exception:
             log.exception("pass request not taken; trying again in %.0f s", RETRY_SECONDS)
             stop.wait(RETRY_SECONDS)
