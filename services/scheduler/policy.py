@@ -268,6 +268,12 @@ class _Pass:
         for _ in range(sum(len(q) for q in by_vc.values())):
             if not heap:
                 break
+            if len(heap) == 1:  # one VC left to take turns: the rest of its queue in order
+                _, vc, at = heap[0]
+                for request in by_vc[vc][at:]:
+                    if not consider(request, vc not in held):
+                        held.add(vc)
+                return
             _, vc, at = heapq.heappop(heap)
             queue = by_vc[vc]
             if not consider(queue[at], vc not in held):
