@@ -49,9 +49,9 @@ from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.lifecycle import (
     ModeChange,
     mark_preempted,
+    queue_waiting_many,
     renew_stale_launch,
     set_modes,
-    set_waiting_many,
 )
 from shared.state.placing import PlacementCommit, commit_placement, commit_placements
 from shared.state.starts import send as send_starts
@@ -166,7 +166,7 @@ class Scheduler:
         running = self.reader.running(allocations)
         self._drain(running, flags, now)
         queue, records = self.reader.queue(snapshot.queued, now)
-        vcs = self.accounts.list_vcs()
+        vcs = self.accounts.vcs_from(snapshot.vc_records)
         policies = vc_policies({vc.name: vc.gpu_quota for vc in vcs},
                                {vc.name: vc.borrowing for vc in vcs},
                                sum(len(n.gpus) for n in live))
@@ -184,9 +184,9 @@ class Scheduler:
         stats.modes_changed = len(set_modes(self.store, [
             ModeChange(job_id, attempts[job_id], mode) for job_id, mode in plan.modes.items()]))
         self._stop_overdue(running, now)
-        self._explain_waiting(plan.waiting, records)
+        reasons = self._waiting_reasons(plan.waiting, records)
         stats.seconds = time.perf_counter() - started
-        self._record_pass(stats.seconds, placed_by_vc)
+        self._write_pass_end(reasons, records, stats.seconds, placed_by_vc)
         if stats.placed or queue:
             log.info("pass: %d placed, %d waiting, %d preempted, %.1f ms", stats.placed,
                      stats.waiting, len(plan.preempt), stats.seconds * 1000)
@@ -227,9 +227,10 @@ class Scheduler:
                         "again", sum(len(t) for t in starts.values()), error)
         return placed_by_vc
 
-    def _explain_waiting(self, waiting: dict[str, Waiting], records: dict[str, Job]) -> None:
-        """Write each waiting job's reason where it changed (one round trip);
-        the held records then say what was written."""
+    def _waiting_reasons(self, waiting: dict[str, Waiting], records: dict[str, Job]
+                         ) -> list[tuple[str, str, str, int]]:
+        """Each waiting job's reason where it changed: (job id, message,
+        explanation, the version it was decided on)."""
         reasons = []
         explained: dict[int, str] = {}  # most of a long queue shares a few Waitings
         for job_id, why in waiting.items():
@@ -240,7 +241,22 @@ class Scheduler:
             if job is not None and (job.waiting_reason, job.waiting) != (why.message,
                                                                           explanation):
                 reasons.append((job_id, why.message, explanation, job.version))
-        set_waiting_many(self.store, reasons)
+        return reasons
+
+    def _write_pass_end(self, reasons: list[tuple[str, str, str, int]],
+                        records: dict[str, Job], seconds: float,
+                        placed_by_vc: Counter[str]) -> None:
+        """The waiting jobs' new reasons (compare-and-set on their versions)
+        and the pass's metrics for Prometheus (through Redis: see
+        shared/state/telemetry.py), in one round trip; the held records then
+        say what was written. A pass whose reasons could not be written
+        fails as before; its metrics go with them."""
+        pipe = self.store.pipeline(atomic=False)
+        queue_waiting_many(pipe, reasons)
+        telemetry.record(pipe, telemetry.SCHEDULER_PASS, value=seconds)
+        for vc, placed in placed_by_vc.items():
+            telemetry.record(pipe, telemetry.PLACEMENTS, {"vc": vc}, placed)
+        pipe.execute()
         for job_id, message, explanation, _version in reasons:
             # Where the job moved meanwhile nothing was written, and the next
             # snapshot reads its new version whole.
@@ -315,17 +331,6 @@ class Scheduler:
             self.stop_attempt(r.job_id, r.attempt)
         if len(self._hard_stops) > MAX_HARD_STOPS:
             self._hard_stops.clear()
-
-    def _record_pass(self, seconds: float, placed_by_vc: Counter[str]) -> None:
-        """Count the pass for Prometheus (through Redis: see shared/state/telemetry.py)."""
-        pipe = self.store.pipeline(atomic=False)
-        telemetry.record(pipe, telemetry.SCHEDULER_PASS, value=seconds)
-        for vc, placed in placed_by_vc.items():
-            telemetry.record(pipe, telemetry.PLACEMENTS, {"vc": vc}, placed)
-        try:
-            pipe.execute()
-        except RedisError as error:
-            log.warning("cannot record the pass's metrics: %s", error)
 
     def heartbeat(self, name: str) -> None:
         """Tell the API (and so Prometheus) this replica is alive and repairing."""

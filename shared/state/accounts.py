@@ -316,8 +316,14 @@ class Accounts:
             pipe.hgetall(keys.vc(name))
             pipe.hgetall(keys.vc_user_budgets(name))
         replies = pipe.execute() if names else []
-        return [self._vc_from(f, b) for f, b in zip(replies[::2], replies[1::2], strict=True)
-                if f]
+        return self.vcs_from(list(zip(replies[::2], replies[1::2], strict=True)))
+
+    def vcs_from(self, records: list[tuple[dict[str, str], dict[str, str]]]
+                 ) -> list[VirtualCluster]:
+        """The virtual clusters of their records and users' budgets as read
+        (`list_vcs`, or a scheduling pass's snapshot); a record gone
+        meanwhile (its name still listed) is left out."""
+        return [self._vc_from(fields, budgets) for fields, budgets in records if fields]
 
     def set_user_budget(self, vc: str, username: str, gpu_hours: float) -> bool:
         """Give a user their own GPU-hour budget within a VC, compare-and-set

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,9 +91,11 @@ def move_task(task: Task, target: TaskState) -> None:
 
 
 def closed_attempt(store: Store, pipe: Pipe, job: Job, state: str, exit_code: int | None,
-                    reason: str, platform: bool) -> Attempt:
-    """The job's current attempt record, ended (the caller writes it)."""
-    attempt = store.read_attempt(pipe, job.id, job.attempt) or Attempt(index=job.attempt)
+                    reason: str, platform: bool, current: Attempt | None = None) -> Attempt:
+    """The job's current attempt record, ended (the caller writes it);
+    `current`: that record as the caller read it already, None: read it."""
+    attempt = current if current is not None and current.index == job.attempt \
+        else store.read_attempt(pipe, job.id, job.attempt) or Attempt(index=job.attempt)
     attempt.state, attempt.exit_code, attempt.reason = state, exit_code, reason
     attempt.completed_ms, attempt.platform_failure = now_ms(), platform
     return attempt
@@ -109,9 +111,9 @@ def mark_task_running(
     job_key, tasks_key = keys.job(job_id), keys.job_tasks(job_id, attempt)
 
     def decide(pipe: Pipe) -> bool:
-        job = store.read_job(pipe, job_id)
-        tasks = store.read_tasks(pipe, job_id, attempt)
-        task = tasks.get(task_key(role, index))
+        view = store.read_job_view(pipe, job_id, attempt)
+        job = view.job
+        task = view.tasks.get(task_key(role, index))
         if job is None or task is None or attempt != job.attempt:
             return False
         if task_retry is not None and task_retry != task.retries:
@@ -129,7 +131,7 @@ def mark_task_running(
         previous = store.bump(job, JobState.RUNNING)
         attempt_record = None
         if previous == JobState.WAITING:
-            attempt_record = store.read_attempt(pipe, job_id, attempt) or Attempt(index=attempt)
+            attempt_record = view.attempt or Attempt(index=attempt)
             attempt_record.started_ms = job.started_ms = task.started_ms
         pipe.multi()
         store.write_tasks(pipe, job_id, attempt, [task])
@@ -248,14 +250,25 @@ def set_waiting_many(store: Store, reasons: Sequence[tuple[str, str, str, int]])
     """`set_waiting` for many jobs, each (job id, reason, explanation, version)
     on the same terms (still WAITING at that version), one round trip per
     SET_WAITING_BATCH jobs; how many were written."""
-    written = 0
+    return sum(int(store.run_script(scripts.SET_WAITING, batch_keys, args))
+               for batch_keys, args in _waiting_batches(reasons))
+
+
+def queue_waiting_many(pipe: Pipe, reasons: Sequence[tuple[str, str, str, int]]) -> None:
+    """`set_waiting_many`'s writes queued on `pipe`, to go with others in its
+    round trip (each reply: how many of a batch were written)."""
+    for batch_keys, args in _waiting_batches(reasons):
+        scripts.run(pipe, scripts.SET_WAITING, batch_keys, args)
+
+
+def _waiting_batches(reasons: Sequence[tuple[str, str, str, int]]
+                     ) -> Iterator[tuple[list[str], list[str]]]:
+    """SET_WAITING's KEYS and ARGV for each SET_WAITING_BATCH of `reasons`."""
     for start in range(0, len(reasons), SET_WAITING_BATCH):
         batch = reasons[start:start + SET_WAITING_BATCH]
-        written += int(store.run_script(
-            scripts.SET_WAITING, [keys.job(job_id) for job_id, *_ in batch],
-            [JobState.WAITING.value, *(json.dumps([reason, explanation, str(version)])
-                                       for _, reason, explanation, version in batch)]))
-    return written
+        yield ([keys.job(job_id) for job_id, *_ in batch],
+               [JobState.WAITING.value, *(json.dumps([reason, explanation, str(version)])
+                                          for _, reason, explanation, version in batch)])
 
 
 def mark_preempted(store: Store, job_id: str, *, attempt: int, by: str,

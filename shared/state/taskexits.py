@@ -12,7 +12,6 @@ settled and writes nothing.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from shared.domain.exits import (
@@ -83,18 +82,19 @@ def record_task_exit(
     key = task_key(role, index)
 
     def decide(pipe: Pipe) -> ExitReport | None:
-        job = store.read_job(pipe, job_id)
-        tasks = store.read_tasks(pipe, job_id, attempt)
+        view = store.read_job_view(pipe, job_id, attempt, config=True)
+        job, tasks = view.job, view.tasks
         spec = None
-        if job is not None and key in tasks and is_live(job, attempt):
-            spec = JobSpec.from_config(json.loads(pipe.get(keys.job_config(job_id))))
+        if job is not None and key in tasks and is_live(job, attempt) and view.config:
+            spec = JobSpec.from_config(view.config)
         decision = decide_exit(job, tasks, key, attempt, spec, seen)
         if decision.kind == ExitKind.STALE or job is None:
             return None
         if decision.kind == ExitKind.RELAUNCH:
             deadline = relaunch_deadline_ms or now_ms() + RELAUNCH_LEASE_MS
             return _relaunch(store, pipe, job, tasks[key], attempt, seen, deadline)
-        return _settle_exit(store, pipe, job, tasks, tasks[key], attempt, decision, seen)
+        return _settle_exit(store, pipe, job, tasks, tasks[key], attempt, decision, seen,
+                            view.attempt)
 
     return store.transact(decide, keys.job(job_id), keys.job_tasks(job_id, attempt))
 
@@ -120,15 +120,18 @@ def _relaunch(store: Store, pipe: Pipe, job: Job, task: Task, attempt: int, seen
 
 
 def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], task: Task,
-                 attempt: int, decision: ExitDecision, seen: TaskExit) -> ExitReport:
-    """Write what `decision` says of a settled task, its attempt and its job."""
+                 attempt: int, decision: ExitDecision, seen: TaskExit,
+                 attempt_record: Attempt | None) -> ExitReport:
+    """Write what `decision` says of a settled task, its attempt and its job
+    (`attempt_record`: the attempt's record as read with them)."""
     assert decision.task_state is not None
     now = now_ms()
     move_task(task, decision.task_state)
     task.exit_code, task.diagnostics = seen.exit_code, seen.diagnostics
     task.platform_failure, task.completed_ms = seen.platform_failure, now
     previous = job.state
-    closed = _ended_attempt(store, pipe, job, decision.attempt_end)
+    closed = _ended_attempt(store, pipe, job, decision.attempt_end,
+                            attempt_record if attempt == job.attempt else None)
     new_tasks = _apply_to_job(store, job, tasks, decision, now)
     # Tasks a partial placement (no gang allocation) had not placed yet
     # never run in an attempt that ended.
@@ -169,12 +172,14 @@ def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], tas
                       task.node, live_left=live_left)
 
 
-def _ended_attempt(store: Store, pipe: Pipe, job: Job, end: AttemptEnd | None) -> Attempt | None:
-    """The job's current attempt record, closed as `end` says (None: it goes on)."""
+def _ended_attempt(store: Store, pipe: Pipe, job: Job, end: AttemptEnd | None,
+                   current: Attempt | None) -> Attempt | None:
+    """The job's current attempt record (`current`: as read already, None:
+    read it), closed as `end` says (None: it goes on)."""
     if end is None:
         return None
     closed = closed_attempt(store, pipe, job, end.state, end.exit_code, end.reason,
-                             end.platform_failure)
+                             end.platform_failure, current)
     if end.preempted_by:
         closed.preempted_by = end.preempted_by
     return closed

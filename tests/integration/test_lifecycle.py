@@ -40,6 +40,7 @@ from shared.state.store import Store
 from shared.state.taskexits import ExitReport, record_task_exit
 from tests.support.interleave import Hook, with_hooks
 from tests.support.lifecycle import DEADLINE_MS, ROUNDS, job_of, place, placements, race
+from tests.support.roundtrips import counting_client
 
 pytestmark = pytest.mark.redis
 
@@ -530,6 +531,34 @@ def test_repeated_exit_report_returns_none_and_changes_nothing(
     after = (job_of(store, job.id), store.get_tasks(job.id, 0), store.get_attempts(job.id),
              len(store.get_events(job.id)))
     assert after == before
+
+
+def test_a_start_and_an_exit_read_what_they_decide_on_in_one_round_trip(
+        store: Store, redis_server: str) -> None:
+    """Under WATCH a pipeline's reads go one by one; the job, its tasks, its
+    attempt's record and its config come in one script call instead. The
+    first task running: WATCH, that read, MULTI/EXEC. The last exit: the
+    same, and the allocation its usage is counted from. Both wrote what they
+    decided (the attempt's record read with the rest)."""
+    job = submit_job(store, "alice", config())
+    place(store, job.id)
+    client, counter = counting_client(redis_server)
+    counted = Store(client)
+    client.ping()  # the connection's own setup (AUTH, its name) is not counted
+    counter.sent = 0
+    assert mark_task_running(counted, job.id, 0, "main", 0, "c-main-0")
+    assert counter.sent == 3
+    started = store.get_attempts(job.id)[0].started_ms
+    assert started is not None and started == job_of(store, job.id).started_ms
+
+    counter.sent = 0
+    report = record_task_exit(counted, job.id, 0, "main", 0, exit_code=0)
+    assert report is not None and report.job_state == JobState.SUCCEEDED
+    assert counter.sent == 4
+    attempt = store.get_attempts(job.id)[0]
+    assert (attempt.state, attempt.exit_code, attempt.started_ms) == (
+        JobState.SUCCEEDED, 0, started)
+    client.close()
 
 
 def test_exit_of_an_unknown_task_or_job_is_none(store: Store) -> None:

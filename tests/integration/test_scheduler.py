@@ -27,6 +27,7 @@ from shared.state.starts import parse
 from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
 from tests.support.interleave import Hook, with_hooks
+from tests.support.roundtrips import RoundTrips
 from tests.support.scheduling import add_node, config
 from tests.support.scheduling import scheduler as scheduler  # the fixtures
 from tests.support.scheduling import store as store
@@ -385,38 +386,6 @@ def test_draining_a_node_preempts_its_jobs_and_requeues_them_uncharged(
 # ------------------------------------------------------- repair round cost
 
 
-class RoundTrips:
-    """A client counting its round trips: each command sent on its own, and
-    each pipeline executed (its queued commands go together)."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self._client = client
-        self.count = 0
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if name == "pipeline":
-            def pipeline(*args: Any, **kwargs: Any) -> Any:
-                pipe = attr(*args, **kwargs)
-                execute = pipe.execute
-
-                def counted(*a: Any, **kw: Any) -> Any:
-                    self.count += 1
-                    return execute(*a, **kw)
-
-                pipe.execute = counted
-                return pipe
-            return pipeline
-        if not callable(attr):
-            return attr
-
-        def command(*args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            return attr(*args, **kwargs)
-
-        return command
-
-
 def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
         store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
     """The sweep and the nodes' judgement read every allocation's task and
@@ -446,6 +415,38 @@ def test_a_repair_round_with_nothing_to_repair_costs_the_same_whatever_is_held(
     assert sum(len(store.get_allocations(store.r, f"n{n}")) for n in range(3)) == 24
     assert not any(name == "pai.launcher.stop_task" for n in range(3)
                    for name, _ in launcher_tasks(redis_client, f"n{n}"))
+
+
+def test_a_pass_costs_the_same_round_trips_whatever_waits_and_reads_the_vcs_with_the_snapshot(
+        store: Store, scheduler: Scheduler, redis_client: redis.Redis) -> None:
+    """A pass that places the job a finished one made room for costs the
+    same round trips with 2 jobs waiting behind it as with 30, and the
+    virtual clusters come with the snapshot: a guarantee changed between
+    two passes is the one the next pass weighs."""
+    add_node(store, gpus=1)
+    counting = RoundTrips(redis_client)
+    passing = Scheduler(scheduler.settings, Store(counting), scheduler.messenger)
+    costs: list[int] = []
+    submitted = 0
+    for running, behind in ((0, 2), (1, 30)):
+        for j in range(submitted, running + behind + 2):
+            submit_job(store, "alice", config(f"j{j}"))
+        submitted = running + behind + 2
+        passing.run_pass()  # the new jobs read; the GPU stays taken
+        mark_task_running(store, f"alice~j{running}", 0, "main", 0, "c")
+        record_task_exit(store, f"alice~j{running}", 0, "main", 0, exit_code=0)
+        counting.count = 0
+        assert passing.run_pass().placed == 1
+        costs.append(counting.count)
+    # the snapshot (2, with the VCs), the commit (its tasks read, then bound),
+    # the start, and the waiting reasons with the pass's metrics (1)
+    assert costs == [6, 6]
+
+    placed = store.get_job("alice~j2") or pytest.fail()
+    assert placed.state == JobState.WAITING and placed.mode == "guaranteed"
+    Accounts(store).put_vc(VirtualCluster("research", 1))  # the GPU default had
+    assert scheduler.run_pass().modes_changed == 1
+    assert (store.get_job("alice~j2") or pytest.fail()).mode == "borrowed"
 
 
 def test_the_sweep_releases_and_stops_in_one_round(store: Store, scheduler: Scheduler,

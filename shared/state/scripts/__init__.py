@@ -98,6 +98,7 @@ from shared.state.scripts.reads import (  # noqa: E402
     HMGET_STAMPED,
     QUEUED_RECORDS,
     READ_JOB_CHANGES,
+    READ_JOB_VIEW,
 )
 from shared.state.scripts.scheduler import (  # noqa: E402
     BEGIN_PASS,
@@ -124,6 +125,7 @@ ALL: tuple[Script, ...] = (
     HGETALL_MANY,
     QUEUED_RECORDS,
     READ_JOB_CHANGES,
+    READ_JOB_VIEW,
     COMMIT_PLACEMENTS,
     BEGIN_PASS,
     END_PASS,

@@ -88,6 +88,21 @@ end
 return out
 """)
 
+# What a compare-and-set on a job's attempt reads under WATCH, in one round
+# trip instead of one a key: the job's record and the attempt's tasks (each
+# HGETALL's flat list), the attempt's record (ARGV[1]: its index) and, when
+# ARGV[2] is "1", the job's config (false where a value is not there).
+READ_JOB_VIEW = Script(
+    "read_job_view",
+    keys=("job record", "the attempt's tasks", "the job's attempts", "the job's config"),
+    args=("attempt index", "\"1\": read the config too"),
+    source="""#!lua flags=no-writes
+local config = false
+if ARGV[2] == '1' then config = redis.call('GET', KEYS[4]) end
+return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
+        redis.call('HGET', KEYS[3], ARGV[1]), config}
+""")
+
 # The queued jobs' records, each whole (HGETALL's flat list; empty for one
 # that is gone) unless ARGV[i], "<version>:<queue_seq>" of the record the
 # scheduler holds, still matches: then 0.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.archive import Archive
@@ -26,9 +27,21 @@ from shared.state.store import (
     StoreCore,
 )
 from shared.state.store.codec import event_fields
+from shared.state.store.listing import _pairs
 from shared.state.store.tasks import _in_task_order, _task_fields, _tasks_from
 
 EVENTS_MAX_LEN = 1000
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job's record and one attempt's tasks and record, read together
+    (`read_job_view`); the config only when it was asked for."""
+
+    job: Job | None
+    tasks: dict[str, Task]
+    attempt: Attempt | None
+    config: dict[str, Any] | None
 
 
 class JobsMixin(StoreCore):
@@ -161,6 +174,24 @@ class JobsMixin(StoreCore):
             # a compacted record leaves out its id, which its key says
             return Job.from_fields({"id": job_id, **fields})
         return _archived_job(job_id, self.read_archive(reader, job_id))
+
+    def read_job_view(self, reader: Reader, job_id: str, attempt: int, *,
+                      config: bool = False) -> JobView:
+        """What a compare-and-set on an attempt decides on, in one round trip
+        (a script, so it is one under WATCH too, where a pipeline's commands
+        each go alone): the job's record (`read_job`'s, the archive read
+        only for a job without a hash), the attempt's tasks and its record,
+        and the job's config when asked for."""
+        raw_job, raw_tasks, raw_attempt, raw_config = scripts.run(
+            reader, scripts.READ_JOB_VIEW,
+            [keys.job(job_id), keys.job_tasks(job_id, attempt), keys.job_attempts(job_id),
+             keys.job_config(job_id)],
+            [str(attempt), "1" if config else ""])
+        job = Job.from_fields({"id": job_id, **_pairs(raw_job)}) if raw_job \
+            else _archived_job(job_id, self.read_archive(reader, job_id))
+        return JobView(job, _tasks_from(_pairs(raw_tasks)),
+                       Attempt.from_dict(json.loads(raw_attempt)) if raw_attempt else None,
+                       json.loads(raw_config) if raw_config else None)
 
     def get_job(self, job_id: str) -> Job | None:
         return self.read_job(self.r, job_id)

@@ -32,6 +32,9 @@ class Snapshot:
     # every node's renewals and lease, the outage record and Redis's time:
     # what decides which nodes may take work (shared/domain/lease.py)
     cluster: ClusterView = field(default_factory=lambda: ClusterView({}, Outage(), 0))
+    # each virtual cluster's record and its users' budgets, by name
+    # (shared/state/accounts.py `vcs_from` makes them VirtualClusters)
+    vc_records: list[tuple[dict[str, str], dict[str, str]]] = field(default_factory=list)
 
 
 class NodesMixin(StoreCore):
@@ -131,8 +134,9 @@ class NodesMixin(StoreCore):
                  jobs_known: dict[str, tuple[str, Job]] | None = None) -> Snapshot:
         """What a scheduling pass decides on, in two round trips: the GPU
         faults, the nodes and their heartbeats, the admins' holds, the queue,
-        Redis's time and the outage record, then the nodes' records,
-        allocations and leases and the queued jobs' records. `known`:
+        Redis's time, the outage record and the virtual clusters' names, then
+        the nodes' records, allocations and leases, the queued jobs' records
+        and the virtual clusters' records and budgets. `known`:
         allocations parsed before, by their stored text (an allocation's
         text is written once and never changed), which this
         keeps up to date with the allocations it parses (and rid of most of
@@ -147,9 +151,14 @@ class NodesMixin(StoreCore):
         pipe.zrange(keys.QUEUE, 0, queue_limit - 1)
         pipe.time()
         pipe.hgetall(keys.CONTROL_PLANE)
-        faults, beats_list, flags, queued, (seconds, micros), outage = pipe.execute()
+        pipe.smembers(keys.VCS)
+        faults, beats_list, flags, queued, (seconds, micros), outage, vc_names = pipe.execute()
         beats = {n: int(s) for n, s in beats_list}
+        vc_names = sorted(vc_names)
         pipe = self.r.pipeline(transaction=False)
+        for name in vc_names:
+            pipe.hgetall(keys.vc(name))
+            pipe.hgetall(keys.vc_user_budgets(name))
         if beats:
             pipe.mget([keys.node(n) for n in beats])
         for name in beats:
@@ -160,7 +169,10 @@ class NodesMixin(StoreCore):
             chunk = queued[start:start + READ_MANY]
             stamps = [jobs_known[job_id][0] if job_id in jobs_known else "" for job_id in chunk]
             scripts.run(pipe, scripts.QUEUED_RECORDS, [keys.job(i) for i in chunk], stamps)
-        replies = pipe.execute() if beats or queued else []
+        replies = pipe.execute() if beats or queued or vc_names else []
+        vc_records = list(zip(replies[0:2 * len(vc_names):2], replies[1:2 * len(vc_names):2],
+                              strict=True))
+        replies = replies[2 * len(vc_names):]
         at = 1 if beats else 0
         nodes = _nodes_from(beats, replies[0]) if beats else []
         held = dict(zip(beats, replies[at:at + len(beats)], strict=True))
@@ -184,7 +196,7 @@ class NodesMixin(StoreCore):
         return Snapshot(
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
-            _queued_jobs(queued, records, jobs_known), cluster)
+            _queued_jobs(queued, records, jobs_known), cluster, vc_records)
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,
