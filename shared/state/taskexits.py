@@ -130,8 +130,7 @@ def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], tas
     task.exit_code, task.diagnostics = seen.exit_code, seen.diagnostics
     task.platform_failure, task.completed_ms = seen.platform_failure, now
     previous = job.state
-    closed = _ended_attempt(store, pipe, job, decision.attempt_end,
-                            attempt_record if attempt == job.attempt else None)
+    closed = _ended_attempt(store, pipe, job, decision.attempt_end, attempt_record)
     new_tasks = _apply_to_job(store, job, tasks, decision, now)
     # Tasks a partial placement (no gang allocation) had not placed yet
     # never run in an attempt that ended.
@@ -174,8 +173,8 @@ def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], tas
 
 def _ended_attempt(store: Store, pipe: Pipe, job: Job, end: AttemptEnd | None,
                    current: Attempt | None) -> Attempt | None:
-    """The job's current attempt record (`current`: as read already, None:
-    read it), closed as `end` says (None: it goes on)."""
+    """The job's current attempt record, closed as `end` says (None: it goes
+    on); `current`: a record read already, used if it is that attempt's."""
     if end is None:
         return None
     closed = closed_attempt(store, pipe, job, end.state, end.exit_code, end.reason,
