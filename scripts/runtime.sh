@@ -13,8 +13,8 @@
 #   redis-binary       make sure redis-server is installed (pytest starts its own)
 #   prometheus-binary  make sure prometheus and promtool are installed (the monitoring
 #                      tests start their own Prometheus and run promtool)
-#   cluster-tools      make sure ip, iptables, nsenter and faketime are installed (the
-#                      multi-host tier, tests/cluster)
+#   cluster-tools      make sure ip, iptables and nsenter are installed (the multi-host
+#                      tier, tests/cluster)
 #   redis              PAI_REDIS_URL if it answers, else a private redis-server on
 #                      127.0.0.1:16379 (PAI_PRIVATE_REDIS_PORT) with data in .run/redis/
 #   docker             PAI_DOCKER_HOST/DOCKER_HOST or /var/run/docker.sock if it answers,
@@ -76,12 +76,11 @@ ensure_prometheus_binary() {
 }
 
 # The multi-host test tier (tests/cluster): namespaces, iptables in them,
-# nsenter, and faketime for a node whose clock is off.
+# nsenter.
 ensure_cluster_tools() {
     ensure_commands iproute2 "iproute2" "" ip
     ensure_commands iptables "iptables" "" iptables
     ensure_commands util-linux "util-linux" "" nsenter
-    ensure_commands faketime "faketime" "" faketime
 }
 
 ensure_docker_package() {

@@ -44,6 +44,17 @@ WAIT_SECONDS = 120
 AGENT_STOP_SECONDS = 60  # a node agent gives its children 40 s to stop
 
 
+CLOCK_SKEW_DIR = Path(__file__).parent / "clockskew"
+
+
+def skewed_clock(seconds: float) -> dict[str, str]:
+    """The environment that sets an agent's wall clock `seconds` off, in
+    each of its Python processes (tests/cluster/clockskew/sitecustomize.py)."""
+    path = os.pathsep.join(p for p in (str(CLOCK_SKEW_DIR), os.environ.get("PYTHONPATH"))
+                           if p)
+    return {"PYTHONPATH": path, "PAI_TEST_CLOCK_SKEW_SECONDS": str(seconds)}
+
+
 def wait_for(check: Callable[[], Any], what: str, seconds: float = WAIT_SECONDS) -> Any:
     deadline = time.monotonic() + seconds
     last = None
@@ -138,7 +149,7 @@ class Cluster:
 
     def stop_agent(self, name: str) -> None:
         """Stop the agent and wait for every process of its group: a wrapper
-        (faketime, unshare) may die before the agent's launcher and monitor
+        (unshare) may die before the agent's launcher and monitor
         have, and a new agent started meanwhile would (rightly) be refused."""
         group = self.processes.pid(f"agent-{name}")
         self.processes.stop(f"agent-{name}")
