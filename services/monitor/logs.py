@@ -1,7 +1,9 @@
 """Shipping each task container's output into its task's Redis log stream.
 
 One `LogShipper` per container follows `docker logs --follow --timestamps`,
-cuts the stream into lines (loglines.py) and queues them; a shared flusher
+or, where the monitor can read it, the engine's own json-file of the log
+(enginefiles.py: the same entries, without the engine's decoding), cuts the
+stream into lines (loglines.py) and queues them; a shared flusher
 writes them to Redis as soon as they are queued, and a shipper writes itself
 when 500 lines are waiting. A line reaches Redis one round trip after Docker
 handed it over: the flusher sleeps until a shipper queues a line into an empty
@@ -37,6 +39,7 @@ from redis.exceptions import RedisError
 from requests.exceptions import RequestException
 
 from services.monitor.dispatch import backoff_delay
+from services.monitor.enginefiles import EngineLogFiles, JsonFileLog
 from services.monitor.logfile import TaskLogFile
 from services.monitor.loglines import (
     LAST_STREAM_NUMBER,
@@ -114,8 +117,9 @@ class LogShipper:
                  batch_lines: int = FLUSH_LINES, log_dir: str | None = None,
                  max_file_bytes: int = 0,
                  on_pending: Callable[[LogShipper], None] | None = None,
-                 log_group: int | None = None) -> None:
+                 log_group: int | None = None, files: EngineLogFiles | None = None) -> None:
         self.store, self.container, self.ref = store, container, ref
+        self.files = files  # where the engine's log files are, if this monitor reads them
         self._engine = EngineCalls(container.client)  # its follows open their own connections
         self.log_group = log_group
         self._on_pending = on_pending
@@ -148,8 +152,13 @@ class LogShipper:
 
     def container_exited(self) -> None:
         """The monitor saw the container exit: when the stream ends, do not ask Docker
-        whether it still runs (one inspect less per task), just read once more."""
+        whether it still runs (one inspect less per task), just read once more.
+        A log file being read is read to its end now."""
         self._exited.set()
+        with self._lock:
+            stream = self._stream
+        if isinstance(stream, JsonFileLog):
+            stream.wake()
 
     def stop(self) -> None:
         """Stop following now (the monitor is shutting down, or a drain timed out)."""
@@ -227,11 +236,12 @@ class LogShipper:
         reads to the log's end; if it still runs, resume from the cursor.
         When Docker ended the stream itself (`LogStream.ended`) the monitor's
         notice of the exit is waited for, briefly, instead of an inspect.
+        The engine's log file ends only after the exit, with every line read.
         """
         failures = 0
         while not self._closing.is_set():
-            received, ended = self._read_stream()
-            if self._closing.is_set():
+            received, ended, whole = self._read_stream()
+            if self._closing.is_set() or whole:
                 return
             if (ended and self._exited.wait(EXIT_NOTICE_SECONDS)) \
                     or self._exited.is_set() or not self._still_running():
@@ -240,17 +250,21 @@ class LogShipper:
             failures = 0 if received else failures + 1
             self._closing.wait(backoff_delay(failures, 0.2, 5.0))
 
-    def _read_stream(self) -> tuple[bool, bool]:
+    def _read_stream(self) -> tuple[bool, bool, bool]:
         """One pass over the log from the cursor on: whether any new line came,
-        and whether the stream ended as Docker ends it (not broke)."""
-        since = self.cursor.since if self.cursor is not None else None
-        try:
-            stream = LogStream(self._engine, str(self.container.id), since)
-        except NotFound:
-            return False, False
-        except (DockerException, RequestException) as error:
-            log.warning("cannot read the log of %s: %s", self.task_name, error)
-            return False, False
+        whether the stream ended as Docker ends it (not broke), and whether
+        it was the engine's log file read to the end after the exit (the
+        whole log)."""
+        stream: LogStream | JsonFileLog | None = self._open_file()
+        if stream is None:
+            since = self.cursor.since if self.cursor is not None else None
+            try:
+                stream = LogStream(self._engine, str(self.container.id), since)
+            except NotFound:
+                return False, False, False
+            except (DockerException, RequestException) as error:
+                log.warning("cannot read the log of %s: %s", self.task_name, error)
+                return False, False, False
         with self._lock:
             self._stream = stream
         if self._closing.is_set():
@@ -269,7 +283,21 @@ class LogShipper:
             with self._lock:
                 self._stream = None
             close_stream(stream)
-        return received, stream.ended and not self._closing.is_set()
+        ended = stream.ended and not self._closing.is_set()
+        return received, ended, ended and isinstance(stream, JsonFileLog)
+
+    def _open_file(self) -> JsonFileLog | None:
+        """The container's log file, read from its start (the replay filter
+        skips what was shipped), where this monitor reads the engine's files
+        and the file is there; None: follow through the engine."""
+        if self.files is None:
+            return None
+        try:
+            return JsonFileLog(self.files.path(str(self.container.id)), self._exited,
+                               self.cursor.ts_ns if self.cursor is not None else None)
+        except OSError as error:
+            log.debug("following the log of %s through the engine: %s", self.task_name, error)
+            return None
 
     def _accept(self, raws: list[bytes], replay: ReplayFilter) -> bool:
         """Queue the lines (all that one read brought) the replay does not
@@ -370,8 +398,10 @@ class LogShipping:
 
     def __init__(self, store: Store, max_lines: int, flush_seconds: float = FLUSH_SECONDS,
                  batch_lines: int = FLUSH_LINES, log_dir: str | None = None,
-                 max_file_bytes: int = 0, log_group: int | None = None) -> None:
+                 max_file_bytes: int = 0, log_group: int | None = None,
+                 files: EngineLogFiles | None = None) -> None:
         self.store, self.max_lines, self.log_dir = store, max_lines, log_dir
+        self.files = files
         self.log_group = log_group
         self.max_file_bytes = max_file_bytes
         self.flush_seconds, self.batch_lines = flush_seconds, batch_lines
@@ -399,7 +429,7 @@ class LogShipping:
                 shipper.abandon()  # what it could not write, the new one reads again
             shipper = LogShipper(self.store, container, ref, self.max_lines, self.batch_lines,
                                  self.log_dir, self.max_file_bytes, on_pending=self._queued,
-                                 log_group=self.log_group)
+                                 log_group=self.log_group, files=self.files)
             self._shippers[key] = shipper
             shipper.start()
             if self._flusher is None and not self._stop.is_set():

@@ -31,6 +31,7 @@ from docker.models.containers import Container
 from requests.exceptions import RequestException
 
 from services.monitor.dispatch import DispatcherClosed, KeyedDispatcher, backoff_delay
+from services.monitor.enginefiles import EngineLogFiles
 from services.monitor.fence import FenceJournal
 from services.monitor.logs import LogShipping, close_stream
 from services.monitor.observations import (
@@ -102,7 +103,9 @@ class Monitor:
         self.engine = EngineCalls(docker_client)
         self.shipping = LogShipping(store, settings.log_max_lines, log_dir=settings.task_log_dir,
                                     max_file_bytes=settings.log_max_bytes_per_task,
-                                    log_group=settings.log_group)
+                                    log_group=settings.log_group,
+                                    files=EngineLogFiles.discover(docker_client,
+                                                                  settings.log_engine_files))
         self._dispatch = KeyedDispatcher(HANDLER_THREADS)
         self._events_lock = threading.Lock()
         self._events_stream: Any = None

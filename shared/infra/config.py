@@ -354,6 +354,13 @@ class Settings:
         "scheduler, run unprivileged, read and file task logs the node agent writes as root; "
         "unset: the tree is root's (`0750`/`0640`). docs/operations.md, \"Retention\"",
         shown="unset (Compose, Kubernetes: `10001`, the image's group `pai`)", passed_by=BOTH)
+    log_engine_files: str = setting(
+        "PAI_LOG_ENGINE_FILES", "auto", types.engine_files,
+        "where a node's monitor reads task output: `auto`, the engine's own json-file logs "
+        "(`<DockerRootDir>/containers`) where its driver is json-file and the folder is "
+        "readable, else through the engine; `off`, always through the engine; or the folder "
+        "as this agent sees it (a container with the host's folder mounted: the Kubernetes "
+        "DaemonSet mounts `/var/lib/docker/containers`)", passed_by=(K8S,))
     log_max_lines: int = setting("PAI_LOG_MAX_LINES", 100_000, types.count,
                                  "lines kept per task log in Redis while its job is live")
     log_max_bytes_per_task: int = setting(

@@ -153,6 +153,14 @@ def log_level(name: str, raw: str) -> str:
     return level
 
 
+def engine_files(name: str, raw: str) -> str:
+    """`auto`, `off`, or an absolute folder."""
+    value = raw.strip()
+    if value.lower() in ("auto", "off"):
+        return value.lower()
+    return absolute_path(name, value)
+
+
 def log_format(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value not in ("text", "json"):

@@ -22,6 +22,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 
+from services.monitor.enginefiles import AUTO, OFF, EngineLogFiles
 from services.monitor.loglines import LogCursor, split_timestamp
 from services.monitor.logs import LogShipping, LogStream
 from shared.domain.states import TaskState
@@ -193,6 +194,34 @@ def test_a_drained_exit_reads_the_log_to_its_end_and_inspects_nothing(
         relay.close()
 
 
+def test_a_log_read_from_the_engines_file_asks_the_engine_for_nothing(
+        rig: Rig, tmp_path: Path) -> None:
+    """Where the monitor reads the engine's json-file logs, a container's whole
+    log, running and after its exit, costs the engine no call at all."""
+    job_id = rig.place()
+    container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 10")
+    files = EngineLogFiles.discover(rig.docker, AUTO)
+    assert files is not None, "the test engine's log files are readable"
+    relay = CountingRelay(tmp_path / "relay.sock", rig.docker.api._custom_adapter.socket_path)
+    watched = docker.DockerClient(base_url=f"unix://{relay.path}", version="1.41")
+    seen = watched.containers.prepare_model({"Id": container.id})
+    ref = TaskRef(job_id, 0, "main", 0)
+    shipping = LogShipping(rig.store, max_lines=1000, files=files)
+    try:
+        shipping.ensure(seen, ref)
+        wait_for(lambda: rig.log(job_id) == [str(n) for n in range(1, 6)], "the first lines")
+        release(container)
+        rig.docker.api.wait(container.id, timeout=60)
+        assert shipping.drain(seen, ref, DRAIN_SECONDS)
+        assert rig.log(job_id) == [str(n) for n in range(1, 11)]
+        assert relay.ending("/logs") == []
+        assert relay.ending("/json") == []
+    finally:
+        shipping.close()
+        watched.close()
+        relay.close()
+
+
 def test_a_reconcile_pass_inspects_only_what_exited(rig: Rig, tmp_path: Path) -> None:
     """Reconcile lists the node's containers in one call: a running one is
     not inspected, pass after pass; an exited one once, for how it ended."""
@@ -220,13 +249,18 @@ def test_a_reconcile_pass_inspects_only_what_exited(rig: Rig, tmp_path: Path) ->
         relay.close()
 
 
-def test_a_loud_container_that_exits_at_once_is_shipped_to_its_last_line(rig: Rig) -> None:
+@pytest.mark.parametrize("setting", [OFF, AUTO])
+def test_a_loud_container_that_exits_at_once_is_shipped_to_its_last_line(
+        rig: Rig, setting: str) -> None:
     """This engine may end a follow before the last lines of a container that
-    exits right after writing them: the read after the exit gets them."""
+    exits right after writing them: the read after the exit gets them. Read
+    from the engine's file, the file after the exit holds them all."""
     lines = 100_000
     job_id = rig.place()
     ref = TaskRef(job_id, 0, "main", 0)
-    shipping = LogShipping(rig.store, max_lines=2 * lines)
+    files = EngineLogFiles.discover(rig.docker, setting)
+    assert (files is not None) == (setting == AUTO)
+    shipping = LogShipping(rig.store, max_lines=2 * lines, files=files)
     try:
         container = rig.run(job_id, f"seq 1 {lines}")
         shipper = shipping.ensure(container, ref)

@@ -2,6 +2,9 @@
 
 Real Redis and Docker. The restart cases stop one monitor part-way through a
 container's output and let a new one carry on, as after a crash or upgrade.
+Every case runs twice: the monitor reading the engine's json-file logs
+itself (services/monitor/enginefiles.py), and following them through the
+engine (PAI_LOG_ENGINE_FILES=off).
 """
 
 from __future__ import annotations
@@ -9,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import docker
 import pytest
 
+from services.monitor.enginefiles import AUTO, OFF, EngineLogFiles
 from services.monitor.loglines import MAX_LINE_BYTES
 from services.monitor.logs import LogShipping, close_stream
 from shared.domain.states import JobState
@@ -24,6 +29,18 @@ pytestmark = [pytest.mark.docker, pytest.mark.redis]
 __all__ = ["rig"]  # the fixture, used by name
 
 DRAIN_SECONDS = 30.0
+
+
+@pytest.fixture(autouse=True, params=["engine files", "engine follow"])
+def files(request: pytest.FixtureRequest, rig: Rig,
+          docker_client: docker.DockerClient) -> EngineLogFiles | None:
+    """The monitors of a case read the engine's log files, or follow through
+    the engine; what a case's own LogShipping gets to the same end."""
+    setting = AUTO if request.param == "engine files" else OFF
+    rig.settings = dataclasses.replace(rig.settings, log_engine_files=setting)
+    found = EngineLogFiles.discover(docker_client, setting)
+    assert (found is not None) == (setting == AUTO), "the test engine's log files are readable"
+    return found
 
 
 def _numbers(first: int, last: int) -> list[str]:
@@ -67,13 +84,14 @@ def test_a_monitor_that_comes_back_after_the_exit_ships_only_the_rest(rig: Rig) 
     assert rig.gone(container)
 
 
-def test_draining_the_same_container_twice_ships_it_once(rig: Rig) -> None:
+def test_draining_the_same_container_twice_ships_it_once(
+        rig: Rig, files: EngineLogFiles | None) -> None:
     job_id = rig.place()
     container = rig.exited(rig.run(job_id, "seq 1 50"))
     ref = TaskRef(job_id, 0, "main", 0)
 
     for _ in range(2):  # two monitors in turn, each with its own shippers
-        shipping = LogShipping(rig.store, max_lines=1000)
+        shipping = LogShipping(rig.store, max_lines=1000, files=files)
         try:
             assert shipping.drain(container, ref, DRAIN_SECONDS)
         finally:
@@ -134,14 +152,15 @@ def test_a_broken_log_stream_is_resumed_without_repeats(rig: Rig) -> None:
     assert rig.log(job_id) == _numbers(1, 10)
 
 
-def test_a_line_is_written_when_it_arrives_not_on_a_timer(rig: Rig) -> None:
+def test_a_line_is_written_when_it_arrives_not_on_a_timer(
+        rig: Rig, files: EngineLogFiles | None) -> None:
     """Followers see a line one Redis round trip after Docker hands it over: with
     the flusher's timer set to an hour, the running task's lines still arrive."""
     job_id = rig.place()
     container = rig.run(job_id, f"seq 1 5; {GATE}; seq 6 7")
     wait_for(lambda: container.reload() or container.status == "running", "the container to run")
     ref = TaskRef(job_id, 0, "main", 0)
-    shipping = LogShipping(rig.store, max_lines=1000, flush_seconds=3600)
+    shipping = LogShipping(rig.store, max_lines=1000, flush_seconds=3600, files=files)
     try:
         shipping.ensure(container, ref)
         wait_for(lambda: rig.log(job_id) == _numbers(1, 5), "the first lines, while it runs")
@@ -155,14 +174,15 @@ def test_a_line_is_written_when_it_arrives_not_on_a_timer(rig: Rig) -> None:
     assert rig.log(job_id) == _numbers(1, 7)
 
 
-def test_the_flusher_of_a_node_with_nothing_running_sleeps(rig: Rig) -> None:
+def test_the_flusher_of_a_node_with_nothing_running_sleeps(
+        rig: Rig, files: EngineLogFiles | None) -> None:
     """Once its last container's log is shipped, the flusher waits for lines
     instead of waking every `flush_seconds` (five times a second by default)
     to sweep nothing; the next container's lines still go at once."""
     job_id = rig.place(tasks=2)
     ref, later = TaskRef(job_id, 0, "main", 0), TaskRef(job_id, 0, "main", 1)
     container = rig.run(job_id, "seq 1 3")
-    shipping = LogShipping(rig.store, max_lines=1000, flush_seconds=0.05)
+    shipping = LogShipping(rig.store, max_lines=1000, flush_seconds=0.05, files=files)
     try:
         shipping.ensure(container, ref)
         rig.exited(container)
