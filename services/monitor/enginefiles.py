@@ -81,7 +81,7 @@ def entries_as_follow(data: bytes) -> bytes:
     for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("log"), str):
             out.append(f"{entry.get('time', '')} {entry['log']}")
-    return "".join(out).encode("utf-8", "surrogateescape")
+    return "".join(out).encode("utf-8", "replace")  # (Go never writes a lone surrogate)
 
 
 class _Inotify:

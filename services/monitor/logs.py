@@ -47,7 +47,7 @@ from services.monitor.loglines import (
     LineSplitter,
     LogCursor,
     ReplayFilter,
-    advance,
+    advance_all,
     render_line,
     split_timestamp,
 )
@@ -303,17 +303,20 @@ class LogShipper:
         """Queue the lines (all that one read brought) the replay does not
         skip; write them when a batch is full. Whether any was new."""
         entries: list[LogEntry] = []
-        cursor = self.cursor
+        stamps: list[int] = []
         for raw in raws:
             ts_ns, message = split_timestamp(raw)
             if replay.skips(ts_ns):
                 continue
             if ts_ns is not None:
-                cursor = advance(cursor, ts_ns)
-            entries.append((render_line(message), cursor))
+                stamps.append(ts_ns)
+            entries.append((render_line(message), None))
         if not entries:
             return False
-        self.cursor = cursor
+        # Only a batch's last entry carries a cursor (append_log_entries):
+        # the one after all of this read's lines.
+        self.cursor = cursor = advance_all(self.cursor, stamps)
+        entries[-1] = (entries[-1][0], cursor)
         with self._lock:
             first = not self._pending
             self._pending += entries

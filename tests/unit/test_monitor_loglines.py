@@ -17,6 +17,7 @@ from services.monitor.loglines import (
     LogCursor,
     ReplayFilter,
     advance,
+    advance_all,
     parse_docker_timestamp,
     render_line,
     split_timestamp,
@@ -195,6 +196,16 @@ def test_cursor_round_trip_and_since() -> None:
 )
 def test_advance(cursor: LogCursor | None, stamp: int, expected: LogCursor) -> None:
     assert advance(cursor, stamp) == expected
+
+
+@given(st.one_of(st.none(), st.builds(LogCursor, st.integers(0, 20), st.integers(1, 5))),
+       st.lists(st.integers(0, 20), max_size=30))
+def test_advancing_over_many_stamps_is_advancing_over_each(
+        cursor: LogCursor | None, stamps: list[int]) -> None:
+    expected = cursor
+    for stamp in stamps:
+        expected = advance(expected, stamp)
+    assert advance_all(cursor, stamps) == expected
 
 
 def _ship(stamps: list[int], cursor: LogCursor | None) -> tuple[list[int], LogCursor | None]:
