@@ -397,14 +397,13 @@ def detail(username: str, name: str) -> dict[str, Any]:
       responses: {200: JobDetail}
     """
     store = platform().store
-    job = get_job_or_404(username, name)
+    job, tasks = store.job_with_tasks(get_job_or_404(username, name))
     config = store.get_config(job.id) or {"taskRoles": []}
     roles = [r["name"] for r in config["taskRoles"]]
     position = store.queue_position(job)
     attempts = store.get_attempts(job.id)
     # a compacted record leaves out what its last attempt tells (shared/domain/archive.py)
     job.exit_diagnostics = diagnostics_of(job.state.value, job.exit_diagnostics, attempts)
-    tasks = store.get_tasks(job.id, job.attempt)
     flagged = idle.flagged_tasks(store.r, job.id, job.attempt, tasks, now_ms(),
                                  int(platform().settings.idle_gpu_seconds * 1000))
     return job_detail(job, roles, tasks, attempts, f"/api/v1/user/{username}/jobs/{name}",

@@ -145,6 +145,25 @@ def test_submit_place_run_exit_zero_succeeds(store: Store, redis_client: redis.R
     assert_state_index_consistent(redis_client, done)
 
 
+def test_a_job_read_before_its_retry_is_shown_with_the_tasks_of_its_new_attempt(
+        store: Store) -> None:
+    """What a job's detail shows (`Store.job_with_tasks`): the record and the
+    tasks of the attempt it names, read together, though the record the
+    caller holds named the attempt before."""
+    job = submit_job(store, "alice", config(retryCount=1))
+    start_all(store, job.id)
+    before = job_of(store, job.id)
+    exit_task(store, job.id, "main", 0, 1)  # a retry: attempt 1, its task waiting
+
+    shown, tasks = store.job_with_tasks(before)
+
+    assert (before.attempt, shown.attempt, shown.state) == (0, 1, JobState.WAITING)
+    assert [(t.key, t.state) for t in tasks] == [("main:0", TaskState.WAITING)]
+    start_all(store, job.id)
+    shown, tasks = store.job_with_tasks(shown)
+    assert (shown.state, [t.state for t in tasks]) == (JobState.RUNNING, [TaskState.RUNNING])
+
+
 def test_every_transition_bumps_the_version(store: Store) -> None:
     job = submit_job(store, "alice", config(roles=[role("main", 2)]))
     versions = [job.version]

@@ -26,6 +26,7 @@ import redis
 from redis.client import NEVER_DECODE
 
 from shared.domain.archive import Archive
+from shared.domain.models import Job, Task
 from shared.infra import links
 from shared.infra.config import parse_sentinel_url
 from shared.infra.failover import SWITCH_ERRORS, FailoverWait, failover_seconds, sentinel_client
@@ -200,11 +201,32 @@ from shared.state.store.nodes import (  # noqa: E402
     NodesMixin,
     Snapshot,
 )
-from shared.state.store.tasks import TasksMixin, task_is_live  # noqa: E402
+from shared.state.store.tasks import TasksMixin, _in_task_order, task_is_live  # noqa: E402
+
+JOB_VIEW_TRIES = 3  # Store.job_with_tasks: reads of a job whose attempt keeps moving
 
 
 class Store(JobsMixin, TasksMixin, ListingMixin, NodesMixin, LogsMixin):
     """Every concept's reads and writes on one client."""
+
+    def job_with_tasks(self, job: Job) -> tuple[Job, list[Task]]:
+        """The job's record and its current attempt's tasks as of one moment
+        (`read_job_view`: one script call), for a view that must not show,
+        say, a WAITING job with a RUNNING task. `job` as read before names
+        the attempt; read again until the record names the same one (a few
+        tries: a job that moves on faster is shown as last read, its tasks
+        read after it). A compacted job's tasks come from its archive."""
+        view = None
+        for _ in range(JOB_VIEW_TRIES):
+            view = self.read_job_view(self.r, job.id, job.attempt)
+            if view.job is None:
+                return job, self.get_tasks(job.id, job.attempt)
+            asked, job = job.attempt, view.job
+            if job.attempt == asked:
+                if view.tasks:
+                    return job, _in_task_order(view.tasks.values())
+                break
+        return job, self.get_tasks(job.id, job.attempt)
 
     @classmethod
     def from_url(cls, url: str) -> Store:
