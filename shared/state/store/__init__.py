@@ -216,7 +216,6 @@ class Store(JobsMixin, TasksMixin, ListingMixin, NodesMixin, LogsMixin):
         the attempt; read again until the record names the same one (a few
         tries: a job that moves on faster is shown as last read, its tasks
         read after it). A compacted job's tasks come from its archive."""
-        view = None
         for _ in range(JOB_VIEW_TRIES):
             view = self.read_job_view(self.r, job.id, job.attempt)
             if view.job is None:
