@@ -171,7 +171,7 @@ class LogWriter:
     def _write(self) -> None:
         while not self.stop.wait(1.0 / self.per_second):
             self.lines += 1
-            append_log_entries(self.r, self.task, [(f"step {self.lines} loss 0.1", None)],
+            append_log_entries(self.r, self.task, [f"step {self.lines} loss 0.1"],
                                100_000)
 
     def close(self) -> None:

@@ -9,9 +9,10 @@ node's cores beside the job, and for a long log it is slower than the job
 that writes it (docs/performance-log.md, 2026-11-29). So, where the monitor
 can open the file, it reads the file itself:
 
-- `JsonFileLog` gives what `logs.LogStream` gives: chunks of
-  `<time> <text>` entries, as a follow with timestamps sends them, so the
-  shipper's line splitting, replay filter and cursor stay as they are;
+- `JsonFileLog` gives what `logs.LogStream` gives: the lines of each read,
+  stamped (`loglines.StampedLine`), so the shipper's replay filter and
+  cursor are the follow's; they are the entries' own texts and times
+  (`EntryLines`), with no follow's byte stream rebuilt and cut again;
 - complete lines only: a read that stops inside the engine's write keeps the
   rest for the next read;
 - a resumed read (a restarted monitor, a broken read) starts at the file's
@@ -40,15 +41,23 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import itertools
 import json
 import logging
+import operator
 import os
+import re
 import select
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from services.monitor.loglines import parse_docker_timestamp
+from services.monitor.loglines import (
+    MAX_LINE_BYTES,
+    StampedLines,
+    parse_docker_timestamp,
+    render_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,22 +75,110 @@ JSON_FILE_DRIVER = "json-file"
 AUTO, OFF = "auto", "off"
 
 
-def entries_as_follow(data: bytes) -> bytes:
-    """Complete json-file lines (`data` ends with a newline) as a follow with
-    timestamps sends them: `<time> <log>` each. A line that is not an entry
-    (a torn write the engine never finished) is skipped."""
+# A JSON escape of a UTF-16 surrogate, which no UTF-8 text holds: the engine
+# never writes one, but a line decoded from one is made safe to encode.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A text this short is under the line cap whatever its characters (4 bytes
+# each at most), so it is kept as it is.
+_PLAIN_CHARS = MAX_LINE_BYTES // 4
+_LOG, _TIME = operator.itemgetter("log"), operator.itemgetter("time")
+_WITHOUT_NEWLINE = operator.itemgetter(slice(None, -1))
+
+
+def _entries(data: bytes) -> list[Any]:
+    """The JSON values of complete json-file lines (`data` ends with a
+    newline), in one parse; line by line, skipping any that is not JSON, if
+    the whole does not parse (a torn write the engine never finished)."""
     try:
-        entries = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+        entries: list[Any] = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+        return entries
     except ValueError:
         entries = []
         for line in data.splitlines():
             with contextlib.suppress(ValueError):
                 entries.append(json.loads(line))
-    out = []
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("log"), str):
-            out.append(f"{entry.get('time', '')} {entry['log']}")
-    return "".join(out).encode("utf-8", "replace")  # (Go never writes a lone surrogate)
+        return entries
+
+
+class EntryLines:
+    """The lines of json-file entries, as the shipper takes them
+    (`loglines.StampedLines`): each entry's text without its newline,
+    stamped with the entry's time, rendered as a follow's lines are.
+
+    The engine cuts a message longer than its 16 KiB buffer into entries
+    whose text has no newline but the last's: they are one line, stamped
+    with the first's time and capped (`loglines.MAX_LINE_BYTES`). A value
+    that is not an entry (a torn write) is skipped. A read of whole short
+    lines (nearly every read) is taken in bulk, without a step a line in
+    Python.
+    """
+
+    def __init__(self) -> None:
+        self._part: list[str] = []  # the entries of an unfinished line, capped
+        self._part_chars = 0
+        self._part_stamp: int | None = None
+
+    def feed(self, data: bytes) -> StampedLines:
+        """The lines that these complete lines of the file finish."""
+        entries = _entries(data)
+        plain = _SURROGATE_ESCAPE.search(data) is None
+        if plain and not self._part:
+            try:
+                texts, times = list(map(_LOG, entries)), list(map(_TIME, entries))
+                if all(map(str.endswith, texts, itertools.repeat("\n"))) \
+                        and not any(map(str.endswith, texts, itertools.repeat("\r\n"))) \
+                        and max(map(len, texts), default=0) <= _PLAIN_CHARS:
+                    return StampedLines.of_utc_times(list(map(_WITHOUT_NEWLINE, texts)), times)
+            except (TypeError, KeyError):
+                pass  # not all of them entries with text and time: one by one
+        return self._each(entries, plain)
+
+    def finish(self) -> StampedLines:
+        """The log's last line, if it ended without a newline."""
+        if not self._part:
+            return StampedLines([], stamps=[])
+        stamp, text = self._joined()
+        return StampedLines([text], stamps=[stamp])
+
+    def _each(self, entries: list[Any], plain: bool) -> StampedLines:
+        texts: list[str] = []
+        stamps: list[int | None] = []
+        for entry in entries:
+            try:
+                text, time = entry["log"], entry.get("time")
+            except (TypeError, KeyError, AttributeError):
+                continue
+            if type(text) is not str:
+                continue
+            stamp = parse_docker_timestamp(time) if type(time) is str else None
+            if self._part or not text.endswith("\n"):
+                line = self._join(text, stamp)
+                if line is None:
+                    continue
+                stamp, text = line
+            elif plain and len(text) <= _PLAIN_CHARS and not text.endswith("\r\n"):
+                text = text[:-1]
+            else:
+                text = render_text(text[:-1])
+            texts.append(text)
+            stamps.append(stamp)
+        return StampedLines(texts, stamps=stamps)
+
+    def _join(self, text: str, stamp: int | None) -> tuple[int | None, str] | None:
+        """One more entry of a line cut into several; the line once it is whole."""
+        if not self._part:
+            self._part_stamp = stamp
+        room = MAX_LINE_BYTES - self._part_chars
+        if room > 0:
+            self._part.append(text[:room])
+            self._part_chars += min(len(text), room)
+        return self._joined() if text.endswith("\n") else None
+
+    def _joined(self) -> tuple[int | None, str]:
+        text = "".join(self._part)
+        stamp = self._part_stamp
+        self._part, self._part_chars, self._part_stamp = [], 0, None
+        return stamp, render_text(text[:-1] if text.endswith("\n") else text)
 
 
 class _Inotify:
@@ -169,7 +266,8 @@ class JsonFileLog:
             self._notify.close()
             raise
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[StampedLines]:
+        entries = EntryLines()
         pending = b""
         gone = False  # the path held nothing at the last look: one more read, then stop
         try:
@@ -185,14 +283,17 @@ class JsonFileLog:
                     if cut and self._passed_over(data[:cut]):
                         continue
                     if cut:
-                        out = entries_as_follow(data[:cut])
-                        if out:
-                            yield out
+                        lines = entries.feed(data[:cut])
+                        if lines:
+                            yield lines
                     continue
                 if self._reopen_if_rotated():
                     gone = False
                     continue
                 if exited:
+                    last = entries.finish()
+                    if last and not self._closed:
+                        yield last
                     self.ended = not self._closed
                     return
                 if gone:

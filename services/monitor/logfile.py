@@ -40,7 +40,7 @@ def within_cap(lines: Sequence[str], size: int, max_bytes: int) -> tuple[bytes, 
     """What to append to a file of `size` bytes capped at `max_bytes` (0: no
     cap): the lines that fit, and whether the cap was reached (then the cut
     marker follows them, once: one task cannot fill the log tree)."""
-    data = "".join(line + "\n" for line in lines).encode("utf-8", errors="replace")
+    data = ("\n".join(lines) + "\n" if lines else "").encode("utf-8", errors="replace")
     if not max_bytes or size + len(data) <= max_bytes:
         return data, False
     room = max(0, max_bytes - size)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import calendar
 import codecs
 import functools
+import itertools
+import operator
 import re
 import struct
 from collections.abc import Iterable
@@ -94,6 +96,96 @@ def split_timestamp(raw: bytes) -> tuple[int | None, bytes]:
     return stamp, raw[space + 1:]
 
 
+_WITHOUT_ZONE = operator.itemgetter(slice(None, -1))
+_ZONE_SUFFIX = "Z"
+# "YYYY-MM-DDTHH:MM:SSZ" to "YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ".
+_UTC_STAMP_CHARS = (_SECOND_DIGITS + 1, _SECOND_DIGITS + 2 + _MAX_FRACTION_DIGITS)
+
+
+class StampedLines:
+    """One read's lines as the shipper takes them from either source: the
+    text a user sees of each, and the engine's stamp of each (ns; None
+    where a line bore none).
+
+    From a follow the stamps come parsed (`of_follow`). From the engine's
+    json-file they come as its RFC 3339 texts (`of_utc_times`), parsed only
+    if a resumed read needs each line's: what the cursor needs, the newest
+    stamp and how many lines bear it, is found among the texts themselves.
+    The engine writes them in UTC with the fraction's trailing zeros cut
+    ("...:15.1Z"), so that, without the "Z", one sorts before another as
+    their instants do, and equal instants are equal texts.
+    """
+
+    __slots__ = ("_stamps", "_times", "texts")
+
+    def __init__(self, texts: list[str], stamps: list[int | None] | None = None,
+                 times: list[str] | None = None) -> None:
+        self.texts = texts
+        self._stamps, self._times = stamps, times
+
+    @classmethod
+    def of_follow(cls, raws: Iterable[bytes]) -> StampedLines:
+        """A follow's raw lines, `<timestamp> <text>` each."""
+        stamps: list[int | None] = []
+        texts: list[str] = []
+        for raw in raws:
+            stamp, message = split_timestamp(raw)
+            stamps.append(stamp)
+            texts.append(render_line(message))
+        return cls(texts, stamps=stamps)
+
+    @classmethod
+    def of_utc_times(cls, texts: list[str], times: list[str]) -> StampedLines:
+        """Texts with the engine's stamps of them as written in its json-file;
+        stamps of any other form are parsed at once."""
+        if times and all(map(str.endswith, times, itertools.repeat(_ZONE_SUFFIX))) \
+                and _UTC_STAMP_CHARS[0] <= min(map(len, times)) \
+                and max(map(len, times)) <= _UTC_STAMP_CHARS[1]:
+            return cls(texts, times=times)
+        return cls(texts, stamps=[parse_docker_timestamp(time) for time in times])
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StampedLines) and self.pairs() == other.pairs()
+
+    def __repr__(self) -> str:
+        return f"StampedLines({self.pairs()!r})"
+
+    def stamps(self) -> list[int | None]:
+        """Each line's stamp."""
+        if self._stamps is None:
+            self._stamps = [parse_docker_timestamp(time) for time in self._times or ()]
+        return self._stamps
+
+    def pairs(self) -> list[tuple[int | None, str]]:
+        return list(zip(self.stamps(), self.texts, strict=True))
+
+    def newest(self) -> tuple[int, int] | None:
+        """The newest stamp and how many lines bear it; None if none has one."""
+        if self._times is not None:
+            keys = list(map(_WITHOUT_ZONE, self._times))
+            top = max(keys)
+            stamp = parse_docker_timestamp(top + _ZONE_SUFFIX)
+            if stamp is not None:
+                return stamp, keys.count(top)
+        stamps = [stamp for stamp in self.stamps() if stamp is not None]
+        if not stamps:
+            return None
+        top_stamp = max(stamps)
+        return top_stamp, stamps.count(top_stamp)
+
+    def without(self, replay: ReplayFilter) -> StampedLines:
+        """The lines a resumed read's replay filter does not skip."""
+        if replay.passed:
+            return self
+        kept = [(stamp, text) for stamp, text in zip(self.stamps(), self.texts, strict=True)
+                if not replay.skips(stamp)]
+        return StampedLines([text for _stamp, text in kept],
+                            stamps=[stamp for stamp, _text in kept])
+
+
 def render_line(message: bytes, max_bytes: int = MAX_LINE_BYTES) -> str:
     """The text a user sees: `\\r\\n` endings dropped, capped, invalid UTF-8 replaced.
 
@@ -106,6 +198,15 @@ def render_line(message: bytes, max_bytes: int = MAX_LINE_BYTES) -> str:
         return message.decode("utf-8", "replace")
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     return decoder.decode(message[:max_bytes], final=False)
+
+
+def render_text(text: str, max_bytes: int = MAX_LINE_BYTES) -> str:
+    """`render_line` of a line already decoded (a json-file entry's text
+    without its newline); a lone surrogate (which no UTF-8 encodes) is replaced."""
+    if text.endswith("\r"):
+        text = text[:-1]
+    data = text.encode("utf-8", "replace")
+    return render_line(data, max_bytes) if len(data) > max_bytes else data.decode("utf-8")
 
 
 # A multiplexed log frame: stream number (0-3: stdin, stdout, stderr, the
@@ -232,6 +333,20 @@ def advance(cursor: LogCursor | None, ts_ns: int) -> LogCursor:
     return moved
 
 
+def advance_to_newest(cursor: LogCursor | None,
+                      newest: tuple[int, int] | None) -> LogCursor | None:
+    """`advance_all` over a read's stamps, from the newest of them and how
+    many lines bear it (`StampedLines.newest`)."""
+    if newest is None:
+        return cursor
+    stamp, count = newest
+    if cursor is None or stamp > cursor.ts_ns:
+        return LogCursor(stamp, count)
+    if stamp == cursor.ts_ns:
+        return LogCursor(stamp, cursor.count + count)
+    return cursor
+
+
 def advance_all(cursor: LogCursor | None, stamps: Iterable[int]) -> LogCursor | None:
     """`advance` over each of `stamps` in turn, one cursor made at the end
     (a read of 100,000 lines made 100,000 cursors); `cursor` itself when no
@@ -253,6 +368,11 @@ class ReplayFilter:
         self._cursor = cursor
         self._equal_seen = 0
         self._passed = cursor is None
+
+    @property
+    def passed(self) -> bool:
+        """Past the cursor: nothing more is skipped."""
+        return self._passed
 
     def skips(self, ts_ns: int | None) -> bool:
         if self._passed or ts_ns is None or self._cursor is None:

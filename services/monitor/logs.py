@@ -4,13 +4,15 @@ One `LogShipper` per container follows `docker logs --follow --timestamps`,
 or, where the monitor can read it, the engine's own json-file of the log
 (enginefiles.py: the same entries, without the engine's decoding), cuts the
 stream into lines (loglines.py) and queues them; a shared flusher
-writes them to Redis as soon as they are queued, and a shipper writes itself
-when 500 lines are waiting. A line reaches Redis one round trip after Docker
-handed it over: the flusher sleeps until a shipper queues a line into an empty
-queue, and whatever arrives while a write is in flight goes in the next one,
-so a busy log is written in batches without a timer holding lines back.
-Writing is back-pressured: while Redis refuses, the shipper stops reading
-(Docker keeps the output meanwhile), and the flusher retries every 200 ms.
+writes them to Redis as soon as they are queued. A line reaches Redis one
+round trip after Docker handed it over: the flusher sleeps until a shipper
+queues a line into an empty queue (or fills a batch of 500), and whatever
+arrives while a write is in flight goes in the next one, so a busy log is
+written in batches without a timer holding lines back, and a shipper reads
+and cuts its next lines while Redis appends its last ones. Writing is
+back-pressured: with four batches waiting the shipper writes them itself,
+and while Redis refuses it stops reading (Docker keeps the output
+meanwhile); the flusher retries every 200 ms.
 
 Each batch is also appended to the task's full log file in the platform's
 log tree (PAI_LOG_DIR), right after it reached Redis (logfile.py).
@@ -47,11 +49,11 @@ from services.monitor.loglines import (
     LineSplitter,
     LogCursor,
     ReplayFilter,
-    advance_all,
-    render_line,
-    split_timestamp,
+    StampedLines,
+    advance_to_newest,
 )
 from services.monitor.observations import Phase, describe, phase_of
+from shared.domain.checkpoints import PREFIX as CHECKPOINT_PREFIX
 from shared.domain.checkpoints import last_checkpoint_step
 from shared.node.containers import TaskRef
 from shared.node.engine import BROKEN_STREAM_ERRORS, EngineCalls
@@ -62,6 +64,9 @@ log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.2  # the flusher's retry period while Redis refuses
 FLUSH_LINES = 500
+# How many full batches a shipper leaves to the flusher before it writes
+# them itself: its reads go on while Redis appends, and stop if Redis cannot.
+BACKLOG_BATCHES = 4
 # A log entry's fields: the line (as Store.append_log writes it) and the cursor.
 LINE_FIELD = "l"
 CURSOR_FIELD = "c"
@@ -77,24 +82,24 @@ _FINAL_FLUSH_TRIES = 3
 EXIT_NOTICE_SECONDS = 1.0
 _RAW_READ_BYTES = 64 * 1024
 
-LogEntry = tuple[str, LogCursor | None]
 
 
-def append_log_entries(r: Any, ref: TaskRef, entries: Sequence[LogEntry],
-                       max_lines: int) -> None:
-    """Append lines to the task's bounded stream, the last with the cursor
-    after it; the last checkpoint report among them (shared/domain/checkpoints.py)
-    is recorded for the attempt in the same round trip."""
-    if not entries:
+def append_log_entries(r: Any, ref: TaskRef, lines: Sequence[str], max_lines: int,
+                       cursor: LogCursor | None = None) -> None:
+    """Append lines to the task's bounded stream, the last with `cursor` (the
+    cursor after it); the last checkpoint report among them
+    (shared/domain/checkpoints.py) is recorded for the attempt in the same
+    round trip. A line holds no newline (lines were cut at them); one that
+    does is appended as the lines it holds."""
+    if not lines:
         return
     key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
     pipe = r.pipeline(transaction=False)
-    last = entries[-1][1]
-    pairs = [part for line, _cursor in entries for part in (line, "")]
-    pairs[-1] = last.encode() if last is not None else ""
+    text = "\n".join(lines)
     scripts.run(pipe, scripts.APPEND_LOG_LINES, [key],
-                [max_lines, LINE_FIELD, CURSOR_FIELD, *pairs])
-    step = last_checkpoint_step(line for line, _cursor in entries)
+                [max_lines, LINE_FIELD, CURSOR_FIELD,
+                 cursor.encode() if cursor is not None else "", text])
+    step = last_checkpoint_step(lines) if CHECKPOINT_PREFIX in text else None
     if step is not None:
         checkpoints.record_step(pipe, ref.job_id, ref.attempt, step)
     pipe.execute()
@@ -127,7 +132,8 @@ class LogShipper:
         self.task_name = describe(ref)
         self.max_lines, self.batch_lines = max_lines, batch_lines
         self.cursor: LogCursor | None = None
-        self._pending: list[LogEntry] = []
+        self._pending: list[str] = []
+        self._pending_cursor: LogCursor | None = None  # the cursor after the last pending line
         self._lock = threading.Lock()  # guards _pending and _stream
         self._write_lock = threading.Lock()  # one write at a time, so lines stay in order
         self._stream: Any = None
@@ -171,24 +177,25 @@ class LogShipper:
         """Forget unwritten lines: a new shipper will read them again from Docker."""
         self.stop()
         with self._write_lock, self._lock:
-            self._pending = []
+            self._pending, self._pending_cursor = [], None
 
     def flush(self) -> bool:
         """Write the waiting lines; False (and they wait on) when Redis refused."""
         with self._write_lock:
             with self._lock:
                 batch, self._pending = self._pending, []
+                cursor = self._pending_cursor
             if not batch:
                 return True
             try:
-                append_log_entries(self.store.r, self.ref, batch, self.max_lines)
+                append_log_entries(self.store.r, self.ref, batch, self.max_lines, cursor)
             except RedisError as error:
                 log.warning("cannot ship %d log lines of %s: %s", len(batch), self.task_name, error)
                 with self._lock:
                     self._pending[:0] = batch
                 return False
             if self._file is not None:
-                self._file.append([line for line, _cursor in batch])
+                self._file.append(batch)
             return True
 
     # ------------------------------------------------------------ the thread
@@ -269,14 +276,10 @@ class LogShipper:
             self._stream = stream
         if self._closing.is_set():
             close_stream(stream)
-        splitter, replay, received = LineSplitter(), ReplayFilter(self.cursor), False
+        replay, received = ReplayFilter(self.cursor), False
         try:
-            for chunk in stream:
-                received = self._accept(splitter.feed(chunk), replay) or received
-            if stream.ended and not self._closing.is_set():
-                # the log's last line, without its newline; a broken stream's
-                # unfinished line waits for the resumed read, which has it whole
-                received = self._accept(splitter.finish(), replay) or received
+            for lines in stream:
+                received = self._accept(lines, replay) or received
         except (DockerException, RequestException, OSError) as error:
             log.debug("the log stream of %s broke: %s", self.task_name, error)
         finally:
@@ -299,31 +302,26 @@ class LogShipper:
             log.debug("following the log of %s through the engine: %s", self.task_name, error)
             return None
 
-    def _accept(self, raws: list[bytes], replay: ReplayFilter) -> bool:
+    def _accept(self, lines: StampedLines, replay: ReplayFilter) -> bool:
         """Queue the lines (all that one read brought) the replay does not
-        skip; write them when a batch is full. Whether any was new."""
-        entries: list[LogEntry] = []
-        stamps: list[int] = []
-        for raw in raws:
-            ts_ns, message = split_timestamp(raw)
-            if replay.skips(ts_ns):
-                continue
-            if ts_ns is not None:
-                stamps.append(ts_ns)
-            entries.append((render_line(message), None))
-        if not entries:
+        skip, for the flusher; write them here once `BACKLOG_BATCHES`
+        batches wait (Redis slower than the log, or refusing). Whether any
+        was new."""
+        lines = lines.without(replay)
+        if not lines:
             return False
-        # Only a batch's last entry carries a cursor (append_log_entries):
+        # Only a batch's last line carries a cursor (append_log_entries):
         # the one after all of this read's lines.
-        self.cursor = cursor = advance_all(self.cursor, stamps)
-        entries[-1] = (entries[-1][0], cursor)
+        self.cursor = cursor = advance_to_newest(self.cursor, lines.newest())
         with self._lock:
             first = not self._pending
-            self._pending += entries
-            full = len(self._pending) >= self.batch_lines
-        if first and not full and self._on_pending is not None:
-            self._on_pending(self)
-        if full:
+            self._pending += lines.texts
+            self._pending_cursor = cursor
+            waiting = len(self._pending)
+        full, backlog = waiting >= self.batch_lines, waiting >= self.batch_lines * BACKLOG_BATCHES
+        if (first or full) and not backlog and self._on_pending is not None:
+            self._on_pending(self)  # written by the flusher while this reads on
+        elif full:
             failures = 0
             while not self.flush() and not self._closing.is_set():
                 failures += 1
@@ -360,11 +358,21 @@ class LogStream:
         self._response = engine.follow_log(container_id, since)
         self.ended = False
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[StampedLines]:
+        """Each chunk's complete lines, stamped; at the end (not a break) the
+        log's last line, if it has no newline. A broken stream's unfinished
+        line waits for the resumed read, which has it whole."""
+        splitter = LineSplitter()
         try:
-            yield from self._chunks()
+            for chunk in self._chunks():
+                lines = splitter.feed(chunk)
+                if lines:
+                    yield StampedLines.of_follow(lines)
         except BROKEN_STREAM_ERRORS:
             return  # broke: not `ended`
+        last = splitter.finish()
+        if last:
+            yield StampedLines.of_follow(last)
         self.ended = True
 
     def _chunks(self) -> Iterator[bytes]:

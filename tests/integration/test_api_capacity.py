@@ -184,7 +184,7 @@ def test_follows_over_the_cap_get_429_with_retry_after_until_one_closes(
     while time.monotonic() < deadline:
         # The server finds a follower gone when it writes to it: give it lines.
         line += 1
-        append_log_entries(redis_client, task, [(f"line {line}", None)], 1000)
+        append_log_entries(redis_client, task, [f"line {line}"], 1000)
         with api.http.get(f"{api.url}{FOLLOWED}", timeout=DEADLINE_SECONDS,
                           stream=True) as again:
             if again.status_code == 200:
@@ -203,7 +203,7 @@ def test_followers_of_one_log_each_get_every_line_once_in_order(
     see one twice, or see them out of order, whenever it joined."""
     api = serve()
     task = TaskRef("root~followed", 0, "main", 0)
-    append_log_entries(redis_client, task, [("line 1", None)], 1000)
+    append_log_entries(redis_client, task, ["line 1"], 1000)
     got: dict[int, list[Event]] = {}
 
     def follow(n: int) -> None:
@@ -214,7 +214,7 @@ def test_followers_of_one_log_each_get_every_line_once_in_order(
     threads = [threading.Thread(target=follow, args=(n,)) for n in range(3)]
     threads[0].start()
     for n in range(2, 41):
-        append_log_entries(redis_client, task, [(f"line {n}", None)], 1000)
+        append_log_entries(redis_client, task, [f"line {n}"], 1000)
         if n in (10, 20):
             threads[n // 10].start()  # joining while lines flow
     deadline = time.monotonic() + DEADLINE_SECONDS

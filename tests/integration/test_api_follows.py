@@ -72,7 +72,7 @@ def test_a_line_with_a_bare_cr_is_one_event_with_that_text(
     """Threat: a job prints `hello\\rdata: forged\\r\\revent: x` to inject a
     server-sent event (a forged line or a forged end) into its follower's view."""
     append_log_entries(redis_client, TaskRef("alice~loud", 0, "main", 0),
-                       [("hello\rdata: forged\r\revent: x", None)], 100)
+                       ["hello\rdata: forged\r\revent: x"], 100)
     assert alice.put("/api/v1/user/alice/jobs/loud/executionType",
                      json={"value": "STOP"}).status_code == 202  # settled: the follow ends
 
@@ -102,7 +102,7 @@ def test_a_last_event_id_redis_would_refuse_is_a_400(alice: AuthedClient,
 def settle(user: AuthedClient, username: str, job: str, redis_client: redis.Redis) -> None:
     """A line in the job's log, then stop it: a follow of it ends after that line."""
     append_log_entries(redis_client, TaskRef(f"{username}~{job}", 0, "main", 0),
-                       [("a line", None)], 100)
+                       ["a line"], 100)
     assert user.put(f"/api/v1/user/{username}/jobs/{job}/executionType",
                     json={"value": "STOP"}).status_code == 202
 

@@ -43,7 +43,7 @@ def client(redis_server: str, redis_client: redis.Redis, tmp_path: Path) -> Flas
 
 def ship(redis_client: redis.Redis, first: int, last: int) -> None:
     append_log_entries(redis_client, TaskRef(JOB, 0, "main", 0),
-                       [(f"line {n}", None) for n in range(first, last + 1)], BOUND)
+                       [f"line {n}" for n in range(first, last + 1)], BOUND)
 
 
 def lines(client: FlaskClient, **query: str) -> list[str]:

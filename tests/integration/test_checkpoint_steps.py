@@ -14,7 +14,7 @@ JOB = "alice~digits"
 
 def ship(client: redis.Redis, attempt: int, *lines: str, index: int = 0) -> None:
     append_log_entries(client, TaskRef(JOB, attempt, "main", index, 0),
-                       [(line, None) for line in lines], max_lines=1000)
+                       lines, max_lines=1000)
 
 
 def test_the_newest_report_of_each_attempt_is_kept(redis_client: redis.Redis) -> None:

@@ -72,7 +72,7 @@ def finished_job(settings: Settings, store: Store, name: str, *, to_file: bool) 
     log_file = TaskLogFile(settings.task_log_dir or "", ref, group=settings.log_group)
     for start in (1, 31):
         batch = [f"line {n} of {job_id}" for n in range(start, start + 30)]
-        append_log_entries(store.r, ref, [(line, None) for line in batch], BOUND)
+        append_log_entries(store.r, ref, batch, BOUND)
         if to_file:
             log_file.append(batch)
     assert not log_file.failed

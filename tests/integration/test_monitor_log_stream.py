@@ -23,7 +23,7 @@ import pytest
 from docker.errors import NotFound
 
 from services.monitor.enginefiles import AUTO, OFF, EngineLogFiles
-from services.monitor.loglines import LogCursor, split_timestamp
+from services.monitor.loglines import LogCursor
 from services.monitor.logs import LogShipping, LogStream
 from shared.domain.states import TaskState
 from shared.node.containers import TaskRef
@@ -91,9 +91,15 @@ class CountingRelay:
         self._server.close()
 
 
-def _text(chunks: Iterator[bytes]) -> list[str]:
-    """The messages of a timestamped log, without the stamps."""
-    return [line.split(b" ", 1)[1].decode() for line in b"".join(chunks).splitlines()]
+def _lines(stream: LogStream) -> list[tuple[int | None, str]]:
+    return [line for lines in stream for line in lines.pairs()]
+
+
+def _text(stream: LogStream) -> list[str]:
+    """The lines' texts, without their stamps (which every line has)."""
+    lines = _lines(stream)
+    assert all(stamp is not None for stamp, _text in lines)
+    return [text for _stamp, text in lines]
 
 
 @pytest.fixture(params=[True, False], ids=["direct", "through-the-sdk"])
@@ -109,7 +115,7 @@ def test_a_stream_that_docker_ends_with_its_container_has_ended(
         rig: Rig, engine: EngineCalls) -> None:
     container = rig.exited(rig.run(rig.place(), "echo out; echo err >&2; echo more"))
     stream = LogStream(engine, str(container.id), None)
-    lines = _text(iter(stream))
+    lines = _text(stream)
     assert sorted(lines) == ["err", "more", "out"]
     assert stream.ended
 
@@ -119,7 +125,7 @@ def test_a_stream_closed_under_its_reader_has_not_ended(rig: Rig, engine: Engine
     try:
         stream = LogStream(engine, str(container.id), None)
         chunks = iter(stream)
-        assert b"first" in next(chunks)
+        assert next(chunks).texts == ["first"]
         stream.close()  # as an engine restart or a shipper's stop would
         assert list(chunks) == []
         assert not stream.ended
@@ -135,8 +141,7 @@ def test_a_tty_container_streams_raw_output(rig: Rig, engine: EngineCalls, test_
     try:
         assert rig.docker.api.wait(container.id, timeout=60)["StatusCode"] == 0
         stream = LogStream(engine, str(container.id), None)
-        output = b"".join(c if isinstance(c, bytes) else c.encode() for c in stream)
-        assert output.rstrip().endswith(b"on-a-tty")
+        assert _text(stream) == ["on-a-tty"]
         assert stream.ended
     finally:
         container.remove(force=True)
@@ -159,12 +164,11 @@ def test_a_follow_resumes_from_a_cursors_own_nanosecond(rig: Rig, engine: Engine
     nanosecond, inclusive, so the resumed read starts at the cursor's line
     rather than at the start of its second."""
     container = rig.exited(rig.run(rig.place(), "seq 1 200"))
-    lines = b"".join(LogStream(engine, str(container.id), None)).splitlines()
-    stamp, _ = split_timestamp(lines[149])
-    assert stamp is not None
+    stamp, text = _lines(LogStream(engine, str(container.id), None))[149]
+    assert (text, stamp is not None) == ("150", True)
     cursor = LogCursor(stamp, 1)
     stream = LogStream(engine, str(container.id), cursor.since)
-    assert _text(iter(stream)) == [str(n) for n in range(150, 201)]
+    assert _text(stream) == [str(n) for n in range(150, 201)]
     assert stream.ended
 
 

@@ -79,7 +79,7 @@ def ship(store: Store, settings: Settings, job_id: str, first: int, last: int, *
     log_file = TaskLogFile(settings.task_log_dir or "", ref)
     for start in range(first, last + 1, 50):
         batch = [f"line {n} of {job_id}" for n in range(start, min(last, start + 49) + 1)]
-        append_log_entries(store.r, ref, [(line, None) for line in batch], BOUND)
+        append_log_entries(store.r, ref, batch, BOUND)
         if to_file:
             log_file.append(batch)
 

@@ -1,6 +1,7 @@
 """Reading an engine's json-file log (services/monitor/enginefiles.py) from
-real files: what a follow with timestamps would send, complete lines only,
-to the container's end, across a rotation, woken at once by an exit."""
+real files: stamped lines as a follow gives them, complete lines only, a line
+the engine cut into parts joined, to the container's end, across a rotation,
+woken at once by an exit."""
 
 from __future__ import annotations
 
@@ -17,11 +18,17 @@ from services.monitor.enginefiles import (
     AUTO,
     OFF,
     READ_BYTES,
+    EntryLines,
     JsonFileLog,
     engine_folder,
-    entries_as_follow,
 )
-from services.monitor.loglines import parse_docker_timestamp
+from services.monitor.loglines import (
+    MAX_LINE_BYTES,
+    StampedLines,
+    parse_docker_timestamp,
+)
+
+Line = tuple[int | None, str]
 
 WAIT_SECONDS = 10.0
 STAMP = "2026-11-29T06:00:00.{:09d}Z"
@@ -32,24 +39,66 @@ def entry(n: int, text: str | None = None, stream: str = "stdout") -> bytes:
     return json.dumps({"log": line, "stream": stream, "time": STAMP.format(n)}).encode() + b"\n"
 
 
-def follow_of(n: int) -> bytes:
-    return f"{STAMP.format(n)} {n}\n".encode()
+def stamp(n: int) -> int | None:
+    return parse_docker_timestamp(STAMP.format(n))
 
 
-def read_all(log: JsonFileLog) -> bytes:
-    return b"".join(log)
+def line_of(n: int, text: str | None = None) -> Line:
+    return stamp(n), str(n) if text is None else text
 
 
-def test_entries_become_what_a_follow_with_timestamps_sends() -> None:
-    data = entry(1) + entry(2, "é ünïcode\n", "stderr") + entry(3, "no newline: a 16 KiB part")
-    assert entries_as_follow(data) == (
-        follow_of(1) + f"{STAMP.format(2)} é ünïcode\n".encode()
-        + f"{STAMP.format(3)} no newline: a 16 KiB part".encode())
+def lines_of(*numbers: int) -> list[Line]:
+    return [line_of(n) for n in numbers]
+
+
+def read_all(log: JsonFileLog) -> list[Line]:
+    return [line for lines in log for line in lines.pairs()]
+
+
+@pytest.mark.parametrize("text", [
+    "plain ascii\n", "é ünïcode\n", "a crlf\r\n", "ends in \\\n", "", "\n", "tab\tand \x1b[0m\n",
+    "x" * (MAX_LINE_BYTES // 4) + "\n", "x" * (MAX_LINE_BYTES + 10) + "\n",
+    "é" * MAX_LINE_BYTES + "\n",
+])
+def test_an_entry_is_the_line_a_follow_with_timestamps_gives(text: str) -> None:
+    """The same stamp and text as the engine's follow: `<time> <log>`, cut
+    and rendered by the follow's own path (loglines)."""
+    follow = f"{STAMP.format(7)} {text}".encode()
+    expected = StampedLines.of_follow(follow.split(b"\n")[:1] if text.endswith("\n") else [])
+    assert EntryLines().feed(entry(7, text)) == expected
+
+
+def test_a_line_the_engine_cut_into_parts_is_one_line_stamped_with_its_first() -> None:
+    lines = EntryLines()
+    assert lines.feed(entry(1, "x" * 16384) + entry(2, "y" * 16384)).pairs() == []
+    assert lines.feed(entry(3, "tail\n") + entry(4)).pairs() == [
+        line_of(1, "x" * 16384), line_of(4)]  # capped at 16 KiB, as a follow's line is
+
+
+def test_a_log_ending_inside_a_cut_line_gives_that_line_at_its_finish() -> None:
+    lines = EntryLines()
+    assert lines.feed(entry(1) + entry(2, "no newline")).pairs() == lines_of(1)
+    assert lines.finish().pairs() == [line_of(2, "no newline")]
+    assert lines.finish().pairs() == []
+
+
+def test_a_line_that_never_ends_is_held_to_the_cap_only() -> None:
+    lines = EntryLines()
+    for n in range(100):
+        assert lines.feed(entry(n, "z" * 16384)).pairs() == []
+    assert lines.finish().pairs() == [line_of(0, "z" * MAX_LINE_BYTES)]
+
+
+def test_a_lone_surrogate_is_replaced_so_the_line_can_be_encoded() -> None:
+    data = entry(1, "bad \ud800 half\n")  # json.dumps escapes it as \\ud800
+    [(_stamp, text)] = EntryLines().feed(data).pairs()
+    assert text == "bad ? half"
+    text.encode("utf-8")
 
 
 def test_a_torn_line_is_skipped_and_the_rest_kept() -> None:
-    data = entry(1) + b'{"log":"half of an ent\n' + entry(2) + b"[1, 2]\n"
-    assert entries_as_follow(data) == follow_of(1) + follow_of(2)
+    data = entry(1) + b'{"log":"half of an ent\n' + entry(2) + b'[1, 2]\n"text"\n{"log": 5}\n'
+    assert EntryLines().feed(data).pairs() == lines_of(1, 2)
 
 
 def test_a_log_is_read_to_its_end_once_the_container_exited(tmp_path: Path) -> None:
@@ -58,7 +107,7 @@ def test_a_log_is_read_to_its_end_once_the_container_exited(tmp_path: Path) -> N
     exited = threading.Event()
     exited.set()
     log = JsonFileLog(str(path), exited)
-    assert read_all(log) == b"".join(follow_of(n) for n in range(1, 1001))
+    assert read_all(log) == lines_of(*range(1, 1001))
     assert log.ended
 
 
@@ -69,10 +118,10 @@ def test_a_line_the_engine_is_still_writing_waits_for_its_end(tmp_path: Path) ->
     exited = threading.Event()
     log = JsonFileLog(str(path), exited)
     chunks = _reader(log)
-    assert chunks.get(timeout=WAIT_SECONDS) == follow_of(1)
+    assert pairs(chunks.get(timeout=WAIT_SECONDS)) == lines_of(1)
     with path.open("ab") as file:
         file.write(whole[10:])
-    assert chunks.get(timeout=WAIT_SECONDS) == follow_of(2)
+    assert pairs(chunks.get(timeout=WAIT_SECONDS)) == lines_of(2)
     exited.set()
     log.wake()
     assert chunks.get(timeout=WAIT_SECONDS) is None
@@ -88,7 +137,7 @@ def test_a_rotated_log_is_read_to_its_end_then_the_new_file_from_its_start(
     os.rename(path, tmp_path / "c-json.log.1")
     path.write_bytes(entry(4))
     exited.set()
-    assert read_all(log) == follow_of(1) + follow_of(2) + follow_of(3) + follow_of(4)
+    assert read_all(log) == lines_of(1, 2, 3, 4)
     assert log.ended
 
 
@@ -100,14 +149,14 @@ def test_a_log_moved_away_with_nothing_in_its_place_stops_without_having_ended(
     path.write_bytes(entry(1))
     log = JsonFileLog(str(path), threading.Event())
     chunks = _reader(log)
-    assert chunks.get(timeout=WAIT_SECONDS) == follow_of(1)
+    assert pairs(chunks.get(timeout=WAIT_SECONDS)) == lines_of(1)
     with path.open("ab") as file:
         file.write(entry(2))
     path.unlink()
-    got = b""
+    got = []
     while (chunk := chunks.get(timeout=WAIT_SECONDS)) is not None:
-        got += chunk
-    assert got == follow_of(2)  # in the file it held, read before it stopped
+        got += chunk.pairs()
+    assert got == lines_of(2)  # in the file it held, read before it stopped
     assert not log.ended
 
 
@@ -116,7 +165,7 @@ def test_a_closed_log_stops_without_having_ended(tmp_path: Path) -> None:
     path.write_bytes(entry(1))
     log = JsonFileLog(str(path), threading.Event())
     chunks = _reader(log)
-    assert chunks.get(timeout=WAIT_SECONDS) == follow_of(1)
+    assert pairs(chunks.get(timeout=WAIT_SECONDS)) == lines_of(1)
     log.close()
     assert chunks.get(timeout=WAIT_SECONDS) is None
     assert not log.ended
@@ -134,7 +183,7 @@ def test_a_resumed_read_passes_over_what_is_older_than_its_cursor(tmp_path: Path
     exited.set()
     cursor_ns = parse_docker_timestamp(STAMP.format(cursor))
     out = read_all(JsonFileLog(str(path), exited, skip_before_ns=cursor_ns))
-    stamps = [int(line.split(b" ", 1)[0][20:29]) for line in out.splitlines()]
+    stamps = [int(text.rsplit(" ", 1)[1]) for _stamp, text in out]
     assert stamps[-11:] == list(range(cursor, count + 1))
     assert stamps == list(range(stamps[0], count + 1))
     assert 1 < stamps[0] <= cursor  # the reads before the cursor's were passed over
@@ -161,11 +210,15 @@ def test_where_the_engines_log_files_are(info: dict[str, str], setting: str,
     assert engine_folder(info, setting) == folder
 
 
-def _reader(log: JsonFileLog) -> queue.Queue[bytes | None]:
-    """Each chunk the log yields, then None when it stops (a daemon thread)."""
-    chunks: queue.Queue[bytes | None] = queue.Queue()
+def pairs(lines: StampedLines | None) -> list[Line] | None:
+    return None if lines is None else lines.pairs()
 
-    def read(stream: Iterator[bytes]) -> None:
+
+def _reader(log: JsonFileLog) -> queue.Queue[StampedLines | None]:
+    """Each read's lines the log yields, then None when it stops (a daemon thread)."""
+    chunks: queue.Queue[StampedLines | None] = queue.Queue()
+
+    def read(stream: Iterator[StampedLines]) -> None:
         try:
             for chunk in stream:
                 chunks.put(chunk)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from typing import cast
 
 import pytest
@@ -16,8 +17,10 @@ from services.monitor.loglines import (
     LineSplitter,
     LogCursor,
     ReplayFilter,
+    StampedLines,
     advance,
     advance_all,
+    advance_to_newest,
     parse_docker_timestamp,
     render_line,
     split_timestamp,
@@ -206,6 +209,59 @@ def test_advancing_over_many_stamps_is_advancing_over_each(
     for stamp in stamps:
         expected = advance(expected, stamp)
     assert advance_all(cursor, stamps) == expected
+
+
+def go_rfc3339nano(ns: int) -> str:
+    """A UTC instant as the engine writes it in its json-file (Go's
+    RFC3339Nano: the fraction's trailing zeros cut, with its dot if all are)."""
+    seconds, nanos = divmod(ns, 1_000_000_000)
+    fraction = f"{nanos:09d}".rstrip("0")
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) \
+        + (f".{fraction}" if fraction else "") + "Z"
+
+
+# Instants close together (one second of a busy log, its fractions of every
+# length) and far apart.
+_INSTANTS = st.one_of(st.integers(BASE, BASE + 2_000_000_000),
+                      st.integers(BASE // 1000, BASE // 1000 + 10**6).map(lambda n: n * 1000),
+                      st.integers(0, 4_102_444_800 * 10**9))
+
+
+@given(st.lists(_INSTANTS, max_size=40))
+def test_the_newest_of_the_engines_times_is_found_among_the_texts(stamps: list[int]) -> None:
+    times = [go_rfc3339nano(stamp) for stamp in stamps]
+    assert [parse_docker_timestamp(t) for t in times] == stamps
+    lines = StampedLines.of_utc_times([str(n) for n in range(len(stamps))], times)
+    expected = (max(stamps), stamps.count(max(stamps))) if stamps else None
+    assert lines.newest() == expected
+    assert lines.stamps() == stamps
+
+
+def test_times_of_another_form_are_parsed_at_once() -> None:
+    lines = StampedLines.of_utc_times(["a", "b", "c"], [
+        "2026-11-22T09:36:15.000000001+02:00", "2026-11-22T07:36:15Z", "not a time"])
+    assert lines.pairs() == [(BASE + 1, "a"), (BASE, "b"), (None, "c")]
+    assert lines.newest() == (BASE + 1, 1)
+
+
+@given(st.one_of(st.none(), st.builds(LogCursor, st.integers(0, 20), st.integers(1, 5))),
+       st.lists(st.one_of(st.none(), st.integers(0, 20)), max_size=30))
+def test_advancing_to_a_reads_newest_is_advancing_over_each_of_its_stamps(
+        cursor: LogCursor | None, stamps: list[int | None]) -> None:
+    lines = StampedLines([str(n) for n in range(len(stamps))], stamps=stamps)
+    assert advance_to_newest(cursor, lines.newest()) == advance_all(
+        cursor, [stamp for stamp in stamps if stamp is not None])
+
+
+@given(st.one_of(st.none(), st.builds(LogCursor, st.integers(0, 20), st.integers(1, 5))),
+       st.lists(st.one_of(st.none(), st.integers(0, 20)), max_size=30))
+def test_a_reads_lines_without_a_replay_are_those_it_does_not_skip(
+        cursor: LogCursor | None, stamps: list[int | None]) -> None:
+    texts = [str(n) for n in range(len(stamps))]
+    one_by_one = ReplayFilter(cursor)
+    expected = [(stamp, text) for stamp, text in zip(stamps, texts, strict=True)
+                if not one_by_one.skips(stamp)]
+    assert StampedLines(texts, stamps=stamps).without(ReplayFilter(cursor)).pairs() == expected
 
 
 def _ship(stamps: list[int], cursor: LogCursor | None) -> tuple[list[int], LogCursor | None]:

@@ -203,6 +203,7 @@ def test_how_a_log_file_is_made_whole(file_lines: int, cut: bool, kept: int, add
     pytest.param(["abcdef"], 2, 5, (cut_marker(5) + "\n").encode(), True,
                  id="no room for a whole line: only the marker"),
     pytest.param(["é"], 0, 10, "é\n".encode(), False, id="sizes are bytes, not characters"),
+    pytest.param([], 0, 10, b"", False, id="no lines"),
 ])
 def test_the_log_file_cap(lines: list[str], size: int, cap: int, written: bytes,
                           cut: bool) -> None:
