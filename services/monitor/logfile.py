@@ -6,8 +6,9 @@ file keeps all of them, at `<PAI_LOG_DIR>/<job id>/<attempt>/<role>-<index>.log`
 are appended batch by batch right after the same batch reached the stream,
 so the file is complete when the task exits and a restarted monitor (which
 resumes shipping after the last line in Redis) never writes a line twice. A
-monitor killed between the two writes loses that one batch (at most 500
-lines) from the file, never from the stream.
+monitor killed between the two writes loses that one batch (at most about
+4,000 lines: logs.BACKLOG_BATCHES of 500 and one read) from the file, never
+from the stream.
 
 The log tree is the platform's: no container mounts it (the API refuses any
 job path that overlaps it, admins' too), so no job can plant a link in it.
