@@ -10,7 +10,7 @@ that writes it (docs/performance-log.md, 2026-11-29). So, where the monitor
 can open the file, it reads the file itself:
 
 - `JsonFileLog` gives what `logs.LogStream` gives: the lines of each read,
-  stamped (`loglines.StampedLine`), so the shipper's replay filter and
+  stamped (`loglines.StampedLines`), so the shipper's replay filter and
   cursor are the follow's; they are the entries' own texts and times
   (`EntryLines`), with no follow's byte stream rebuilt and cut again;
 - complete lines only: a read that stops inside the engine's write keeps the

@@ -83,7 +83,6 @@ EXIT_NOTICE_SECONDS = 1.0
 _RAW_READ_BYTES = 64 * 1024
 
 
-
 def append_log_entries(r: Any, ref: TaskRef, lines: Sequence[str], max_lines: int,
                        cursor: LogCursor | None = None) -> None:
     """Append lines to the task's bounded stream, the last with `cursor` (the
