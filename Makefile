@@ -50,8 +50,19 @@ runtime-up: install
 	@$(WITH_ENV) $(TEST_IMAGE)
 
 # Tests start their own Redis: never point them at the one `make up` runs.
+# The suite in two runs. First everything but the chaos suite and the
+# multi-host tier, on PYTEST_WORKERS processes (pytest-xdist; a file's tests
+# stay on one worker): each worker has a Redis of its own, removes only the
+# containers of its own session and takes its own ports. Then those two
+# alone: they kill services, load both cores and build network namespaces
+# and iptables rules of fixed names. PYTEST_ARGS are options of both runs.
+PYTEST_WORKERS ?= 2
+SERIAL_TESTS := tests/chaos tests/cluster
 test: runtime-test ## the whole suite on a real Redis and Docker engine
-	$(WITH_ENV) unset PAI_REDIS_URL; $(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(WITH_ENV) unset PAI_REDIS_URL; \
+	    $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile \
+	        $(addprefix --ignore=,$(SERIAL_TESTS)) $(PYTEST_ARGS) && \
+	    $(VENV)/bin/pytest $(SERIAL_TESTS) $(PYTEST_ARGS)
 
 # Three seeds, longer runs and more jobs than the bounded run inside `make test`.
 CHAOS_SEEDS ?= 101 202 303

@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, Page
 
 from bench.live_platform import USER, USER_PASSWORD, Platform
 from tests.e2e.portal_browser import chromium, logged_in
-from tests.support.platform import one_node_platform
+from tests.support.platform import one_node_platform, worker_port_range
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +25,7 @@ def platform(redis_server: str, docker_client: docker.DockerClient, test_image: 
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     with one_node_platform(redis_server, docker_client, test_image,
                            tmp_path_factory.mktemp("platform"), db=1, name="e2e",
-                           port_range="21000-21999") as pai:
+                           port_range=worker_port_range(21000, 21999)) as pai:
         yield pai
 
 

@@ -59,7 +59,7 @@ def on_own_redis(platform: Platform, own_redis: OwnRedis, docker_client: docker.
     env = {**platform.env, "PAI_REDIS_URL": own_redis.url,
            "PAI_API_PORT": str(free_port()), "PAI_MONITOR_PORT": str(free_port()),
            "PAI_NODE_NAME": f"e2e-redis-{uuid.uuid4().hex[:8]}",
-           "PAI_STORAGE_ROOTS": str(storage), "PAI_PORT_RANGE": "23000-23999"}
+           "PAI_STORAGE_ROOTS": str(storage), "PAI_PORT_RANGE": "25000-25999"}
     with running_platform(env, run_dir, docker_client, platform.image) as pai:
         yield pai
 

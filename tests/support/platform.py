@@ -5,6 +5,7 @@ with 8 virtual GPUs and quick heartbeats."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,17 @@ def running_platform(env: dict[str, str], run_dir: Path, docker_client: docker.D
         if up:
             raise
         pytest.fail(f"the platform did not come up: {error}", pytrace=False)
+
+
+def worker_port_range(low: int, high: int) -> str:
+    """This test process's share of the host ports `low`-`high`: `make test`
+    runs tests on several processes (pytest-xdist), and tasks on one host
+    network must not be handed the same ports by two platforms at once."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or "0")
+    size = (high - low + 1) // workers
+    first = low + index * size
+    return f"{first}-{first + size - 1}"
 
 
 @contextlib.contextmanager
