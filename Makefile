@@ -55,14 +55,17 @@ runtime-up: install
 # stay on one worker): each worker has a Redis of its own, removes only the
 # containers of its own session and takes its own ports. Then those two
 # alone: they kill services, load both cores and build network namespaces
-# and iptables rules of fixed names. PYTEST_ARGS are options of both runs.
+# and iptables rules of fixed names. Both run, whatever the first gives.
+# PYTEST_ARGS are options of both runs (to run some tests only, call
+# .venv/bin/pytest with them).
 PYTEST_WORKERS ?= 2
 SERIAL_TESTS := tests/chaos tests/cluster
 test: runtime-test ## the whole suite on a real Redis and Docker engine
 	$(WITH_ENV) unset PAI_REDIS_URL; \
 	    $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile \
-	        $(addprefix --ignore=,$(SERIAL_TESTS)) $(PYTEST_ARGS) && \
-	    $(VENV)/bin/pytest $(SERIAL_TESTS) $(PYTEST_ARGS)
+	        $(addprefix --ignore=,$(SERIAL_TESTS)) $(PYTEST_ARGS); parallel=$$?; \
+	    $(VENV)/bin/pytest $(SERIAL_TESTS) $(PYTEST_ARGS); serial=$$?; \
+	    [ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
 
 # Three seeds, longer runs and more jobs than the bounded run inside `make test`.
 CHAOS_SEEDS ?= 101 202 303

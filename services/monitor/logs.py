@@ -95,9 +95,11 @@ def append_log_entries(r: Any, ref: TaskRef, lines: Sequence[str], max_lines: in
     key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
     pipe = r.pipeline(transaction=False)
     text = "\n".join(lines)
+    # Encoded here, so that no text (a lone surrogate) can fail redis-py's encoding.
     scripts.run(pipe, scripts.APPEND_LOG_LINES, [key],
                 [max_lines, LINE_FIELD, CURSOR_FIELD,
-                 cursor.encode() if cursor is not None else "", text])
+                 cursor.encode() if cursor is not None else "",
+                 text.encode("utf-8", "replace")])
     step = last_checkpoint_step(lines) if CHECKPOINT_PREFIX in text else None
     if step is not None:
         checkpoints.record_step(pipe, ref.job_id, ref.attempt, step)
@@ -318,13 +320,16 @@ class LogShipper:
             self._pending_cursor = cursor
             waiting = len(self._pending)
         full, backlog = waiting >= self.batch_lines, waiting >= self.batch_lines * BACKLOG_BATCHES
-        if (first or full) and not backlog and self._on_pending is not None:
-            self._on_pending(self)  # written by the flusher while this reads on
-        elif full:
+        filled = full and waiting - len(lines) < self.batch_lines  # full since this read
+        if backlog or (full and self._on_pending is None):
             failures = 0
             while not self.flush() and not self._closing.is_set():
                 failures += 1
                 self._closing.wait(backoff_delay(failures, 0.2, 5.0))
+        elif (first or filled) and self._on_pending is not None:
+            # The flusher writes them while this reads on (and, while Redis
+            # refuses, tries again each FLUSH_SECONDS, not at each read).
+            self._on_pending(self)
         return True
 
     def _still_running(self) -> bool:
@@ -356,6 +361,7 @@ class LogStream:
     def __init__(self, engine: EngineCalls, container_id: str, since: str | None) -> None:
         self._response = engine.follow_log(container_id, since)
         self.ended = False
+        self._closed = False
 
     def __iter__(self) -> Iterator[StampedLines]:
         """Each chunk's complete lines, stamped; at the end (not a break) the
@@ -369,6 +375,8 @@ class LogStream:
                     yield StampedLines.of_follow(lines)
         except BROKEN_STREAM_ERRORS:
             return  # broke: not `ended`
+        if self._closed:
+            return  # a response closed under its reader may read as an end
         last = splitter.finish()
         if last:
             yield StampedLines.of_follow(last)
@@ -390,6 +398,7 @@ class LogStream:
             raise ConnectionAbortedError("the log stream ended inside a frame")
 
     def close(self) -> None:
+        self._closed = True
         self._response.close()
 
 

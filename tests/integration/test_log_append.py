@@ -55,3 +55,10 @@ def test_the_stream_is_cut_back_near_its_bound(redis_client: redis.Redis) -> Non
     length = redis_client.xlen(KEY)
     assert 500 <= length < 1500
     assert entries(redis_client)[-1][LINE_FIELD] == "4-299"
+
+
+def test_a_line_no_utf_8_encodes_is_appended_with_a_replacement(
+        redis_client: redis.Redis) -> None:
+    append_log_entries(redis_client, REF, ["lone \ud800 surrogate", "next"], 1000)
+    assert [fields[LINE_FIELD] for fields in entries(redis_client)] == [
+        "lone ? surrogate", "next"]
