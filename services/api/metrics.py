@@ -49,6 +49,9 @@ from shared.state.store import Store
 log = logging.getLogger("pai.api")
 
 EXTENSION = "pai.metrics"
+# The methods a request's latency is labelled with; any other (gunicorn
+# takes any upper-case token) is "other", so a client cannot add label sets.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 MIB = 1024 * 1024
 # -------------------------------------------------------------- collectors
 
@@ -296,8 +299,9 @@ def _observe_request(response: Response) -> Response:
     if started is None:
         return response
     metrics = api_metrics()
+    method = request.method if request.method in METHODS else "other"
     metrics.buffer.observe(telemetry.API_REQUESTS, {
-        "endpoint": request.endpoint or "unmatched", "method": request.method,
+        "endpoint": request.endpoint or "unmatched", "method": method,
         "status": str(response.status_code)}, time.perf_counter() - started)
     try:
         metrics.buffer.flush_if_due(metrics.store.r, time.monotonic())

@@ -32,6 +32,8 @@ from shared.state import keys
 
 # A scheduler replica that has not beaten for this long is forgotten.
 SCHEDULER_FORGET_MS = 24 * 3600 * 1000
+MAX_REMEMBERED_FIELDS = 10_000  # label sets a MetricBuffer keeps made fields of
+_MISSING = object()  # a label not given (its field is made, and refused, afresh)
 
 
 class RecordedMetric(MetricFamily):
@@ -252,16 +254,28 @@ class MetricBuffer:
         self._ints: dict[tuple[str, str], int] = defaultdict(int)
         self._floats: dict[tuple[str, str], float] = defaultdict(float)
         self._last_flush = 0.0
+        # A label set's hash field, by metric and label values: made (and its
+        # labels checked) once, not at every request. Bounded as the sums are.
+        self._fields: dict[tuple[str, int, tuple[object, ...]], str] = {}
+
+    def _field(self, metric: RecordedMetric, labels: Mapping[str, str]) -> str:
+        key = (metric.key, len(labels), tuple(labels.get(n, _MISSING) for n in metric.labelnames))
+        found = self._fields.get(key)
+        if found is None:
+            if len(self._fields) >= MAX_REMEMBERED_FIELDS:
+                self._fields.clear()
+            found = self._fields[key] = _label_field(metric, labels)
+        return found
 
     def observe(self, metric: RecordedMetric, labels: Mapping[str, str], value: float) -> None:
         with self._lock:
+            base = self._field(metric, labels)
             if metric.kind == Kind.COUNTER:
-                self._ints[(metric.key, _label_field(metric, labels))] += int(value)
+                self._ints[(metric.key, base)] += int(value)
                 return
-            bucket, total, count = histogram_fields(metric, labels, value)
-            self._ints[(metric.key, bucket)] += 1
-            self._ints[(metric.key, count)] += 1
-            self._floats[(metric.key, total)] += float(value)
+            self._ints[(metric.key, f"{base}{_SEP}{_BUCKET}{bucket_bound(metric, value)}")] += 1
+            self._ints[(metric.key, f"{base}{_SEP}{_COUNT}")] += 1
+            self._floats[(metric.key, f"{base}{_SEP}{_SUM}")] += float(value)
 
     def flush_if_due(self, r: Any, now: float) -> None:
         if now - self._last_flush >= self.flush_seconds:

@@ -187,6 +187,24 @@ def test_request_latency_is_counted_by_endpoint_method_and_status(app: Flask) ->
     assert value(samples, count, endpoint="unmatched", method="GET", status="404") == 1
 
 
+def test_made_up_methods_share_one_label_set(app: Flask, redis_client: redis.Redis) -> None:
+    """Any upper-case token is a method to gunicorn: a client sending a new
+    one each time must not add a label set (18 Redis fields and as many
+    exposed series) per request."""
+    client = app.test_client()
+    for n in range(40):
+        client.open("/api/v1/jobs", method=f"X{n:03d}")
+    client.open("/healthz", method="PATCH")
+
+    samples = scrape(client)
+
+    count = "pai_api_request_duration_seconds_count"
+    methods = {dict(labels)["method"] for name, labels in samples if name == count}
+    assert methods == {"PATCH", "other"}
+    assert value(samples, count, endpoint="unmatched", method="other", status="401") == 40
+    assert value(samples, count, endpoint="unmatched", method="PATCH", status="405") == 1
+
+
 def test_several_api_workers_add_to_the_same_counts(settings: Settings,
                                                     redis_client: redis.Redis) -> None:
     workers = [create_app(settings).test_client() for _ in range(2)]

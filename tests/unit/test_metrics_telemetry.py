@@ -34,6 +34,49 @@ def test_labels_must_be_exactly_the_metrics() -> None:
         telemetry.histogram_fields(HIST, {"vc": "a", "extra": "b"}, 1.0)
 
 
+class _Writes:
+    """What a pipeline is asked to add: (key, field) -> amount (no Redis)."""
+
+    def __init__(self) -> None:
+        self.added: dict[tuple[str, str], float] = {}
+
+    def pipeline(self, transaction: bool = True) -> _Writes:
+        return self
+
+    def hincrby(self, key: str, field: str, amount: int) -> None:
+        self.added[(key, field)] = self.added.get((key, field), 0) + amount
+
+    hincrbyfloat = hincrby
+
+    def execute(self) -> None:
+        pass
+
+
+OBSERVED = [(HIST, {"vc": "a"}, 0.05), (HIST, {"vc": "b"}, 3.0), (HIST, {"vc": "a"}, 0.5),
+            (COUNT, {"state": "x", "class": "y"}, 2), (HIST, {"vc": "a"}, 0.05),
+            (COUNT, {"class": "y", "state": "x"}, 1)]
+
+
+def test_a_buffer_adds_what_recording_each_observation_adds() -> None:
+    buffer, direct = telemetry.MetricBuffer(), _Writes()
+    for metric, labels, value in OBSERVED:
+        buffer.observe(metric, labels, value)
+        telemetry.record(direct, metric, labels, value)
+    flushed = _Writes()
+    buffer.flush(flushed)
+    assert flushed.added == pytest.approx(direct.added)
+
+
+@pytest.mark.parametrize("labels", [{"vc": "a", "extra": "b"}, {}, {"other": "a"}],
+                         ids=["one too many", "none", "another name"])
+def test_a_buffer_refuses_wrong_labels_after_right_ones_too(labels: dict[str, str]) -> None:
+    buffer = telemetry.MetricBuffer()
+    buffer.observe(HIST, {"vc": "a"}, 1.0)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="takes labels"):
+            buffer.observe(HIST, labels, 1.0)
+
+
 def test_a_stored_histogram_reads_back_cumulative_with_inf_as_the_count() -> None:
     raw = {'["a|b"]|le=0.1': "2", '["a|b"]|le=10.0': "1", '["a|b"]|le=+Inf': "1",
            '["a|b"]|sum': "13.5", '["a|b"]|count': "4"}
