@@ -102,6 +102,7 @@ def authenticate() -> None:
         remembered = verified.get(token, time.time())
         if remembered is not None:
             g.user, g.claims, g.token_remembered = remembered.user, remembered.claims, True
+            g.token_expectations = remembered.expectations  # made at its first submit
             return
     _check_token(token, verified)
 
@@ -131,15 +132,8 @@ def submit_expectations() -> list[Expect]:
     tokens since it was issued. Empty when the check read Redis just now."""
     if not g.get("token_remembered"):
         return []
-    user, claims = current_user(), g.claims
-    record = keys.user(claims["sub"])
-    return [
-        Expect.field_equals(record, "uid", user.uid),
-        Expect.field_equals(record, "admin", "1" if user.admin else "0"),
-        Expect.field_equals(record, "virtual_clusters", json.dumps(user.virtual_clusters)),
-        Expect.key_absent(keys.revoked_token(claims["jti"])),
-        Expect.number_below(keys.user_token_epoch(claims["sub"]), int(claims["iat_ms"])),
-    ]
+    expectations: tuple[Expect, ...] = g.token_expectations
+    return list(expectations)
 
 
 @dataclass(frozen=True)
@@ -147,6 +141,21 @@ class _Verified:
     user: User
     claims: dict[str, Any]
     until: float  # wall clock seconds: never past the token's own expiry
+
+    @functools.cached_property
+    def expectations(self) -> tuple[Expect, ...]:
+        """`submit_expectations` of this check: made once, by the first
+        submit that uses it, not by every request whose check is remembered."""
+        record = keys.user(self.claims["sub"])
+        return (
+            Expect.field_equals(record, "uid", self.user.uid),
+            Expect.field_equals(record, "admin", "1" if self.user.admin else "0"),
+            Expect.field_equals(record, "virtual_clusters",
+                                json.dumps(self.user.virtual_clusters)),
+            Expect.key_absent(keys.revoked_token(self.claims["jti"])),
+            Expect.number_below(keys.user_token_epoch(self.claims["sub"]),
+                                int(self.claims["iat_ms"])),
+        )
 
 
 class VerifiedTokens:

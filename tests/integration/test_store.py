@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shared.domain.jobspec import MAX_TOTAL_TASKS
 from shared.domain.models import Allocation, Attempt, Gpu, Job, Node, Task, job_id_of
@@ -14,7 +17,15 @@ from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import JobState, TaskState
 from shared.state import keys
 from shared.state.lifecycle import request_stop, submit_job
-from shared.state.store import MAX_TRANSACTION_RETRIES, Contention, JobConflict, Pipe, Store
+from shared.state.store import (
+    MAX_TRANSACTION_RETRIES,
+    Contention,
+    Expect,
+    ExpectationFailed,
+    JobConflict,
+    Pipe,
+    Store,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -235,6 +246,45 @@ def test_insert_job_replayed_finds_its_own_job_and_writes_nothing_twice(
     assert int(redis_client.get(keys.QUEUE_SEQ)) == first.queue_seq
     assert len(store.get_events(job.id)) == 1
     assert store.queued_job_ids() == [job.id]
+
+
+# Texts the script's one JSON array must carry as they are: quotes,
+# backslashes, line ends, NUL, other scripts, and strings that read as numbers.
+_TEXT_JOBS = itertools.count()
+AWKWARD_TEXTS = ["", "0", "007", "1e3", "-0.0", "12345678901234567890", 'say "hi"',
+                 "back\\slash", "line\nend\r\n", "tab\tnul\x00", "gr\u00fc\u00dfe",
+                 "\u65e5\u672c", "\U0001f680", "[1,2]", '{"a":null}', "null"]
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.sampled_from(AWKWARD_TEXTS)
+                      | st.text(st.characters(blacklist_categories=("Cs",))),
+                      min_size=3, max_size=3))
+def test_insert_job_stores_every_field_byte_for_byte(
+        store: Store, redis_client: redis.Redis, redis_server: str, texts: list[str]) -> None:
+    """The fields and expectations travel as one JSON array: what Redis
+    holds is what the fields are, encoded as UTF-8, and an expectation on
+    such a text holds."""
+    diagnostics, user_id, expected = texts
+    redis_client.hset("pai:test:expected", "field", expected)
+    job, cfg, _tasks, attempt = _new_job(f"text-{next(_TEXT_JOBS)}")
+    job = dataclasses.replace(job, user_id=user_id, exit_diagnostics=diagnostics)
+    tasks = [Task(role="worker", index=0, diagnostics=diagnostics)]
+    stored, _ = store.insert_job(
+        job, cfg, tasks, attempt,
+        expectations=[Expect.field_equals("pai:test:expected", "field", expected)])
+    with redis.Redis.from_url(redis_server) as raw_client:
+        raw = raw_client.hgetall(keys.job(job.id))
+    assert raw[b"user_id"] == user_id.encode()
+    assert raw[b"exit_diagnostics"] == diagnostics.encode()
+    assert store.get_job(job.id) == stored
+    assert store.get_tasks(job.id, 0) == tasks
+    with pytest.raises(ExpectationFailed):
+        store.insert_job(
+            dataclasses.replace(job, id=job.id + "x", name=job.name + "x"), cfg, tasks,
+            attempt,
+            expectations=[Expect.field_equals("pai:test:expected", "field", expected + "!")])
 
 
 @pytest.mark.parametrize("change", ["another config", "another submit time"])

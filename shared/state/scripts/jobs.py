@@ -16,9 +16,12 @@ from shared.state.scripts import Script
 # switch and it was sent again) is answered with itself, not as a conflict.
 # `#!lua` makes Redis treat it as a write up front: a primary refusing writes
 # (min-replicas-to-write) refuses it whole. The expectations' keys sit
-# between the fixed keys and the archive's, their kind, field and value
-# between the fixed arguments and the task fields (KEYS[13 + i] is the key
-# of the i-th). queue_seq is the script's: the job fields leave it out.
+# between the fixed keys and the archive's (KEYS[13 + i] is the key of the
+# i-th). The expectations' kind, field and value, then the task fields, then
+# the job fields come as one JSON array of strings (ARGV[13]): a hundred
+# arguments cost the client's packing and Redis's parsing about 90 µs a
+# submit together, one array about 20 (docs/performance-log.md, 2026-11-29).
+# queue_seq is the script's: the job fields leave it out.
 # Returns {"new", claimed, queue_seq} | {"own", claimed, field, value, ...} |
 #   {"taken", 0} | {"changed", 0}; claimed is 1 when this call set the pass
 #   flag, "changed" when an expectation did not hold (nothing written).
@@ -31,8 +34,8 @@ CREATE_JOB = Script(
           "VC queue score without the sequence", "event time", "events bound",
           "pass flag ms (0: leave it)", "number of task fields", "number of expectations",
           "the job's feed row (jobfeed.SortRow)",
-          "each expectation's kind, field, value; task field/value pairs; "
-          "job field/value pairs..."),
+          "JSON array: each expectation's kind, field, value; task field/value pairs; "
+          "job field/value pairs"),
     source="""#!lua
 local function claim()
   if ARGV[9] == '0' then return 0 end
@@ -40,8 +43,9 @@ local function claim()
   return 0
 end
 local expected = tonumber(ARGV[11])
+local rest = cjson.decode(ARGV[13])
 for i = 1, expected do
-  local kind, field, value = ARGV[10 + 3 * i], ARGV[11 + 3 * i], ARGV[12 + 3 * i]
+  local kind, field, value = rest[3 * i - 2], rest[3 * i - 1], rest[3 * i]
   local key = KEYS[13 + i]
   local holds
   if kind == 'equal' then
@@ -67,17 +71,17 @@ if redis.call('EXISTS', KEYS[14 + expected]) == 1 then  -- compacted: its name i
   return {'taken', 0}
 end
 local seq = redis.call('INCR', KEYS[12])
-local tasks_start = 13 + 3 * expected
+local tasks_start = 1 + 3 * expected
 local tasks_end = tasks_start - 1 + 2 * tonumber(ARGV[10])
 redis.call('SET', KEYS[2], ARGV[3])
 local at = tasks_start  -- in pieces: Lua unpacks at most about 8,000 values at once
 while at <= tasks_end do
   local last = math.min(at + 1999, tasks_end)
-  redis.call('HSET', KEYS[3], unpack(ARGV, at, last))
+  redis.call('HSET', KEYS[3], unpack(rest, at, last))
   at = last + 1
 end
 redis.call('HSET', KEYS[4], ARGV[4], ARGV[5])
-redis.call('HSET', KEYS[1], 'queue_seq', seq, unpack(ARGV, tasks_end + 1, #ARGV))
+redis.call('HSET', KEYS[1], 'queue_seq', seq, unpack(rest, tasks_end + 1, #rest))
 redis.call('ZADD', KEYS[5], created, id)
 redis.call('ZADD', KEYS[6], created, id)
 redis.call('ZADD', KEYS[7], created, id)

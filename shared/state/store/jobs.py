@@ -81,10 +81,13 @@ class JobsMixin(StoreCore):
             json.dumps(attempt.to_dict(), separators=(",", ":")),
             queue_order(PriorityClass.parse(job.priority), 0), now_ms(), EVENTS_MAX_LEN,
             pass_request_ms, len(task_fields), len(expectations), SortRow.of(job).encode()]
+        rest: list[str] = []
         for expect in expectations:
-            args.extend((expect.kind, expect.field, expect.value))
+            rest.extend((expect.kind, expect.field, expect.value))
         for pair in (*task_fields.items(), *fields.items()):
-            args.extend(pair)
+            rest.extend(pair)
+        # as the script's one array (its comment says why); every item a string
+        args.append(json.dumps(rest, ensure_ascii=False, separators=(",", ":")))
         script_keys = [
             keys.job(job.id), keys.job_config(job.id), keys.job_tasks(job.id, attempt.index),
             keys.job_attempts(job.id), keys.state_jobs(job.state), keys.JOBS,
