@@ -190,13 +190,23 @@ class LogShipper:
                 return True
             try:
                 append_log_entries(self.store.r, self.ref, batch, self.max_lines, cursor)
-            except RedisError as error:
-                log.warning("cannot ship %d log lines of %s: %s", len(batch), self.task_name, error)
+            except Exception as error:
+                # Redis refused, or something unforeseen: the lines wait for the
+                # next write, and the flusher every shipper shares goes on.
+                if isinstance(error, RedisError):
+                    log.warning("cannot ship %d log lines of %s: %s", len(batch),
+                                self.task_name, error)
+                else:
+                    log.exception("cannot ship %d log lines of %s", len(batch), self.task_name)
                 with self._lock:
                     self._pending[:0] = batch
                 return False
             if self._file is not None:
-                self._file.append(batch)
+                try:
+                    self._file.append(batch)
+                except Exception:  # the lines are in Redis; the file misses them
+                    log.exception("cannot write %d log lines of %s to its file", len(batch),
+                                  self.task_name)
             return True
 
     # ------------------------------------------------------------ the thread

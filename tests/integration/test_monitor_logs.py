@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import docker
 import pytest
 
+from services.monitor import logs
 from services.monitor.enginefiles import AUTO, OFF, EngineLogFiles
 from services.monitor.loglines import MAX_LINE_BYTES
 from services.monitor.logs import LogShipping, close_stream
@@ -172,6 +174,44 @@ def test_a_line_is_written_when_it_arrives_not_on_a_timer(
         shipping.close()
 
     assert rig.log(job_id) == _numbers(1, 7)
+
+
+def test_a_write_failing_for_one_task_leaves_the_flusher_writing_the_others(
+        rig: Rig, files: EngineLogFiles | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One task's write failing with an error that is not Redis's (a bug, a
+    line no one foresaw) must not end the flusher every shipper shares: the
+    other task's lines still arrive while it runs, and the failed lines wait
+    for the next write instead of being lost."""
+    job_id = rig.place(tasks=2)
+    broken, healthy = TaskRef(job_id, 0, "main", 0), TaskRef(job_id, 0, "main", 1)
+    real_append, failing, tried = logs.append_log_entries, [True], []
+
+    def append(r: Any, ref: TaskRef, *args: Any, **kwargs: Any) -> None:
+        if ref == broken and failing[0]:
+            tried.append(ref)
+            raise ValueError("a write no one foresaw")
+        real_append(r, ref, *args, **kwargs)
+
+    monkeypatch.setattr(logs, "append_log_entries", append)
+    first = rig.run(job_id, f"seq 1 3; {GATE}; seq 4 5")
+    second = rig.run(job_id, f"seq 1 2; {GATE}; seq 3 4", index=1)
+    shipping = LogShipping(rig.store, max_lines=1000, flush_seconds=3600, files=files)
+    try:
+        shipping.ensure(first, broken)
+        wait_for(lambda: bool(tried), "the flusher to try the broken task's lines")
+        shipping.ensure(second, healthy)
+        wait_for(lambda: rig.log(job_id, index=1) == _numbers(1, 2),
+                 "the healthy task's lines, while it runs")
+        failing[0] = False
+        for container, ref in ((first, broken), (second, healthy)):
+            release(container)
+            rig.exited(container)
+            assert shipping.drain(container, ref, DRAIN_SECONDS)
+    finally:
+        shipping.close()
+
+    assert rig.log(job_id) == _numbers(1, 5)
+    assert rig.log(job_id, index=1) == _numbers(1, 4)
 
 
 def test_the_flusher_of_a_node_with_nothing_running_sleeps(
