@@ -145,7 +145,7 @@ class _Verified:
     @functools.cached_property
     def expectations(self) -> tuple[Expect, ...]:
         """`submit_expectations` of this check: made once, by the first
-        submit that uses it, not by every request whose check is remembered."""
+        submit that uses it, not again for each submit after it."""
         record = keys.user(self.claims["sub"])
         return (
             Expect.field_equals(record, "uid", self.user.uid),

@@ -139,6 +139,7 @@ class LogShipper:
         self._write_lock = threading.Lock()  # one write at a time, so lines stay in order
         self._stream: Any = None
         self._file: TaskLogFile | None = None
+        self._unforeseen_logged = False  # a failed write not Redis's: traced once
         self._closing = threading.Event()
         self._exited = threading.Event()
         self._done = threading.Event()
@@ -193,10 +194,11 @@ class LogShipper:
             except Exception as error:
                 # Redis refused, or something unforeseen: the lines wait for the
                 # next write, and the flusher every shipper shares goes on.
-                if isinstance(error, RedisError):
+                if isinstance(error, RedisError) or self._unforeseen_logged:
                     log.warning("cannot ship %d log lines of %s: %s", len(batch),
                                 self.task_name, error)
-                else:
+                else:  # the trace once: a failure that repeats is retried as often
+                    self._unforeseen_logged = True
                     log.exception("cannot ship %d log lines of %s", len(batch), self.task_name)
                 with self._lock:
                     self._pending[:0] = batch
@@ -204,9 +206,10 @@ class LogShipper:
             if self._file is not None:
                 try:
                     self._file.append(batch)
-                except Exception:  # the lines are in Redis; the file misses them
-                    log.exception("cannot write %d log lines of %s to its file", len(batch),
-                                  self.task_name)
+                except Exception:  # the lines are in Redis; the file stops here, whole
+                    log.exception("cannot write %d log lines of %s to its file; the log "
+                                  "stays in Redis only", len(batch), self.task_name)
+                    self._file = None
             return True
 
     # ------------------------------------------------------------ the thread

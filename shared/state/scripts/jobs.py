@@ -19,8 +19,9 @@ from shared.state.scripts import Script
 # between the fixed keys and the archive's (KEYS[13 + i] is the key of the
 # i-th). The expectations' kind, field and value, then the task fields, then
 # the job fields come as one JSON array of strings (ARGV[13]): a hundred
-# arguments cost the client's packing and Redis's parsing about 90 µs a
-# submit together, one array about 20 (docs/performance-log.md, 2026-11-29).
+# arguments cost the client about 50 µs a submit to pack and send, one array
+# about 15 with its dump; Redis decodes it for what parsing them cost
+# (docs/performance-log.md, 2026-11-29).
 # queue_seq is the script's: the job fields leave it out.
 # Returns {"new", claimed, queue_seq} | {"own", claimed, field, value, ...} |
 #   {"taken", 0} | {"changed", 0}; claimed is 1 when this call set the pass
