@@ -268,7 +268,10 @@ def test_a_loud_container_that_exits_at_once_is_shipped_to_its_last_line(
     try:
         container = rig.run(job_id, f"seq 1 {lines}")
         shipper = shipping.ensure(container, ref)
-        shipper.container_exited()  # as the die event says, at once
+        # Told as soon as it exited, as the die event tells the monitor; not
+        # before: the engine's file holds the whole log only once it exited.
+        rig.exited(container)
+        shipper.container_exited()
         assert shipping.drain(container, ref, DRAIN_SECONDS)
     finally:
         shipping.close()
