@@ -136,7 +136,12 @@ def bucket_bound(metric: RecordedMetric, value: float) -> str:
 def histogram_fields(metric: RecordedMetric, labels: Mapping[str, str],
                      value: float) -> tuple[str, str, str]:
     """(bucket field, sum field, count field) of one observation."""
-    base = _label_field(metric, labels)
+    return _histogram_fields_of(_label_field(metric, labels), metric, value)
+
+
+def _histogram_fields_of(base: str, metric: RecordedMetric,
+                         value: float) -> tuple[str, str, str]:
+    """`histogram_fields` for the label set whose field is `base`."""
     return (f"{base}{_SEP}{_BUCKET}{bucket_bound(metric, value)}", f"{base}{_SEP}{_SUM}",
             f"{base}{_SEP}{_COUNT}")
 
@@ -273,9 +278,10 @@ class MetricBuffer:
             if metric.kind == Kind.COUNTER:
                 self._ints[(metric.key, base)] += int(value)
                 return
-            self._ints[(metric.key, f"{base}{_SEP}{_BUCKET}{bucket_bound(metric, value)}")] += 1
-            self._ints[(metric.key, f"{base}{_SEP}{_COUNT}")] += 1
-            self._floats[(metric.key, f"{base}{_SEP}{_SUM}")] += float(value)
+            bucket, total, count = _histogram_fields_of(base, metric, value)
+            self._ints[(metric.key, bucket)] += 1
+            self._ints[(metric.key, count)] += 1
+            self._floats[(metric.key, total)] += float(value)
 
     def flush_if_due(self, r: Any, now: float) -> None:
         if now - self._last_flush >= self.flush_seconds:
