@@ -185,8 +185,8 @@ class _ScriptKeys:
 
 
 def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
-                     launch_deadline_ms: int, script_keys: _ScriptKeys,
-                     parsed: dict[str, Task], records: list[str]) -> dict[str, Any] | None:
+                     script_keys: _ScriptKeys,
+                     parsed: dict[str, Task], records: list[str]) -> list[Any] | None:
     """What the batch script checks and writes for one gang: the job as the
     pass read it (the script compares it with the record), the tasks as just
     read (the rules of `commit_placement`); None when they already refuse it.
@@ -202,16 +202,14 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
             known = parsed[raw] = Task.from_dict(json.loads(raw))
         tasks[key] = Task(**vars(known))  # a copy: its fields are replaced, not changed
     launched = now_ms()
-    new: dict[str, int] = {}
+    new: list[str | int] = []  # flat: task field, its record's position in ARGV
     for p in placements:
         task = tasks[task_key(p.role, p.index)]
         if not _bind_task(task, p, launched):
             return None
-        new[task.key] = _argv_position(records, _record_json(task))
+        new += [task.key, _argv_position(records, _record_json(task))]
     job_id, attempt, vc = commit.job_id, commit.attempt, commit.vc
-    parts: dict[str, dict[str, Any]] = {}
-    launching: list[str] = []
-    deadline = str(launch_deadline_ms)
+    parts: dict[str, list[Any]] = {}  # node -> its part of the entry
     placed_tasks = []
     for p in placements:
         ports = p.all_ports
@@ -219,37 +217,33 @@ def _placement_entry(commit: PlacementCommit, raw_tasks: dict[str, str],
                            node=p.node, gpus=p.gpus, cpus=p.cpus, memory_mb=p.memory_mb,
                            ports=ports, vc=vc)
         part = parts.get(p.node)
-        if part is None:
-            part = parts[p.node] = {
-                "name": p.node, "k": script_keys.at(keys.node(p.node)),
-                "h": script_keys.at(keys.node_alloc(p.node)),
-                "g": [], "p": [], "c": 0, "m": 0, "w": []}
-        part["g"] += p.gpus
-        part["p"] += ports
-        part["c"] += p.cpus
-        part["m"] += p.memory_mb
-        member = alloc.key
-        part["w"] += [member, _argv_position(records, _record_json(alloc))]
-        launching += [member, deadline]
+        if part is None:  # name, its keys, GPUs, ports, CPUs, memory, allocations
+            part = parts[p.node] = [p.node, script_keys.at(keys.node(p.node)),
+                                    script_keys.at(keys.node_alloc(p.node)), [], [], 0, 0, []]
+        part[3] += p.gpus
+        part[4] += ports
+        part[5] += p.cpus
+        part[6] += p.memory_mb
+        part[7] += [alloc.key, _argv_position(records, _record_json(alloc))]
         placed_tasks.append({"role": p.role, "index": p.index, "node": p.node,
                              "gpus": list(p.gpus), "ports": list(ports)})
     event = event_fields("placed", attempt=attempt, nodes=sorted(parts), mode=commit.mode,
                          tasks=placed_tasks)
-    return {
-        "j": script_keys.at(keys.job(job_id)), "t": script_keys.at(keys.job_tasks(job_id, attempt)),
-        "e": script_keys.at(keys.job_events(job_id)), "q": script_keys.at(keys.vc_queue(vc)),
-        "id": job_id, "v": str(commit.version), "s": str(commit.queue_seq),
-        "a": str(attempt), "vc": vc,
-        "nt": len(raw_tasks), "new": new,
-        "f": ["version", str(commit.version + 1), "waiting_reason", "", "waiting", "",
-              "mode", commit.mode],
-        "ev": [x for item in event.items() for x in item], "l": launching,
-        "n": list(parts.values()),
-    }
+    # the layout scripts.COMMIT_PLACEMENTS reads (its comment): arrays, not objects
+    return [
+        script_keys.at(keys.job(job_id)), script_keys.at(keys.job_tasks(job_id, attempt)),
+        script_keys.at(keys.job_events(job_id)), script_keys.at(keys.vc_queue(vc)),
+        job_id, str(commit.version), str(commit.queue_seq), str(attempt), vc, len(raw_tasks),
+        new,
+        ["version", str(commit.version + 1), "waiting_reason", "", "waiting", "",
+         "mode", commit.mode],
+        [x for item in event.items() for x in item],
+        list(parts.values()),
+    ]
 
 
 def _argv_position(records: list[str], record: str) -> int:
-    """Pass `record` to the batch script after its first three arguments: its
+    """Pass `record` to the batch script after its fixed arguments: its
     position in ARGV (1-based)."""
     records.append(record)
     return len(records) + FIXED_ARGS
@@ -333,17 +327,17 @@ def _read_tasks(store: Store, batch: Sequence[PlacementCommit]) -> list[dict[str
 def _prepare_batch(batch: Sequence[PlacementCommit], read: Sequence[dict[str, str]],
                    launch_deadline_ms: int) -> _Prepared:
     script_keys = _ScriptKeys(keys.NODE_FLAGS, keys.LAUNCHING, keys.QUEUE, keys.GPU_FAULTS)
-    entries: list[dict[str, Any]] = []
+    entries: list[list[Any]] = []
     positions: list[int | None] = []
     parsed: dict[str, Task] = {}
     records: list[str] = []  # the records the entries write, passed beside them
     for commit, raw_tasks in zip(batch, read, strict=True):
-        entry = _placement_entry(commit, raw_tasks, launch_deadline_ms, script_keys, parsed,
-                                 records)
+        entry = _placement_entry(commit, raw_tasks, script_keys, parsed, records)
         positions.append(len(entries) if entry is not None else None)
         if entry is not None:
             entries.append(entry)
-    args = [_compact_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value, *records] \
+    args = [_compact_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value,
+            str(launch_deadline_ms), *records] \
         if entries else []
     return _Prepared(script_keys.names, args, positions)
 

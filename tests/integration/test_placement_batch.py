@@ -25,6 +25,7 @@ from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys
+from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.gpufaults import mark_fault
 from shared.state.lifecycle import request_stop, set_waiting_many, submit_job
 from shared.state.placing import PlacementCommit, commit_placement, commit_placements
@@ -348,6 +349,47 @@ def test_a_gang_of_thousands_of_tasks_is_bound_whole(store: Store) -> None:
                              launch_deadline_ms=DEADLINE_MS) == [True]
     assert len(held(store, "big")) == 4500
     assert {t.state for t in store.get_tasks(job.id, 0)} == {TaskState.LAUNCHING}
+
+
+def test_a_batch_of_two_vcs_takes_each_job_from_its_own_queue(store: Store) -> None:
+    """The script gathers the batch's removals per queue: each bound job
+    leaves the global queue and its own VC's, a refused one stays in both."""
+    Accounts(store).put_vc(VirtualCluster("vision", 4))
+    add_node(store, "n1")
+    jobs = [submit_job(store, "alice", {**config(f"j{i}"), "virtualCluster": vc})
+            for i, vc in enumerate(("default", "vision", "vision", "default"))]
+    bound = commit_placements(store, [commit_of(jobs[0], on("n1", 0)),
+                                      commit_of(jobs[1], on("n1", 1)),
+                                      commit_of(jobs[2], on("n1", 0, port=20070)),  # taken
+                                      commit_of(jobs[3], on("n1", 2))],
+                              launch_deadline_ms=DEADLINE_MS)
+    assert bound == [True, True, False, True]
+    assert store.queued_job_ids() == [jobs[2].id]
+    assert store.r.zrange(keys.vc_queue("default"), 0, -1) == []
+    assert store.r.zrange(keys.vc_queue("vision"), 0, -1) == [jobs[2].id]
+    assert store.r.zrange(keys.LAUNCHING, 0, -1, withscores=True) == [
+        (f"{job.id}:0:main:0", DEADLINE_MS) for job in sorted(
+            (jobs[0], jobs[1], jobs[3]), key=lambda job: f"{job.id}:0:main:0")]
+
+
+def test_a_gang_on_more_nodes_than_one_call_names_is_refused_for_its_last_nodes_hold(
+        store: Store) -> None:
+    """The admins' holds are read for a batch's nodes in calls of a thousand:
+    a hold on the 1,201st node of a gang still refuses the whole gang."""
+    names = [f"n{i:04d}" for i in range(1201)]
+    for name in names:
+        add_node(store, name, gpus=1)
+    gang = submit_job(store, "alice", config("wide", tasks=len(names)))
+    placements = tuple(on(name, 0, index) for index, name in enumerate(names))
+    store.set_node_flags(names[-1], schedulable=False, reason="fans", by="root")
+    assert commit_placements(store, [commit_of(gang, *placements)],
+                             launch_deadline_ms=DEADLINE_MS) == [False]
+    assert held(store, names[0]) == {}
+    store.set_node_flags(names[-1], schedulable=True, by="root")
+    assert commit_placements(store, [commit_of(gang, *placements)],
+                             launch_deadline_ms=DEADLINE_MS) == [True]
+    assert held(store, names[-1]) == {f"{gang.id}:0:main:1200": (0,)}
+    assert store.r.zcard(keys.LAUNCHING) == len(names)
 
 
 def test_a_commit_must_name_the_jobs_own_queue_place_and_vc(store: Store) -> None:

@@ -16,28 +16,55 @@ from shared.state.scripts import Script
 # jobs included). A job passing all of them gets its writes, rendered by the
 # caller; one that fails gets none. The reply holds 1 or 0 per job.
 #
-# A job entry: j, t, e, q (job, tasks, events, VC queue key positions in
-# KEYS), id, v, s, a, vc (version, queue_seq, attempt, VC as the pass read
-# them), nt (how many tasks), new (task field -> position in ARGV of the
-# record to write), f (job fields to write), ev (event fields, flat), l
-# (launch entries, flat: member, deadline), n (per node: k, h = node and
-# allocation key positions, name, g = GPUs, p = ports, c = CPUs, m = memory,
-# w = allocation field and ARGV position of its record, flat). The records
-# the entries point at come after the fixed arguments: passed as they are,
-# not as strings inside the JSON, they are neither escaped by the caller nor
-# decoded by the script.
+# A job entry is an array: the positions in KEYS of the job's record, its
+# tasks, its events and its VC's queue; the job's id, version, queue_seq,
+# attempt and VC as the pass read them; how many tasks it has; the tasks to
+# write (flat: field, position in ARGV of the record); the job's fields to
+# write (flat); its event's fields (flat); and one array per node: its name,
+# the positions in KEYS of its record and its allocations, the GPUs, ports,
+# CPUs and memory taken, and the allocations to write (flat: field, position
+# in ARGV of the record; each field is also a task's launch entry, due at the
+# batch's one deadline). Arrays, not objects: no names to encode and decode
+# for every job. The records the entries point at come after the fixed
+# arguments: passed as they are, not as strings inside the JSON, they are
+# neither escaped by the caller nor decoded by the script.
 COMMIT_PLACEMENTS = Script(
     "commit_placements",
     keys=("node flags", "launching", "queue", "GPU faults",
           "the keys the entries name by position..."),
     args=("the entries (JSON)", "the events' bound",
-          "the state a job waits in (JobState.WAITING)", "the records the entries name..."),
+          "the state a job waits in (JobState.WAITING)", "the launch deadline (ms)",
+          "the records the entries name..."),
     source="""
 local flags_key, launching_key, queue_key, faults_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local jobs = cjson.decode(ARGV[1])
+-- an entry's items, and a node part's (see placing.py `_placement_entry`)
+local JOB, TASKS, EVENTS, VC_QUEUE, ID, VERSION, SEQ, ATTEMPT, VC, TASK_COUNT, NEW, FIELDS,
+      EVENT, PARTS = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14
+local NAME, NODE, ALLOCS, GPUS, PORTS, CPUS, MEMORY, WRITES = 1, 2, 3, 4, 5, 6, 7, 8
+local deadline = ARGV[4]
+local CHUNK = 1000  -- arguments unpacked into one call at most
 local nodes = {}
 -- most of the time no GPU is marked: then no GPU needs looking up
 local any_faults = redis.call('EXISTS', faults_key) == 1
+
+-- whether an admin holds each node the batch names, in one call
+local held, names = {}, {}
+for _, job in ipairs(jobs) do
+  for _, part in ipairs(job[PARTS]) do
+    local name = part[NAME]
+    if held[name] == nil then
+      held[name] = false
+      names[#names + 1] = name
+    end
+  end
+end
+for at = 1, #names, CHUNK do
+  local flags = redis.call('HMGET', flags_key, unpack(names, at, math.min(at + CHUNK - 1, #names)))
+  for i, flag in ipairs(flags) do
+    held[names[at + i - 1]] = flag ~= false and flag ~= ''
+  end
+end
 
 local function node_view(name, node_key, alloc_key)
   local view = nodes[name]
@@ -55,17 +82,17 @@ local function node_view(name, node_key, alloc_key)
   view.used_cpus, view.used_memory = 0, 0
   view.ok = true
   for _, value in ipairs(redis.call('HVALS', alloc_key)) do
-    local held = cjson.decode(value)
-    for _, g in ipairs(held.gpus) do
+    local used = cjson.decode(value)
+    for _, g in ipairs(used.gpus) do
       if view.used_gpus[g] or not view.gpus[g] then view.ok = false end
       view.used_gpus[g] = true
     end
-    for _, p in ipairs(held.ports) do
+    for _, p in ipairs(used.ports) do
       if view.used_ports[p] then view.ok = false end
       view.used_ports[p] = true
     end
-    view.used_cpus = view.used_cpus + held.cpus
-    view.used_memory = view.used_memory + held.memory_mb
+    view.used_cpus = view.used_cpus + used.cpus
+    view.used_memory = view.used_memory + used.memory_mb
   end
   return view
 end
@@ -73,59 +100,91 @@ end
 local function fits(view, part)
   if not view.ok then return false end
   local gpus, ports = {}, {}
-  for _, g in ipairs(part.g) do
+  for _, g in ipairs(part[GPUS]) do
     if gpus[g] or view.used_gpus[g] or not view.gpus[g] then return false end
     -- marked unhealthy since the pass read the faults (shared/domain/gpuhealth.py)
-    if any_faults and redis.call('HEXISTS', faults_key, part.name .. ':' .. g) == 1 then
+    if any_faults and redis.call('HEXISTS', faults_key, part[NAME] .. ':' .. g) == 1 then
       return false
     end
     gpus[g] = true
   end
-  for _, p in ipairs(part.p) do
+  for _, p in ipairs(part[PORTS]) do
     if ports[p] or view.used_ports[p] then return false end
     ports[p] = true
   end
-  return view.used_cpus + part.c <= view.cpus and view.used_memory + part.m <= view.memory
+  return view.used_cpus + part[CPUS] <= view.cpus
+     and view.used_memory + part[MEMORY] <= view.memory
 end
 
 local function still_decidable(job)
-  local key = KEYS[job.j]
-  local now = redis.call('HMGET', key, 'version', 'state', 'attempt', 'queue_seq',
+  local now = redis.call('HMGET', KEYS[job[JOB]], 'version', 'state', 'attempt', 'queue_seq',
                         'virtual_cluster')
-  if now[1] ~= job.v or now[2] ~= ARGV[3] or now[3] ~= job.a or now[4] ~= job.s
-      or now[5] ~= job.vc then
+  if now[1] ~= job[VERSION] or now[2] ~= ARGV[3] or now[3] ~= job[ATTEMPT]
+      or now[4] ~= job[SEQ] or now[5] ~= job[VC] then
     return false
   end
-  if redis.call('HLEN', KEYS[job.t]) ~= job.nt then return false end
-  for _, part in ipairs(job.n) do
-    local flag = redis.call('HGET', flags_key, part.name)
-    if flag and flag ~= '' then return false end
-    if not fits(node_view(part.name, KEYS[part.k], KEYS[part.h]), part) then return false end
+  if redis.call('HLEN', KEYS[job[TASKS]]) ~= job[TASK_COUNT] then return false end
+  for _, part in ipairs(job[PARTS]) do
+    local name = part[NAME]
+    if held[name] then return false end
+    if not fits(node_view(name, KEYS[part[NODE]], KEYS[part[ALLOCS]]), part) then
+      return false
+    end
   end
   return true
 end
 
+-- A bound job's writes to keys other jobs of the batch write too (the
+-- nodes' allocations, the launch deadlines, the queues) and to its tasks are
+-- gathered, and made once per key after the last job: the script runs
+-- alone, so what any later read sees is the same, in fewer calls.
+local hashes, hash_keys = {}, {}  -- key -> field, value, ...
+local launching = {}  -- deadline, member, ...
+local dequeued = {[queue_key] = {}}  -- queue key -> job ids
+local queue_keys = {queue_key}
+
+local function hash_write(key, field, value)
+  local pairs_of = hashes[key]
+  if not pairs_of then
+    pairs_of = {}
+    hashes[key] = pairs_of
+    hash_keys[#hash_keys + 1] = key
+  end
+  pairs_of[#pairs_of + 1] = field
+  pairs_of[#pairs_of + 1] = value
+end
+
+local function dequeue(key, id)
+  local ids = dequeued[key]
+  if not ids then
+    ids = {}
+    dequeued[key] = ids
+    queue_keys[#queue_keys + 1] = key
+  end
+  ids[#ids + 1] = id
+end
+
 local function bind(job)
-  for _, part in ipairs(job.n) do
-    local view = nodes[part.name]
-    for _, g in ipairs(part.g) do view.used_gpus[g] = true end
-    for _, p in ipairs(part.p) do view.used_ports[p] = true end
-    view.used_cpus = view.used_cpus + part.c
-    view.used_memory = view.used_memory + part.m
-    for i = 1, #part.w, 2 do
-      redis.call('HSET', KEYS[part.h], part.w[i], ARGV[part.w[i + 1]])
+  for _, part in ipairs(job[PARTS]) do
+    local view, allocs, writes = nodes[part[NAME]], KEYS[part[ALLOCS]], part[WRITES]
+    for _, g in ipairs(part[GPUS]) do view.used_gpus[g] = true end
+    for _, p in ipairs(part[PORTS]) do view.used_ports[p] = true end
+    view.used_cpus = view.used_cpus + part[CPUS]
+    view.used_memory = view.used_memory + part[MEMORY]
+    for i = 1, #writes, 2 do
+      hash_write(allocs, writes[i], ARGV[writes[i + 1]])
+      launching[#launching + 1] = deadline
+      launching[#launching + 1] = writes[i]
     end
   end
-  for i = 1, #job.l, 2 do
-    redis.call('ZADD', launching_key, job.l[i + 1], job.l[i])
+  local tasks, new = KEYS[job[TASKS]], job[NEW]
+  for i = 1, #new, 2 do
+    hash_write(tasks, new[i], ARGV[new[i + 1]])
   end
-  for field, at in pairs(job.new) do  -- one by one: a gang may be too big to unpack
-    redis.call('HSET', KEYS[job.t], field, ARGV[at])
-  end
-  redis.call('ZREM', queue_key, job.id)
-  redis.call('ZREM', KEYS[job.q], job.id)
-  redis.call('HSET', KEYS[job.j], unpack(job.f))
-  redis.call('XADD', KEYS[job.e], 'MAXLEN', '~', ARGV[2], '*', unpack(job.ev))
+  dequeue(queue_key, job[ID])
+  dequeue(KEYS[job[VC_QUEUE]], job[ID])
+  redis.call('HSET', KEYS[job[JOB]], unpack(job[FIELDS]))
+  redis.call('XADD', KEYS[job[EVENTS]], 'MAXLEN', '~', ARGV[2], '*', unpack(job[EVENT]))
 end
 
 local bound = {}
@@ -135,6 +194,22 @@ for i, job in ipairs(jobs) do
     bound[i] = 1
   else
     bound[i] = 0
+  end
+end
+
+for _, key in ipairs(hash_keys) do
+  local flat = hashes[key]
+  for at = 1, #flat, CHUNK do
+    redis.call('HSET', key, unpack(flat, at, math.min(at + CHUNK - 1, #flat)))
+  end
+end
+for at = 1, #launching, CHUNK do
+  redis.call('ZADD', launching_key, unpack(launching, at, math.min(at + CHUNK - 1, #launching)))
+end
+for _, key in ipairs(queue_keys) do
+  local ids = dequeued[key]
+  for at = 1, #ids, CHUNK do
+    redis.call('ZREM', key, unpack(ids, at, math.min(at + CHUNK - 1, #ids)))
   end
 end
 return bound
