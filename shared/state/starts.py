@@ -25,7 +25,7 @@ from typing import Any
 
 from shared.state import keys, nodestreams
 from shared.state.nodestreams import GroupReader
-from shared.state.store import compact_json
+from shared.state.store import plain_json
 
 log = logging.getLogger("pai.starts")
 
@@ -52,7 +52,7 @@ def send(client: Any, starts: Mapping[str, Sequence[StartRef]]) -> None:
     pipe = client.pipeline(transaction=False)
     for node, tasks in sending.items():
         nodestreams.add(pipe, keys.node_starts(node),
-                        {FIELD: compact_json([list(task) for task in tasks])})
+                        {FIELD: plain_json([list(task) for task in tasks])})
     pipe.execute()
 
 

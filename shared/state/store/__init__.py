@@ -191,7 +191,7 @@ class StoreCore:
 
 
 # The parts, by concept: imported after StoreCore, which each one extends.
-from shared.state.store.codec import compact_json, event_fields  # noqa: E402
+from shared.state.store.codec import compact_json, event_fields, plain_json  # noqa: E402
 from shared.state.store.jobs import EVENTS_MAX_LEN, JobsMixin  # noqa: E402
 from shared.state.store.listing import READ_MANY, SORT_READ_CHUNK, ListingMixin  # noqa: E402
 from shared.state.store.logs import LogsMixin  # noqa: E402
@@ -237,5 +237,5 @@ __all__ = [
     "POOL_SIZE", "POOL_WAIT_SECONDS", "READ_MANY", "SORT_READ_CHUNK", "Contention", "Expect",
     "ExpectationFailed", "JobConflict", "JobNotFound", "NodeNotFound", "Pipe", "Reader",
     "Snapshot", "Store", "StoreCore", "StoreError", "compact_json", "connect", "event_fields",
-    "task_is_live",
+    "plain_json", "task_is_live",
 ]

@@ -9,6 +9,8 @@ import json
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
+import orjson
+
 from shared.infra.clock import now_ms
 
 
@@ -57,3 +59,21 @@ def compact_json(value: Any) -> str:
     if _compact_chunks is None or not isinstance(value, list | dict):
         return json.dumps(value, separators=(",", ":"))
     return "".join(_compact_chunks(value, 0))
+
+
+def plain_json(value: Any) -> str:
+    """`compact_json(value)`, the same text, for a tree of strings, integers,
+    booleans, None, lists, tuples and string-keyed dicts (a task's or an
+    allocation's record, a script's entries: not floats, whose exponents
+    orjson writes otherwise), three to ten times faster. orjson writes such
+    a tree as json does (tests/unit/test_store_json.py) where the text is
+    printable ASCII; a string that is not (json escapes all else, DEL
+    included), or what orjson refuses (a lone surrogate, an integer past 64
+    bits), gets json's text."""
+    try:
+        text = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return compact_json(value)
+    if text.isascii() and b"\x7f" not in text:
+        return text.decode()
+    return compact_json(value)
