@@ -52,6 +52,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import orjson
+
 from services.monitor.loglines import (
     MAX_LINE_BYTES,
     StampedLines,
@@ -87,10 +89,19 @@ _WITHOUT_NEWLINE = operator.itemgetter(slice(None, -1))
 
 def _entries(data: bytes) -> list[Any]:
     """The JSON values of complete json-file lines (`data` ends with a
-    newline), in one parse; line by line, skipping any that is not JSON, if
-    the whole does not parse (a torn write the engine never finished)."""
+    newline), in one parse (orjson's, in half json's time: the same values
+    for the engine's entries, whose fields are strings; json's where orjson
+    refuses the text, as for a lone surrogate's escape); line by line,
+    skipping any that is not JSON, if the whole does not parse (a torn write
+    the engine never finished)."""
+    whole = b"[" + data[:-1].replace(b"\n", b",") + b"]"
     try:
-        entries: list[Any] = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+        entries: list[Any] = orjson.loads(whole)
+        return entries
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        entries = json.loads(whole)
         return entries
     except ValueError:
         entries = []

@@ -96,6 +96,14 @@ def test_a_lone_surrogate_is_replaced_so_the_line_can_be_encoded() -> None:
     text.encode("utf-8")
 
 
+def test_a_read_with_a_lone_surrogate_among_its_entries_keeps_them_all() -> None:
+    """orjson refuses the escape of a lone surrogate; the read is then taken
+    by json, whole, with the same lines as any other read."""
+    data = entry(1) + entry(2, "bad \ud800 half\n") + entry(3, "é\n")
+    assert EntryLines().feed(data).pairs() == [line_of(1), (stamp(2), "bad ? half"),
+                                               line_of(3, "é")]
+
+
 def test_a_torn_line_is_skipped_and_the_rest_kept() -> None:
     data = entry(1) + b'{"log":"half of an ent\n' + entry(2) + b'[1, 2]\n"text"\n{"log": 5}\n'
     assert EntryLines().feed(data).pairs() == lines_of(1, 2)
