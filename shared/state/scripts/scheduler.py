@@ -137,31 +137,30 @@ end
 -- A bound job's writes to keys other jobs of the batch write too (the
 -- nodes' allocations, the launch deadlines, the queues) and to its tasks are
 -- gathered, and made once per key after the last job: the script runs
--- alone, so what any later read sees is the same, in fewer calls.
-local hashes, hash_keys = {}, {}  -- key -> field, value, ...
-local launching = {}  -- deadline, member, ...
-local dequeued = {[queue_key] = {}}  -- queue key -> job ids
-local queue_keys = {queue_key}
+-- alone, so what any later read sees is the same, in fewer calls. Each of
+-- these holds, per key, the values gathered for it, and the keys in order.
+local hashes = {lists = {}, keys = {}}  -- field, value, ...
+local launches = {lists = {}, keys = {}}  -- deadline, member, ...
+local dequeued = {lists = {}, keys = {}}  -- job ids
 
-local function hash_write(key, field, value)
-  local pairs_of = hashes[key]
-  if not pairs_of then
-    pairs_of = {}
-    hashes[key] = pairs_of
-    hash_keys[#hash_keys + 1] = key
+local function gather(into, key, first, second)
+  local list = into.lists[key]
+  if not list then
+    list = {}
+    into.lists[key] = list
+    into.keys[#into.keys + 1] = key
   end
-  pairs_of[#pairs_of + 1] = field
-  pairs_of[#pairs_of + 1] = value
+  list[#list + 1] = first
+  if second ~= nil then list[#list + 1] = second end
 end
 
-local function dequeue(key, id)
-  local ids = dequeued[key]
-  if not ids then
-    ids = {}
-    dequeued[key] = ids
-    queue_keys[#queue_keys + 1] = key
+local function flush(from, command)
+  for _, key in ipairs(from.keys) do
+    local list = from.lists[key]
+    for at = 1, #list, CHUNK do
+      redis.call(command, key, unpack(list, at, math.min(at + CHUNK - 1, #list)))
+    end
   end
-  ids[#ids + 1] = id
 end
 
 local function bind(job)
@@ -172,17 +171,16 @@ local function bind(job)
     view.used_cpus = view.used_cpus + part[CPUS]
     view.used_memory = view.used_memory + part[MEMORY]
     for i = 1, #writes, 2 do
-      hash_write(allocs, writes[i], ARGV[writes[i + 1]])
-      launching[#launching + 1] = deadline
-      launching[#launching + 1] = writes[i]
+      gather(hashes, allocs, writes[i], ARGV[writes[i + 1]])
+      gather(launches, launching_key, deadline, writes[i])
     end
   end
   local tasks, new = KEYS[job[TASKS]], job[NEW]
   for i = 1, #new, 2 do
-    hash_write(tasks, new[i], ARGV[new[i + 1]])
+    gather(hashes, tasks, new[i], ARGV[new[i + 1]])
   end
-  dequeue(queue_key, job[ID])
-  dequeue(KEYS[job[VC_QUEUE]], job[ID])
+  gather(dequeued, queue_key, job[ID])
+  gather(dequeued, KEYS[job[VC_QUEUE]], job[ID])
   redis.call('HSET', KEYS[job[JOB]], unpack(job[FIELDS]))
   redis.call('XADD', KEYS[job[EVENTS]], 'MAXLEN', '~', ARGV[2], '*', unpack(job[EVENT]))
 end
@@ -197,21 +195,9 @@ for i, job in ipairs(jobs) do
   end
 end
 
-for _, key in ipairs(hash_keys) do
-  local flat = hashes[key]
-  for at = 1, #flat, CHUNK do
-    redis.call('HSET', key, unpack(flat, at, math.min(at + CHUNK - 1, #flat)))
-  end
-end
-for at = 1, #launching, CHUNK do
-  redis.call('ZADD', launching_key, unpack(launching, at, math.min(at + CHUNK - 1, #launching)))
-end
-for _, key in ipairs(queue_keys) do
-  local ids = dequeued[key]
-  for at = 1, #ids, CHUNK do
-    redis.call('ZREM', key, unpack(ids, at, math.min(at + CHUNK - 1, #ids)))
-  end
-end
+flush(hashes, 'HSET')
+flush(launches, 'ZADD')
+flush(dequeued, 'ZREM')
 return bound
 """)
 
