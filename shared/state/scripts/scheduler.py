@@ -135,8 +135,8 @@ local function still_decidable(job)
 end
 
 -- A bound job's writes to keys other jobs of the batch write too (the
--- nodes' allocations, the launch deadlines, the queues) and to its tasks are
--- gathered, and made once per key after the last job: the script runs
+-- nodes' allocations, the launch deadlines, the queues) are gathered, and
+-- made once per key after the last job: the script runs
 -- alone, so what any later read sees is the same, in fewer calls. Each of
 -- these holds, per key, the values gathered for it, and the keys in order.
 local hashes = {lists = {}, keys = {}}  -- field, value, ...
@@ -175,9 +175,12 @@ local function bind(job)
       gather(launches, launching_key, deadline, writes[i])
     end
   end
-  local tasks, new = KEYS[job[TASKS]], job[NEW]
+  local new, records = job[NEW], {}  -- the job's own: written at once
   for i = 1, #new, 2 do
-    gather(hashes, tasks, new[i], ARGV[new[i + 1]])
+    records[i], records[i + 1] = new[i], ARGV[new[i + 1]]
+  end
+  for at = 1, #records, CHUNK do
+    redis.call('HSET', KEYS[job[TASKS]], unpack(records, at, math.min(at + CHUNK - 1, #records)))
   end
   gather(dequeued, queue_key, job[ID])
   gather(dequeued, KEYS[job[VC_QUEUE]], job[ID])
