@@ -161,9 +161,6 @@ class PlacementCommit:
 
 
 MAX_BATCH_TASKS = 1000  # tasks per script call: Redis runs nothing else meanwhile
-# json.dumps(..., separators=(",", ":")) of a record or the entries, by orjson
-_plain_json = plain_json
-
 # The script's ARGV before the records the entries name (scripts.COMMIT_PLACEMENTS)
 FIXED_ARGS = len(scripts.COMMIT_PLACEMENTS.args) - 1
 
@@ -253,7 +250,7 @@ def _record_json(record: Task | Allocation) -> str:
     """`json.dumps(record.to_dict())`, without `dataclasses.asdict`'s deep copy
     (a third of a big batch's CPU): their fields are plain JSON values, so the
     text is the same (tests/unit/test_placement_batch.py holds it so)."""
-    return _plain_json(vars(record))
+    return plain_json(vars(record))
 
 
 def commit_placements(store: Store, commits: Sequence[PlacementCommit], *,
@@ -336,7 +333,7 @@ def _prepare_batch(batch: Sequence[PlacementCommit], read: Sequence[dict[str, st
         positions.append(len(entries) if entry is not None else None)
         if entry is not None:
             entries.append(entry)
-    args = [_plain_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value,
+    args = [plain_json(entries), str(EVENTS_MAX_LEN), JobState.WAITING.value,
             str(launch_deadline_ms), *records] \
         if entries else []
     return _Prepared(script_keys.names, args, positions)
