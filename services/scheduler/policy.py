@@ -94,18 +94,22 @@ def plan(cluster: Cluster, queue: Sequence[JobRequest], running: Sequence[Runnin
          vcs: Mapping[str, VcPolicy], now_ms: int,
          attained: Mapping[str, Attained] | None = None, las: Las = DEFAULT_LAS,
          spent: Mapping[str, Spend] | None = None,
-         user_spent: Mapping[tuple[str, str], Spend] | None = None) -> Plan:
+         user_spent: Mapping[tuple[str, str], Spend] | None = None,
+         on_placed: Callable[[Placed], None] | None = None) -> Plan:
     """One pass's decisions. `cluster` holds the free resources of the nodes
     that may take work (live, schedulable) and is used up as jobs are placed.
     `attained`: job id -> what a queued job has had (absent: a job that
     never ran, waiting since its submit). `spent`: VC -> its budget's spend
     this period (only those exhausted matter); `user_spent`: (VC, user) ->
-    that user's own budget's spend in the VC, alike."""
+    that user's own budget's spend in the VC, alike. `on_placed` gets each
+    placement as it is made, in `Plan.placed`'s order: a placement is never
+    taken back later in the pass, so the service binds it while the pass
+    decides the rest."""
     exhausted = {vc: s for vc, s in (spent or {}).items() if s.exhausted}
     users = {owner: s for owner, s in (user_spent or {}).items() if s.exhausted}
     with paused_gc():
         return _Pass(cluster, queue, running, vcs, now_ms, attained or {}, las,
-                     exhausted, users).run()
+                     exhausted, users, on_placed).run()
 
 
 class _Pass:
@@ -113,8 +117,10 @@ class _Pass:
                  running: Sequence[RunningJob], vcs: Mapping[str, VcPolicy],
                  now_ms: int, attained: Mapping[str, Attained] | None = None,
                  las: Las = DEFAULT_LAS, exhausted: Mapping[str, Spend] | None = None,
-                 users_exhausted: Mapping[tuple[str, str], Spend] | None = None) -> None:
+                 users_exhausted: Mapping[tuple[str, str], Spend] | None = None,
+                 on_placed: Callable[[Placed], None] | None = None) -> None:
         self.cluster = cluster
+        self.on_placed = on_placed
         self.exhausted = exhausted or {}  # VCs that spent their budget: no guarantee
         self.users_exhausted = users_exhausted or {}  # (VC, user) alike, their jobs only
         self.attained = attained or {}
@@ -347,6 +353,8 @@ class _Pass:
         # Partly placed (no gang allocation): the rest waits for a later pass.
         placed = Placed(request, result.placements, mode)
         self.out.placed.append(placed)
+        if self.on_placed is not None:
+            self.on_placed(placed)
         self._admit(placed)
         return None
 

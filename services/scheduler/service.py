@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
@@ -53,7 +53,7 @@ from shared.state.lifecycle import (
     renew_stale_launch,
     set_modes,
 )
-from shared.state.placing import PlacementCommit, commit_placement, commit_placements
+from shared.state.placing import CommitStream, PlacementCommit, commit_placement
 from shared.state.starts import send as send_starts
 from shared.state.store import Store, compact_json, task_is_live
 from shared.state.taskexits import record_task_exit
@@ -66,6 +66,23 @@ MAX_PASSES_PER_CALL = 50
 # Pass requests a worker may leave to the scheduler messages behind them
 # (`request_pass(deferrable=True)`) before it passes anyway
 MAX_DEFERRED = 64
+
+
+@dataclass
+class _GangBinder:
+    """Takes the plan's placements as it makes them (`policy.plan`'s
+    `on_placed`): each gang goes to the stream and to `gangs`, in order."""
+
+    stream: CommitStream
+    gangs: list[Placed] = field(default_factory=list)
+
+    def __call__(self, placed: Placed) -> None:
+        if placed.request.gang:
+            self.gangs.append(placed)
+            request = placed.request
+            self.stream.add(PlacementCommit(
+                request.job_id, request.version, request.attempt, placed.placements,
+                placed.mode, queue_seq=request.seq, vc=request.vc))
 
 
 @dataclass
@@ -173,11 +190,16 @@ class Scheduler:
         attained = self.reader.attained(queue)
         self.reader.forget_gone(queue)
         spent, user_spent = self._spent(vcs, allocations, queue, now)
-        plan = policy.plan(cluster, queue, running, policies, now, attained, self.las, spent,
-                           user_spent)
+        deadline = now + int(self.settings.launch_timeout_seconds * 1000)
+        with self._binding(deadline) as bind:
+            plan = policy.plan(cluster, queue, running, policies, now, attained, self.las,
+                               spent, user_spent, on_placed=bind)
+        gangs_bound = bind.stream.finish()
         self.reader.place_in_las_queues(queue, attained, now)
         stats = PassStats(waiting=len(plan.waiting))
-        placed_by_vc = self._commit(plan.placed, now, stats)
+        placed_by_vc = self._commit(bind.gangs, gangs_bound,
+                                    [p for p in plan.placed if not p.request.gang],
+                                    deadline, stats)
         for preemption in plan.preempt:
             self._preempt(preemption, now)
         attempts = {r.job_id: r.attempt for r in running}
@@ -192,25 +214,34 @@ class Scheduler:
                      stats.waiting, len(plan.preempt), stats.seconds * 1000)
         return stats
 
-    def _commit(self, placed: list[Placed], now: int, stats: PassStats) -> Counter[str]:
-        """Bind what the plan placed (gangs in batches; a job without gang
-        allocation some of its tasks at a time, each commit on the tasks
-        still waiting), then send each node its starts. Returns the jobs
-        bound per VC; one the world moved away from waits for the next pass."""
-        deadline = now + int(self.settings.launch_timeout_seconds * 1000)
-        gangs = [p for p in placed if p.request.gang]
-        commits = [PlacementCommit(p.request.job_id, p.request.version, p.request.attempt,
-                                   tuple(p.placements), p.mode, queue_seq=p.request.seq,
-                                   vc=p.request.vc) for p in gangs]
-        bound = commit_placements(self.store, commits, launch_deadline_ms=deadline)
-        bound += [commit_placement(self.store, p.request.job_id, version=p.request.version,
-                                   attempt=p.request.attempt, placements=p.placements,
-                                   launch_deadline_ms=deadline, mode=p.mode, gang=False)
-                  for p in placed if not p.request.gang]
+    @contextmanager
+    def _binding(self, deadline: int) -> Iterator[_GangBinder]:
+        """What the plan hands each placement to: a gang is bound while the
+        plan decides the rest (placing.CommitStream). Should the plan raise,
+        the stream's threads end with it (what it bound starts by its launch
+        lease)."""
+        binder = _GangBinder(CommitStream(self.store, launch_deadline_ms=deadline))
+        try:
+            yield binder
+        except BaseException:
+            binder.stream.finish()
+            raise
+
+    def _commit(self, gangs: list[Placed], gangs_bound: list[bool], others: list[Placed],
+                deadline: int, stats: PassStats) -> Counter[str]:
+        """Bind the rest of what the plan placed (the gangs are bound, as
+        `gangs_bound` says: a job without gang allocation some of its tasks
+        at a time, each commit on the tasks still waiting), then send each
+        node its starts. Returns the jobs bound per VC; one the world moved
+        away from waits for the next pass."""
+        bound = gangs_bound + [
+            commit_placement(self.store, p.request.job_id, version=p.request.version,
+                             attempt=p.request.attempt, placements=p.placements,
+                             launch_deadline_ms=deadline, mode=p.mode, gang=False)
+            for p in others]
         placed_by_vc: Counter[str] = Counter()
         starts: dict[str, list[tuple[str, int, str, int]]] = {}
-        for one, won in zip(gangs + [p for p in placed if not p.request.gang], bound,
-                            strict=True):
+        for one, won in zip(gangs + others, bound, strict=True):
             if not won:
                 continue
             stats.placed += 1

@@ -1,8 +1,9 @@
 """Binding placed gangs: allocations on their nodes, tasks LAUNCHING, jobs
 out of the queue, each gang all or nothing.
 
-`commit_placement` binds one gang under WATCH; `commit_placements` binds a
-pass's batch in two round trips (the tasks read, then one script that checks
+`commit_placement` binds one gang under WATCH; `commit_placements` (and
+`CommitStream`, fed while the pass decides) binds a pass's gangs in batches
+of two round trips (the tasks read, then one script that checks
 each gang again and writes it or not). Both refuse a gang the world moved
 away from since the pass read it (a new version, a cordon, a GPU marked
 unhealthy, a node that no longer has room): the next pass decides it again.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -259,52 +260,82 @@ def commit_placements(store: Store, commits: Sequence[PlacementCommit], *,
     each one bound, False for each the world moved away from (the next pass
     decides it again). Two round trips per MAX_BATCH_TASKS tasks: the jobs'
     tasks read, then one script that re-checks them, and the nodes, and
-    applies each gang's writes or none of them.
+    applies each gang's writes or none of them."""
+    stream = CommitStream(store, launch_deadline_ms=launch_deadline_ms)
+    for commit in commits:
+        stream.add(commit)
+    return stream.finish()
 
-    The batches overlap: while Redis runs one batch's script (on a thread of
-    its own, in batch order), this thread renders the next batch's entries
-    from tasks it read just before. The two are as big as each other at
-    scale, and Redis and the scheduler have a core each. A batch's script
-    re-checks all it relies on, as it would one round trip later."""
-    batches = _batches(commits)
-    if len(batches) <= 1:
-        return [bound for batch in batches
-                for bound in _apply_batch(store, _prepare_batch(
-                    batch, _read_tasks(store, batch), launch_deadline_ms))]
-    failed = threading.Event()  # a script that raised: the batches after it are not run
 
-    def apply(prepared: _Prepared) -> list[bool]:
-        if failed.is_set():
+class CommitStream:
+    """`commit_placements` fed one gang at a time, while its caller is still
+    deciding the rest (the scheduler's plan hands over each placement as it
+    makes it: services/scheduler/policy.py `plan`).
+
+    A full batch (MAX_BATCH_TASKS tasks) goes at once to two threads of its
+    own: one reads its jobs' tasks and renders its entries, the other runs
+    the batches' scripts on Redis, in batch order. So Redis binds the first
+    batches while the caller decides the next ones, and renders while Redis
+    runs a script: at scale the three are of a size, and Redis and the
+    scheduler have a core each. A batch's script re-checks all it relies on,
+    as it would one round trip later. A commit that never fills a batch is
+    bound in the caller's thread at `finish`, without threads.
+
+    `finish` must be called (it also ends the threads): the answers, one per
+    gang in the order added. A script that raised fails the batches after
+    it, unrun, and `finish` raises."""
+
+    def __init__(self, store: Store, *, launch_deadline_ms: int) -> None:
+        self._store = store
+        self._deadline = launch_deadline_ms
+        self._batch: list[PlacementCommit] = []
+        self._tasks = 0  # in self._batch
+        self._pending: list[Future[list[bool]]] = []
+        self._renderer: ThreadPoolExecutor | None = None
+        self._runner: ThreadPoolExecutor | None = None
+        self._failed = threading.Event()
+
+    def add(self, commit: PlacementCommit) -> None:
+        """One more gang, bound after those added before it (a gang bigger
+        than a batch goes alone in its own)."""
+        if self._batch and self._tasks + len(commit.placements) > MAX_BATCH_TASKS:
+            self._send()
+        self._batch.append(commit)
+        self._tasks += len(commit.placements)
+
+    def finish(self) -> list[bool]:
+        """Whether each gang was bound, once every batch is."""
+        try:
+            if not self._pending:  # at most one batch: no threads
+                batch, self._batch = self._batch, []
+                return _apply_batch(self._store, self._prepare(batch)) if batch else []
+            if self._batch:
+                self._send()
+            return [bound for done in self._pending for bound in done.result()]
+        finally:
+            for executor in (self._renderer, self._runner):
+                if executor is not None:
+                    executor.shutdown(cancel_futures=True)
+
+    def _send(self) -> None:
+        if self._renderer is None or self._runner is None:
+            self._renderer = ThreadPoolExecutor(1, thread_name_prefix="pai-render")
+            self._runner = ThreadPoolExecutor(1, thread_name_prefix="pai-commit")
+        batch, self._batch, self._tasks = self._batch, [], 0
+        prepared = self._renderer.submit(self._prepare, batch)
+        self._pending.append(self._runner.submit(self._apply, prepared))
+
+    def _prepare(self, batch: list[PlacementCommit]) -> _Prepared:
+        return _prepare_batch(batch, _read_tasks(self._store, batch), self._deadline)
+
+    def _apply(self, prepared: Future[_Prepared]) -> list[bool]:
+        if self._failed.is_set():
             raise StoreError("an earlier batch of this commit failed")
         try:
-            return _apply_batch(store, prepared)
+            return _apply_batch(self._store, prepared.result())
         except BaseException:
-            failed.set()
+            self._failed.set()
             raise
-
-    with ThreadPoolExecutor(1, thread_name_prefix="pai-commit") as scripts_runner:
-        pending = []
-        read = _read_tasks(store, batches[0])
-        for at, batch in enumerate(batches):
-            prepared = _prepare_batch(batch, read, launch_deadline_ms)
-            if at + 1 < len(batches):
-                read = _read_tasks(store, batches[at + 1])
-            pending.append(scripts_runner.submit(apply, prepared))
-        return [bound for done in pending for bound in done.result()]
-
-
-def _batches(commits: Sequence[PlacementCommit]) -> list[list[PlacementCommit]]:
-    """The commits in order, MAX_BATCH_TASKS tasks a batch at most (a bigger
-    gang alone in its own)."""
-    batches: list[list[PlacementCommit]] = []
-    size = 0
-    for commit in commits:
-        if not batches or (batches[-1] and size + len(commit.placements) > MAX_BATCH_TASKS):
-            batches.append([])
-            size = 0
-        batches[-1].append(commit)
-        size += len(commit.placements)
-    return batches
 
 
 @dataclass

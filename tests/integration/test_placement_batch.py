@@ -9,6 +9,7 @@ gangs it no longer allows are left out, and that a batch of one decides as
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from services.scheduler import policy
 from services.scheduler.gate import DIRTY
 from services.scheduler.service import Scheduler
 from shared.domain.gpuhealth import GpuFault
@@ -24,11 +26,16 @@ from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
-from shared.state import keys
+from shared.state import keys, placing
 from shared.state.accounts import Accounts, VirtualCluster
 from shared.state.gpufaults import mark_fault
 from shared.state.lifecycle import request_stop, set_waiting_many, submit_job
-from shared.state.placing import PlacementCommit, commit_placement, commit_placements
+from shared.state.placing import (
+    CommitStream,
+    PlacementCommit,
+    commit_placement,
+    commit_placements,
+)
 from shared.state.starts import StartRef, parse
 from shared.state.store import Store
 from tests.support.interleave import Hook, with_hooks
@@ -429,3 +436,70 @@ def test_waiting_reasons_are_written_only_where_the_pass_saw_the_job(store: Stor
     assert reasons == {"moved": "", "stopped": "", "same": "no room", "new": "no room"}
     assert (store.get_job(jobs["new"].id) or pytest.fail()).waiting == '{"reason":"NoNodes"}'
     assert not store.r.exists(keys.job("alice~gone"))  # no record made of a reason alone
+
+
+# ------------------------------------------ a stream bound while the pass decides
+
+
+def test_a_stream_binds_each_full_batch_while_it_is_still_fed(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placing, "MAX_BATCH_TASKS", 1)
+    add_node(store, "n1", gpus=2)
+    first, second = (submit_job(store, "alice", config(n)) for n in ("a", "b"))
+    events = keys.job_events(first.id)
+    [(submitted, _)] = store.r.xrevrange(events, count=1)
+    stream = CommitStream(store, launch_deadline_ms=DEADLINE_MS)
+    stream.add(commit_of(first, on("n1", 0)))
+    stream.add(commit_of(second, on("n1", 1)))  # the first batch is full: it goes
+
+    # bound before `finish`: its "placed" event follows (a blocking read, no sleep)
+    [(_, [(_, fields)])] = store.r.xread({events: submitted}, count=1, block=10_000)
+    assert fields["kind"] == "placed"
+    assert stream.finish() == [True, True]
+    assert sorted(held(store, "n1").values()) == [(0,), (1,)]
+
+
+def test_a_batch_that_fails_leaves_the_batches_after_it_unrun(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placing, "MAX_BATCH_TASKS", 1)
+    for name in ("n1", "n2", "n3"):
+        add_node(store, name, gpus=1)
+    jobs = [submit_job(store, "alice", config(n)) for n in ("a", "b", "c")]
+    store.r.delete(keys.node("n2"))  # its script fails reading the node, before any write
+    store.r.hset(keys.node("n2"), "not", "a node record")
+    stream = CommitStream(store, launch_deadline_ms=DEADLINE_MS)
+    for job, node in zip(jobs, ("n1", "n2", "n3"), strict=True):
+        stream.add(commit_of(job, on(node, 0)))
+
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        stream.finish()
+    assert task_state(store, jobs[0].id) == TaskState.LAUNCHING
+    for job in jobs[1:]:  # the failed batch and the one after it: as they were
+        assert task_state(store, job.id) == TaskState.WAITING
+        assert store.r.zscore(keys.QUEUE, job.id) is not None
+    assert held(store, "n3") == {}
+    assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
+
+
+def test_a_plan_that_raises_ends_its_binding_threads_and_what_it_bound_stays_bound(
+        store: Store, redis_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placing, "MAX_BATCH_TASKS", 1)
+    add_node(store, "n1", gpus=2)
+    jobs = [submit_job(store, "alice", config(n)) for n in ("a", "b")]
+    real_plan = policy.plan
+
+    def failing_plan(*args: Any, **kwargs: Any) -> Any:
+        real_plan(*args, **kwargs)  # hands both placements over
+        raise RuntimeError("the plan failed after placing")
+
+    monkeypatch.setattr(policy, "plan", failing_plan)
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
+    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+
+    with pytest.raises(RuntimeError, match="after placing"):
+        scheduler.run_pass()
+    assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
+    # bound with a launch deadline: the launch lease sends their starts
+    for job in jobs:
+        assert task_state(store, job.id) == TaskState.LAUNCHING
+        assert store.r.zscore(keys.LAUNCHING, f"{job.id}:0:main:0") is not None

@@ -19,6 +19,7 @@ from services.scheduler.decisions import (
     UNSCHEDULABLE,
     Attained,
     Las,
+    Placed,
 )
 from services.scheduler.policy import fifo_plan, plan
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy, gpu_type_matches, vc_policies
@@ -474,8 +475,11 @@ def test_properties_of_a_pass(world: World) -> None:
     nodes, runs, queue, vcs, attained = world
     cluster, running = scenario(nodes, runs)
     free = {name: set(n.free_gpus) for name, n in cluster.nodes.items()}
-    result = plan(cluster, queue, running, vcs, NOW, attained, LAS)
+    handed: list[Placed] = []
+    result = plan(cluster, queue, running, vcs, NOW, attained, LAS, on_placed=handed.append)
 
+    # each placement is handed over as it is made, in order, and never taken back
+    assert handed == result.placed
     # every job is decided once: placed or waiting
     ids = [p.request.job_id for p in result.placed]
     assert len(ids) == len(set(ids))
