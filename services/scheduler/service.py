@@ -218,13 +218,20 @@ class Scheduler:
     def _binding(self, deadline: int) -> Iterator[_GangBinder]:
         """What the plan hands each placement to: a gang is bound while the
         plan decides the rest (placing.CommitStream). Should the plan raise,
-        the stream's threads end with it (what it bound starts by its launch
-        lease)."""
+        what it handed over is bound and started all the same (a decision
+        the pass made), the stream's threads end, and the plan's error is
+        the one raised."""
         binder = _GangBinder(CommitStream(self.store, launch_deadline_ms=deadline))
         try:
             yield binder
         except BaseException:
-            binder.stream.finish()
+            try:
+                bound = binder.stream.finish()
+            except Exception:  # the plan's error is the one raised
+                log.exception("binding the gangs of a failed plan")
+            else:
+                self._send_starts([g for g, won in zip(binder.gangs, bound, strict=True)
+                                   if won])
             raise
 
     def _commit(self, gangs: list[Placed], gangs_bound: list[bool], others: list[Placed],
@@ -239,24 +246,25 @@ class Scheduler:
                              attempt=p.request.attempt, placements=p.placements,
                              launch_deadline_ms=deadline, mode=p.mode, gang=False)
             for p in others]
-        placed_by_vc: Counter[str] = Counter()
+        won = [one for one, ok in zip(gangs + others, bound, strict=True) if ok]
+        stats.placed += len(won)
+        if stats.placed < len(bound):
+            self.gate.look_again()  # some jobs changed under us
+        self._send_starts(won)
+        return Counter(one.request.vc for one in won)
+
+    def _send_starts(self, bound: list[Placed]) -> None:
+        """Each node's starts of the bound jobs' tasks, one entry a node."""
         starts: dict[str, list[tuple[str, int, str, int]]] = {}
-        for one, won in zip(gangs + others, bound, strict=True):
-            if not won:
-                continue
-            stats.placed += 1
-            placed_by_vc[one.request.vc] += 1
+        for one in bound:
             for p in one.placements:
                 starts.setdefault(p.node, []).append(
                     (one.request.job_id, one.request.attempt, p.role, p.index))
-        if stats.placed < len(bound):
-            self.gate.look_again()  # some jobs changed under us
         try:
             send_starts(self.store.r, starts)
         except RedisError as error:  # the placements stand
             log.warning("starts of %d tasks not sent (%s): their launch leases send them "
                         "again", sum(len(t) for t in starts.values()), error)
-        return placed_by_vc
 
     def _waiting_reasons(self, waiting: dict[str, Waiting], records: dict[str, Job]
                          ) -> list[tuple[str, str, str, int]]:

@@ -318,6 +318,9 @@ class CommitStream:
                     executor.shutdown(cancel_futures=True)
 
     def _send(self) -> None:
+        if self._failed.is_set():  # a batch failed (`finish` raises): the rest is not run
+            self._batch, self._tasks = [], 0
+            return
         if self._renderer is None or self._runner is None:
             self._renderer = ThreadPoolExecutor(1, thread_name_prefix="pai-render")
             self._runner = ThreadPoolExecutor(1, thread_name_prefix="pai-commit")

@@ -481,7 +481,7 @@ def test_a_batch_that_fails_leaves_the_batches_after_it_unrun(
     assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
 
 
-def test_a_plan_that_raises_ends_its_binding_threads_and_what_it_bound_stays_bound(
+def test_a_plan_that_raises_ends_its_binding_threads_and_starts_what_it_bound(
         store: Store, redis_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(placing, "MAX_BATCH_TASKS", 1)
     add_node(store, "n1", gpus=2)
@@ -499,7 +499,35 @@ def test_a_plan_that_raises_ends_its_binding_threads_and_what_it_bound_stays_bou
     with pytest.raises(RuntimeError, match="after placing"):
         scheduler.run_pass()
     assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
-    # bound with a launch deadline: the launch lease sends their starts
+    # bound, with a launch deadline, and their starts sent
+    [entry] = store.r.xrange(keys.node_starts("n1"))
+    assert sorted(t[0] for t in parse(*entry).tasks) == [job.id for job in jobs]
     for job in jobs:
         assert task_state(store, job.id) == TaskState.LAUNCHING
         assert store.r.zscore(keys.LAUNCHING, f"{job.id}:0:main:0") is not None
+
+
+def test_a_plan_that_raises_is_the_error_raised_when_its_binding_fails_too(
+        store: Store, redis_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placing, "MAX_BATCH_TASKS", 1)
+    for name in ("n1", "n2"):
+        add_node(store, name, gpus=1)
+    for name in ("a", "b"):
+        submit_job(store, "alice", config(name))
+    real_plan = policy.plan
+
+    def failing_plan(*args: Any, **kwargs: Any) -> Any:
+        plan = real_plan(*args, **kwargs)
+        # the last batch (sent when the stream finishes) fails reading its node
+        node = plan.placed[-1].placements[0].node
+        store.r.delete(keys.node(node))
+        store.r.hset(keys.node(node), "not", "a node record")
+        raise RuntimeError("the plan failed after placing")
+
+    monkeypatch.setattr(policy, "plan", failing_plan)
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
+    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+
+    with pytest.raises(RuntimeError, match="after placing"):
+        scheduler.run_pass()
+    assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
