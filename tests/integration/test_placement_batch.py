@@ -531,3 +531,27 @@ def test_a_plan_that_raises_is_the_error_raised_when_its_binding_fails_too(
     with pytest.raises(RuntimeError, match="after placing"):
         scheduler.run_pass()
     assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
+
+
+def test_a_pass_of_many_batches_binds_gangs_and_partial_jobs_and_starts_them_all(
+        store: Store, redis_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placing, "MAX_BATCH_TASKS", 2)  # the gangs: three batches
+    for name in ("n1", "n2"):
+        add_node(store, name, gpus=4)
+    gangs = [submit_job(store, "alice", config(f"g{i}", tasks=i + 1)) for i in range(3)]
+    partial = submit_job(store, "bob", {**config("p", tasks=2),
+                                        "extras": {"gangAllocation": False}})
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
+    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
+
+    stats = scheduler.run_pass()
+
+    assert stats.placed == 4
+    started = sorted(task for node in ("n1", "n2")
+                     for entry in store.r.xrange(keys.node_starts(node))
+                     for task in parse(*entry).tasks)
+    assert started == sorted([(job.id, 0, "main", i) for job in (*gangs, partial)
+                              for i in range(len(store.get_tasks(job.id, 0)))])
+    for job in (*gangs, partial):
+        assert {t.state for t in store.get_tasks(job.id, 0)} == {TaskState.LAUNCHING}
+        assert store.r.zscore(keys.QUEUE, job.id) is None or job is partial
