@@ -481,24 +481,32 @@ def test_a_batch_that_fails_leaves_the_batches_after_it_unrun(
     assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
 
 
+def run_a_failing_pass(store: Store, redis_server: str, monkeypatch: pytest.MonkeyPatch,
+                       before_raising: Callable[[Any], None] = lambda plan: None) -> None:
+    """A pass whose plan raises after handing over all its placements
+    (`before_raising` sees the plan first): the plan's error is the one
+    raised, and the stream's threads end with the pass."""
+    real_plan = policy.plan
+
+    def failing_plan(*args: Any, **kwargs: Any) -> Any:
+        before_raising(real_plan(*args, **kwargs))
+        raise RuntimeError("the plan failed after placing")
+
+    monkeypatch.setattr(policy, "plan", failing_plan)
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
+    with pytest.raises(RuntimeError, match="after placing"):
+        Scheduler(settings, store, Messenger(make_celery(settings))).run_pass()
+    assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
+
+
 def test_a_plan_that_raises_ends_its_binding_threads_and_starts_what_it_bound(
         store: Store, redis_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(placing, "MAX_BATCH_TASKS", 1)
     add_node(store, "n1", gpus=2)
     jobs = [submit_job(store, "alice", config(n)) for n in ("a", "b")]
-    real_plan = policy.plan
 
-    def failing_plan(*args: Any, **kwargs: Any) -> Any:
-        real_plan(*args, **kwargs)  # hands both placements over
-        raise RuntimeError("the plan failed after placing")
+    run_a_failing_pass(store, redis_server, monkeypatch)
 
-    monkeypatch.setattr(policy, "plan", failing_plan)
-    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
-    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
-
-    with pytest.raises(RuntimeError, match="after placing"):
-        scheduler.run_pass()
-    assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
     # bound, with a launch deadline, and their starts sent
     [entry] = store.r.xrange(keys.node_starts("n1"))
     assert sorted(t[0] for t in parse(*entry).tasks) == [job.id for job in jobs]
@@ -514,23 +522,14 @@ def test_a_plan_that_raises_is_the_error_raised_when_its_binding_fails_too(
         add_node(store, name, gpus=1)
     for name in ("a", "b"):
         submit_job(store, "alice", config(name))
-    real_plan = policy.plan
 
-    def failing_plan(*args: Any, **kwargs: Any) -> Any:
-        plan = real_plan(*args, **kwargs)
+    def break_the_last_batch(plan: Any) -> None:
         # the last batch (sent when the stream finishes) fails reading its node
         node = plan.placed[-1].placements[0].node
         store.r.delete(keys.node(node))
         store.r.hset(keys.node(node), "not", "a node record")
-        raise RuntimeError("the plan failed after placing")
 
-    monkeypatch.setattr(policy, "plan", failing_plan)
-    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
-    scheduler = Scheduler(settings, store, Messenger(make_celery(settings)))
-
-    with pytest.raises(RuntimeError, match="after placing"):
-        scheduler.run_pass()
-    assert not [t for t in threading.enumerate() if t.name.startswith(("pai-render", "pai-commit"))]
+    run_a_failing_pass(store, redis_server, monkeypatch, break_the_last_batch)
 
 
 def test_a_pass_of_many_batches_binds_gangs_and_partial_jobs_and_starts_them_all(
