@@ -15,13 +15,13 @@ from __future__ import annotations
 from services.scheduler.core import JobRequest, job_request
 from services.scheduler.policy import Attained, Las, RunningJob
 from shared.domain.cluster import BORROWED
-from shared.domain.models import Allocation, Job, JobSpec
+from shared.domain.models import Allocation, JobSpec
 from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.config import Settings
 from shared.state import keys
 from shared.state.lifecycle import drop_stale_from_queue
-from shared.state.store import Snapshot, Store
+from shared.state.store import QueuedJob, Snapshot, Store
 
 # What the policy needs of a placed job's record (see `running`)
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
@@ -48,7 +48,7 @@ class PassReader:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
-        self.jobs: dict[str, tuple[str, Job]] = {}  # queued: stamp, record (_queued_jobs)
+        self.jobs: dict[str, tuple[str, QueuedJob]] = {}  # queued: stamp, record (_queued_jobs)
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         # job id -> (stamp, fields, RunningJob): the running jobs of the last
         # pass, each with its record's stamp (`running`)
@@ -108,8 +108,8 @@ class PassReader:
              queue_order(request.priority, request.seq, self.las.queue_of(seen, now)))
             for request in queue if (seen := attained.get(request.job_id)) is not None])
 
-    def queue(self, queued: list[tuple[str, Job | None]], now: int
-              ) -> tuple[list[JobRequest], dict[str, Job]]:
+    def queue(self, queued: list[tuple[str, QueuedJob | None]], now: int
+              ) -> tuple[list[JobRequest], dict[str, QueuedJob]]:
         """The queued jobs' requests, and their records (`queued`: the queue
         and its records as the pass's snapshot read them; `now`: the pass's
         time, which a retry's back-off is measured against).
@@ -149,7 +149,7 @@ class PassReader:
             drop_stale_from_queue(self.store, stale)  # only those still stale
         return requests, records
 
-    def _waiting_tasks(self, jobs: list[Job],
+    def _waiting_tasks(self, jobs: list[QueuedJob],
                        known: dict[str, tuple[tuple[int, int, int], JobRequest]]
                        ) -> dict[str, set[str]]:
         """Job id -> its tasks still waiting for a place, for the queued jobs

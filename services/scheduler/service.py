@@ -34,7 +34,6 @@ from shared.domain.cluster import NodeFlags, takes_work, vc_policies
 from shared.domain.lease import unready_of
 from shared.domain.models import (
     Allocation,
-    Job,
     Task,
     attempt_task_key,
     parse_attempt_task_key,
@@ -55,7 +54,7 @@ from shared.state.lifecycle import (
 )
 from shared.state.placing import CommitStream, PlacementCommit, commit_placement
 from shared.state.starts import send as send_starts
-from shared.state.store import Store, compact_json, task_is_live
+from shared.state.store import QueuedJob, Store, compact_json, task_is_live
 from shared.state.taskexits import record_task_exit
 
 log = logging.getLogger("pai.scheduler")
@@ -266,7 +265,7 @@ class Scheduler:
             log.warning("starts of %d tasks not sent (%s): their launch leases send them "
                         "again", sum(len(t) for t in starts.values()), error)
 
-    def _waiting_reasons(self, waiting: dict[str, Waiting], records: dict[str, Job]
+    def _waiting_reasons(self, waiting: dict[str, Waiting], records: dict[str, QueuedJob]
                          ) -> list[tuple[str, str, str, int]]:
         """Each waiting job's reason where it changed: (job id, message,
         explanation, the version it was decided on)."""
@@ -283,7 +282,7 @@ class Scheduler:
         return reasons
 
     def _write_pass_end(self, reasons: list[tuple[str, str, str, int]],
-                        records: dict[str, Job], seconds: float,
+                        records: dict[str, QueuedJob], seconds: float,
                         placed_by_vc: Counter[str]) -> None:
         """The waiting jobs' new reasons (compare-and-set on their versions)
         and the pass's metrics for Prometheus (through Redis: see

@@ -11,24 +11,24 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.service import Scheduler
-from shared.domain.models import Job
 from shared.state import keys
 from shared.state.lifecycle import submit_job
-from shared.state.store import Store
+from shared.state.store import QueuedJob, Store
 from tests.support.scheduling import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis
 __all__ = ["scheduler", "store"]  # the fixtures, used by name
 
 
-def queued(store: Store, held: dict[str, tuple[str, Job]]) -> dict[str, Job | None]:
+def queued(store: Store, held: dict[str, tuple[str, QueuedJob]]
+           ) -> dict[str, QueuedJob | None]:
     return dict(store.snapshot(jobs_known=held).queued)
 
 
 def test_an_unchanged_record_is_not_sent_again_and_a_moved_one_is(store: Store) -> None:
     for name in ("a", "b", "c", "d"):
         submit_job(store, "alice", config(name))
-    held: dict[str, tuple[str, Job]] = {}
+    held: dict[str, tuple[str, QueuedJob]] = {}
     first = queued(store, held)
     assert set(held) == {"alice~a", "alice~b", "alice~c", "alice~d"}
 

@@ -1,20 +1,45 @@
 """The pass's queued records (shared/state/store/nodes.py `_queued_jobs`): Redis sends a
 record again only when its version or submission moved (None: unchanged),
-and only what it sends is parsed."""
+and only what it sends is parsed; it sends the fields a pass decides on
+(`QUEUED_FIELDS`), which read as the whole record's parse reads them."""
 
 from __future__ import annotations
 
+import pytest
+
 from shared.domain.models import Job
-from shared.state.store.nodes import _queued_jobs
+from shared.state.store import QueuedJob
+from shared.state.store.nodes import QUEUED_FIELDS, _queued_jobs
 
 
-def fields(job_id: str, version: int, seq: int = 7, **extra: str) -> dict[str, str]:
-    return {"id": job_id, "state": "WAITING", "version": str(version), "queue_seq": str(seq),
-            **extra}
+def values(record: dict[str, str]) -> list[str | None]:
+    """The record's QUEUED_FIELDS as HMGET sends them (None: no such field)."""
+    return [record.get(name) for name in QUEUED_FIELDS]
+
+
+def fields(job_id: str, version: int, seq: int = 7, **extra: str) -> list[str | None]:
+    return values({"id": job_id, "state": "WAITING", "version": str(version),
+                   "queue_seq": str(seq), **extra})
+
+
+@pytest.mark.parametrize("record", [
+    {"state": "WAITING", "version": "3", "queue_seq": "12", "attempt": "0"},
+    {"state": "WAITING", "version": "9", "queue_seq": "4", "attempt": "2",
+     "retry_after_ms": "1795972557148", "waiting_reason": "no GPU free",
+     "waiting": '{"code":"gpus"}'},
+    {"state": "RUNNING", "version": "5", "queue_seq": "1", "attempt": "1",
+     "retry_after_ms": "", "waiting_reason": "", "waiting": ""},
+    {"state": "WAITING", "version": "1", "queue_seq": "2", "retry_after_ms": "None"},
+])
+def test_the_fields_read_as_the_whole_record_reads_them(record: dict[str, str]) -> None:
+    whole = Job.from_fields({"id": "alice~a", "username": "alice", "name": "a",
+                             "created_ms": "1", **record})
+    queued = QueuedJob.from_values("alice~a", values(record))
+    assert vars(queued) == {name: getattr(whole, name) for name in vars(queued)}
 
 
 def test_a_record_redis_did_not_send_again_is_the_one_held() -> None:
-    known: dict[str, tuple[str, Job]] = {}
+    known: dict[str, tuple[str, QueuedJob]] = {}
     first = _queued_jobs(["alice~a"], [fields("alice~a", 1)], known)
     assert known["alice~a"][0] == "1:7"
     again = _queued_jobs(["alice~a"], [None], known)
@@ -22,7 +47,7 @@ def test_a_record_redis_did_not_send_again_is_the_one_held() -> None:
 
 
 def test_a_record_sent_again_is_parsed_again() -> None:
-    known: dict[str, tuple[str, Job]] = {}
+    known: dict[str, tuple[str, QueuedJob]] = {}
     _queued_jobs(["alice~a", "alice~b"], [fields("alice~a", 1), fields("alice~b", 1)], known)
     changed = _queued_jobs(["alice~a", "alice~b"],
                            [fields("alice~a", 2), fields("alice~b", 1, seq=9)], known)
@@ -32,20 +57,21 @@ def test_a_record_sent_again_is_parsed_again() -> None:
 
 
 def test_a_record_that_is_gone_is_none_and_nothing_is_kept_for_it() -> None:
-    known: dict[str, tuple[str, Job]] = {}
+    known: dict[str, tuple[str, QueuedJob]] = {}
     _queued_jobs(["alice~gone"], [fields("alice~gone", 1)], known)
-    assert _queued_jobs(["alice~gone"], [{}], known) == [("alice~gone", None)]
+    gone = [None] * len(QUEUED_FIELDS)  # HMGET of a key that is gone
+    assert _queued_jobs(["alice~gone"], [gone], known) == [("alice~gone", None)]
     assert known == {}
 
 
 def test_a_record_without_version_or_submission_is_never_held() -> None:
-    known: dict[str, tuple[str, Job]] = {}
-    _queued_jobs(["alice~old"], [{"id": "alice~old", "state": "WAITING"}], known)
+    known: dict[str, tuple[str, QueuedJob]] = {}
+    _queued_jobs(["alice~old"], [values({"state": "WAITING"})], known)
     assert known == {}
 
 
 def test_jobs_no_longer_queued_are_forgotten_once_they_outnumber_the_queue() -> None:
-    known: dict[str, tuple[str, Job]] = {}
+    known: dict[str, tuple[str, QueuedJob]] = {}
     ids = [f"alice~j{i}" for i in range(1500)]
     _queued_jobs(ids, [fields(i, 1) for i in ids], known)
     _queued_jobs(ids[:10], [None] * 10, known)

@@ -103,21 +103,23 @@ return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
         redis.call('HGET', KEYS[3], ARGV[1]), config}
 """)
 
-# The queued jobs' records, each whole (HGETALL's flat list; empty for one
-# that is gone) unless ARGV[i], "<version>:<queue_seq>" of the record the
-# scheduler holds, still matches: then 0.
+# The fields named after the stamps of each queued job's record (HMGET's
+# values: all nil for one that is gone) unless ARGV[i], "<version>:<queue_seq>"
+# of the record the scheduler holds, still matches: then 0.
 QUEUED_RECORDS = Script(
     "queued_records",
     keys=("job records...",),
-    args=("per record: the stamp the scheduler holds ('' : none)...",),
+    args=("per record: the stamp the scheduler holds ('' : none)...",
+          "then the fields to send of a record that moved..."),
     source="""
+local fields = {unpack(ARGV, #KEYS + 1)}
 local out = {}
 for i, key in ipairs(KEYS) do
   local now = redis.call('HMGET', key, 'version', 'queue_seq')
   if ARGV[i] ~= '' and now[1] and now[2] and now[1] .. ':' .. now[2] == ARGV[i] then
     out[i] = 0
   else
-    out[i] = redis.call('HGETALL', key)
+    out[i] = redis.call('HMGET', key, unpack(fields))
   end
 end
 return out

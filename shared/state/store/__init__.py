@@ -199,6 +199,7 @@ from shared.state.store.nodes import (  # noqa: E402
     MAX_GONE_ALLOCATIONS,
     MAX_KNOWN_ALLOCATIONS,
     NodesMixin,
+    QueuedJob,
     Snapshot,
 )
 from shared.state.store.tasks import TasksMixin, _in_task_order, task_is_live  # noqa: E402
@@ -235,7 +236,7 @@ class Store(JobsMixin, TasksMixin, ListingMixin, NodesMixin, LogsMixin):
 __all__ = [
     "EVENTS_MAX_LEN", "MAX_GONE_ALLOCATIONS", "MAX_KNOWN_ALLOCATIONS", "MAX_TRANSACTION_RETRIES",
     "POOL_SIZE", "POOL_WAIT_SECONDS", "READ_MANY", "SORT_READ_CHUNK", "Contention", "Expect",
-    "ExpectationFailed", "JobConflict", "JobNotFound", "NodeNotFound", "Pipe", "Reader",
-    "Snapshot", "Store", "StoreCore", "StoreError", "compact_json", "connect", "event_fields",
-    "plain_json", "task_is_live",
+    "ExpectationFailed", "JobConflict", "JobNotFound", "NodeNotFound", "Pipe", "QueuedJob",
+    "Reader", "Snapshot", "Store", "StoreCore", "StoreError", "compact_json", "connect",
+    "event_fields", "plain_json", "task_is_live",
 ]

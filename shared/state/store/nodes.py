@@ -12,12 +12,44 @@ from dataclasses import dataclass, field
 from shared.domain import gpuhealth
 from shared.domain.cluster import NodeFlags, change_flags
 from shared.domain.lease import ClusterView, Lease, NodeSilence, Outage
-from shared.domain.models import Allocation, Job, Node, parse_attempt_task_key, task_key
-from shared.domain.states import TASK_FINAL
+from shared.domain.models import Allocation, Node, parse_attempt_task_key, task_key
+from shared.domain.states import TASK_FINAL, JobState
 from shared.infra.clock import now_ms
 from shared.state import keys, scripts
 from shared.state.store import NodeNotFound, Pipe, Reader, StoreCore
-from shared.state.store.listing import READ_MANY, _pairs
+from shared.state.store.listing import READ_MANY
+
+
+@dataclass
+class QueuedJob:
+    """What a pass reads of a queued job's record: the fields it decides
+    on (`QUEUED_FIELDS`), not the whole record. The request itself comes
+    from the job's config; the rest of the record is the API's to show.
+    The pass writes a waiting reason on the record and here alike."""
+
+    id: str
+    state: JobState
+    version: int
+    queue_seq: int
+    attempt: int
+    retry_after_ms: int | None
+    waiting_reason: str
+    waiting: str
+
+    @classmethod
+    def from_values(cls, job_id: str, values: Sequence[str | None]) -> QueuedJob:
+        """From the record's `QUEUED_FIELDS`, in that order (a record that
+        exists has a state)."""
+        state, version, seq, attempt, retry_after, reason, waiting = values
+        return cls(job_id, JobState(state or ""), int(version or 0), int(seq or 0),
+                   int(attempt or 0),
+                   int(retry_after) if retry_after not in (None, "", "None") else None,
+                   reason or "", waiting or "")
+
+
+# The job record's fields a pass reads for a queued job, in QueuedJob's order
+QUEUED_FIELDS = ("state", "version", "queue_seq", "attempt", "retry_after_ms",
+                 "waiting_reason", "waiting")
 
 
 @dataclass(frozen=True)
@@ -28,7 +60,7 @@ class Snapshot:
     nodes: list[Node]  # every node that ever reported, with its heartbeat
     flags: dict[str, NodeFlags]  # the nodes an admin holds
     allocations: dict[str, list[Allocation]]  # node -> what it holds
-    queued: list[tuple[str, Job | None]]  # the scheduler's queue, its records
+    queued: list[tuple[str, QueuedJob | None]]  # the scheduler's queue, its records
     # every node's renewals and lease, the outage record and Redis's time:
     # what decides which nodes may take work (shared/domain/lease.py)
     cluster: ClusterView = field(default_factory=lambda: ClusterView({}, Outage(), 0))
@@ -131,7 +163,7 @@ class NodesMixin(StoreCore):
 
     def snapshot(self, known: dict[str, Allocation] | None = None,
                  queue_limit: int = 100_000,
-                 jobs_known: dict[str, tuple[str, Job]] | None = None) -> Snapshot:
+                 jobs_known: dict[str, tuple[str, QueuedJob]] | None = None) -> Snapshot:
         """What a scheduling pass decides on, in two round trips: the GPU
         faults, the nodes and their heartbeats, the admins' holds, the queue,
         Redis's time, the outage record and the virtual clusters' names, then
@@ -168,7 +200,8 @@ class NodesMixin(StoreCore):
         for start in range(0, len(queued), READ_MANY):  # one command, not one each
             chunk = queued[start:start + READ_MANY]
             stamps = [jobs_known[job_id][0] if job_id in jobs_known else "" for job_id in chunk]
-            scripts.run(pipe, scripts.QUEUED_RECORDS, [keys.job(i) for i in chunk], stamps)
+            scripts.run(pipe, scripts.QUEUED_RECORDS, [keys.job(i) for i in chunk],
+                        [*stamps, *QUEUED_FIELDS])
         replies = pipe.execute() if beats or queued or vc_names else []
         vc_records = list(zip(replies[0:2 * len(vc_names):2], replies[1:2 * len(vc_names):2],
                               strict=True))
@@ -182,8 +215,8 @@ class NodesMixin(StoreCore):
              for (name, renewed), raw in zip(beats.items(), replies[at:at + len(beats)],
                                              strict=True)},
             Outage.from_fields(outage), int(seconds) * 1000 + int(micros) // 1000)
-        records = [None if flat == 0 else _pairs(flat)
-                   for chunk in replies[at + len(beats):] for flat in chunk]
+        records = [None if values == 0 else values
+                   for chunk in replies[at + len(beats):] for values in chunk]
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
@@ -218,12 +251,13 @@ class NodesMixin(StoreCore):
             [task_key(role, index), alloc_key, *sorted(TASK_FINAL)]))
 
 
-def _queued_jobs(ids: Sequence[str], records: Sequence[dict[str, str] | None],
-                 known: dict[str, tuple[str, Job]]) -> list[tuple[str, Job | None]]:
+def _queued_jobs(ids: Sequence[str], records: Sequence[Sequence[str | None] | None],
+                 known: dict[str, tuple[str, QueuedJob]]
+                 ) -> list[tuple[str, QueuedJob | None]]:
     """The queued jobs' records, parsed: a record Redis did not send again
     (None: its version and submission are those of the one in `known`, job id
     -> stamp and record, which keeps only the queued ones) is the one parsed
-    before; {} is a record that is gone.
+    before; values without a state are a record that is gone.
 
     A job's version moves with every write but two, the waiting reason and
     the mode, and a resubmitted name has a new `queue_seq`: the pass reads
@@ -231,21 +265,21 @@ def _queued_jobs(ids: Sequence[str], records: Sequence[dict[str, str] | None],
     (`Scheduler._pass` keeps the record it holds up to date with that). So
     Redis sends a queued record only when it changed, and a pass over a long
     queue neither ships nor parses the records of jobs that did not move."""
-    queued: list[tuple[str, Job | None]] = []
-    for job_id, fields in zip(ids, records, strict=True):
-        if fields is None:
+    queued: list[tuple[str, QueuedJob | None]] = []
+    for job_id, values in zip(ids, records, strict=True):
+        if values is None:
             queued.append((job_id, known[job_id][1]))
             continue
-        if not fields:
+        if values[0] is None:  # every record has a state
             known.pop(job_id, None)
             queued.append((job_id, None))
             continue
-        job = Job.from_fields(fields)
-        version, seq = fields.get("version"), fields.get("queue_seq")
+        job = QueuedJob.from_values(job_id, values)
+        version, seq = values[1], values[2]
         if version and seq:
             known[job_id] = (f"{version}:{seq}", job)
         else:
-            known.pop(job_id, None)  # an old record without them: read whole every pass
+            known.pop(job_id, None)  # an old record without them: read every pass
         queued.append((job_id, job))
     if len(known) > 2 * len(ids) + 1000:
         wanted = set(ids)
