@@ -66,6 +66,7 @@ from services.scheduler.core import (
 from services.scheduler.heap import paused_gc
 from services.scheduler.policy import plan as plan_pass
 from services.scheduler.service import Scheduler
+from shared.domain.asks import Ask
 from shared.domain.cluster import VcPolicy, vc_policies
 from shared.domain.models import Gpu, JobSpec, Node, TaskPlacement
 from shared.infra.clock import now_ms
@@ -199,11 +200,11 @@ def decide_only() -> dict[str, Figure]:
     """The policy alone on what the service passes' first pass decides on:
     the same nodes (`free_view`) and the same requests (`job_request` of the
     same config, the default port included); best of 3."""
-    spec = JobSpec.from_config({**SERVICE_CONFIG, "jobName": "job"})
+    ask = Ask.of(JobSpec.from_config({**SERVICE_CONFIG, "jobName": "job"}))
     samples, cpu_samples, placed = [], [], 0
     for _ in range(3):
         cluster = Cluster(free_view(node, []) for node in service_nodes())
-        queue = [job_request(f"user{j % 97:02d}~job-{j:06d}", 1, 0, spec, j + 1)
+        queue = [job_request(f"user{j % 97:02d}~job-{j:06d}", 1, 0, ask, j + 1)
                  for j in range(SERVICE_JOBS)]
         policy = vc_policies({"default": None}, {}, SERVICE_NODES * GPUS_PER_NODE)
         start, cpu = time.perf_counter(), time.process_time()

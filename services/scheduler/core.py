@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from shared.domain.asks import Ask
 from shared.domain.cluster import gpu_type_matches, held
-from shared.domain.models import Allocation, JobSpec, Node, TaskPlacement, task_key
+from shared.domain.models import Allocation, Node, TaskPlacement, task_key
 from shared.domain.priority import PriorityClass
 
 
@@ -125,22 +126,23 @@ class JobRequest:
         return key
 
 
-def job_request(job_id: str, version: int, attempt: int, spec: JobSpec,
+def job_request(job_id: str, version: int, attempt: int, ask: Ask,
                 seq: int = 0, waiting: Collection[str] | None = None) -> JobRequest:
-    """The job's request; `waiting` (task keys), for a job without gang
-    allocation that is partly placed: only those tasks are asked for."""
+    """The job's request, from what it asks (shared/domain/asks.py); `waiting`
+    (task keys), for a job without gang allocation that is partly placed:
+    only those tasks are asked for."""
     tasks = tuple(
         TaskRequest(
-            role=role.name, index=i, cpus=role.cpu_number, memory_mb=role.memory_mb,
-            gpus=role.gpu_number,
-            ports=tuple(PortRequest(p.label, p.port_number, p.begin_at) for p in role.ports),
+            role=role.name, index=i, cpus=role.cpus, memory_mb=role.memory_mb,
+            gpus=role.gpus,
+            ports=tuple(PortRequest(label, count, begin_at)
+                        for label, begin_at, count in role.ports),
         )
-        for role in spec.task_roles for i in range(role.task_number)
+        for role in ask.roles for i in range(role.tasks)
         if waiting is None or task_key(role.name, i) in waiting
     )
-    return JobRequest(job_id, version, attempt, tasks, spec.virtual_cluster,
-                      PriorityClass.parse(spec.priority_class), seq, spec.gpu_type or None,
-                      spec.gang_allocation)
+    return JobRequest(job_id, version, attempt, tasks, ask.vc,
+                      PriorityClass.parse(ask.priority_class), seq, ask.gpu_type, ask.gang)
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,23 @@
 placed jobs as the policy weighs them, what ended attempts attained), and
 what it keeps of them between passes.
 
-A submission's config never changes and its `queue_seq` is its own, so each
-is parsed once; a waiting job that did not change keeps its request (and
-the shapes the core worked out for it); an ended attempt's service never
-changes. The caches are pruned to the live jobs once gone ones outnumber
-them, so a long-running scheduler holds about what its cluster and queue
-hold.
+A queued job's request comes from what its record says it asks for
+(shared/domain/asks.py), each text parsed once however many jobs share it;
+a record without one has its config read. A submission's config never
+changes and its `queue_seq` is its own, so each is parsed once; a waiting
+job that did not change keeps its request (and the shapes the core worked
+out for it); an ended attempt's service never changes. The caches are
+pruned to the live jobs once gone ones outnumber them, so a long-running
+scheduler holds about what its cluster and queue hold.
 """
 
 from __future__ import annotations
 
+import logging
+
 from services.scheduler.core import JobRequest, job_request
 from services.scheduler.policy import Attained, Las, RunningJob
+from shared.domain.asks import Ask
 from shared.domain.cluster import BORROWED
 from shared.domain.models import Allocation, JobSpec
 from shared.domain.priority import PriorityClass, queue_order
@@ -27,11 +32,14 @@ from shared.state.store import QueuedJob, Snapshot, Store
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
                   "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
 MAX_CACHED_SPECS = 100_000
+MAX_CACHED_ASKS = 100_000  # distinct texts; jobs submitted alike share one
 # What the caches may hold of gone jobs before they are pruned to the live ones
 PRUNE_SLACK = 1_000
 # Attained service counts a job's last this many ended attempts (a job retried
 # more often is in the last LAS queue long before)
 MAX_ATTEMPTS_READ = 32
+
+log = logging.getLogger("pai.scheduler")
 
 
 class PassReader:
@@ -40,6 +48,7 @@ class PassReader:
         self.store = store
         self.las = las
         self.specs: dict[tuple[str, int], JobSpec] = {}  # (job id, queue_seq) -> spec
+        self.asks: dict[str, Ask | None] = {}  # a record's ask text -> it (None: unreadable)
         # job id -> ((queue_seq, version, attempt), request): a waiting job that
         # did not change since the last pass keeps its request (and the shapes
         # the core worked out for it).
@@ -50,6 +59,7 @@ class PassReader:
         self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
         self.jobs: dict[str, tuple[str, QueuedJob]] = {}  # queued: stamp, record (_queued_jobs)
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
+        self._asks_used: set[str] = set()  # the asks' texts this pass needed
         # job id -> (stamp, fields, RunningJob): the running jobs of the last
         # pass, each with its record's stamp (`running`)
         self._running: dict[str, tuple[str, list[str | None], RunningJob]] = {}
@@ -114,9 +124,9 @@ class PassReader:
         and its records as the pass's snapshot read them; `now`: the pass's
         time, which a retry's back-off is measured against).
 
-        A round trip for the configs of the jobs not parsed before (and one
-        for the tasks of jobs without gang allocation, which ask only for
-        their tasks still waiting).
+        A round trip for the configs of jobs whose records do not say what
+        they ask, not parsed before (and one for the tasks of jobs without
+        gang allocation, which ask only for their tasks still waiting).
         """
         jobs, stale = [], []
         for job_id, job in queued:
@@ -127,20 +137,20 @@ class PassReader:
                 continue  # backing off before a retry; the repair loop's passes look again
             else:
                 jobs.append(job)
-        self._load_specs([(job.id, job.queue_seq) for job in jobs])
+        asks = self._asks_of(jobs)
         requests, records = [], {}
         known, self._requests = self._requests, {}
-        waiting = self._waiting_tasks(jobs, known)
+        waiting = self._waiting_tasks(jobs, asks, known)
         for job in jobs:
-            spec = self.specs.get((job.id, job.queue_seq))
-            if spec is None or (spec.gang_allocation and job.state != JobState.WAITING) \
+            ask = asks.get(job.id)
+            if ask is None or (ask.gang and job.state != JobState.WAITING) \
                     or waiting.get(job.id) == set():
                 stale.append(job.id)
                 continue
             key = (job.queue_seq, job.version, job.attempt)
             cached = known.get(job.id)
             request = cached[1] if cached is not None and cached[0] == key \
-                else job_request(job.id, job.version, job.attempt, spec, job.queue_seq,
+                else job_request(job.id, job.version, job.attempt, ask, job.queue_seq,
                                  waiting.get(job.id))
             self._requests[job.id] = (key, request)
             requests.append(request)
@@ -149,7 +159,41 @@ class PassReader:
             drop_stale_from_queue(self.store, stale)  # only those still stale
         return requests, records
 
-    def _waiting_tasks(self, jobs: list[QueuedJob],
+    def _asks_of(self, jobs: list[QueuedJob]) -> dict[str, Ask]:
+        """What each job asks for: from its record, each text parsed once; for
+        a record without one (or one unreadable), from its config, read and
+        parsed once. A job with neither (its config gone) is left out."""
+        asks, unread = {}, []
+        for job in jobs:
+            ask = self._parsed_ask(job.ask) if job.ask else None
+            if ask is None:
+                unread.append(job)
+            else:
+                asks[job.id] = ask
+        if unread:
+            self._load_specs([(job.id, job.queue_seq) for job in unread])
+            for job in unread:
+                spec = self.specs.get((job.id, job.queue_seq))
+                if spec is not None:
+                    asks[job.id] = Ask.of(spec)
+        return asks
+
+    def _parsed_ask(self, text: str) -> Ask | None:
+        self._asks_used.add(text)
+        if text in self.asks:
+            return self.asks[text]
+        if len(self.asks) >= MAX_CACHED_ASKS:
+            self.asks.clear()
+        try:
+            ask: Ask | None = Ask.from_text(text)
+        except ValueError as error:
+            log.warning("a queued record's ask %.200r: %s; its config is read instead",
+                        text, error)
+            ask = None
+        self.asks[text] = ask
+        return ask
+
+    def _waiting_tasks(self, jobs: list[QueuedJob], asks: dict[str, Ask],
                        known: dict[str, tuple[tuple[int, int, int], JobRequest]]
                        ) -> dict[str, set[str]]:
         """Job id -> its tasks still waiting for a place, for the queued jobs
@@ -157,9 +201,9 @@ class PassReader:
         such a job asks only for those."""
         wanted = []
         for job in jobs:
-            spec = self.specs.get((job.id, job.queue_seq))
+            ask = asks.get(job.id)
             cached = known.get(job.id)
-            if spec is not None and not spec.gang_allocation and (
+            if ask is not None and not ask.gang and (
                     cached is None or cached[0] != (job.queue_seq, job.version, job.attempt)):
                 wanted.append(job)
         if not wanted:
@@ -222,6 +266,9 @@ class PassReader:
         if len(self.specs) > 2 * len(self._specs_used) + PRUNE_SLACK:
             self.specs = {k: v for k, v in self.specs.items() if k in self._specs_used}
         self._specs_used = set()
+        if len(self.asks) > 2 * len(self._asks_used) + PRUNE_SLACK:
+            self.asks = {k: v for k, v in self.asks.items() if k in self._asks_used}
+        self._asks_used = set()
         if len(self._attained) > 2 * len(queue) + PRUNE_SLACK:
             wanted = {(q.job_id, q.seq, q.attempt) for q in queue}
             self._attained = {k: v for k, v in self._attained.items() if k in wanted}

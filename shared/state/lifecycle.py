@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared.domain.asks import Ask
 from shared.domain.exits import (
     STOPPED_BY_PLATFORM,
     STOPPED_BY_USER,
@@ -75,7 +76,7 @@ def queue_new_job(store: Store, username: str, config: dict[str, Any], *,
     attempt = Attempt(index=0, created_ms=created)
     stored, claimed = store.insert_job(job, config, initial_tasks(spec), attempt,
                                        pass_request_ms=PASS_REQUEST_TTL_MS if request_pass else 0,
-                                       expectations=expectations)
+                                       expectations=expectations, ask=Ask.of(spec).to_text())
     return Queued(stored, claimed)
 
 

@@ -269,22 +269,27 @@ def test_a_name_submitted_again_is_placed_by_its_new_spec(store: Store,
 def test_the_caches_keep_only_what_is_queued_or_placed(
         store: Store, worker: Worker, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a pass remembers of jobs (their specs, their allocations' parsed
-    records) goes once they are gone, so a scheduler that runs for months
-    holds about what its cluster and queue hold."""
+    """What a pass remembers of jobs (the running jobs' specs, the queued
+    jobs' asks, their allocations' parsed records) goes once they are gone,
+    so a scheduler that runs for months holds about what its cluster and
+    queue hold."""
     monkeypatch.setattr(reading, "PRUNE_SLACK", 0)
     monkeypatch.setattr("shared.state.store.nodes.MAX_GONE_ALLOCATIONS", 0)
     running, waiting = fill_and_queue(store, worker, 2)
     scheduler = worker.scheduler
-    assert {job_id for job_id, _ in scheduler.reader.specs} == set(running + waiting)
+    scheduler.request_pass()  # reads the running jobs' specs; a queued job's ask is on its record
+    assert {job_id for job_id, _ in scheduler.reader.specs} == set(running)
+    assert len(scheduler.reader.asks) == 1  # the waiting jobs ask alike
     for job_id in running:
         record_task_exit(store, job_id, 0, "main", 0, exit_code=0)
         scheduler.task_ended(job_id, 0, "main", 0)
         assert delete_job(store, job_id)
+    scheduler.request_pass()  # places the waiting jobs
     scheduler.request_pass()  # nothing changed since: only forgets
 
     live = set(waiting)  # both placed now, nothing queued
     assert {job_id for job_id, _ in scheduler.reader.specs} == live
+    assert scheduler.reader.asks == {}
     assert {a.job_id for a in scheduler.reader.allocations.values()} == live
     assert {a.job_id for a in store.get_allocations(store.r, "n1").values()} == live
 

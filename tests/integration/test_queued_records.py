@@ -1,9 +1,12 @@
-"""A pass reads a queued job's record whole only when it moved.
+"""A pass reads a queued job's record only when it moved, and places it by
+what the record says it asks for.
 
 The snapshot hands Redis the version and submission (`queue_seq`) of each
 queued record the scheduler holds; Redis sends a record again only when one
 of them changed, or the record is gone. The waiting reason, written without a
 new version, is the pass's own, and the record it holds says what it wrote.
+What the job asks for is on its record (shared/domain/asks.py); a record
+without a readable one is placed by its config.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from services.scheduler.service import Scheduler
 from shared.state import keys
 from shared.state.lifecycle import submit_job
 from shared.state.store import QueuedJob, Store
+from shared.state.store.jobs import ASK_FIELD
 from tests.support.scheduling import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis
@@ -58,3 +62,34 @@ def test_the_reasons_a_pass_wrote_are_in_the_records_it_holds(
     records = {job_id: scheduler.reader.jobs[job_id][1] for job_id in ("alice~b", "alice~c")}
     scheduler.run_pass()
     assert all(scheduler.reader.jobs[job_id][1] is job for job_id, job in records.items())
+
+
+def placed(store: Store, job_id: str) -> bool:
+    job = store.get_job(job_id)
+    return job is not None and not job.waiting_reason and \
+        store.r.zscore(keys.QUEUE, job_id) is None
+
+
+def test_a_pass_places_a_job_by_the_ask_on_its_record_not_its_config(
+        store: Store, scheduler: Scheduler) -> None:
+    add_node(store, gpus=2)
+    submit_job(store, "alice", config("a", gpus=2))
+    assert store.r.hget(keys.job("alice~a"), ASK_FIELD)
+    store.r.delete(keys.job_config("alice~a"))  # a pass that read it would drop the job
+    scheduler.run_pass()
+    assert placed(store, "alice~a")
+    assert [t.gpus for t in store.get_tasks("alice~a", 0)] == [[0, 1]]
+
+
+@pytest.mark.parametrize("ask", [None, "not an ask", '[2,"default","test",null,true,[]]'])
+def test_a_record_without_a_readable_ask_is_placed_by_its_config(
+        store: Store, scheduler: Scheduler, ask: str | None) -> None:
+    add_node(store, gpus=2)
+    submit_job(store, "alice", config("a", gpus=2))
+    if ask is None:  # a record written before the field
+        store.r.hdel(keys.job("alice~a"), ASK_FIELD)
+    else:
+        store.r.hset(keys.job("alice~a"), ASK_FIELD, ask)
+    scheduler.run_pass()
+    assert placed(store, "alice~a")
+    assert [t.gpus for t in store.get_tasks("alice~a", 0)] == [[0, 1]]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from services.scheduler.core import Cluster, JobRequest, job_request, place_some
 from services.scheduler.decisions import INSUFFICIENT, PREEMPTING, UNSCHEDULABLE
 from services.scheduler.policy import plan
+from shared.domain.asks import Ask
 from shared.domain.cluster import BORROWED, GUARANTEED, VcPolicy
 from shared.domain.feasibility import infeasible_reasons
 from shared.domain.models import Gpu, JobSpec, Node
@@ -72,11 +73,11 @@ SPEC = JobSpec.from_config({
 
 def test_the_rest_is_placed_later_as_resources_free() -> None:
     # Pass 1: one GPU for three tasks; task 0 is placed.
-    first = run_plan({"a": 1}, [job_request("j", 1, 0, SPEC)])
+    first = run_plan({"a": 1}, [job_request("j", 1, 0, Ask.of(SPEC))])
     assert placed_tasks(first) == {"j": [0]}
     # Pass 2: task 0 still holds the GPU, tasks 1 and 2 are asked for: none fits.
     holding = Run("j", "default", {"a": 1})
-    rest = job_request("j", 3, 0, SPEC, waiting={"w:1", "w:2"})
+    rest = job_request("j", 3, 0, Ask.of(SPEC), waiting={"w:1", "w:2"})
     assert [t.index for t in rest.tasks] == [1, 2] and not rest.gang
     second = run_plan({"a": 1}, [rest], [holding])
     assert second.placed == [] and second.waiting["j"].reason == INSUFFICIENT
@@ -84,13 +85,13 @@ def test_the_rest_is_placed_later_as_resources_free() -> None:
     third = run_plan({"a": 1}, [rest])
     assert placed_tasks(third) == {"j": [1]}
     # Pass 4: the last one.
-    last = run_plan({"a": 1}, [job_request("j", 5, 0, SPEC, waiting={"w:2"})])
+    last = run_plan({"a": 1}, [job_request("j", 5, 0, Ask.of(SPEC), waiting={"w:2"})])
     assert placed_tasks(last) == {"j": [2]}
 
 
 def test_a_gang_spec_asks_for_every_task_whatever_waits() -> None:
     gang = replace(SPEC, gang_allocation=True)
-    request = job_request("j", 1, 0, gang)
+    request = job_request("j", 1, 0, Ask.of(gang))
     assert request.gang and len(request.tasks) == 3
 
 

@@ -31,6 +31,9 @@ from shared.state.store.listing import _pairs
 from shared.state.store.tasks import _in_task_order, _task_fields, _tasks_from
 
 EVENTS_MAX_LEN = 1000
+# The job record's field that keeps what the job asks the scheduler for
+# (shared/domain/asks.py): written at submit, read by a pass (QUEUED_FIELDS)
+ASK_FIELD = "ask"
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class JobsMixin(StoreCore):
 
     def insert_job(
         self, job: Job, config: dict[str, Any], tasks: Sequence[Task], attempt: Attempt,
-        *, pass_request_ms: int = 0, expectations: Sequence[Expect] = (),
+        *, pass_request_ms: int = 0, expectations: Sequence[Expect] = (), ask: str = "",
     ) -> tuple[Job, bool]:
         """`create_job` in one round trip (scripts.CREATE_JOB, one conditional
         script); with `pass_request_ms`, it also sets the scheduler's pass
@@ -71,10 +74,15 @@ class JobsMixin(StoreCore):
         `expectations` are what the caller decided on (records it read
         earlier, or remembered): they are checked in the same atomic step,
         and if one does not hold nothing is written (ExpectationFailed).
+
+        `ask`: what the job asks the scheduler for (shared/domain/asks.py,
+        its text), written on the record beside the job's own fields.
         """
         stored_config = json.dumps(config, separators=(",", ":"))
         fields = job.to_fields()
         fields.pop("queue_seq")
+        if ask:
+            fields[ASK_FIELD] = ask
         task_fields = _task_fields(tasks)
         args: list[Any] = [
             job.id, job.created_ms, stored_config, attempt.index,

@@ -17,15 +17,17 @@ from shared.domain.states import TASK_FINAL, JobState
 from shared.infra.clock import now_ms
 from shared.state import keys, scripts
 from shared.state.store import NodeNotFound, Pipe, Reader, StoreCore
+from shared.state.store.jobs import ASK_FIELD
 from shared.state.store.listing import READ_MANY
 
 
 @dataclass
 class QueuedJob:
     """What a pass reads of a queued job's record: the fields it decides
-    on (`QUEUED_FIELDS`), not the whole record. The request itself comes
-    from the job's config; the rest of the record is the API's to show.
-    The pass writes a waiting reason on the record and here alike."""
+    on (`QUEUED_FIELDS`), not the whole record, and what the job asks for
+    (`ask`, shared/domain/asks.py's text; "" on a record without one, whose
+    config says it). The rest of the record is the API's to show. The pass
+    writes a waiting reason on the record and here alike."""
 
     id: str
     state: JobState
@@ -35,21 +37,22 @@ class QueuedJob:
     retry_after_ms: int | None
     waiting_reason: str
     waiting: str
+    ask: str = ""
 
     @classmethod
     def from_values(cls, job_id: str, values: Sequence[str | None]) -> QueuedJob:
         """From the record's `QUEUED_FIELDS`, in that order (a record that
         exists has a state)."""
-        state, version, seq, attempt, retry_after, reason, waiting = values
+        state, version, seq, attempt, retry_after, reason, waiting, ask = values
         return cls(job_id, JobState(state or ""), int(version or 0), int(seq or 0),
                    int(attempt or 0),
                    int(retry_after) if retry_after not in (None, "", "None") else None,
-                   reason or "", waiting or "")
+                   reason or "", waiting or "", ask or "")
 
 
 # The job record's fields a pass reads for a queued job, in QueuedJob's order
 QUEUED_FIELDS = ("state", "version", "queue_seq", "attempt", "retry_after_ms",
-                 "waiting_reason", "waiting")
+                 "waiting_reason", "waiting", ASK_FIELD)
 
 
 @dataclass(frozen=True)
