@@ -23,6 +23,8 @@ from typing import Any
 from shared.domain.models import JobSpec
 
 FORMAT = 1
+# made once: json.dumps with these options would make one a call, and a submit writes an ask
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,10 @@ class Ask:
             spec.gang_allocation)
 
     def to_text(self) -> str:
-        return json.dumps(
+        return _ENCODER.encode(
             [FORMAT, self.vc, self.priority_class, self.gpu_type, self.gang,
              [[r.name, r.tasks, r.cpus, r.memory_mb, r.gpus, [list(p) for p in r.ports]]
-              for r in self.roles]],
-            ensure_ascii=False, separators=(",", ":"))
+              for r in self.roles]])
 
     @classmethod
     def from_text(cls, text: str) -> Ask:
