@@ -20,7 +20,7 @@ from services.scheduler.core import JobRequest, job_request
 from services.scheduler.policy import Attained, Las, RunningJob
 from shared.domain.asks import Ask
 from shared.domain.cluster import BORROWED
-from shared.domain.models import Allocation, JobSpec
+from shared.domain.models import Allocation, JobSpec, Node
 from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.config import Settings
@@ -57,6 +57,7 @@ class PassReader:
         # attained: they never change (queue_seq tells a reused name apart)
         self._attained: dict[tuple[str, int, int], Attained] = {}
         self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
+        self.nodes: dict[str, Node] = {}  # a node record's stored text -> it, parsed
         self.jobs: dict[str, tuple[str, QueuedJob]] = {}  # queued: stamp, record (_queued_jobs)
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self._asks_used: set[str] = set()  # the asks' texts this pass needed
@@ -67,7 +68,8 @@ class PassReader:
     def snapshot(self) -> Snapshot:
         """The nodes, their allocations, flags, faults and the queue, the
         records parsed by earlier passes reused where unchanged."""
-        return self.store.snapshot(self.allocations, jobs_known=self.jobs)
+        return self.store.snapshot(self.allocations, jobs_known=self.jobs,
+                                   nodes_known=self.nodes)
 
     def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
         """Parse the configs of these (job id, queue_seq) not parsed before, in
