@@ -27,10 +27,11 @@ from shared.infra.config import Settings
 from shared.state import keys
 from shared.state.lifecycle import drop_stale_from_queue
 from shared.state.store import QueuedJob, Snapshot, Store
+from shared.state.store.jobs import ASK_FIELD
 
 # What the policy needs of a placed job's record (see `running`)
 RUNNING_FIELDS = ("state", "attempt", "queue_seq", "virtual_cluster", "priority", "mode",
-                  "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms")
+                  "started_ms", "created_ms", "preempted_by", "preempt_deadline_ms", ASK_FIELD)
 MAX_CACHED_SPECS = 100_000
 MAX_CACHED_ASKS = 100_000  # distinct texts; jobs submitted alike share one
 # What the caches may hold of gone jobs before they are pruned to the live ones
@@ -142,6 +143,7 @@ class PassReader:
         asks = self._asks_of(jobs)
         requests, records = [], {}
         known, self._requests = self._requests, {}
+        self._without_config(jobs, asks, known)
         waiting = self._waiting_tasks(jobs, asks, known)
         for job in jobs:
             ask = asks.get(job.id)
@@ -179,6 +181,20 @@ class PassReader:
                 if spec is not None:
                     asks[job.id] = Ask.of(spec)
         return asks
+
+    def _without_config(self, jobs: list[QueuedJob], asks: dict[str, Ask],
+                        known: dict[str, tuple[tuple[int, int, int], JobRequest]]) -> None:
+        """Leave out of `asks` the jobs whose config is gone, of those asking
+        by their record with no request made before (one round trip): a job
+        without its config cannot start, and has no business in the queue
+        (`drop_stale_from_queue`)."""
+        unmade = [job.id for job in jobs if job.id in asks and (
+            (cached := known.get(job.id)) is None
+            or cached[0] != (job.queue_seq, job.version, job.attempt))]
+        for job_id, found in zip(unmade, self.store.existing(
+                [keys.job_config(job_id) for job_id in unmade]), strict=True):
+            if not found:
+                del asks[job_id]
 
     def _parsed_ask(self, text: str) -> Ask | None:
         self._asks_used.add(text)
@@ -218,9 +234,10 @@ class PassReader:
         """The placed jobs as the policy weighs them: one round trip for the
         few fields of their records it needs, which Redis sends only for a
         record that moved since the last pass (its stamp, `read_stamped_fields`),
-        and one for configs not seen before (a preempted job's grace is its
-        config's). A job whose record and allocations did not move keeps the
-        RunningJob of the last pass."""
+        and, for records that do not say what the job asks, one for configs
+        not seen before (a preempted job's grace is its ask's). A job whose
+        record and allocations did not move keeps the RunningJob of the last
+        pass."""
         held: dict[str, list[Allocation]] = {}
         for allocs in allocations.values():
             for alloc in allocs:
@@ -236,23 +253,26 @@ class PassReader:
             state, attempt = values[0], values[1]
             if state in LIVE_JOB_STATES and attempt is not None:
                 live.append((job_id, stamp, values, before))
-        self._load_specs([(job_id, int(values[2] or 0)) for job_id, _, values, _ in live])
+        self._load_specs([(job_id, int(values[2] or 0)) for job_id, _, values, _ in live
+                          if not (values[-1] and self._parsed_ask(values[-1]))])
         running = []
         for job_id, stamp, values, before in live:
             (_, attempt, queue_seq, vc, priority, mode, started, created, preempted_by,
-             deadline) = values
+             deadline, ask_text) = values
             mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
             if not mine:
                 continue  # an old attempt's: the sweep releases it
             job = before if before is not None and before.allocations == mine else None
             if job is None:
-                spec = self.specs.get((job_id, int(queue_seq or 0)))
+                ask = self._parsed_ask(ask_text) if ask_text else None
+                spec = self.specs.get((job_id, int(queue_seq or 0))) if ask is None else None
+                grace = ask.grace_seconds if ask is not None \
+                    else spec.preemption_grace_seconds if spec is not None else None
                 job = RunningJob(
                     job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
                     mode=mode or BORROWED, started_ms=int(started or created or 0),
                     allocations=mine, attempt=int(attempt or 0),
-                    grace_ms=self.settings.preemption_grace_ms(
-                        spec.preemption_grace_seconds if spec else None),
+                    grace_ms=self.settings.preemption_grace_ms(grace),
                     preempted_by=preempted_by or "",
                     preempt_deadline_ms=int(deadline) if deadline else None)
             if stamp:

@@ -33,6 +33,7 @@ from shared.infra.messaging import Messenger, make_celery
 from shared.state import keys, passwake
 from shared.state.lifecycle import delete_job, mark_task_running, request_stop, submit_job
 from shared.state.store import Store
+from shared.state.store.jobs import ASK_FIELD
 from shared.state.taskexits import record_task_exit
 from tests.support.polling import wait_for
 from tests.support.threads import looping
@@ -269,17 +270,25 @@ def test_a_name_submitted_again_is_placed_by_its_new_spec(store: Store,
 def test_the_caches_keep_only_what_is_queued_or_placed(
         store: Store, worker: Worker, redis_client: redis.Redis,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a pass remembers of jobs (the running jobs' specs, the queued
-    jobs' asks, their allocations' parsed records) goes once they are gone,
-    so a scheduler that runs for months holds about what its cluster and
-    queue hold."""
+    """What a pass remembers of jobs (the specs of those whose records do
+    not say what they ask, the asks, their allocations' parsed records)
+    goes once they are gone, so a scheduler that runs for months holds about
+    what its cluster and queue hold."""
     monkeypatch.setattr(reading, "PRUNE_SLACK", 0)
     monkeypatch.setattr("shared.state.store.nodes.MAX_GONE_ALLOCATIONS", 0)
-    running, waiting = fill_and_queue(store, worker, 2)
+    add_node(store)
     scheduler = worker.scheduler
-    scheduler.request_pass()  # reads the running jobs' specs; a queued job's ask is on its record
-    assert {job_id for job_id, _ in scheduler.reader.specs} == set(running)
-    assert len(scheduler.reader.asks) == 1  # the waiting jobs ask alike
+    running = [submit_job(store, "alice", config(f"run-{i}")).id for i in range(GPUS)]
+    for job_id in running[:2]:  # records written before the ask: their configs say it
+        redis_client.hdel(keys.job(job_id), ASK_FIELD)
+    scheduler.request_pass()
+    for job_id in running:
+        assert mark_task_running(store, job_id, 0, "main", 0, f"c-{job_id}")
+    waiting = [submit_job(store, "alice", config(f"wait-{i}")).id for i in range(2)]
+    scheduler.request_pass()
+    assert {job_id for job_id, _ in scheduler.reader.specs} == set(running[:2])
+    asked = redis_client.hget(keys.job(waiting[0]), ASK_FIELD)
+    assert list(scheduler.reader.asks) == [asked]  # the jobs ask alike
     for job_id in running:
         record_task_exit(store, job_id, 0, "main", 0, exit_code=0)
         scheduler.task_ended(job_id, 0, "main", 0)
@@ -287,9 +296,9 @@ def test_the_caches_keep_only_what_is_queued_or_placed(
     scheduler.request_pass()  # places the waiting jobs
     scheduler.request_pass()  # nothing changed since: only forgets
 
+    assert scheduler.reader.specs == {}
+    assert list(scheduler.reader.asks) == [asked]  # the placed jobs' own
     live = set(waiting)  # both placed now, nothing queued
-    assert {job_id for job_id, _ in scheduler.reader.specs} == live
-    assert scheduler.reader.asks == {}
     assert {a.job_id for a in scheduler.reader.allocations.values()} == live
     assert {a.job_id for a in store.get_allocations(store.r, "n1").values()} == live
 

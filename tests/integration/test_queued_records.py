@@ -71,14 +71,34 @@ def placed(store: Store, job_id: str) -> bool:
 
 
 def test_a_pass_places_a_job_by_the_ask_on_its_record_not_its_config(
-        store: Store, scheduler: Scheduler) -> None:
+        store: Store, scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch) -> None:
     add_node(store, gpus=2)
     submit_job(store, "alice", config("a", gpus=2))
     assert store.r.hget(keys.job("alice~a"), ASK_FIELD)
-    store.r.delete(keys.job_config("alice~a"))  # a pass that read it would drop the job
+    monkeypatch.setattr(Store, "read_configs", None)  # a pass that read it would fail
     scheduler.run_pass()
     assert placed(store, "alice~a")
     assert [t.gpus for t in store.get_tasks("alice~a", 0)] == [[0, 1]]
+
+
+def test_a_queued_job_whose_config_is_gone_leaves_the_queue_unplaced(
+        store: Store, scheduler: Scheduler) -> None:
+    add_node(store, gpus=2)
+    submit_job(store, "alice", config("a", gpus=2))
+    store.r.delete(keys.job_config("alice~a"))  # a damaged record: it could never start
+    scheduler.run_pass()
+    assert store.r.zscore(keys.QUEUE, "alice~a") is None
+    assert store.get_allocations(store.r, "n1") == {}
+
+
+def test_a_running_jobs_grace_is_its_asks(store: Store, scheduler: Scheduler,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    add_node(store, gpus=2)
+    submit_job(store, "alice", {**config("a", gpus=2), "preemptionGracePeriodSec": 45})
+    scheduler.run_pass()
+    monkeypatch.setattr(Store, "read_configs", None)
+    (job,) = scheduler.reader.running(store.snapshot().allocations)
+    assert job.grace_ms == 45_000
 
 
 @pytest.mark.parametrize("ask", [None, "not an ask", '[2,"default","test",null,true,[]]'])

@@ -29,7 +29,7 @@ CONFIGS = [
          "command": "true", "portList": [{"label": "grpc", "beginAt": 9000, "portNumber": 2}]},
         {"name": "wörker", "taskNumber": 4, "cpuNumber": 8, "memoryMB": 64000, "gpuNumber": 8,
          "command": "true"}]},
-    {"extras": {"com.microsoft.pai.runtimeplugin": [{"plugin": "ssh"}]}},
+    {"ssh": {"jobssh": True}, "preemptionGracePeriodSec": 45},
 ]
 
 
@@ -39,6 +39,12 @@ def test_the_text_on_the_record_reads_back_as_the_configs_ask(extra: dict[str, A
     read = Ask.from_text(asked.to_text())
     assert read == asked
     assert job_request("alice~j", 3, 1, read, 7) == job_request("alice~j", 3, 1, asked, 7)
+
+
+def test_an_ssh_job_asks_each_role_for_its_ssh_port_and_says_its_grace() -> None:
+    ask = Ask.of(spec(**CONFIGS[4]))
+    assert ask.roles[0].ports == (("ssh", 0, 1),) and ask.grace_seconds == 45
+    assert Ask.from_text(ask.to_text()) == ask
 
 
 def test_the_ask_holds_what_the_request_needs() -> None:
@@ -59,12 +65,21 @@ counts = st.integers(min_value=0, max_value=10**6)
 @given(st.lists(st.tuples(names, st.integers(1, 64), counts, counts, st.integers(0, 16),
                           st.lists(st.tuples(names, counts, st.integers(1, 8)), max_size=3)),
                 min_size=1, max_size=4),
-       names, names, st.none() | names, st.booleans())
+       names, st.sampled_from(["test", "prod", "oppo", "PROD"]), st.none() | names,
+       st.booleans(), st.none() | counts)
 def test_any_ask_reads_back_as_written(roles: list[Any], vc: str, priority: str,
-                                       gpu_type: str | None, gang: bool) -> None:
+                                       gpu_type: str | None, gang: bool,
+                                       grace: int | None) -> None:
     ask = Ask(tuple(RoleAsk(n, t, c, m, g, tuple(p)) for n, t, c, m, g, p in roles),
-              vc, priority, gpu_type, gang)
+              vc, priority, gpu_type, gang, grace)
     assert Ask.from_text(ask.to_text()) == ask
+
+
+GOOD = '[1,"default","test",null,true,[["main",1,4,8000,1,[["http",0,1]]]],null]'
+
+
+def test_the_good_text_is_an_ask() -> None:
+    assert Ask.from_text(GOOD).roles[0].ports == (("http", 0, 1),)
 
 
 @pytest.mark.parametrize("text", [
@@ -72,18 +87,33 @@ def test_any_ask_reads_back_as_written(roles: list[Any], vc: str, priority: str,
     "not json",
     "[]",
     "{}",
-    '[2,"default","test",null,true,[]]',  # another format
-    '[1,"default","test",null,true]',  # a part missing
-    '[1,"default","test",null,"yes",[]]',
-    '[1,7,"test",null,true,[]]',
-    '[1,"default","test",null,true,[["main","1",4,8000,1,[]]]]',
-    '[1,"default","test",null,true,[["main",true,4,8000,1,[]]]]',
-    '[1,"default","test",null,true,[["main",1,4,8000,1.5,[]]]]',
-    '[1,"default","test",null,true,[["main",1,4,8000,1,[["http",0]]]]]',
-    '[1,"default","test",null,true,[["main",1,4,8000,1,[[7,0,1]]]]]',
-    '[1,"default","test",null,true,[["main",1,4,8000,1]]]',
-    '[1,"default","test",null,true,{"main":1}]',
+    "[" * 100_000 + "]" * 100_000,  # deeper than the parser goes
+    GOOD.replace("[1,", "[2,", 1),  # another format
+    GOOD.replace("[1,", "[true,", 1),
+    GOOD.replace(",null]", "]"),  # a part missing
+    GOOD.replace("true", '"yes"'),
+    GOOD.replace('"default"', "7"),
+    GOOD.replace('"test"', '"bogus"'),  # no such priority class
+    GOOD.replace('[["main",1,4,8000,1,[["http",0,1]]]]', "[]"),  # no role
+    GOOD.replace('"main",1,', '"main","1",'),
+    GOOD.replace('"main",1,', '"main",true,'),
+    GOOD.replace('"main",1,', '"main",0,'),  # no task
+    GOOD.replace(",8000,", ",-8000,"),
+    GOOD.replace("8000,1,", "8000,1.5,"),
+    GOOD.replace('["http",0,1]', '["http",0]'),
+    GOOD.replace('["http",0,1]', '["http",0,0]'),
+    GOOD.replace('["http",0,1]', '[7,0,1]'),
+    GOOD.replace(",null]", ",-1]"),  # a grace below none
+    GOOD.replace(',[["http",0,1]]]]', "]]"),
+    GOOD.replace('[["main",1,4,8000,1,[["http",0,1]]]]', '{"main":1}'),
 ])
 def test_anything_else_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a job's ask"):
         Ask.from_text(text)
+
+
+def test_the_text_is_ascii_whatever_the_config_holds() -> None:
+    ask = Ask.of(spec(gpuType="h100-\ud800", virtualCluster="équipe"))
+    text = ask.to_text()
+    assert text.isascii() and text.encode("utf-8")  # Redis takes it (a lone surrogate)
+    assert Ask.from_text(text) == ask

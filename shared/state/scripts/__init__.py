@@ -92,6 +92,7 @@ from shared.state.scripts.nodes import (  # noqa: E402
     RENEW_NODE,
 )
 from shared.state.scripts.reads import (  # noqa: E402
+    EXISTING,
     HGETALL_MANY,
     HMGET_COLUMNS,
     HMGET_JOINED,
@@ -123,6 +124,7 @@ ALL: tuple[Script, ...] = (
     HMGET_STAMPED,
     HMGET_COLUMNS,
     HGETALL_MANY,
+    EXISTING,
     QUEUED_RECORDS,
     READ_JOB_CHANGES,
     READ_JOB_VIEW,

@@ -88,6 +88,19 @@ end
 return out
 """)
 
+# Whether each key exists (1 or 0), in one call for many.
+EXISTING = Script(
+    "existing",
+    keys=("keys...",),
+    args=(),
+    source="""#!lua flags=no-writes
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('EXISTS', key)
+end
+return out
+""")
+
 # What a compare-and-set on a job's attempt reads under WATCH, in one round
 # trip instead of one a key: the job's record and the attempt's tasks (each
 # HGETALL's flat list), the attempt's record (ARGV[1]: its index) and, when
@@ -109,8 +122,8 @@ return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
 QUEUED_RECORDS = Script(
     "queued_records",
     keys=("job records...",),
-    args=("per record: the stamp the scheduler holds ('' : none)...",
-          "then the fields to send of a record that moved..."),
+    args=("per record, the stamp the scheduler holds ('': none); then the fields to send "
+          "of a record that moved...",),
     source="""
 local fields = {unpack(ARGV, #KEYS + 1)}
 local out = {}

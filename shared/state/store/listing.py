@@ -170,6 +170,14 @@ class ListingMixin(StoreCore):
                       self.run_script(scripts.HGETALL_MANY, hashes[start:start + READ_MANY], [])]
         return found
 
+    def existing(self, names: Sequence[str]) -> list[bool]:
+        """Whether each key exists, in one round trip (a script call per
+        READ_MANY keys, pipelined)."""
+        pipe = self.r.pipeline(transaction=False)
+        for start in range(0, len(names), READ_MANY):
+            scripts.run(pipe, scripts.EXISTING, names[start:start + READ_MANY], [])
+        return [bool(flag) for chunk in (pipe.execute() if names else []) for flag in chunk]
+
     def read_changes(self, after: str, count: int) -> Changes:
         """The feed of job changes after entry `after` (at most `count`; "":
         none, only where the feed stands), with the feed's position and the
