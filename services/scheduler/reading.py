@@ -184,10 +184,9 @@ class PassReader:
 
     def _without_config(self, jobs: list[QueuedJob], asks: dict[str, Ask],
                         known: dict[str, tuple[tuple[int, int, int], JobRequest]]) -> None:
-        """Leave out of `asks` the jobs whose config is gone, of those asking
-        by their record with no request made before (one round trip): a job
-        without its config cannot start, and has no business in the queue
-        (`drop_stale_from_queue`)."""
+        """Leave out of `asks` the jobs whose config is gone, of those with no
+        request made before (one round trip): a job without its config cannot
+        start, and has no business in the queue (`drop_stale_from_queue`)."""
         unmade = [job.id for job in jobs if job.id in asks and (
             (cached := known.get(job.id)) is None
             or cached[0] != (job.queue_seq, job.version, job.attempt))]
@@ -205,7 +204,7 @@ class PassReader:
         try:
             ask: Ask | None = Ask.from_text(text)
         except ValueError as error:
-            log.warning("a queued record's ask %.200r: %s; its config is read instead",
+            log.warning("a job record's ask %.200r: %s; its config is read instead",
                         text, error)
             ask = None
         self.asks[text] = ask
