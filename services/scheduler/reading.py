@@ -140,7 +140,7 @@ class PassReader:
                 continue  # backing off before a retry; the repair loop's passes look again
             else:
                 jobs.append(job)
-        asks = self._asks_of(jobs)
+        asks = self._asks_of([(job.id, job.queue_seq, job.ask) for job in jobs])
         requests, records = [], {}
         known, self._requests = self._requests, {}
         self._without_config(jobs, asks, known)
@@ -163,23 +163,25 @@ class PassReader:
             drop_stale_from_queue(self.store, stale)  # only those still stale
         return requests, records
 
-    def _asks_of(self, jobs: list[QueuedJob]) -> dict[str, Ask]:
-        """What each job asks for: from its record, each text parsed once; for
-        a record without one (or one unreadable), from its config, read and
-        parsed once. A job with neither (its config gone) is left out."""
-        asks, unread = {}, []
-        for job in jobs:
-            ask = self._parsed_ask(job.ask) if job.ask else None
+    def _asks_of(self, jobs: list[tuple[str, int, str | None]]) -> dict[str, Ask]:
+        """What each job (id, queue_seq, its record's ask text) asks for: from
+        its record, each text parsed once; for a record without one (or one
+        unreadable), from its config, read and parsed once. A job with
+        neither (its config gone) is left out."""
+        asks: dict[str, Ask] = {}
+        unread = []
+        for job_id, seq, text in jobs:
+            ask = self._parsed_ask(text) if text else None
             if ask is None:
-                unread.append(job)
+                unread.append((job_id, seq))
             else:
-                asks[job.id] = ask
+                asks[job_id] = ask
         if unread:
-            self._load_specs([(job.id, job.queue_seq) for job in unread])
+            self._load_specs(unread)
             for job in unread:
-                spec = self.specs.get((job.id, job.queue_seq))
+                spec = self.specs.get(job)
                 if spec is not None:
-                    asks[job.id] = Ask.of(spec)
+                    asks[job[0]] = Ask.of(spec)
         return asks
 
     def _without_config(self, jobs: list[QueuedJob], asks: dict[str, Ask],
@@ -252,26 +254,24 @@ class PassReader:
             state, attempt = values[0], values[1]
             if state in LIVE_JOB_STATES and attempt is not None:
                 live.append((job_id, stamp, values, before))
-        self._load_specs([(job_id, int(values[2] or 0)) for job_id, _, values, _ in live
-                          if not (values[-1] and self._parsed_ask(values[-1]))])
+        asks = self._asks_of([(job_id, int(values[2] or 0), values[-1])
+                              for job_id, _, values, _ in live])
         running = []
         for job_id, stamp, values, before in live:
-            (_, attempt, queue_seq, vc, priority, mode, started, created, preempted_by,
-             deadline, ask_text) = values
+            (_, attempt, _, vc, priority, mode, started, created, preempted_by,
+             deadline, _) = values
             mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
             if not mine:
                 continue  # an old attempt's: the sweep releases it
             job = before if before is not None and before.allocations == mine else None
             if job is None:
-                ask = self._parsed_ask(ask_text) if ask_text else None
-                spec = self.specs.get((job_id, int(queue_seq or 0))) if ask is None else None
-                grace = ask.grace_seconds if ask is not None \
-                    else spec.preemption_grace_seconds if spec is not None else None
+                ask = asks.get(job_id)
                 job = RunningJob(
                     job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
                     mode=mode or BORROWED, started_ms=int(started or created or 0),
                     allocations=mine, attempt=int(attempt or 0),
-                    grace_ms=self.settings.preemption_grace_ms(grace),
+                    grace_ms=self.settings.preemption_grace_ms(
+                        ask.grace_seconds if ask is not None else None),
                     preempted_by=preempted_by or "",
                     preempt_deadline_ms=int(deadline) if deadline else None)
             if stamp:
