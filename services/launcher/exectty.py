@@ -132,7 +132,7 @@ class TtySessions:
         try:
             if reason != EndReason.EXITED:
                 self.runtime._kill_exec(exec_id)
-            return self.runtime._exit_code(exec_id)
+            return self.runtime.exit_code(exec_id)
         except (NotFound, APIError) as error:  # its container is gone
             log.info("exec %s: no exit code: %s", exec_id[:12], error)
             return None

@@ -30,6 +30,7 @@ from shared.domain import ssh
 from shared.domain.capabilities import dropped_capabilities
 from shared.domain.models import JobSpec, Node, Task
 from shared.infra.config import Settings
+from shared.node import execs as node_execs
 from shared.node.containers import LABEL_PREREQUISITES, TaskRef, made_for, task_labels
 from shared.node.engine import EngineCalls
 from shared.node.notices import warn_and_signal
@@ -320,20 +321,12 @@ class DockerRuntime:
             close_exec_socket(sock)
         if timed_out:
             self._kill_exec(exec_id)
-        return ExecOutput(self._exit_code(exec_id), cap.text(), cap.truncated, timed_out)
+        return ExecOutput(self.exit_code(exec_id), cap.text(), cap.truncated, timed_out)
 
-    def _exit_code(self, exec_id: str) -> int | None:
+    def exit_code(self, exec_id: str) -> int | None:
         """The exec's exit code once Docker has it (it follows the end of the
         output closely); None if it does not within EXIT_WAIT_SECONDS."""
-        deadline = time.monotonic() + EXIT_WAIT_SECONDS
-        while True:
-            info = self.client.api.exec_inspect(exec_id)
-            if not info.get("Running"):
-                code = info.get("ExitCode")
-                return int(code) if code is not None else None
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(POLL_SECONDS / 20)
+        return node_execs.exit_code(self.client.api, exec_id, EXIT_WAIT_SECONDS)
 
     def _kill_exec(self, exec_id: str) -> None:
         """SIGKILL the exec'd process and what it started. Docker has no call

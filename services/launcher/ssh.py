@@ -30,6 +30,7 @@ from docker import APIClient
 from docker.errors import APIError, NotFound
 
 from shared.domain import ssh
+from shared.node import execs
 
 log = logging.getLogger("pai.launcher")
 
@@ -111,7 +112,7 @@ def start_sshd(api: APIClient, container_id: str, port: int) -> SshdOutcome:
         exec_id = api.exec_create(container_id, ["/bin/sh", "-c", sshd_script(port)],
                                   user="0", stdout=True, stderr=True)["Id"]
         output = api.exec_start(exec_id)
-        code = api.exec_inspect(exec_id).get("ExitCode")
+        code = execs.exit_code(api, exec_id)
     except (NotFound, APIError) as error:
         return SshdOutcome(False, f"sshd not started: the container does not run ({error})")
     text = (output or b"").decode(errors="replace").strip()

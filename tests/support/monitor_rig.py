@@ -23,6 +23,7 @@ from shared.domain.models import Job, Node, Task, TaskPlacement
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
 from shared.infra.messaging import Messenger, make_celery
+from shared.node import execs
 from shared.node.containers import TaskRef, container_name, task_labels
 from shared.state import passwake
 from shared.state.lifecycle import submit_job
@@ -171,8 +172,10 @@ def _parts(ref: TaskRef) -> tuple[str, int, str, int]:
 
 def release(container: Container) -> None:
     """Let a container waiting on GATE go on."""
-    result = container.exec_run(["touch", "/tmp/go"])
-    assert result.exit_code == 0, result.output
+    api = container.client.api
+    exec_id = api.exec_create(container.id, ["touch", "/tmp/go"])["Id"]
+    output = api.exec_start(exec_id)
+    assert execs.exit_code(api, exec_id) == 0, output
 
 
 @pytest.fixture
