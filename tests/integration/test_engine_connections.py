@@ -15,6 +15,7 @@ import docker
 import pytest
 
 from shared.infra.config import load_settings
+from shared.node import execs
 from shared.node.containers import EngineAdapter, docker_client, reuse_engine_connections
 
 pytestmark = pytest.mark.docker
@@ -62,8 +63,9 @@ def test_exec_and_a_log_follow_work_beside_reused_connections(
         stdin_open=True, labels=test_labels, network_mode="host")
     try:
         # An exec's connection is hijacked: it must never be handed out again.
-        result = container.exec_run(["sh", "-c", "echo from-exec"])
-        assert (result.exit_code, result.output) == (0, b"from-exec\n")
+        exec_id = client.api.exec_create(container.id, ["sh", "-c", "echo from-exec"])["Id"]
+        assert client.api.exec_start(exec_id) == b"from-exec\n"
+        assert execs.exit_code(client.api, exec_id) == 0
         assert client.api.inspect_container(container.id)["State"]["Running"] is True
         socket = container.attach_socket(params={"stdin": 1, "stream": 1})
         socket._sock.sendall(b"go\n")
