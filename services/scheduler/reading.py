@@ -15,6 +15,8 @@ scheduler holds about what its cluster and queue hold.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterable
 
 from services.scheduler.core import JobRequest, job_request
 from services.scheduler.policy import Attained, Las, RunningJob
@@ -25,6 +27,7 @@ from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.config import Settings
 from shared.state import keys
+from shared.state.jobfeed import FeedPosition
 from shared.state.lifecycle import drop_stale_from_queue
 from shared.state.store import QueuedJob, Snapshot, Store
 from shared.state.store.jobs import ASK_FIELD
@@ -36,6 +39,9 @@ MAX_CACHED_SPECS = 100_000
 MAX_CACHED_ASKS = 100_000  # distinct texts; jobs submitted alike share one
 # What the caches may hold of gone jobs before they are pruned to the live ones
 PRUNE_SLACK = 1_000
+# Every queued record is asked about at least this often, not only those the
+# feed of job changes names (`PassReader.snapshot`)
+FULL_READ_SECONDS = 30.0
 # Attained service counts a job's last this many ended attempts (a job retried
 # more often is in the last LAS queue long before)
 MAX_ATTEMPTS_READ = 32
@@ -60,6 +66,10 @@ class PassReader:
         self.allocations: dict[str, Allocation] = {}  # stored text -> allocation
         self.nodes: dict[str, Node] = {}  # a node record's stored text -> it, parsed
         self.jobs: dict[str, tuple[str, QueuedJob]] = {}  # queued: stamp, record (_queued_jobs)
+        # where the queue was read in the feed of job changes, and when every
+        # queued record was last asked about (`snapshot`)
+        self.feed: FeedPosition | None = None
+        self._full_read_at = -FULL_READ_SECONDS
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self._asks_used: set[str] = set()  # the asks' texts this pass needed
         # job id -> (stamp, fields, RunningJob): the running jobs of the last
@@ -68,9 +78,31 @@ class PassReader:
 
     def snapshot(self) -> Snapshot:
         """The nodes, their allocations, flags, faults and the queue, the
-        records parsed by earlier passes reused where unchanged."""
-        return self.store.snapshot(self.allocations, jobs_known=self.jobs,
-                                   nodes_known=self.nodes)
+        records parsed by earlier passes reused where unchanged.
+
+        Redis is asked only about the queued records the feed of job changes
+        names since the last pass (and those not held): a pass over a long
+        queue that did not move costs what the moves cost. Every
+        FULL_READ_SECONDS, and whenever the feed cannot say, it is asked
+        about every one (`Store.snapshot`), so a write the feed missed is
+        read within that time: one by a scheduler of an earlier version,
+        say, or by hand. The pass's own commits `forget` what they wrote."""
+        now = time.monotonic()
+        full = now - self._full_read_at >= FULL_READ_SECONDS
+        snapshot = self.store.snapshot(self.allocations, jobs_known=self.jobs,
+                                       nodes_known=self.nodes,
+                                       feed=None if full else self.feed)
+        self.feed = snapshot.feed
+        if full:
+            self._full_read_at = now
+        return snapshot
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        """Read these queued records whole at the next pass: the pass wrote
+        them (a commit moves a record without a feed entry), or found them
+        moved."""
+        for job_id in job_ids:
+            self.jobs.pop(job_id, None)
 
     def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
         """Parse the configs of these (job id, queue_seq) not parsed before, in

@@ -246,6 +246,8 @@ class Scheduler:
                              launch_deadline_ms=deadline, mode=p.mode, gang=False)
             for p in others]
         won = [one for one, ok in zip(gangs + others, bound, strict=True) if ok]
+        # each moved (a commit writes no feed entry) or was found moved
+        self.reader.forget(one.request.job_id for one in gangs + others)
         stats.placed += len(won)
         if stats.placed < len(bound):
             self.gate.look_again()  # some jobs changed under us

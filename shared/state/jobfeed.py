@@ -100,3 +100,23 @@ class Changes:
     added: int  # entries ever added to the feed
     last_id: str  # the newest entry's id ("0-0": none yet)
     entries: list[tuple[str, str, str]]  # (entry id, job id, encoded row or GONE)
+
+    def missed(self, added: int) -> int:
+        """How many entries after the reader's position this read left out,
+        `added` being the feed's count at that position: more than none when
+        the feed was trimmed past it or the read stopped at its page; less
+        than none when the feed is a new one (deleted and written again)."""
+        return self.added - added - len(self.entries)
+
+    def position(self) -> FeedPosition:
+        """Where a reader stands once it has applied every entry of this read."""
+        return FeedPosition(self.last_id, self.added)
+
+
+@dataclass(frozen=True)
+class FeedPosition:
+    """A reader's place in the feed: the last entry it applied and the feed's
+    entries-added count there (what tells it the feed was trimmed past it)."""
+
+    after: str
+    added: int

@@ -166,7 +166,7 @@ class JobTable:
         while True:
             assert self.after is not None
             changes = self.store.read_changes(self.after, FEED_PAGE)
-            missed = changes.added - self.added - len(changes.entries)
+            missed = changes.missed(self.added)
             if missed < 0 or (missed > 0 and len(changes.entries) < FEED_PAGE):
                 self._load()  # trimmed past what this table saw, or a new feed
                 continue

@@ -6,6 +6,7 @@ script call a chunk, and the feed of job changes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from redis.client import NEVER_DECODE
 
@@ -182,13 +183,8 @@ class ListingMixin(StoreCore):
         """The feed of job changes after entry `after` (at most `count`; "":
         none, only where the feed stands), with the feed's position and the
         number of jobs, in one atomic read (shared/state/jobfeed.py)."""
-        jobs, added, last_id, raw = self.run_script(
-            scripts.READ_JOB_CHANGES, [keys.JOB_CHANGES, keys.JOBS], [after, str(count)])
-        entries = []
-        for entry_id, fields in raw:
-            values = dict(zip(fields[::2], fields[1::2], strict=True))
-            entries.append((entry_id, values.get("j", ""), values.get("d", jobfeed.GONE)))
-        return Changes(int(jobs), int(added), last_id, entries)
+        return changes_of(self.run_script(
+            scripts.READ_JOB_CHANGES, [keys.JOB_CHANGES, keys.JOBS], [after, str(count)]))
 
     def job_fields(self, job_ids: Sequence[str], fields: Sequence[str]
                    ) -> list[list[str | None]]:
@@ -223,3 +219,13 @@ class ListingMixin(StoreCore):
 def _pairs(flat: Sequence[str]) -> dict[str, str]:
     """A hash from HGETALL's flat field/value list, as a script returns it."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def changes_of(reply: Sequence[Any]) -> Changes:
+    """READ_JOB_CHANGES's reply, parsed."""
+    jobs, added, last_id, raw = reply
+    entries = []
+    for entry_id, fields in raw:
+        values = dict(zip(fields[::2], fields[1::2], strict=True))
+        entries.append((entry_id, values.get("j", ""), values.get("d", jobfeed.GONE)))
+    return Changes(int(jobs), int(added), last_id, entries)

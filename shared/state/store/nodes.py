@@ -17,9 +17,10 @@ from shared.domain.models import Allocation, Node, parse_attempt_task_key, task_
 from shared.domain.states import TASK_FINAL, JobState
 from shared.infra.clock import now_ms
 from shared.state import keys, scripts
+from shared.state.jobfeed import FeedPosition
 from shared.state.store import NodeNotFound, Pipe, Reader, StoreCore
 from shared.state.store.jobs import ASK_FIELD
-from shared.state.store.listing import READ_MANY, _pairs
+from shared.state.store.listing import READ_MANY, _pairs, changes_of
 
 
 @dataclass
@@ -52,6 +53,9 @@ class QueuedJob:
 
 
 # The job record's fields a pass reads for a queued job, in QueuedJob's order
+# A pass's snapshot reads at most this many entries of the feed of job
+# changes; past it, asking about every queued record costs less.
+FEED_READ = 10_000
 QUEUED_FIELDS = ("state", "version", "queue_seq", "attempt", "retry_after_ms",
                  "waiting_reason", "waiting", ASK_FIELD)
 
@@ -71,6 +75,10 @@ class Snapshot:
     # each virtual cluster's record and its users' budgets, by name
     # (shared/state/accounts.py `vcs_from` makes them VirtualClusters)
     vc_records: list[tuple[dict[str, str], dict[str, str]]] = field(default_factory=list)
+    # where the feed of job changes stood when the queue was read, and how
+    # many queued records Redis was asked about (every one's on a full read)
+    feed: FeedPosition | None = None
+    records_asked: int = 0
 
 
 class NodesMixin(StoreCore):
@@ -168,7 +176,8 @@ class NodesMixin(StoreCore):
     def snapshot(self, known: dict[str, Allocation] | None = None,
                  queue_limit: int = 100_000,
                  jobs_known: dict[str, tuple[str, QueuedJob]] | None = None,
-                 nodes_known: dict[str, Node] | None = None) -> Snapshot:
+                 nodes_known: dict[str, Node] | None = None,
+                 feed: FeedPosition | None = None) -> Snapshot:
         """What a scheduling pass decides on, in two round trips: the GPU
         faults, the nodes and their heartbeats, the admins' holds, the queue,
         Redis's time, the outage record and the virtual clusters' names, then
@@ -181,7 +190,16 @@ class NodesMixin(StoreCore):
         stamp and record, `_queued_jobs`), which Redis sends again only when
         their version or submission changed. `nodes_known`: node records
         parsed before, by their stored text (`_nodes_from`), which this keeps
-        to the records read now."""
+        to the records read now.
+
+        `feed`: where the caller stood in the feed of job changes
+        (shared/state/jobfeed.py) when it last read the queue. Redis is then
+        asked only about the queued jobs not in `jobs_known` and those the
+        feed names since; without it, or when the feed cannot say (trimmed
+        past it, a new feed, more than FEED_READ entries since), about every
+        one, each answered as `jobs_known`'s stamps allow (`_queued_jobs`).
+        A write the feed does not carry (a pass's own commit, a waiting
+        reason) is the caller's to account for."""
         jobs_known = {} if jobs_known is None else jobs_known
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(keys.GPU_FAULTS)
@@ -191,7 +209,17 @@ class NodesMixin(StoreCore):
         pipe.time()
         pipe.hgetall(keys.CONTROL_PLANE)
         pipe.smembers(keys.VCS)
-        faults, beats_list, flags, queued, (seconds, micros), outage, vc_names = pipe.execute()
+        scripts.run(pipe, scripts.READ_JOB_CHANGES, [keys.JOB_CHANGES, keys.JOBS],
+                    [feed.after if feed is not None else "", str(FEED_READ)])
+        faults, beats_list, flags, queued, (seconds, micros), outage, vc_names, reply = \
+            pipe.execute()
+        changes = changes_of(reply)
+        moved: set[str] | None = None  # None: ask about every queued record
+        if feed is not None and changes.missed(feed.added) == 0 \
+                and len(changes.entries) < FEED_READ:
+            moved = {job_id for _, job_id, _ in changes.entries}
+        asked = queued if moved is None else \
+            [i for i in queued if i not in jobs_known or i in moved]
         beats = {n: int(s) for n, s in beats_list}
         vc_names = sorted(vc_names)
         pipe = self.r.pipeline(transaction=False)
@@ -205,12 +233,12 @@ class NodesMixin(StoreCore):
         hashes = [keys.node_alloc(n) for n in beats] + [keys.node_lease(n) for n in beats]
         for start in range(0, len(hashes), READ_MANY):
             scripts.run(pipe, scripts.HGETALL_MANY, hashes[start:start + READ_MANY], [])
-        for start in range(0, len(queued), READ_MANY):  # one command, not one each
-            chunk = queued[start:start + READ_MANY]
+        for start in range(0, len(asked), READ_MANY):  # one command, not one each
+            chunk = asked[start:start + READ_MANY]
             stamps = [jobs_known[job_id][0] if job_id in jobs_known else "" for job_id in chunk]
             scripts.run(pipe, scripts.QUEUED_RECORDS, [keys.job(i) for i in chunk],
                         [*stamps, *QUEUED_FIELDS])
-        replies = pipe.execute() if beats or queued or vc_names else []
+        replies = pipe.execute() if beats or asked or vc_names else []
         vc_records = list(zip(replies[0:2 * len(vc_names):2], replies[1:2 * len(vc_names):2],
                               strict=True))
         replies = replies[2 * len(vc_names):]
@@ -224,8 +252,11 @@ class NodesMixin(StoreCore):
             {name: NodeSilence(renewed, Lease.from_fields(raw) if raw else None)
              for (name, renewed), raw in zip(beats.items(), read[len(beats):], strict=True)},
             Outage.from_fields(outage), int(seconds) * 1000 + int(micros) // 1000)
-        records = [None if values == 0 else values
-                   for chunk in replies[at:] for values in chunk]
+        answers = iter([None if values == 0 else values
+                        for chunk in replies[at:] for values in chunk])
+        # a record not asked about is the one held, as one whose stamp held
+        records = [next(answers) if moved is None or i not in jobs_known or i in moved
+                   else None for i in queued]
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
@@ -238,7 +269,8 @@ class NodesMixin(StoreCore):
         return Snapshot(
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
-            _queued_jobs(queued, records, jobs_known), cluster, vc_records)
+            _queued_jobs(queued, records, jobs_known), cluster, vc_records,
+            changes.position(), len(asked))
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,
