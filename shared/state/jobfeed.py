@@ -1,5 +1,7 @@
 """The feed of job changes: what an API process needs to keep its job table
-(shared/state/jobtable.py) current in one round trip.
+(shared/state/jobtable.py) current in one round trip, and what tells a
+scheduler's pass which queued records moved since the last
+(`Store.snapshot`'s `feed`).
 
 Every write of a job record (`Store.write_job`), every new job (`Store.
 insert_job`'s script) and every job removed (`retention.forget_job`) appends
