@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterable
 
 from services.scheduler.core import JobRequest, job_request
@@ -69,6 +70,10 @@ class PassReader:
         # where the queue was read in the feed of job changes, and when every
         # queued record was last asked about (`snapshot`)
         self.feed: FeedPosition | None = None
+        # this reader among the scheduler replicas (`Store.snapshot`'s passer)
+        self.name = uuid.uuid4().hex
+        # what the feed named since `running` last read (None: it cannot say)
+        self._moved: frozenset[str] | None = None
         self._full_read_at = -FULL_READ_SECONDS
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self._asks_used: set[str] = set()  # the asks' texts this pass needed
@@ -86,23 +91,29 @@ class PassReader:
         FULL_READ_SECONDS, and whenever the feed cannot say, it is asked
         about every one (`Store.snapshot`), so a write the feed missed is
         read within that time: one by a scheduler of an earlier version,
-        say, or by hand. The pass's own commits `forget` what they wrote."""
+        say, or by hand. The pass's own commits and modes `forget` what
+        they wrote; when another replica passed since this one's last pass,
+        every record is asked about."""
         now = time.monotonic()
         full = now - self._full_read_at >= FULL_READ_SECONDS
         snapshot = self.store.snapshot(self.allocations, jobs_known=self.jobs,
                                        nodes_known=self.nodes,
-                                       feed=None if full else self.feed)
+                                       feed=None if full else self.feed, passer=self.name)
         self.feed = snapshot.feed
+        # what `running` has yet to ask about: all, if either read cannot say
+        self._moved = None if self._moved is None or snapshot.moved is None \
+            else self._moved | snapshot.moved
         if full:
             self._full_read_at = now
         return snapshot
 
     def forget(self, job_ids: Iterable[str]) -> None:
-        """Read these queued records whole at the next pass: the pass wrote
-        them (a commit moves a record without a feed entry), or found them
-        moved."""
+        """Read these records whole at the next pass, queued or placed: the
+        pass wrote them without a feed entry (a gang's commit, a mode), or found
+        them moved."""
         for job_id in job_ids:
             self.jobs.pop(job_id, None)
+            self._running.pop(job_id, None)
 
     def _load_specs(self, jobs: list[tuple[str, int]]) -> None:
         """Parse the configs of these (job id, queue_seq) not parsed before, in
@@ -270,16 +281,24 @@ class PassReader:
         and, for records that do not say what the job asks, one for configs
         not seen before (a preempted job's grace is its ask's). A job whose
         record and allocations did not move keeps the RunningJob of the last
-        pass."""
+        pass. Of the records held, Redis is asked only about those the feed
+        of job changes named since the last pass, when the snapshot could
+        tell (`snapshot`); a mode the pass set is `forget`-ten."""
         held: dict[str, list[Allocation]] = {}
         for allocs in allocations.values():
             for alloc in allocs:
                 held.setdefault(alloc.job_id, []).append(alloc)
         ids = sorted(held)
-        known, self._running = self._running, {}
-        stamps = [known[job_id][0] if job_id in known else "" for job_id in ids]
-        read = self.store.read_stamped_fields([keys.job(job_id) for job_id in ids], stamps,
-                                              RUNNING_FIELDS)
+        known, self._running, moved = self._running, {}, self._moved
+        asked = ids if moved is None else \
+            [job_id for job_id in ids if job_id not in known or job_id in moved]
+        stamps = [known[job_id][0] if job_id in known else "" for job_id in asked]
+        answers = iter(self.store.read_stamped_fields([keys.job(job_id) for job_id in asked],
+                                                      stamps, RUNNING_FIELDS))
+        self._moved = frozenset()  # read up to the snapshot's position
+        # a record not asked about is the one held, as one whose stamp held
+        read = [next(answers) if moved is None or job_id not in known or job_id in moved
+                else None for job_id in ids]
         live: list[tuple[str, str, list[str | None], RunningJob | None]] = []
         for job_id, got in zip(ids, read, strict=True):
             stamp, values, before = known[job_id] if got is None else (*got, None)

@@ -202,6 +202,7 @@ class Scheduler:
         for preemption in plan.preempt:
             self._preempt(preemption, now)
         attempts = {r.job_id: r.attempt for r in running}
+        self.reader.forget(plan.modes)  # a mode is written without a feed entry
         stats.modes_changed = len(set_modes(self.store, [
             ModeChange(job_id, attempts[job_id], mode) for job_id, mode in plan.modes.items()]))
         self._stop_overdue(running, now)
@@ -240,14 +241,14 @@ class Scheduler:
         at a time, each commit on the tasks still waiting), then send each
         node its starts. Returns the jobs bound per VC; one the world moved
         away from waits for the next pass."""
+        # each moves (a gang's commit writes no feed entry) or was found moved
+        self.reader.forget(one.request.job_id for one in gangs + others)
         bound = gangs_bound + [
             commit_placement(self.store, p.request.job_id, version=p.request.version,
                              attempt=p.request.attempt, placements=p.placements,
                              launch_deadline_ms=deadline, mode=p.mode, gang=False)
             for p in others]
         won = [one for one, ok in zip(gangs + others, bound, strict=True) if ok]
-        # each moved (a commit writes no feed entry) or was found moved
-        self.reader.forget(one.request.job_id for one in gangs + others)
         stats.placed += len(won)
         if stats.placed < len(bound):
             self.gate.look_again()  # some jobs changed under us

@@ -23,6 +23,9 @@ PASS_REQUESTED = PREFIX + "scheduler:pass-requested"
 SCHEDULER_WAKE = PREFIX + "scheduler:wake"
 # set when a pass is asked for while another holds the lock (services/scheduler/gate.py)
 SCHEDULER_DIRTY = PREFIX + "scheduler:dirty"
+# string: the reader of the latest pass's snapshot, so a scheduler replica
+# tells whether another passed since its own last pass (services/scheduler/reading.py)
+LAST_PASSER = PREFIX + "scheduler:last-passer"
 # zset job id -> completed ms: finished jobs whose record is not compacted yet
 RETENTION_PENDING = PREFIX + "retention:pending"
 # hash final state -> rank: where the retention sweep's repair walk resumes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.scheduler import reading
 from services.scheduler.decisions import RunningJob
 from services.scheduler.service import Scheduler
 from shared.domain.cluster import BORROWED, GUARANTEED
@@ -20,6 +21,14 @@ from tests.support.scheduling import add_node, config, scheduler, store
 
 pytestmark = pytest.mark.redis
 __all__ = ["scheduler", "store"]  # the fixtures, used by name
+
+
+@pytest.fixture(autouse=True)
+def every_record_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These write records by hand, without the feed of job changes: each
+    pass here asks Redis about every record, and the stamps decide
+    (tests/integration/test_queue_feed.py has the passes that ask less)."""
+    monkeypatch.setattr(reading, "FULL_READ_SECONDS", 0.0)
 
 
 def running(scheduler: Scheduler, store: Store) -> dict[str, RunningJob]:

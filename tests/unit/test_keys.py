@@ -23,6 +23,7 @@ LITERAL_KEYS = [
     pytest.param(keys.PASS_REQUESTED, "pai:scheduler:pass-requested", id="PASS_REQUESTED"),
     pytest.param(keys.SCHEDULER_DIRTY, "pai:scheduler:dirty", id="SCHEDULER_DIRTY"),
     pytest.param(keys.SCHEDULER_WAKE, "pai:scheduler:wake", id="SCHEDULER_WAKE"),
+    pytest.param(keys.LAST_PASSER, "pai:scheduler:last-passer", id="LAST_PASSER"),
     pytest.param(keys.RETENTION_PENDING, "pai:retention:pending", id="RETENTION_PENDING"),
     pytest.param(keys.RETENTION_CURSOR, "pai:retention:cursor", id="RETENTION_CURSOR"),
     pytest.param(keys.NODES, "pai:nodes", id="NODES"),

@@ -79,6 +79,9 @@ class Snapshot:
     # many queued records Redis was asked about (every one's on a full read)
     feed: FeedPosition | None = None
     records_asked: int = 0
+    # the jobs the feed named since the caller's position; None: it could
+    # not say (or was not asked), and every record was asked about
+    moved: frozenset[str] | None = None
 
 
 class NodesMixin(StoreCore):
@@ -177,7 +180,7 @@ class NodesMixin(StoreCore):
                  queue_limit: int = 100_000,
                  jobs_known: dict[str, tuple[str, QueuedJob]] | None = None,
                  nodes_known: dict[str, Node] | None = None,
-                 feed: FeedPosition | None = None) -> Snapshot:
+                 feed: FeedPosition | None = None, passer: str = "") -> Snapshot:
         """What a scheduling pass decides on, in two round trips: the GPU
         faults, the nodes and their heartbeats, the admins' holds, the queue,
         Redis's time, the outage record and the virtual clusters' names, then
@@ -198,8 +201,11 @@ class NodesMixin(StoreCore):
         feed names since; without it, or when the feed cannot say (trimmed
         past it, a new feed, more than FEED_READ entries since), about every
         one, each answered as `jobs_known`'s stamps allow (`_queued_jobs`).
-        A write the feed does not carry (a pass's own commit, a waiting
-        reason) is the caller's to account for."""
+        A write the feed does not carry (a pass's own commit, a mode, a
+        waiting reason) is the caller's to account for. `passer`: the
+        caller's name among the schedulers, written as the latest pass's
+        reader; when another's was there, that one's passes may have written
+        so since `feed`, and every record is asked about."""
         jobs_known = {} if jobs_known is None else jobs_known
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(keys.GPU_FAULTS)
@@ -211,15 +217,18 @@ class NodesMixin(StoreCore):
         pipe.smembers(keys.VCS)
         scripts.run(pipe, scripts.READ_JOB_CHANGES, [keys.JOB_CHANGES, keys.JOBS],
                     [feed.after if feed is not None else "", str(FEED_READ)])
-        faults, beats_list, flags, queued, (seconds, micros), outage, vc_names, reply = \
-            pipe.execute()
+        if passer:
+            pipe.set(keys.LAST_PASSER, passer, get=True)
+        faults, beats_list, flags, queued, (seconds, micros), outage, vc_names, reply, \
+            *last = pipe.execute()
         changes = changes_of(reply)
         moved: set[str] | None = None  # None: ask about every queued record
         if feed is not None and changes.missed(feed.added) == 0 \
-                and len(changes.entries) < FEED_READ:
+                and len(changes.entries) < FEED_READ and last in ([], [passer]):
             moved = {job_id for _, job_id, _ in changes.entries}
-        asked = queued if moved is None else \
-            [i for i in queued if i not in jobs_known or i in moved]
+            for job_id in moved:  # queued now or not: an entry is read once
+                jobs_known.pop(job_id, None)
+        asked = queued if moved is None else [i for i in queued if i not in jobs_known]
         beats = {n: int(s) for n, s in beats_list}
         vc_names = sorted(vc_names)
         pipe = self.r.pipeline(transaction=False)
@@ -255,8 +264,8 @@ class NodesMixin(StoreCore):
         answers = iter([None if values == 0 else values
                         for chunk in replies[at:] for values in chunk])
         # a record not asked about is the one held, as one whose stamp held
-        records = [next(answers) if moved is None or i not in jobs_known or i in moved
-                   else None for i in queued]
+        records = [next(answers) if moved is None or i not in jobs_known else None
+                   for i in queued]
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
@@ -270,7 +279,7 @@ class NodesMixin(StoreCore):
             gpuhealth.parse_faults(faults), nodes,
             {name: NodeFlags.from_json(f) for name, f in flags.items()}, allocations,
             _queued_jobs(queued, records, jobs_known), cluster, vc_records,
-            changes.position(), len(asked))
+            changes.position(), len(asked), None if moved is None else frozenset(moved))
 
     def write_allocation(self, pipe: Pipe, alloc: Allocation) -> None:
         pipe.hset(keys.node_alloc(alloc.node), alloc.key,
