@@ -23,6 +23,7 @@ from shared.state.lifecycle import mark_task_running, submit_job
 from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.api import AuthedClient, error_of
+from tests.support.budgets import launched_early_today
 
 MINUTE = 60_000
 
@@ -70,9 +71,7 @@ def test_spend_counts_the_recorded_days_and_running_tasks_up_to_now(store: Store
         TaskPlacement("main", 0, "n1", "127.0.0.1", (0, 1), 1, 128, {})],
         launch_deadline_ms=now_ms() + MINUTE)
     assert mark_task_running(store, job.id, 0, "main", 0, "container")
-    task = store.get_task(job.id, 0, "main", 0)
-    assert task is not None and task.launched_ms is not None
-    now = task.launched_ms + 30 * MINUTE
+    now = launched_early_today(store, job.id) + 30 * MINUTE
     held = [a for allocs in store.all_allocations(["n1"]).values() for a in allocs]
 
     spent = usage.read_spend(store.r, {"research": usage.Budget(2, "week"),

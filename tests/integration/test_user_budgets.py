@@ -25,6 +25,7 @@ from shared.state.lifecycle import mark_task_running, submit_job
 from shared.state.placing import commit_placement
 from shared.state.store import Store
 from tests.support.api import AuthedClient, error_of, new_user
+from tests.support.budgets import launched_early_today
 
 MINUTE = 60_000
 DAY = 24 * 3600_000
@@ -150,9 +151,7 @@ def test_a_users_spend_is_their_usage_in_the_vc_running_tasks_included(store: St
         TaskPlacement("main", 0, "n1", "127.0.0.1", (0, 1), 1, 128, {})],
         launch_deadline_ms=now_ms() + MINUTE)
     assert mark_task_running(store, job.id, 0, "main", 0, "container")
-    task = store.get_task(job.id, 0, "main", 0)
-    assert task is not None and task.launched_ms is not None
-    now = task.launched_ms + 30 * MINUTE
+    now = launched_early_today(store, job.id) + 30 * MINUTE
     held = [a for allocs in store.all_allocations(["n1"]).values() for a in allocs]
     week = usage.Budget(2, "week")
 
