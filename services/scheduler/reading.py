@@ -96,9 +96,15 @@ class PassReader:
         every record is asked about."""
         now = time.monotonic()
         full = now - self._full_read_at >= FULL_READ_SECONDS
-        snapshot = self.store.snapshot(self.allocations, jobs_known=self.jobs,
-                                       nodes_known=self.nodes,
-                                       feed=None if full else self.feed, passer=self.name)
+        try:
+            snapshot = self.store.snapshot(self.allocations, jobs_known=self.jobs,
+                                           nodes_known=self.nodes,
+                                           feed=None if full else self.feed, passer=self.name)
+        except BaseException:
+            # it may have marked this reader the latest passer, over another's
+            # name it then never acted on: the next snapshot reads every record
+            self.feed, self._moved = None, None
+            raise
         self.feed = snapshot.feed
         # what `running` has yet to ask about: all, if either read cannot say
         self._moved = None if self._moved is None or snapshot.moved is None \

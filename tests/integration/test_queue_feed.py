@@ -228,3 +228,25 @@ def test_a_first_read_before_any_job_changed(store: Store) -> None:
     held: dict[str, tuple[str, QueuedJob]] = {}
     again = read(store, held, first.feed)
     assert again.records_asked == 1 and set(held) == {"alice~a"}
+
+
+def test_a_snapshot_that_failed_after_another_replicas_pass_is_followed_by_a_full_read(
+        redis_server: str, store: Store, scheduler: Scheduler,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for job_id in JOBS:
+        submit_job(store, "alice", config(job_id.split("~")[1]))
+    settings = Settings(redis_url=redis_server, node_lost_seconds=30)
+    other = Scheduler(settings, store, Messenger(make_celery(settings)))
+    scheduler.reader.snapshot()
+    other.reader.snapshot()  # the other replica passes (and may write what the feed misses)
+    parse = nodes._queued_jobs
+
+    def fails(*args: Any) -> Any:  # after the marker was read and overwritten
+        raise ConnectionError("lost between the snapshot's round trips")
+
+    monkeypatch.setattr(nodes, "_queued_jobs", fails)
+    with pytest.raises(ConnectionError):
+        scheduler.reader.snapshot()
+    monkeypatch.setattr(nodes, "_queued_jobs", parse)
+    assert store.r.get(keys.LAST_PASSER) == scheduler.reader.name
+    assert scheduler.reader.snapshot().records_asked == 3
