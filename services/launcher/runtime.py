@@ -43,10 +43,10 @@ NAME_CONFLICT = 409
 NO_NEW_PRIVILEGES = "no-new-privileges"
 # An exec's output is read in chunks of READ_BYTES, waking at least every
 # POLL_SECONDS to check its deadline; its exit code is waited for at most
-# EXIT_WAIT_SECONDS after its output ends (or after it was killed).
+# shared/node/execs.py's EXIT_WAIT_SECONDS after its output ends (or after it
+# was killed).
 READ_BYTES = 64 * 1024
 POLL_SECONDS = 1.0
-EXIT_WAIT_SECONDS = 5.0
 MAX_KILLED = 4096  # processes one timed-out exec may have started (the pids limit's default)
 
 
@@ -325,8 +325,8 @@ class DockerRuntime:
 
     def exit_code(self, exec_id: str) -> int | None:
         """The exec's exit code once Docker has it (it follows the end of the
-        output closely); None if it does not within EXIT_WAIT_SECONDS."""
-        return node_execs.exit_code(self.client.api, exec_id, EXIT_WAIT_SECONDS)
+        output closely); None if it does not within node_execs.EXIT_WAIT_SECONDS."""
+        return node_execs.exit_code(self.client.api, exec_id)
 
     def _kill_exec(self, exec_id: str) -> None:
         """SIGKILL the exec'd process and what it started. Docker has no call

@@ -40,8 +40,8 @@ MAX_CACHED_SPECS = 100_000
 MAX_CACHED_ASKS = 100_000  # distinct texts; jobs submitted alike share one
 # What the caches may hold of gone jobs before they are pruned to the live ones
 PRUNE_SLACK = 1_000
-# Every queued record is asked about at least this often, not only those the
-# feed of job changes names (`PassReader.snapshot`)
+# Every queued and placed record is asked about at least this often, not only
+# those the feed of job changes names (`PassReader.snapshot`)
 FULL_READ_SECONDS = 30.0
 # Attained service counts a job's last this many ended attempts (a job retried
 # more often is in the last LAS queue long before)
@@ -68,13 +68,13 @@ class PassReader:
         self.nodes: dict[str, Node] = {}  # a node record's stored text -> it, parsed
         self.jobs: dict[str, tuple[str, QueuedJob]] = {}  # queued: stamp, record (_queued_jobs)
         # where the queue was read in the feed of job changes, and when every
-        # queued record was last asked about (`snapshot`)
+        # queued and placed record was last asked about (`snapshot`)
         self.feed: FeedPosition | None = None
-        # this reader among the scheduler replicas (`Store.snapshot`'s passer)
-        self.name = uuid.uuid4().hex
+        self._full_read_at = -FULL_READ_SECONDS
         # what the feed named since `running` last read (None: it cannot say)
         self._moved: frozenset[str] | None = None
-        self._full_read_at = -FULL_READ_SECONDS
+        # this reader among the scheduler replicas (`Store.snapshot`'s passer)
+        self.name = uuid.uuid4().hex
         self._specs_used: set[tuple[str, int]] = set()  # the specs this pass needed
         self._asks_used: set[str] = set()  # the asks' texts this pass needed
         # job id -> (stamp, fields, RunningJob): the running jobs of the last
@@ -296,15 +296,14 @@ class PassReader:
                 held.setdefault(alloc.job_id, []).append(alloc)
         ids = sorted(held)
         known, self._running, moved = self._running, {}, self._moved
-        asked = ids if moved is None else \
-            [job_id for job_id in ids if job_id not in known or job_id in moved]
+        # a record not asked about is the one held, as one whose stamp held
+        asking = [moved is None or job_id not in known or job_id in moved for job_id in ids]
+        asked = [job_id for job_id, ask in zip(ids, asking, strict=True) if ask]
         stamps = [known[job_id][0] if job_id in known else "" for job_id in asked]
         answers = iter(self.store.read_stamped_fields([keys.job(job_id) for job_id in asked],
                                                       stamps, RUNNING_FIELDS))
         self._moved = frozenset()  # read up to the snapshot's position
-        # a record not asked about is the one held, as one whose stamp held
-        read = [next(answers) if moved is None or job_id not in known or job_id in moved
-                else None for job_id in ids]
+        read = [next(answers) if ask else None for ask in asking]
         live: list[tuple[str, str, list[str | None], RunningJob | None]] = []
         for job_id, got in zip(ids, read, strict=True):
             stamp, values, before = known[job_id] if got is None else (*got, None)

@@ -52,10 +52,10 @@ class QueuedJob:
                    reason or "", waiting or "", ask or "")
 
 
-# The job record's fields a pass reads for a queued job, in QueuedJob's order
 # A pass's snapshot reads at most this many entries of the feed of job
 # changes; past it, asking about every queued record costs less.
 FEED_READ = 10_000
+# The job record's fields a pass reads for a queued job, in QueuedJob's order
 QUEUED_FIELDS = ("state", "version", "queue_seq", "attempt", "retry_after_ms",
                  "waiting_reason", "waiting", ASK_FIELD)
 
@@ -223,12 +223,15 @@ class NodesMixin(StoreCore):
             *last = pipe.execute()
         changes = changes_of(reply)
         moved: set[str] | None = None  # None: ask about every queued record
+        alone = not passer or last == [passer]  # no other replica passed since
         if feed is not None and changes.missed(feed.added) == 0 \
-                and len(changes.entries) < FEED_READ and last in ([], [passer]):
+                and len(changes.entries) < FEED_READ and alone:
             moved = {job_id for _, job_id, _ in changes.entries}
             for job_id in moved:  # queued now or not: an entry is read once
                 jobs_known.pop(job_id, None)
-        asked = queued if moved is None else [i for i in queued if i not in jobs_known]
+        # a record not asked about is the one held, as one whose stamp held
+        asking = [moved is None or i not in jobs_known for i in queued]
+        asked = [i for i, ask in zip(queued, asking, strict=True) if ask]
         beats = {n: int(s) for n, s in beats_list}
         vc_names = sorted(vc_names)
         pipe = self.r.pipeline(transaction=False)
@@ -263,9 +266,7 @@ class NodesMixin(StoreCore):
             Outage.from_fields(outage), int(seconds) * 1000 + int(micros) // 1000)
         answers = iter([None if values == 0 else values
                         for chunk in replies[at:] for values in chunk])
-        # a record not asked about is the one held, as one whose stamp held
-        records = [next(answers) if moved is None or i not in jobs_known else None
-                   for i in queued]
+        records = [next(answers) if ask else None for ask in asking]
         parsed = {} if known is None else known
         allocations = {node.name: [_allocation(text, parsed) for text in held[node.name].values()]
                        for node in nodes}
