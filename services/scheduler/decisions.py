@@ -94,14 +94,16 @@ class RunningJob:
     # Being preempted already: for whom, and when its grace period ends
     preempted_by: str = ""
     preempt_deadline_ms: int | None = None
+    # what its allocations hold, counted once: a pass weighs every running
+    # job's GPUs several times, and a job that did not move keeps its object
+    gpus: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", sum(len(a.gpus) for a in self.allocations))
 
     def served_ms(self, now_ms: int) -> int:
         """The GPU time this attempt has had so far (GPUs x milliseconds)."""
         return self.gpus * max(0, now_ms - self.started_ms)
-
-    @property
-    def gpus(self) -> int:
-        return sum(len(a.gpus) for a in self.allocations)
 
 
 @dataclass(frozen=True)

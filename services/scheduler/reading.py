@@ -304,36 +304,46 @@ class PassReader:
                                                       stamps, RUNNING_FIELDS))
         self._moved = frozenset()  # read up to the snapshot's position
         read = [next(answers) if ask else None for ask in asking]
-        live: list[tuple[str, str, list[str | None], RunningJob | None]] = []
+        # (id, stamp, fields, its allocations, the last pass's RunningJob if it holds)
+        live: list[tuple[str, str, list[str | None], tuple[Allocation, ...],
+                         RunningJob | None]] = []
         for job_id, got in zip(ids, read, strict=True):
             stamp, values, before = known[job_id] if got is None else (*got, None)
-            state, attempt = values[0], values[1]
-            if state in LIVE_JOB_STATES and attempt is not None:
-                live.append((job_id, stamp, values, before))
+            if values[0] not in LIVE_JOB_STATES or values[1] is None:
+                continue
+            mine = tuple(held[job_id])
+            if before is None or mine != before.allocations:
+                attempt = int(values[1] or 0)
+                mine = tuple(a for a in mine if a.attempt == attempt)
+                if not mine:
+                    continue  # an old attempt's: the sweep releases it
+                if before is not None and before.allocations != mine:
+                    before = None
+            live.append((job_id, stamp, values, mine, before))
         asks = self._asks_of([(job_id, int(values[2] or 0), values[-1])
-                              for job_id, _, values, _ in live])
+                              for job_id, _, values, _, before in live if before is None])
         running = []
-        for job_id, stamp, values, before in live:
-            (_, attempt, _, vc, priority, mode, started, created, preempted_by,
-             deadline, _) = values
-            mine = tuple(a for a in held[job_id] if a.attempt == int(attempt or 0))
-            if not mine:
-                continue  # an old attempt's: the sweep releases it
-            job = before if before is not None and before.allocations == mine else None
+        for job_id, stamp, values, mine, job in live:
             if job is None:
-                ask = asks.get(job_id)
-                job = RunningJob(
-                    job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
-                    mode=mode or BORROWED, started_ms=int(started or created or 0),
-                    allocations=mine, attempt=int(attempt or 0),
-                    grace_ms=self.settings.preemption_grace_ms(
-                        ask.grace_seconds if ask is not None else None),
-                    preempted_by=preempted_by or "",
-                    preempt_deadline_ms=int(deadline) if deadline else None)
+                job = self._running_job(job_id, values, mine, asks.get(job_id))
             if stamp:
                 self._running[job_id] = (stamp, values, job)
             running.append(job)
         return running
+
+    def _running_job(self, job_id: str, values: list[str | None],
+                     allocations: tuple[Allocation, ...], ask: Ask | None) -> RunningJob:
+        """A placed job as the policy weighs it, from its record's RUNNING_FIELDS."""
+        (_, attempt, _, vc, priority, mode, started, created, preempted_by,
+         deadline, _) = values
+        return RunningJob(
+            job_id=job_id, vc=vc or "default", priority=PriorityClass.parse(priority),
+            mode=mode or BORROWED, started_ms=int(started or created or 0),
+            allocations=allocations, attempt=int(attempt or 0),
+            grace_ms=self.settings.preemption_grace_ms(
+                ask.grace_seconds if ask is not None else None),
+            preempted_by=preempted_by or "",
+            preempt_deadline_ms=int(deadline) if deadline else None)
 
     def forget_gone(self, queue: list[JobRequest]) -> None:
         """Drop what the caches keep of jobs no longer queued or placed (ended,
