@@ -127,10 +127,21 @@ class JobRequest:
 
 
 def job_request(job_id: str, version: int, attempt: int, ask: Ask,
-                seq: int = 0, waiting: Collection[str] | None = None) -> JobRequest:
+                seq: int = 0, waiting: Collection[str] | None = None,
+                like: JobRequest | None = None) -> JobRequest:
     """The job's request, from what it asks (shared/domain/asks.py); `waiting`
     (task keys), for a job without gang allocation that is partly placed:
-    only those tasks are asked for."""
+    only those tasks are asked for. `like`: a request made of the same ask
+    with no `waiting`, whose tasks (immutable) and what it worked out of them
+    the new one shares: a long queue of jobs submitted alike makes each
+    task and shape once."""
+    if like is not None and waiting is None:
+        request = JobRequest(job_id, version, attempt, like.tasks, like.vc, like.priority,
+                             seq, like.gpu_type, like.gang)
+        derived = request.__dict__
+        derived["_gpus"], derived["_shape"], derived["_fit_key"] = \
+            like.gpus, like.shape, like.fit_key
+        return request
     tasks = tuple(
         TaskRequest(
             role=role.name, index=i, cpus=role.cpus, memory_mb=role.memory_mb,

@@ -194,6 +194,9 @@ class PassReader:
         known, self._requests = self._requests, {}
         self._without_config(jobs, asks, known)
         waiting = self._waiting_tasks(jobs, asks, known)
+        # id(ask) -> a request made of it this pass, whose tasks and shapes the
+        # next made of it share (`job_request`'s like; the asks outlive the pass)
+        alike: dict[int, JobRequest] = {}
         for job in jobs:
             ask = asks.get(job.id)
             if ask is None or (ask.gang and job.state != JobState.WAITING) \
@@ -202,9 +205,13 @@ class PassReader:
                 continue
             key = (job.queue_seq, job.version, job.attempt)
             cached = known.get(job.id)
-            request = cached[1] if cached is not None and cached[0] == key \
-                else job_request(job.id, job.version, job.attempt, ask, job.queue_seq,
-                                 waiting.get(job.id))
+            if cached is not None and cached[0] == key:
+                request = cached[1]
+            else:
+                request = job_request(job.id, job.version, job.attempt, ask, job.queue_seq,
+                                      waiting.get(job.id), like=alike.get(id(ask)))
+                if job.id not in waiting:
+                    alike.setdefault(id(ask), request)
             self._requests[job.id] = (key, request)
             requests.append(request)
             records[job.id] = job

@@ -41,6 +41,20 @@ def test_the_text_on_the_record_reads_back_as_the_configs_ask(extra: dict[str, A
     assert job_request("alice~j", 3, 1, read, 7) == job_request("alice~j", 3, 1, asked, 7)
 
 
+@pytest.mark.parametrize("extra", CONFIGS)
+def test_a_request_made_like_another_of_its_ask_is_the_one_made_alone(
+        extra: dict[str, Any]) -> None:
+    ask = Ask.of(spec(**extra))
+    first = job_request("alice~a", 1, 0, ask, 3)
+    alone = job_request("bob~b", 5, 2, ask, 9)
+    shared = job_request("bob~b", 5, 2, ask, 9, like=first)
+    assert shared == alone and shared.tasks is first.tasks
+    assert (shared.gpus, shared.shape, shared.fit_key) == (alone.gpus, alone.shape, alone.fit_key)
+    # a partly placed job asks for its waiting tasks only, whatever it is like
+    some = job_request("bob~b", 5, 2, ask, 9, waiting={"main:1"}, like=first)
+    assert some == job_request("bob~b", 5, 2, ask, 9, waiting={"main:1"}) != alone
+
+
 def test_an_ssh_job_asks_each_role_for_its_ssh_port_and_says_its_grace() -> None:
     ask = Ask.of(spec(**CONFIGS[4]))
     assert ask.roles[0].ports == (("ssh", 0, 1),) and ask.grace_seconds == 45
