@@ -50,7 +50,7 @@ import re
 import select
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -69,6 +69,9 @@ log = logging.getLogger(__name__)
 READ_BYTES = 64 * 1024
 # Without inotify (its limits reached), how often the file's end is looked at.
 POLL_SECONDS = 0.05
+# inotify instances kept for the next log files (`_Inotify`): about as many as a
+# node's logs followed at once, well under the kernel's 128 a user by default
+MAX_IDLE_INOTIFY = 16
 # inotify(7): what changes the file, or moves it away.
 _IN_MODIFY, _IN_ATTRIB, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x2, 0x4, 0x400, 0x800
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
@@ -193,12 +196,25 @@ class EntryLines:
 
 
 class _Inotify:
-    """One inotify watch on a file, and a pipe to wake its waiter."""
+    """inotify watches on one file at a time, and a pipe to wake its waiter.
+
+    Instances are kept for the next file (`take`, `release`), not closed:
+    closing an inotify instance waits out the kernel's grace period
+    (fsnotify's `synchronize_srcu`), 13 ms at the median and up to 30 on a
+    busy node, and that close ended every task's log, on the way from its
+    container's exit to the exit recorded (docs/performance-log.md,
+    2026-11-30). Dropping a watch does not wait. What a reused instance may
+    still hold of its last file (an event, a late wake) only wakes its new
+    waiter once for nothing: the waiter reads the file again."""
 
     _libc: Any = None
+    _idle: ClassVar[list[_Inotify]] = []  # released, for the next file
+    _idle_lock = threading.Lock()
 
     def __init__(self) -> None:
         self._fd = -1
+        self._watches: list[int] = []
+        self._held = True  # by one log, until it releases it
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._lock = threading.Lock()  # a late wake never writes to a closed (reused) fd
         libc = self._load()
@@ -208,6 +224,17 @@ class _Inotify:
                 log.warning("no inotify (%s): log files are looked at every %.0f ms",
                             os.strerror(ctypes.get_errno()), POLL_SECONDS * 1000)
             self._fd = fd
+
+    @classmethod
+    def take(cls) -> _Inotify:
+        """One released before, else a new one."""
+        with cls._idle_lock:
+            notify = cls._idle.pop() if cls._idle else None
+        if notify is None:
+            return cls()
+        notify._held = True
+        notify._drain()
+        return notify
 
     @classmethod
     def _load(cls) -> Any:
@@ -221,9 +248,13 @@ class _Inotify:
 
     def watch(self, path: str) -> None:
         """Watch `path` (the file now there; a renamed one is dropped by the kernel)."""
-        if self._fd >= 0 and self._libc.inotify_add_watch(self._fd, os.fsencode(path),
-                                                          _WATCHED) < 0:
+        if self._fd < 0:
+            return
+        watch = self._libc.inotify_add_watch(self._fd, os.fsencode(path), _WATCHED)
+        if watch < 0:
             log.debug("cannot watch %s: %s", path, os.strerror(ctypes.get_errno()))
+        elif watch not in self._watches:
+            self._watches.append(watch)
 
     def wait(self) -> None:
         """Until the file changes or `wake()`; a poll's period without inotify."""
@@ -232,6 +263,9 @@ class _Inotify:
         if self._fd >= 0:
             poller.register(self._fd, select.POLLIN)
         poller.poll(None if self._fd >= 0 else POLL_SECONDS * 1000)
+        self._drain()
+
+    def _drain(self) -> None:
         for fd in (self._fd, self._wake_r):
             if fd >= 0:
                 with contextlib.suppress(BlockingIOError):
@@ -242,6 +276,22 @@ class _Inotify:
         with self._lock, contextlib.suppress(OSError):  # BlockingIOError: woken already
             if self._wake_w >= 0:
                 os.write(self._wake_w, b"x")
+
+    def release(self) -> None:
+        """Done with its file: its watches dropped, kept for the next file
+        (closed once MAX_IDLE_INOTIFY wait already). Once only: a second
+        release would hand it to two logs."""
+        if not self._held:
+            return
+        self._held = False
+        for watch in self._watches:  # one the kernel dropped (file gone) fails: fine
+            self._libc.inotify_rm_watch(self._fd, watch)
+        self._watches = []
+        with _Inotify._idle_lock:
+            if self._wake_w >= 0 and len(_Inotify._idle) < MAX_IDLE_INOTIFY:
+                _Inotify._idle.append(self)
+                return
+        self.close()
 
     def close(self) -> None:
         with self._lock:
@@ -269,12 +319,12 @@ class JsonFileLog:
         self._skip_before_ns = skip_before_ns
         self.ended = False
         self._closed = False
-        self._notify = _Inotify()
+        self._notify = _Inotify.take()
         self._notify.watch(path)  # before the first read: no change goes unseen
         try:
             self._file = open(path, "rb")  # noqa: SIM115 (kept open across reads, closed at the end)
         except OSError:
-            self._notify.close()
+            self._notify.release()
             raise
 
     def __iter__(self) -> Iterator[StampedLines]:
@@ -366,7 +416,7 @@ class JsonFileLog:
     def _release(self) -> None:
         with contextlib.suppress(OSError):
             self._file.close()
-        self._notify.close()
+        self._notify.release()
 
 
 class EngineLogFiles:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from services.monitor.enginefiles import (
     READ_BYTES,
     EntryLines,
     JsonFileLog,
+    _Inotify,
     engine_folder,
 )
 from services.monitor.loglines import (
@@ -177,6 +179,51 @@ def test_a_closed_log_stops_without_having_ended(tmp_path: Path) -> None:
     log.close()
     assert chunks.get(timeout=WAIT_SECONDS) is None
     assert not log.ended
+
+
+def test_a_log_that_ended_leaves_its_inotify_to_the_next_which_sees_its_own_file(
+        tmp_path: Path) -> None:
+    """Closing an inotify instance waits for the kernel's grace period, on
+    the way from a container's exit to its exit recorded: it is reused."""
+    first, second = tmp_path / "a-json.log", tmp_path / "b-json.log"
+    first.write_bytes(entry(1))
+    second.write_bytes(entry(2))
+    done = threading.Event()
+    done.set()
+    ended = JsonFileLog(str(first), done)
+    notify = ended._notify
+    assert read_all(ended) == lines_of(1)
+    exited = threading.Event()
+    log = JsonFileLog(str(second), exited)
+    assert log._notify is notify
+    chunks = _reader(log)
+    assert pairs(chunks.get(timeout=WAIT_SECONDS)) == lines_of(2)
+    with second.open("ab") as file:  # seen by inotify: the reader waits with no timeout
+        file.write(entry(3))
+    assert pairs(chunks.get(timeout=WAIT_SECONDS)) == lines_of(3)
+    exited.set()
+    log.wake()
+    assert chunks.get(timeout=WAIT_SECONDS) is None
+
+
+def test_a_released_inotify_watches_nothing_and_is_kept_once(tmp_path: Path) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.touch()
+    new.touch()
+    notify = _Inotify.take()
+    notify.watch(str(old))
+    notify.release()
+    notify.release()  # a second release must not hand it to two logs
+    assert _Inotify._idle.count(notify) == 1
+    assert _Inotify.take() is notify
+    notify.watch(str(new))
+    poller = select.poll()
+    poller.register(notify._fd, select.POLLIN)
+    old.write_bytes(b"x")
+    assert poller.poll(0) == []  # the old file's watch went with its log
+    new.write_bytes(b"x")
+    assert poller.poll(0) != []
+    notify.release()
 
 
 def test_a_resumed_read_passes_over_what_is_older_than_its_cursor(tmp_path: Path) -> None:
