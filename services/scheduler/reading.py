@@ -357,11 +357,20 @@ class PassReader:
         deleted, or submitted again: a new submission has a new queue_seq),
         once they hold more of those than of live ones, so a long-running
         scheduler holds about what its cluster and queue hold."""
+        # A placed job kept from the pass before was not asked what it asks
+        # (`running`): what it asks is added to what this pass used, only
+        # when a cache is large enough to be pruned at all.
         if len(self.specs) > 2 * len(self._specs_used) + PRUNE_SLACK:
-            self.specs = {k: v for k, v in self.specs.items() if k in self._specs_used}
+            used = self._specs_used | {
+                (job_id, int(values[2] or 0)) for job_id, (_, values, _) in self._running.items()
+                if not values[-1] or self.asks.get(values[-1]) is None}
+            if len(self.specs) > 2 * len(used) + PRUNE_SLACK:
+                self.specs = {k: v for k, v in self.specs.items() if k in used}
         self._specs_used = set()
         if len(self.asks) > 2 * len(self._asks_used) + PRUNE_SLACK:
-            self.asks = {k: v for k, v in self.asks.items() if k in self._asks_used}
+            texts = self._asks_used | {values[-1] for _, values, _ in self._running.values()}
+            if len(self.asks) > 2 * len(texts) + PRUNE_SLACK:
+                self.asks = {k: v for k, v in self.asks.items() if k in texts}
         self._asks_used = set()
         if len(self._attained) > 2 * len(queue) + PRUNE_SLACK:
             wanted = {(q.job_id, q.seq, q.attempt) for q in queue}
