@@ -47,12 +47,6 @@ class TaskLog:
     index: int
 
 
-def stream_position(entry_id: str) -> tuple[int, int]:
-    """A Redis stream id as a comparable (ms, seq)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
 @dataclass
 class Feed:
     """The lines read so far: (entry id, frame), with the absolute position of the first."""

@@ -18,13 +18,13 @@ from services.api.auth import current_user
 from services.api.errors import ApiError
 from services.api.follows import RENEW_SECONDS, Follows, follows_of
 from services.api.jobs import task_asked
-from services.api.loghub import TaskLog, stream_position
+from services.api.loghub import TaskLog
 from services.api.platform import platform
 from services.api.queries import TaskLogQuerySchema, takes_query
 from services.api.schemas import MAX_TAIL
 from shared.domain.models import Job
 from shared.domain.storage import task_log_parts
-from shared.state import logfiles
+from shared.state import logfiles, logstream
 
 bp = Blueprint("tasklogs", __name__, url_prefix="/api/v1")
 
@@ -53,13 +53,11 @@ def task_log(username: str, name: str, role: str, index: int) -> Response:
     if query["follow"]:
         resume = request.headers.get("Last-Event-ID") or None
         if resume is not None and sse.parse_stream_id(resume) is None:
-            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
+            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 0-1234")
         return _follow_response(job.id, attempt, role, index, tail, resume)
-    lines = platform().store.read_log(job.id, attempt, role, index, tail=tail)
+    text = platform().store.tail_text(job.id, attempt, role, index, tail)
     marker = _dropped_marker(job.id, attempt, role, index, tail)
-    text = "".join(line + "\n" for line in ([marker] if marker else [])
-                   + [line for _, line in lines])
-    return Response(text, mimetype="text/plain")
+    return Response(marker + "\n" + text if marker else text, mimetype="text/plain")
 
 
 def _filed_in(job: Job, attempt: int, role: str, index: int) -> str | None:
@@ -87,7 +85,7 @@ def _filed_log(log_dir: str, job_id: str, attempt: int, role: str, index: int,
             return Response(text, mimetype="text/plain")
         resume = request.headers.get("Last-Event-ID") or None
         if resume is not None and sse.parse_stream_id(resume) is None:
-            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 1700000-0")
+            raise ApiError("BadRequestError", "Last-Event-ID is a log line id like 0-1234")
         ms, _, number = (resume or "").partition("-")
         after = int(number) if resume is not None and int(ms) == 0 else None
         lines = list(itertools.islice(logfiles.numbered_tail(log_dir, parts, tail, after),
@@ -165,7 +163,7 @@ def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, 
                 yield sse.frame(marker)
             for entry_id, line in store.read_log(job_id, attempt, role, index, tail=tail):
                 sent = True
-                last = max(last, entry_id, key=stream_position)
+                last = max(last, entry_id, key=logstream.position)
                 yield sse.frame(line, event_id=entry_id)
         if not sent:  # the answer's headers leave with its first bytes: do not wait
             yield sse.comment("following")
@@ -195,7 +193,7 @@ def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, 
                 frames = [(entry_id, sse.frame(line, event_id=entry_id)) for entry_id, line
                           in store.read_log(job_id, attempt, role, index, after=last)]
             for entry_id, frame in frames + batch:
-                if stream_position(entry_id) > stream_position(last):
+                if logstream.position(entry_id) > logstream.position(last):
                     last = entry_id
                     quiet_since = time.monotonic()
                     yield frame

@@ -57,8 +57,9 @@ from shared.domain.checkpoints import PREFIX as CHECKPOINT_PREFIX
 from shared.domain.checkpoints import last_checkpoint_step
 from shared.node.containers import TaskRef
 from shared.node.engine import BROKEN_STREAM_ERRORS, EngineCalls
-from shared.state import checkpoints, keys, scripts
+from shared.state import checkpoints, keys, logstream
 from shared.state.store import Store
+from shared.state.store.logs import queue_append
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,6 @@ FLUSH_LINES = 500
 # How many full batches a shipper leaves to the flusher before it writes
 # them itself: its reads go on while Redis appends, and stop if Redis cannot.
 BACKLOG_BATCHES = 4
-# A log entry's fields: the line (as Store.append_log writes it) and the cursor.
-LINE_FIELD = "l"
-CURSOR_FIELD = "c"
 # Entries written by others (no cursor) that may sit after the last shipped one.
 _CURSOR_LOOKBACK = 16
 _STOP_WAIT_SECONDS = 2.0
@@ -94,13 +92,9 @@ def append_log_entries(r: Any, ref: TaskRef, lines: Sequence[str], max_lines: in
         return
     key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
     pipe = r.pipeline(transaction=False)
-    text = "\n".join(lines)
-    # Encoded here, so that no text (a lone surrogate) can fail redis-py's encoding.
-    scripts.run(pipe, scripts.APPEND_LOG_LINES, [key],
-                [max_lines, LINE_FIELD, CURSOR_FIELD,
-                 cursor.encode() if cursor is not None else "",
-                 text.encode("utf-8", "replace")])
-    step = last_checkpoint_step(lines) if CHECKPOINT_PREFIX in text else None
+    texts = queue_append(pipe, key, lines, max_lines,
+                         cursor.encode() if cursor is not None else "")
+    step = last_checkpoint_step(lines) if any(CHECKPOINT_PREFIX in t for t in texts) else None
     if step is not None:
         checkpoints.record_step(pipe, ref.job_id, ref.attempt, step)
     pipe.execute()
@@ -110,7 +104,7 @@ def read_log_cursor(r: Any, ref: TaskRef) -> LogCursor | None:
     """How far shipping got for this task: the cursor of its newest shipped line."""
     key = keys.task_log(ref.job_id, ref.attempt, ref.role, ref.index)
     for _entry_id, fields in r.xrevrange(key, count=_CURSOR_LOOKBACK):
-        cursor = LogCursor.decode(fields.get(CURSOR_FIELD))
+        cursor = LogCursor.decode(fields.get(logstream.CURSOR_FIELD))
         if cursor is not None:
             return cursor
     return None

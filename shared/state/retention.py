@@ -50,7 +50,7 @@ from shared.domain.models import Attempt, Job
 from shared.domain.states import JobState
 from shared.infra.clock import now_ms
 from shared.infra.config import Settings
-from shared.state import jobfeed, keys, logfiles, usage
+from shared.state import jobfeed, keys, logfiles, logstream, usage
 from shared.state.store import Pipe, Reader, Store
 
 log = logging.getLogger(__name__)
@@ -224,9 +224,8 @@ def _file_log(reader: Reader, log_dir: str, job_id: str, attempt: int, role: str
         info = reader.xinfo_stream(key)
     except redis.ResponseError:  # no stream: nothing was shipped, or it is filed already
         return True
-    kept = int(info["length"])
-    added = max(kept, int(info.get("entries-added") or kept))
-    lines = [fields.get("l", "") for _id, fields in reader.xrange(key)]
+    _kept, added = logstream.extent(info)
+    lines = [line for _id, line in logstream.lines_after(reader.xrange(key))]
     try:
         logfiles.make_whole(log_dir, job_id, attempt, role, index, lines, added, group)
     except OSError as error:

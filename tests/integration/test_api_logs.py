@@ -62,7 +62,7 @@ def test_a_log_within_its_bound_has_no_marker(client: FlaskClient,
 def test_a_tail_past_what_is_kept_starts_with_the_marker(client: FlaskClient,
                                                          redis_client: redis.Redis) -> None:
     ship(redis_client, 1, 1000)
-    kept = redis_client.xlen("pai:log:root~logs:0:main:0")
+    kept, _added = Store(redis_client).log_extent(JOB, 0, "main", 0)
 
     text = lines(client, tail="100000")
 
@@ -80,8 +80,9 @@ def test_a_tail_within_what_is_kept_is_exact_and_unmarked(client: FlaskClient,
 
 def test_follow_starts_with_the_marker_then_the_lines_with_their_ids(
         client: FlaskClient, redis_client: redis.Redis) -> None:
-    ship(redis_client, 1, 500)
-    kept = redis_client.xlen("pai:log:root~logs:0:main:0")
+    ship(redis_client, 1, 250)
+    ship(redis_client, 251, 500)  # the entry of lines 1-250 goes: all are older than 100
+    kept, _added = Store(redis_client).log_extent(JOB, 0, "main", 0)
     stop = client.put("/api/v1/user/root/jobs/logs/executionType", json={"value": "STOP"})
     assert stop.status_code == 202  # the task is settled: the follow ends after the log
 
@@ -102,7 +103,11 @@ def test_the_extent_of_a_log_is_kept_and_ever_appended(client: FlaskClient,
     ship(redis_client, 1, 300)
 
     kept, added = store.log_extent(JOB, 0, "main", 0)
-    assert added == 300 and BOUND <= kept < 300
+    assert added == 300 and BOUND <= kept <= 300
+
+    ship(redis_client, 301, 600)  # one entry of 300: the one before it goes
+
+    assert store.log_extent(JOB, 0, "main", 0) == (300, 600)
 
 
 def test_a_tail_of_zero_is_empty_and_a_follow_from_zero_starts_at_the_end(

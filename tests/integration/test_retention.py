@@ -156,6 +156,25 @@ def test_a_follow_of_a_filed_log_resumes_after_the_line_it_saw(
         [f"data: line {n} of {job_id}" for n in (28, 29, 30)]
 
 
+def test_a_live_logs_line_ids_are_its_filed_line_numbers_so_a_resume_crosses_the_move(
+        client: FlaskClient, store: Store, settings: Settings) -> None:
+    job_id = finished(client, store, settings, "moved", lines=30)
+
+    def ids() -> list[str]:
+        body = client.get(log_url(job_id), query_string={"follow": "1", "tail": "5"})
+        return [f for f in body.get_data(as_text=True).split("\n") if f.startswith("id: ")]
+
+    live = ids()
+    assert live == [f"id: 0-{n}" for n in range(26, 31)]
+    compact_all(store, settings)
+    assert ids() == live
+
+    resumed = client.get(log_url(job_id), query_string={"follow": "1"},
+                         headers={"Last-Event-ID": "0-27"}).get_data(as_text=True)
+    assert [line for line in resumed.split("\n") if line.startswith("data: line")] == \
+        [f"data: line {n} of {job_id}" for n in (28, 29, 30)]
+
+
 def test_a_log_whose_file_missed_a_batch_is_made_whole_before_its_stream_goes(
         client: FlaskClient, store: Store, settings: Settings) -> None:
     """The monitor was killed between a batch's two writes: the file lacks it."""
@@ -354,7 +373,7 @@ def test_a_deleted_compacted_job_leaves_no_key_and_its_name_starts_afresh(
         client: FlaskClient, store: Store, settings: Settings) -> None:
     job_id = finished(client, store, settings, "again")
     compact_all(store, settings)
-    store.r.xadd(keys.task_log(job_id, 0, "main", 0), {"l": "a line shipped late"})
+    store.append_log(job_id, 0, "main", 0, ["a line shipped late"], BOUND)
 
     assert client.delete("/api/v1/user/root/jobs/again").status_code == 200
 
@@ -417,7 +436,7 @@ def test_a_sweep_that_died_after_filing_a_log_files_it_once(
     job_id = submit(client, "half")
     ship(store, settings, job_id, 1, 100, to_file=False)
     request_stop(store, job_id)
-    lines = [f["l"] for _i, f in store.r.xrange(keys.task_log(job_id, 0, "main", 0))]
+    lines = [line for _id, line in store.read_log(job_id, 0, "main", 0)]
     logfiles.make_whole(settings.task_log_dir or "", job_id, 0, "main", 0, lines, 100)
 
     compact_all(store, settings)

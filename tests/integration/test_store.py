@@ -587,7 +587,27 @@ def test_log_is_bounded_about_max_lines(
     written = [f"line {i}" for i in range(max_lines * 10)]
     for start in range(0, len(written), 250):
         store.append_log(JOB, 0, "worker", 0, written[start:start + 250], max_lines=max_lines)
-    length = redis_client.xlen(keys.task_log(JOB, 0, "worker", 0))
-    assert max_lines <= length <= max_lines * 2  # XADD MAXLEN ~ trims by whole nodes
-    kept = [line for _, line in store.read_log(JOB, 0, "worker", 0)]
-    assert kept == written[-len(kept):]  # the newest lines are the ones kept
+    kept, added = store.log_extent(JOB, 0, "worker", 0)
+    assert added == len(written)
+    assert max_lines <= kept < max_lines + 250  # whole entries go, 250 lines each here
+    read = [line for _, line in store.read_log(JOB, 0, "worker", 0)]
+    assert read == written[-kept:]  # the newest lines are the ones kept, and counted
+
+
+@pytest.mark.parametrize("tail", [0, 1, 99, 100, 101, 550, 1234, 5000])
+def test_a_tail_as_text_is_the_last_lines_read_one_by_one(store: Store, tail: int) -> None:
+    written = [f"line {i}" for i in range(1, 1235)]
+    for start in range(0, len(written), 100):
+        store.append_log(JOB, 0, "worker", 0, written[start:start + 100], max_lines=100_000)
+    lines = [line for _, line in store.read_log(JOB, 0, "worker", 0, tail=tail)]
+    assert lines == (written[-tail:] if tail else [])
+    assert store.tail_text(JOB, 0, "worker", 0, tail) == "".join(f"{line}\n" for line in lines)
+
+
+def test_a_tail_of_a_legacy_stream_reads_its_entry_a_line(
+        store: Store, redis_client: redis.Redis) -> None:
+    for n in range(1, 6):
+        redis_client.xadd(keys.task_log(JOB, 0, "worker", 0), {"l": f"old {n}"})
+    assert store.tail_text(JOB, 0, "worker", 0, 2) == "old 4\nold 5\n"
+    assert [line for _, line in store.read_log(JOB, 0, "worker", 0, tail=2)] == ["old 4", "old 5"]
+    assert store.log_extent(JOB, 0, "worker", 0) == (5, 5)

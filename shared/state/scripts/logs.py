@@ -1,37 +1,56 @@
-"""Scripts of a task's log stream (services/monitor/logs.py)."""
+"""Scripts of a task's log stream (services/monitor/logs.py); its format is
+shared/state/logstream.py's."""
 
 from __future__ import annotations
 
 from shared.state.scripts import Script
 
-# A batch of shipped lines, sent as one text with a newline between two
-# lines (a line holds none: it was cut at them); each line becomes its own
-# entry, the last with the shipping cursor after it (none where the cursor is
-# empty); then the stream is cut back to about its bound. One command and one
-# argument for the batch: as 500 XADDs the monitor spent more time encoding
-# commands than Redis spent running them, and as an argument a line it still
-# spent a third of its shipping time encoding them.
+# A batch of lines, sent as one text with a newline between two lines (a line
+# holds none: it was cut at them), becomes one entry numbered by its last
+# line, the shipping cursor after it where there is one; then the entries
+# whose lines are all older than the newest `max lines` go (exactly: with
+# few entries a stream node, a node at a time would keep many more lines). A stream begun
+# in the format before (its newest id not `0-...`) goes on with an entry a
+# line, under the legacy field, cut back to about `max lines` entries.
+# Returns how many lines the batch held. The caller counts them: Lua's count
+# of a batch's newlines cost Redis more than the rest of the script.
 APPEND_LOG_LINES = Script(
     "append_log_lines",
     keys=("the task's log stream",),
-    args=("max lines", "line field", "cursor field", "the last line's cursor, or ''",
-          "the lines, joined by newlines"),
+    args=("max lines", "lines field", "legacy line field", "cursor field",
+          "the last line's cursor, or ''", "the lines, joined by newlines",
+          "how many lines the text holds (its newlines and one)"),
     source="""
-local key, line_field, cursor_field, cursor, text = KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local at, added = 1, 1
-while true do
-  local newline = string.find(text, '\\n', at, true)
-  if newline == nil then
-    break
+local key, max_lines = KEYS[1], tonumber(ARGV[1])
+local lines_field, legacy_field, cursor_field = ARGV[2], ARGV[3], ARGV[4]
+local cursor, text, added = ARGV[5], ARGV[6], tonumber(ARGV[7])
+local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+local extra = {}
+if cursor ~= '' then
+  extra = {cursor_field, cursor}
+end
+if newest ~= nil and string.sub(newest[1], 1, 2) ~= '0-' then
+  local at, added = 1, 1
+  while true do
+    local newline = string.find(text, '\\n', at, true)
+    if newline == nil then
+      break
+    end
+    redis.call('XADD', key, '*', legacy_field, string.sub(text, at, newline - 1))
+    at, added = newline + 1, added + 1
   end
-  redis.call('XADD', key, '*', line_field, string.sub(text, at, newline - 1))
-  at, added = newline + 1, added + 1
+  redis.call('XADD', key, '*', legacy_field, string.sub(text, at), unpack(extra))
+  redis.call('XTRIM', key, 'MAXLEN', '~', max_lines)
+  return added
 end
-if cursor == '' then
-  redis.call('XADD', key, '*', line_field, string.sub(text, at))
-else
-  redis.call('XADD', key, '*', line_field, string.sub(text, at), cursor_field, cursor)
+local last = 0
+if newest ~= nil then
+  last = tonumber(string.sub(newest[1], 3))
 end
-redis.call('XTRIM', key, 'MAXLEN', '~', ARGV[1])
+last = last + added
+redis.call('XADD', key, string.format('0-%d', last), lines_field, text, unpack(extra))
+if last > max_lines then
+  redis.call('XTRIM', key, 'MINID', string.format('0-%d', last - max_lines + 1))
+end
 return added
 """)

@@ -1,15 +1,34 @@
 """Task logs: one bounded stream per task of an attempt, appended by the
-monitor, read, tailed and followed by the API.
+monitor, read, tailed and followed by the API. The stream's format, an
+entry a batch of lines numbered by its last, is shared/state/logstream.py's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
-from shared.state import keys
+from shared.state import keys, logstream, scripts
 from shared.state.store import StoreCore
+
+
+def queue_append(pipe: Any, key: str, lines: Sequence[str], max_lines: int,
+                 cursor: str = "") -> list[str]:
+    """Queue on `pipe` the appending of `lines` to the log stream `key`, as
+    entries of at most logstream.ENTRY_LINES lines, the shipping `cursor` on
+    the last where one is given; the entries' texts. A line holding newlines
+    counts as the lines it holds. Texts are encoded here, so that no line (a
+    lone surrogate) can fail redis-py's encoding."""
+    step = logstream.ENTRY_LINES
+    texts = ["\n".join(lines[at:at + step]) for at in range(0, len(lines), step)]
+    for number, text in enumerate(texts, 1):
+        scripts.run(pipe, scripts.APPEND_LOG_LINES, [key],
+                    [max_lines, logstream.LINES_FIELD, logstream.LEGACY_LINE_FIELD,
+                     logstream.CURSOR_FIELD, cursor if number == len(texts) else "",
+                     text.encode("utf-8", "replace"), text.count("\n") + 1])
+    return texts
 
 
 class LogsMixin(StoreCore):
@@ -17,35 +36,58 @@ class LogsMixin(StoreCore):
 
     def append_log(self, job_id: str, attempt: int, role: str, index: int,
                    lines: Sequence[str], max_lines: int) -> None:
+        """Append lines as one entry (no shipping cursor): lines written by
+        the platform, not shipped from a container."""
         if not lines:
             return
-        key = keys.task_log(job_id, attempt, role, index)
         pipe = self.r.pipeline(transaction=False)
-        for line in lines:
-            pipe.xadd(key, {"l": line}, maxlen=max_lines, approximate=True)
+        queue_append(pipe, keys.task_log(job_id, attempt, role, index), lines, max_lines)
         pipe.execute()
 
     def read_log(self, job_id: str, attempt: int, role: str, index: int,
                  tail: int | None = None, after: str = "-") -> list[tuple[str, str]]:
-        """(entry id, line) pairs: the last `tail` lines, or those after an id."""
+        """(line id, line) pairs: the last `tail` lines, or those after a line's id."""
         key = keys.task_log(job_id, attempt, role, index)
-        if tail is not None:
-            if tail <= 0:  # Redis refuses COUNT 0: nothing is asked for
-                return []
-            entries = list(reversed(self.r.xrevrange(key, count=tail)))
-        else:
-            start = "-" if after == "-" else f"({after}"
-            entries = self.r.xrange(key, min=start)
-        return [(entry_id, fields.get("l", "")) for entry_id, fields in entries]
+        if tail is None:
+            if after == "-":
+                return logstream.lines_after(self.r.xrange(key))
+            return logstream.lines_after(self.r.xrange(key, min=f"({after}"), after)
+        if tail <= 0:  # Redis refuses COUNT 0: nothing is asked for
+            return []
+        newest = self.r.xrevrange(key, count=1)
+        if not newest:
+            return []
+        if logstream.is_legacy(newest[0]):
+            return logstream.lines_after(reversed(self.r.xrevrange(key, count=tail)))
+        before = logstream.last_number(newest[0]) - tail
+        if before <= 0:
+            return logstream.lines_after(self.r.xrange(key))[-tail:]
+        since = logstream.line_id(before)
+        # Lines appended since the newest entry was read are read too: the last `tail`.
+        return logstream.lines_after(self.r.xrange(key, min=f"({since}"), since)[-tail:]
+
+    def tail_text(self, job_id: str, attempt: int, role: str, index: int, tail: int) -> str:
+        """The last `tail` lines as one text, each ending in a newline."""
+        key = keys.task_log(job_id, attempt, role, index)
+        newest = self.r.xrevrange(key, count=1) if tail > 0 else []
+        if not newest or logstream.is_legacy(newest[0]):
+            return "".join(line + "\n" for _, line in self.read_log(job_id, attempt, role, index,
+                                                                     tail=tail))
+        before = logstream.last_number(newest[0]) - tail
+        entries = self.r.xrange(key, min=f"(0-{before}" if before > 0 else "-")
+        if not entries:  # the stream went meanwhile (its log was filed)
+            return ""
+        # Lines appended since the newest entry was read are read too: the last `tail`.
+        return logstream.text_from(entries, max(1, logstream.last_number(entries[-1]) - tail + 1))
 
     def follow_log(self, job_id: str, attempt: int, role: str, index: int, *, after: str,
                    block_ms: int) -> list[tuple[str, str]]:
-        """Lines after entry `after`, waiting up to `block_ms` for the first one."""
+        """Lines after line `after`, waiting up to `block_ms` for the first one."""
         key = keys.task_log(job_id, attempt, role, index)
         reply = self.r.xread({key: after}, count=1000, block=block_ms or None)
         if not reply:
             return []
-        return [(entry_id, fields.get("l", "")) for entry_id, fields in reply[0][1]]
+        return logstream.lines_after(reply[0][1], after)
 
     def log_extent(self, job_id: str, attempt: int, role: str, index: int) -> tuple[int, int]:
         """(lines the stream keeps, lines ever appended to it): their difference is
@@ -54,10 +96,10 @@ class LogsMixin(StoreCore):
             info = self.r.xinfo_stream(keys.task_log(job_id, attempt, role, index))
         except redis.ResponseError:  # no such key: nothing shipped yet
             return 0, 0
-        kept = int(info["length"])
-        return kept, max(kept, int(info.get("entries-added") or kept))
+        return logstream.extent(info)
 
     def last_log_id(self, job_id: str, attempt: int, role: str, index: int) -> str:
         """The id of the newest line (or "0-0"): following starts after it."""
         entries = self.r.xrevrange(keys.task_log(job_id, attempt, role, index), count=1)
         return str(entries[0][0]) if entries else "0-0"
+
