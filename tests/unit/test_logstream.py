@@ -4,6 +4,8 @@ entry a batch of lines numbered by its last, and the legacy entry a line."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.state import logstream
 from shared.state.logstream import Entry
@@ -87,3 +89,31 @@ def test_a_text_from_a_line_holds_it_and_every_later_line(first: int, text: str)
     assert logstream.text_from(ENTRIES, first) == text
     assert text == "".join(line + "\n" for line_id, line in logstream.lines_after(ENTRIES)
                            if logstream.position(line_id)[1] >= first)
+
+
+def _stream(batches: list[int], trimmed: int) -> tuple[list[Entry], list[str]]:
+    """Entries as the append script writes them for batches of these sizes, the
+    first `trimmed` gone; and every line ever given, line n holding "n"."""
+    entries: list[Entry] = []
+    number = 0
+    for size in batches:
+        lines = [str(n) for n in range(number + 1, number + size + 1)]
+        number += size
+        entries.append((logstream.line_id(number), {"t": "\n".join(lines)}))
+    return entries[trimmed:], [str(n) for n in range(1, number + 1)]
+
+
+@given(batches=st.lists(st.integers(1, 20), min_size=1, max_size=12), data=st.data())
+def test_every_reading_agrees_with_the_lines_given(batches: list[int],
+                                                  data: st.DataObject) -> None:
+    entries, given_lines = _stream(batches, data.draw(st.integers(0, len(batches) - 1)))
+    kept = [line for _id, line in logstream.lines_after(entries)]
+    assert kept == given_lines[len(given_lines) - len(kept):]  # the newest, in order
+    info = {"length": len(entries), "first-entry": entries[0], "last-entry": entries[-1]}
+    assert logstream.extent(info) == (len(kept), len(given_lines))
+    after = data.draw(st.integers(0, len(given_lines) + 2))
+    assert [line for _id, line in logstream.lines_after(entries, logstream.line_id(after))] \
+        == [line for line in kept if int(line) > after]
+    first = data.draw(st.integers(1, len(given_lines) + 2))
+    assert logstream.text_from(entries, first) == "".join(
+        line + "\n" for line in kept if int(line) >= first)
