@@ -16,12 +16,13 @@ import docker
 import pytest
 
 from bench.live_platform import Platform, free_port, wait_for
+from shared.state import logstream
 from tests.support.platform import running_platform
 
 BOUND = 20_000
 LINES = 100_000
-# Trimming is approximate (MAXLEN ~): Redis drops whole stream nodes of 100 entries.
-SLACK = 100
+# The bound drops whole entries, each a shipped batch of up to ENTRY_LINES lines.
+SLACK = logstream.ENTRY_LINES - 1
 
 
 @pytest.fixture(scope="module")
