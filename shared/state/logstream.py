@@ -17,6 +17,11 @@ retention read it through these functions.
   kept entry's first line. The bound drops whole entries whose lines are
   all older than the newest `max lines`.
 
+After a Redis failover that lost the newest entries, numbering goes on
+from the new primary's newest: their numbers are given again, so a follower
+that saw the lost lines skips as many new ones (tails and the log file have
+them).
+
 One entry a batch, not a line: Redis spent about 1.5 µs a line on an entry
 each (the XADD and the script's call of it), more than the rest of
 shipping; an entry a batch costs it about 0.06 µs a line.

@@ -611,3 +611,20 @@ def test_a_tail_of_a_legacy_stream_reads_its_entry_a_line(
     assert store.tail_text(JOB, 0, "worker", 0, 2) == "old 4\nold 5\n"
     assert [line for _, line in store.read_log(JOB, 0, "worker", 0, tail=2)] == ["old 4", "old 5"]
     assert store.log_extent(JOB, 0, "worker", 0) == (5, 5)
+
+
+def test_a_follows_read_brings_about_a_thousand_lines_whatever_the_format(
+        store: Store, redis_client: redis.Redis) -> None:
+    written = [str(n) for n in range(1, 2501)]
+    store.append_log(JOB, 0, "worker", 0, written, max_lines=100_000)  # five entries of 500
+    got = store.follow_log(JOB, 0, "worker", 0, after="0-0", block_ms=0)
+    assert [line for _, line in got] == written[:1000]
+    got = store.follow_log(JOB, 0, "worker", 0, after=got[-1][0], block_ms=0)
+    assert [line for _, line in got] == written[1000:2000]
+
+    for n in range(1, 1501):
+        redis_client.xadd(keys.task_log(JOB, 1, "worker", 0), {"l": f"old {n}"})
+    first = store.follow_log(JOB, 1, "worker", 0, after="0-0", block_ms=0)  # its format unknown
+    assert [line for _, line in first] == ["old 1", "old 2"]
+    legacy = store.follow_log(JOB, 1, "worker", 0, after=first[-1][0], block_ms=0)
+    assert [line for _, line in legacy] == [f"old {n}" for n in range(3, 1003)]

@@ -31,6 +31,19 @@ def queue_append(pipe: Any, key: str, lines: Sequence[str], max_lines: int,
     return texts
 
 
+# The most lines a follow's read asks for, about: a read's size stays what
+# it was when an entry held one line (up to 16 KiB a line).
+_FOLLOW_LINES = 1000
+
+
+def _follow_count(after: str) -> int:
+    """Entries a follow's read asks for: a numbered stream's hold up to
+    ENTRY_LINES lines; a legacy stream's ids are Redis's times, not 0-<n>."""
+    if logstream.position(after)[0]:
+        return _FOLLOW_LINES
+    return max(1, _FOLLOW_LINES // logstream.ENTRY_LINES)
+
+
 class LogsMixin(StoreCore):
     """Each task's log stream."""
 
@@ -84,7 +97,7 @@ class LogsMixin(StoreCore):
                    block_ms: int) -> list[tuple[str, str]]:
         """Lines after line `after`, waiting up to `block_ms` for the first one."""
         key = keys.task_log(job_id, attempt, role, index)
-        reply = self.r.xread({key: after}, count=1000, block=block_ms or None)
+        reply = self.r.xread({key: after}, count=_follow_count(after), block=block_ms or None)
         if not reply:
             return []
         return logstream.lines_after(reply[0][1], after)
