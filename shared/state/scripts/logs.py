@@ -8,12 +8,12 @@ from shared.state.scripts import Script
 # A batch of lines, sent as one text with a newline between two lines (a line
 # holds none: it was cut at them), becomes one entry numbered by its last
 # line, the shipping cursor after it where there is one; then the entries
-# whose lines are all older than the newest `max lines` go (exactly: with
-# few entries a stream node, a node at a time would keep many more lines). A stream begun
-# in the format before (its newest id not `0-...`) goes on with an entry a
-# line, under the legacy field, cut back to about `max lines` entries.
-# Returns how many lines the batch held. The caller counts them: Lua's count
-# of a batch's newlines cost Redis more than the rest of the script.
+# whose lines are all older than the newest `max lines` go (exactly: with few
+# entries a stream node, a node at a time would keep many more lines). A
+# stream begun in the format before (its newest id not `0-...`) goes on with
+# an entry a line, under the legacy field, cut back to about `max lines`
+# entries. Returns how many lines the batch held, as the caller counted them:
+# Lua's count of a batch's newlines cost Redis more than the rest of the script.
 APPEND_LOG_LINES = Script(
     "append_log_lines",
     keys=("the task's log stream",),
@@ -30,14 +30,14 @@ if cursor ~= '' then
   extra = {cursor_field, cursor}
 end
 if newest ~= nil and string.sub(newest[1], 1, 2) ~= '0-' then
-  local at, added = 1, 1
+  local at = 1
   while true do
     local newline = string.find(text, '\\n', at, true)
     if newline == nil then
       break
     end
     redis.call('XADD', key, '*', legacy_field, string.sub(text, at, newline - 1))
-    at, added = newline + 1, added + 1
+    at = newline + 1
   end
   redis.call('XADD', key, '*', legacy_field, string.sub(text, at), unpack(extra))
   redis.call('XTRIM', key, 'MAXLEN', '~', max_lines)

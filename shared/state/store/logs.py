@@ -49,8 +49,8 @@ class LogsMixin(StoreCore):
 
     def append_log(self, job_id: str, attempt: int, role: str, index: int,
                    lines: Sequence[str], max_lines: int) -> None:
-        """Append lines as one entry (no shipping cursor): lines written by
-        the platform, not shipped from a container."""
+        """Append lines (no shipping cursor): lines written by the platform,
+        not shipped from a container."""
         if not lines:
             return
         pipe = self.r.pipeline(transaction=False)
@@ -65,33 +65,37 @@ class LogsMixin(StoreCore):
             if after == "-":
                 return logstream.lines_after(self.r.xrange(key))
             return logstream.lines_after(self.r.xrange(key, min=f"({after}"), after)
-        if tail <= 0:  # Redis refuses COUNT 0: nothing is asked for
-            return []
-        newest = self.r.xrevrange(key, count=1)
-        if not newest:
-            return []
-        if logstream.is_legacy(newest[0]):
+        numbered = self._tail_entries(key, tail)
+        if numbered is None:
             return logstream.lines_after(reversed(self.r.xrevrange(key, count=tail)))
-        before = logstream.last_number(newest[0]) - tail
-        if before <= 0:
-            return logstream.lines_after(self.r.xrange(key))[-tail:]
-        since = logstream.line_id(before)
-        # Lines appended since the newest entry was read are read too: the last `tail`.
-        return logstream.lines_after(self.r.xrange(key, min=f"({since}"), since)[-tail:]
+        entries, first = numbered
+        return logstream.lines_after(entries, logstream.line_id(first - 1))
 
     def tail_text(self, job_id: str, attempt: int, role: str, index: int, tail: int) -> str:
         """The last `tail` lines as one text, each ending in a newline."""
         key = keys.task_log(job_id, attempt, role, index)
+        numbered = self._tail_entries(key, tail)
+        if numbered is None:
+            return "".join(line + "\n" for _, line in
+                           logstream.lines_after(reversed(self.r.xrevrange(key, count=tail))))
+        entries, first = numbered
+        return logstream.text_from(entries, first)
+
+    def _tail_entries(self, key: str, tail: int) -> tuple[list[logstream.Entry], int] | None:
+        """The entries that hold a numbered stream's last `tail` lines, and the
+        number of the first of those lines; None for a legacy stream, whose
+        last `tail` entries are its last lines."""
         newest = self.r.xrevrange(key, count=1) if tail > 0 else []
-        if not newest or logstream.is_legacy(newest[0]):
-            return "".join(line + "\n" for _, line in self.read_log(job_id, attempt, role, index,
-                                                                     tail=tail))
+        if newest and logstream.is_legacy(newest[0]):
+            return None
+        if not newest:  # no stream, or a tail of none (Redis refuses COUNT 0)
+            return [], 1
         before = logstream.last_number(newest[0]) - tail
-        entries = self.r.xrange(key, min=f"(0-{before}" if before > 0 else "-")
+        entries = self.r.xrange(key, min=f"({logstream.line_id(before)}" if before > 0 else "-")
         if not entries:  # the stream went meanwhile (its log was filed)
-            return ""
+            return [], 1
         # Lines appended since the newest entry was read are read too: the last `tail`.
-        return logstream.text_from(entries, max(1, logstream.last_number(entries[-1]) - tail + 1))
+        return entries, max(1, logstream.last_number(entries[-1]) - tail + 1)
 
     def follow_log(self, job_id: str, attempt: int, role: str, index: int, *, after: str,
                    block_ms: int) -> list[tuple[str, str]]:
@@ -115,4 +119,3 @@ class LogsMixin(StoreCore):
         """The id of the newest line (or "0-0"): following starts after it."""
         entries = self.r.xrevrange(keys.task_log(job_id, attempt, role, index), count=1)
         return str(entries[0][0]) if entries else "0-0"
-
