@@ -122,7 +122,8 @@ def _record(store: Store, request: ExecRequest) -> None:
     """The request, the call to its node and the audit of it, written together."""
     pipe = store.pipeline(atomic=True)
     execs.write_request(pipe, request)
-    nodecalls.send(pipe, request.node, nodecalls.Kind.EXEC, request.id)
+    nodecalls.send(pipe, request.node, nodecalls.Kind.EXEC, request.id,
+                   nodecalls.TaskAt(request.job_id, request.attempt, request.role, request.index))
     store.add_event(pipe, request.job_id, "exec", user=request.user, attempt=request.attempt,
                     role=request.role, index=request.index, argv=request.argv)
     telemetry.record(pipe, telemetry.TASK_EXECS, {"user": request.user})

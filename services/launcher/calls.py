@@ -37,7 +37,7 @@ BLOCK_MS = int(links.BLOCK_CHUNK_SECONDS * 1000)
 
 
 class CallFeed:
-    def __init__(self, reader: CallReader, handlers: Mapping[Kind, Callable[[str], None]],
+    def __init__(self, reader: CallReader, handlers: Mapping[Kind, Callable[[Call], None]],
                  *, block_ms: int = BLOCK_MS) -> None:
         self.reader = reader
         self.handlers = handlers
@@ -81,7 +81,7 @@ class CallFeed:
         if call.kind is None:
             return  # trimmed while pending, or unreadable: nothing to do
         try:
-            self.handlers[call.kind](call.request_id)
+            self.handlers[call.kind](call)
         except redis.RedisError:
             raise  # left pending, with those after it
         except Exception:
@@ -91,5 +91,6 @@ class CallFeed:
 def launcher_calls(launcher: Launcher, *, block_ms: int = BLOCK_MS) -> CallFeed:
     """The feed of the launcher's node, handing each kind to the launcher."""
     return CallFeed(CallReader(launcher.store.r, launcher.node.name),
-                    {Kind.EXEC: launcher.exec_command, Kind.TTY: launcher.tty.open},
+                    {Kind.EXEC: lambda call: launcher.exec_command(call.request_id, call.task),
+                     Kind.TTY: lambda call: launcher.tty.open(call.request_id)},
                     block_ms=block_ms)

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import redis
 from docker.errors import APIError, NotFound
@@ -26,7 +27,7 @@ from services.launcher.ssh import SshdOutcome, install_keys, start_sshd
 from shared.domain import ssh
 from shared.domain.capabilities import refused_capabilities
 from shared.domain.completion import NON_RETRYABLE_PREFIX
-from shared.domain.models import JobSpec, Node, Task, task_key
+from shared.domain.models import Job, JobSpec, Node, Task, task_key
 from shared.domain.notice import PREEMPTION_FILE, preemption_notice
 from shared.domain.states import LIVE_JOB_STATES, JobState, TaskState
 from shared.infra.clock import now_ms
@@ -38,7 +39,9 @@ from shared.state.accounts import Accounts
 from shared.state.execs import Claims, ExecRequest, ExecResult, Outcome
 from shared.state.leases import Holder, NameLost
 from shared.state.nodeagent import live_ms
+from shared.state.nodecalls import TaskAt
 from shared.state.store import Store, task_is_live
+from shared.state.store.jobs import live_task_from, queue_live_task
 from shared.state.taskexits import record_task_exit
 
 log = logging.getLogger("pai.launcher")
@@ -239,7 +242,7 @@ class Launcher:
 
     # ----------------------------------------------------------------- exec
 
-    def exec_command(self, request_id: str) -> None:
+    def exec_command(self, request_id: str, task: TaskAt | None = None) -> None:
         """Claim an exec request and run it in the pool (shared/state/execs.py).
 
         The claim takes the request once, and only for this node: a call
@@ -249,8 +252,17 @@ class Launcher:
         NOT_RUNNING; a full pool, BUSY. The feed of calls (calls.py) goes on
         at once: a command may run for minutes, and the node's other calls
         must not wait behind it.
+
+        The task the call names (`task`) is read beside the claim, in its
+        round trip; the request's own task is what counts, and one the call
+        did not name is read after.
         """
-        request = self.claims.claim(request_id, self.node.name, self.node.name)
+        def task_reads(pipe: Any) -> None:
+            if task is not None:
+                queue_live_task(pipe, task.job_id, task.attempt, task.role, task.index)
+
+        request, replies = self.claims.claim_beside(request_id, self.node.name,
+                                                    self.node.name, task_reads)
         if request is None:
             log.info("exec request %s: not for this node, gone, or taken before", request_id)
             return
@@ -258,7 +270,9 @@ class Launcher:
             log.warning("exec request %s by %s in %s: read after the API stopped waiting for "
                         "its answer; not run", request_id, request.user, request.job_id)
             return
-        container_id = self._running_container(request)
+        named = TaskAt(request.job_id, request.attempt, request.role, request.index)
+        container_id = self._running_container(
+            request, live_task_from(request.job_id, *replies) if named == task else None)
         if container_id is None:
             self.claims.answer(request, ExecResult(
                 Outcome.NOT_RUNNING, message=f"its container does not run on {self.node.name} "
@@ -273,15 +287,17 @@ class Launcher:
             self.exec_slots.release()
             raise
 
-    def _running_container(self, request: ExecRequest) -> str | None:
+    def _running_container(self, request: ExecRequest,
+                           read: tuple[Job | None, Task | None] | None = None) -> str | None:
         """The id of the request's task container, if the task is RUNNING on
         this node in its job's current attempt: the id its start recorded
         (for this submission and task retry: `mark_task_running`, the one
         way a task becomes RUNNING), taken without asking Docker. A container
         that stopped since is refused by Docker's exec, and the request is
-        answered NOT_RUNNING then."""
-        job, task = self.store.read_live_task(request.job_id, request.attempt, request.role,
-                                              request.index)
+        answered NOT_RUNNING then. `read`: the job and the task as read
+        already (beside the claim); else they are read now."""
+        job, task = read or self.store.read_live_task(request.job_id, request.attempt,
+                                                      request.role, request.index)
         if job is None or job.attempt != request.attempt or job.state != JobState.RUNNING:
             return None
         if task is None or task.state != TaskState.RUNNING or task.node != self.node.name:

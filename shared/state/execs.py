@@ -23,6 +23,7 @@ import re
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -46,7 +47,15 @@ CLAIMED = "claimed"  # the request's field a launcher sets when it takes it
 def claim_hash(r: Any, key: str, node: str, claimer: str) -> dict[str, str] | None:
     """Take the request or session hash at `key` for `node` (scripts.CLAIM_EXEC):
     its fields, or None when it is gone, names another node, or was taken."""
-    raw = scripts.run(r, scripts.CLAIM_EXEC, [key], [node, claimer, CLAIMED])
+    return _claimed_fields(_claim(r, key, node, claimer))
+
+
+def _claim(target: Any, key: str, node: str, claimer: str) -> Any:
+    """The claim's script on `target`, a client (its reply) or a pipeline (queued)."""
+    return scripts.run(target, scripts.CLAIM_EXEC, [key], [node, claimer, CLAIMED])
+
+
+def _claimed_fields(raw: Any) -> dict[str, str] | None:
     if not raw:
         return None
     values = [v.decode() if isinstance(v, bytes) else str(v) for v in raw]
@@ -232,6 +241,17 @@ class Claims:
         names another node, or was taken before (a call read again)."""
         fields = claim_hash(self.r, keys.exec_request(request_id), node, claimer)
         return None if fields is None else ExecRequest.from_fields(request_id, fields)
+
+    def claim_beside(self, request_id: str, node: str, claimer: str,
+                     reads: Callable[[Any], None]) -> tuple[ExecRequest | None, list[Any]]:
+        """`claim`, with the reads `reads` queues on the same pipeline (one round
+        trip): the request, or None, and those reads' replies."""
+        pipe = self.r.pipeline(transaction=False)
+        _claim(pipe, keys.exec_request(request_id), node, claimer)
+        reads(pipe)
+        raw, *replies = pipe.execute()
+        fields = _claimed_fields(raw)
+        return (None if fields is None else ExecRequest.from_fields(request_id, fields)), replies
 
     def answer(self, request: ExecRequest, result: ExecResult) -> None:
         key = keys.exec_result(request.id)

@@ -265,9 +265,9 @@ def test_a_node_that_does_not_answer_is_504(launcher: Launcher, settings: Settin
 
 
 def forge(redis_client: redis.Redis, job_id: str, node: str, argv: list[str], *,
-          attempt: int = 0, answer_by_ms: int = 0) -> ExecRequest:
+          attempt: int = 0, index: int = 0, answer_by_ms: int = 0) -> ExecRequest:
     """A request written straight into Redis, as the API would (or an attacker)."""
-    request = ExecRequest.new(job_id=job_id, attempt=attempt, role="main", index=0,
+    request = ExecRequest.new(job_id=job_id, attempt=attempt, role="main", index=index,
                               node=node, argv=argv, timeout_seconds=10, user="alice",
                               answer_by_ms=answer_by_ms)
     pipe = redis_client.pipeline()
@@ -315,6 +315,31 @@ def test_a_request_for_another_attempt_is_not_run(launcher: Launcher, running: s
     assert result is not None and result.outcome == Outcome.NOT_RUNNING
     assert in_container(launcher, running, "ls /tmp/forged 2>&1 || true").endswith(
         "No such file or directory\n")
+
+
+def test_a_call_naming_another_task_than_its_request_is_checked_on_the_requests(
+        launcher: Launcher, running: str, redis_client: redis.Redis) -> None:
+    """The task a call names is read beside the claim, but only the request
+    decides: an entry pointing at the running task while its request is for a
+    task the job does not have does not run the command in the running one."""
+    request = forge(redis_client, running, launcher.node.name,
+                    ["sh", "-c", "touch /tmp/forged"], index=1)
+    launcher.exec_command(request.id, nodecalls.TaskAt(running, 0, "main", 0))
+
+    result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
+    assert result is not None and result.outcome == Outcome.NOT_RUNNING
+    assert in_container(launcher, running, "ls /tmp/forged 2>&1 || true").endswith(
+        "No such file or directory\n")
+
+
+def test_a_call_naming_its_requests_task_runs_it(launcher: Launcher, running: str,
+                                                 redis_client: redis.Redis) -> None:
+    request = forge(redis_client, running, launcher.node.name, ["echo", "ran"])
+    launcher.exec_command(request.id, nodecalls.TaskAt(running, 0, "main", 0))
+
+    result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
+    assert result is not None and result.outcome == Outcome.DONE
+    assert result.output == "ran\n"
 
 
 def test_an_expired_or_unknown_request_does_nothing(launcher: Launcher, running: str,

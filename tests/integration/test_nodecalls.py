@@ -13,7 +13,7 @@ import redis
 
 from services.launcher.calls import CallFeed
 from shared.state import keys, nodecalls
-from shared.state.nodecalls import Call, CallReader, Kind
+from shared.state.nodecalls import Call, CallReader, Kind, TaskAt
 from shared.state.nodestreams import GROUP, MAX_ENTRIES
 from tests.support.polling import WAIT_SECONDS, wait_for
 from tests.support.threads import looping
@@ -65,6 +65,26 @@ def test_an_entry_that_does_not_parse_names_no_kind() -> None:
     assert nodecalls.parse("1-0", {"kind": "exec", "id": "r1"}) == Call("1-0", Kind.EXEC, "r1")
 
 
+def test_an_entry_names_its_task_only_in_full() -> None:
+    task = {"job": "alice~train", "attempt": "2", "role": "main", "index": "1"}
+    assert nodecalls.parse("1-0", {"kind": "exec", "id": "r1", **task}) == Call(
+        "1-0", Kind.EXEC, "r1", TaskAt("alice~train", 2, "main", 1))
+    for partial in ({**task, "attempt": "two"}, {k: v for k, v in task.items() if k != "role"}):
+        assert nodecalls.parse("1-0", {"kind": "exec", "id": "r1", **partial}) == Call(
+            "1-0", Kind.EXEC, "r1")
+
+
+def test_a_call_sent_with_its_task_is_read_with_it(redis_client: redis.Redis,
+                                                   reader: CallReader) -> None:
+    pipe = redis_client.pipeline(transaction=True)
+    nodecalls.send(pipe, NODE, Kind.EXEC, "r1", TaskAt("alice~train", 0, "main", 3))
+    pipe.execute()
+
+    [call] = reader.take(10, 100)
+
+    assert call.task == TaskAt("alice~train", 0, "main", 3)
+
+
 def test_the_stream_of_a_node_no_launcher_reads_is_bounded(redis_client: redis.Redis) -> None:
     for i in range(MAX_ENTRIES * 2):
         send(redis_client, (Kind.EXEC, f"r{i}"))
@@ -82,9 +102,9 @@ class Handler:
         self.calls: queue.Queue[str] = queue.Queue()
         self.fail_once = dict(fail_once or {})
 
-    def __call__(self, request_id: str) -> None:
-        self.calls.put(request_id)
-        error = self.fail_once.pop(request_id, None)
+    def __call__(self, call: Call) -> None:
+        self.calls.put(call.request_id)
+        error = self.fail_once.pop(call.request_id, None)
         if error is not None:
             raise error
 

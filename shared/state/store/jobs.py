@@ -234,11 +234,8 @@ class JobsMixin(StoreCore):
         what a launcher reads to find a task it runs. A live job is never
         compacted, so a job without a hash counts as gone."""
         pipe = self.r.pipeline(transaction=False)
-        pipe.hgetall(keys.job(job_id))
-        pipe.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
-        fields, raw_task = pipe.execute()
-        return (Job.from_fields({"id": job_id, **fields}) if fields else None,
-                Task.from_dict(json.loads(raw_task)) if raw_task else None)
+        queue_live_task(pipe, job_id, attempt, role, index)
+        return live_task_from(job_id, *pipe.execute())
 
     def get_config(self, job_id: str) -> dict[str, Any] | None:
         raw = self.r.get(keys.job_config(job_id))
@@ -287,3 +284,17 @@ def _archived_job(job_id: str, archive: Archive | None) -> Job | None:
     if archive is None or archive.record is None:
         return None
     return Job.from_fields({"id": job_id, **archive.record})
+
+
+def queue_live_task(pipe: Any, job_id: str, attempt: int, role: str, index: int) -> None:
+    """Queue `read_live_task`'s two reads on `pipe`, beside the caller's own
+    (their two replies, in order, are `live_task_from`'s)."""
+    pipe.hgetall(keys.job(job_id))
+    pipe.hget(keys.job_tasks(job_id, attempt), task_key(role, index))
+
+
+def live_task_from(job_id: str, fields: dict[str, str], raw_task: str | None
+                   ) -> tuple[Job | None, Task | None]:
+    """`read_live_task`'s answer from the replies of `queue_live_task`'s reads."""
+    return (Job.from_fields({"id": job_id, **fields}) if fields else None,
+            Task.from_dict(json.loads(raw_task)) if raw_task else None)
