@@ -5,8 +5,10 @@ that the task runs now, and the caller's cap of concurrent execs (a lease
 per exec, services/api/follows.py's leases under keys.exec_leases); then it
 writes the request, its call to the task's node (shared/state/nodecalls.py)
 and the audit record (the job's "exec" event and the counter) in one
-transaction, and waits for the node's answer (shared/state/execs.py). The API never reaches a
-node's Docker engine itself.
+transaction, and waits for the node's answer (shared/state/execs.py). The
+answer gives the caller's lease back in its own transaction (the API gives it
+back only when no answer came, or one from a launcher that did not). The API
+never reaches a node's Docker engine itself.
 """
 
 from __future__ import annotations
@@ -84,13 +86,17 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
     caller = current_user()
     state = _execs()
     wait = execs.answer_seconds(body["timeoutSec"], pai.settings.exec_answer_margin_seconds)
-    with state.caps.held(caller.username):
+    lease, result = state.caps.open(caller.username), None
+    try:
         request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
                                   node=node, argv=body["command"],
                                   timeout_seconds=body["timeoutSec"], user=caller.username,
-                                  answer_by_ms=now_ms() + int(wait * 1000))
+                                  answer_by_ms=now_ms() + int(wait * 1000), lease=lease)
         _record(pai.store, request)
         result = execs.wait_result(state.waits.r, request.id, wait)
+    finally:
+        state.caps.close(caller.username, lease,
+                         returned=result is not None and result.lease_returned)
     if result is None:
         raise ApiError("GatewayTimeoutError", f"node {node} did not answer in time; the "
                        "command may still have run", 504)

@@ -131,9 +131,12 @@ class Caps:
             raise FollowRefused(self.capped.format(user=username, cap=self.leases.per_user))
         return lease
 
-    def close(self, username: str, lease: str) -> None:
+    def close(self, username: str, lease: str, *, returned: bool = False) -> None:
+        """Give back the slot, and the lease unless it was `returned` already
+        (an exec's answer gives it back: shared/state/execs.py)."""
         try:
-            self.leases.release(username, lease)
+            if not returned:
+                self.leases.release(username, lease)
         finally:
             self.slots.give_back()
 

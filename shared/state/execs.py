@@ -7,7 +7,8 @@ launcher claims the request in one script (it exists, names this node, and
 nobody claimed it: a call read again finds it claimed and does nothing),
 checks that the task still runs there in the job's current attempt, runs the
 command with Docker's exec API in a bounded pool, and pushes the outcome on
-keys.exec_result, where the API waits for it (BLPOP). Both keys expire, so an
+keys.exec_result, where the API waits for it (BLPOP), giving the caller's
+lease of its cap back in the same transaction. Both keys expire, so an
 answer nobody waits for, or a request no launcher took, leaves nothing
 behind.
 
@@ -18,6 +19,7 @@ container before the launcher kills it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
@@ -30,7 +32,7 @@ from typing import Any
 
 from shared.infra import links
 from shared.infra.config import MAX_EXEC_TIMEOUT_SECONDS
-from shared.state import keys, scripts
+from shared.state import followleases, keys, scripts
 
 MAX_OUTPUT_BYTES = 1024 * 1024  # stdout and stderr together, as one answer carries them
 MAX_ARGS = 1024  # arguments of one command
@@ -86,6 +88,9 @@ class ExecRequest:
     # when the API stops waiting for the answer (the cluster's clock, ms); 0
     # for a request written by an API of an earlier version
     answer_by_ms: int = 0
+    # the caller's lease of its cap on execs (keys.exec_leases of `user`),
+    # which the answer gives back; "" from an API of an earlier version
+    lease: str = ""
 
     @classmethod
     def new(cls, **fields: Any) -> ExecRequest:
@@ -95,7 +100,7 @@ class ExecRequest:
         return {"job": self.job_id, "attempt": str(self.attempt), "role": self.role,
                 "index": str(self.index), "node": self.node, "argv": json.dumps(self.argv),
                 "timeout": str(self.timeout_seconds), "user": self.user,
-                "answer_by": str(self.answer_by_ms)}
+                "answer_by": str(self.answer_by_ms), "lease": self.lease}
 
     @classmethod
     def from_fields(cls, request_id: str, raw: dict[str, str]) -> ExecRequest:
@@ -103,7 +108,7 @@ class ExecRequest:
                    role=raw["role"], index=int(raw["index"]), node=raw["node"],
                    argv=[str(a) for a in json.loads(raw["argv"])],
                    timeout_seconds=int(raw["timeout"]), user=raw["user"],
-                   answer_by_ms=int(raw.get("answer_by") or 0))
+                   answer_by_ms=int(raw.get("answer_by") or 0), lease=raw.get("lease", ""))
 
     def abandoned(self, now_ms: int) -> bool:
         """Whether the API stopped waiting for the answer: the caller was told
@@ -120,18 +125,22 @@ class ExecResult:
     truncated: bool = False
     timed_out: bool = False
     message: str = ""
+    # the answer gave the caller's lease back (False from a launcher of an
+    # earlier version, or for a request that named none: the API gives it back)
+    lease_returned: bool = False
 
     def to_json(self) -> str:
         return json.dumps({"outcome": self.outcome.value, "exitCode": self.exit_code,
                            "output": self.output, "truncated": self.truncated,
-                           "timedOut": self.timed_out, "message": self.message})
+                           "timedOut": self.timed_out, "message": self.message,
+                           "leaseReturned": self.lease_returned})
 
     @classmethod
     def from_json(cls, text: str) -> ExecResult:
         raw = json.loads(text)
         return cls(Outcome(raw["outcome"]), raw.get("exitCode"), raw.get("output", ""),
                    bool(raw.get("truncated")), bool(raw.get("timedOut")),
-                   raw.get("message", ""))
+                   raw.get("message", ""), bool(raw.get("leaseReturned")))
 
 
 # ------------------------------------------------------------------ pure parts
@@ -254,8 +263,14 @@ class Claims:
         return (None if fields is None else ExecRequest.from_fields(request_id, fields)), replies
 
     def answer(self, request: ExecRequest, result: ExecResult) -> None:
+        """Push the answer, and give the caller's lease back in the same
+        transaction: the exec is over for its cap once it is answered, before
+        the API's wait wakes."""
         key = keys.exec_result(request.id)
         pipe = self.r.pipeline(transaction=True)
+        if request.lease:
+            followleases.queue_release(pipe, keys.exec_leases(request.user), request.lease)
+            result = dataclasses.replace(result, lease_returned=True)
         pipe.rpush(key, result.to_json())
         pipe.pexpire(key, KEEP_SECONDS * 1000)
         pipe.execute()

@@ -7,6 +7,8 @@ checks before it writes is one script (shared/state/scripts/follows.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 from shared.state import scripts
 from shared.state.store import Store
 
@@ -23,4 +25,10 @@ def renew(store: Store, key: str, lease: str, now_ms: int, expiry_ms: int) -> bo
 
 def release(store: Store, key: str, lease: str) -> None:
     """Give the lease back (its own member; nothing else is touched)."""
-    store.r.zrem(key, lease)
+    queue_release(store.r, key, lease)
+
+
+def queue_release(pipe: Any, key: str, lease: str) -> None:
+    """`release` on `pipe`, a client or a pipeline (beside the writes that end
+    what the lease covered)."""
+    pipe.zrem(key, lease)

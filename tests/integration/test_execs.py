@@ -9,7 +9,9 @@ once its container started.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +38,7 @@ from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, error_of, signed_in
 from tests.support.launcher_rig import JOB, run_task, serving_calls
 from tests.support.polling import wait_for
+from tests.support.threads import looping
 
 pytestmark = [pytest.mark.docker, pytest.mark.redis]
 
@@ -261,6 +264,36 @@ def test_a_node_that_does_not_answer_is_504(launcher: Launcher, settings: Settin
     assert redis_client.zcard(keys.exec_leases("alice")) == 0
 
 
+def test_an_answer_from_a_launcher_that_keeps_the_lease_leaves_it_to_the_api(
+        launcher: Launcher, running: str, alice: AuthedClient,
+        redis_client: redis.Redis) -> None:
+    """A launcher of an earlier version answers without giving the caller's
+    lease back: the API gives it back itself, so the cap is not held until
+    the lease expires."""
+    calls = nodecalls.CallReader(redis_client, launcher.node.name)
+    calls.join()
+
+    named: list[str] = []
+
+    def answer_as_before(stop: threading.Event) -> None:
+        while not stop.is_set() and not named:
+            for call in calls.take(1, 100):
+                request = launcher.claims.claim(call.request_id, launcher.node.name, "earlier")
+                assert request is not None
+                named.append(request.lease)
+                redis_client.rpush(keys.exec_result(request.id), json.dumps(
+                    {"outcome": "done", "exitCode": 0, "output": "", "truncated": False,
+                     "timedOut": False, "message": ""}))
+
+    with looping(answer_as_before):
+        assert exec_(alice, ["true"]).status_code == 200
+
+    assert named and named[0]  # the API named its lease to the launcher
+
+    assert redis_client.zcard(keys.exec_leases("alice")) == 0
+
+
+# -------------------------------------------------------------- launcher
 # -------------------------------------------------------------- launcher
 
 
@@ -340,6 +373,20 @@ def test_a_call_naming_its_requests_task_runs_it(launcher: Launcher, running: st
     result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
     assert result is not None and result.outcome == Outcome.DONE
     assert result.output == "ran\n"
+
+
+def test_the_answer_gives_the_callers_lease_back_with_it(launcher: Launcher, running: str,
+                                                       redis_client: redis.Redis) -> None:
+    request = dataclasses.replace(
+        forge(redis_client, running, launcher.node.name, ["true"]), lease="lease-1")
+    redis_client.hset(keys.exec_request(request.id), "lease", request.lease)
+    redis_client.zadd(keys.exec_leases("alice"), {"lease-1": now_ms() + 60_000,
+                                                  "lease-2": now_ms() + 60_000})
+    launcher.exec_command(request.id)
+
+    result = execs.wait_result(redis_client, request.id, WAIT_SECONDS)
+    assert result is not None and result.outcome == Outcome.DONE and result.lease_returned
+    assert redis_client.zrange(keys.exec_leases("alice"), 0, -1) == ["lease-2"]
 
 
 def test_an_expired_or_unknown_request_does_nothing(launcher: Launcher, running: str,
