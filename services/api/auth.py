@@ -108,7 +108,12 @@ def authenticate() -> None:
 
 
 def _check_token(token: str, verified: VerifiedTokens) -> None:
-    claims = _claims(token)
+    """The token's user, read from Redis now (revoked, deleted or changed
+    users are refused at once); its signature is verified again only when
+    this process has not checked it within VERIFIED_TOKEN_SECONDS (a
+    remembered check never outlives the token's expiry)."""
+    remembered = verified.get(token, time.time())
+    claims = remembered.claims if remembered is not None else _claims(token)
     user = accounts().user_for_token(claims["sub"], claims["jti"], int(claims["iat_ms"]),
                                      claims.get("uid"))
     if user is None:
