@@ -60,7 +60,7 @@ class DockerRuntime:
         extra_labels: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
-        self.engine = EngineCalls(client)  # create, start, remove: the hot calls
+        self.engine = EngineCalls(client)  # create, start, remove, exec: the hot calls
         self.settings = settings
         self.extra_labels = dict(extra_labels or {})
 
@@ -294,8 +294,8 @@ class DockerRuntime:
         `max_output` bytes kept). Past `timeout` the command is killed (see
         `_kill_exec`). APIError / NotFound when Docker refuses (the container
         stopped)."""
-        exec_id = self.client.api.exec_create(container_id, argv, stdout=True, stderr=True,
-                                              stdin=False, tty=False)["Id"]
+        exec_id = self.engine.exec_create(container_id, argv, stdout=True, stderr=True,
+                                          stdin=False, tty=False)
         sock = self.client.api.exec_start(exec_id, socket=True)
         cap = execs.OutputCap(max_output)
         deadline = time.monotonic() + timeout
@@ -326,7 +326,7 @@ class DockerRuntime:
     def exit_code(self, exec_id: str) -> int | None:
         """The exec's exit code once Docker has it (it follows the end of the
         output closely); None if it does not within node_execs.EXIT_WAIT_SECONDS."""
-        return node_execs.exit_code(self.client.api, exec_id)
+        return node_execs.exit_code(self.engine, exec_id)
 
     def _kill_exec(self, exec_id: str) -> None:
         """SIGKILL the exec'd process and what it started. Docker has no call

@@ -1,20 +1,22 @@
 """The Docker calls on every short job's path, over plain keep-alive connections.
 
 A short job costs the launcher a create and a start and the monitor a log
-follow and a remove. Through the SDK each is a `requests` call: session
-merging, cookie jars, hooks, adapters and urllib3 on top of the HTTP itself,
-about 0.5 ms of CPU a call against 0.12 ms for the same request over
-`http.client` (docs/performance-log.md). `EngineCalls` sends exactly the requests the SDK
-sends (the container config is still built by the SDK) and raises exactly
-the SDK's errors (`docker.errors.create_api_error_from_http_exception`), so
+follow and a remove; an exec costs the launcher an exec's create and, once
+its output ends, an inspect for its exit code. Through the SDK each is a
+`requests` call: session merging, cookie jars, hooks, adapters and urllib3
+on top of the HTTP itself, about 0.5 ms of CPU a call against 0.12 ms for
+the same request over `http.client` (docs/performance-log.md).
+`EngineCalls` sends exactly the requests the SDK sends (the container config
+is still built by the SDK) and raises exactly the SDK's errors
+(`docker.errors.create_api_error_from_http_exception`), so
 callers handle NotFound, ImageNotFound and conflicts as before.
 
 The monitor's passes over its node (reconcile, samples) list containers
 without the SDK's inspect of each one (`list_containers`).
 
 Only an engine on a unix socket is spoken to this way; any other (TCP, TLS,
-ssh) goes through the SDK unchanged. Everything else (events, exec, pulls)
-stays with the SDK.
+ssh) goes through the SDK unchanged. Everything else (events, an exec's
+start, whose connection becomes its stream, pulls) stays with the SDK.
 """
 
 from __future__ import annotations
@@ -126,6 +128,28 @@ class EngineCalls:
             return
         self._call("DELETE", f"/containers/{quote(container_id, safe='')}",
                    {"v": False, "link": False, "force": force})
+
+    def exec_create(self, container_id: str, cmd: list[str], *, stdout: bool = True,
+                    stderr: bool = True, stdin: bool = False, tty: bool = False) -> str:
+        """`APIClient.exec_create` (as its caller's user, environment and
+        folder): the new exec's id."""
+        if self._socket is None:
+            return str(self.api.exec_create(container_id, cmd, stdout=stdout, stderr=stderr,
+                                            stdin=stdin, tty=tty)["Id"])
+        body = {"Container": container_id, "User": "", "Privileged": False, "Tty": tty,
+                "AttachStdin": stdin, "AttachStdout": stdout, "AttachStderr": stderr,
+                "Cmd": cmd, "Env": None}
+        reply = self._call("POST", f"/containers/{quote(container_id, safe='')}/exec", None,
+                           body)
+        return str(json.loads(reply)["Id"])
+
+    def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        """`APIClient.exec_inspect`."""
+        if self._socket is None:
+            return dict(self.api.exec_inspect(exec_id))
+        found: dict[str, Any] = json.loads(
+            self._call("GET", f"/exec/{quote(exec_id, safe='')}/json"))
+        return found
 
     def list_containers(self, **query: Any) -> list[Container]:
         """`containers.list(sparse=True)` as models whose `id`, `name`, `labels`

@@ -10,14 +10,21 @@ bound, rather than taking that null for a failure.
 from __future__ import annotations
 
 import time
-
-from docker import APIClient
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 EXIT_WAIT_SECONDS = 5.0  # past the end of the output; far beyond a healthy engine's delay
 POLL_SECONDS = 0.05
 
 
-def exit_code(api: APIClient, exec_id: str, within: float = EXIT_WAIT_SECONDS) -> int | None:
+class Inspects(Protocol):
+    """What answers an exec's inspect: the SDK's APIClient, or the launcher's
+    EngineCalls (shared/node/engine.py)."""
+
+    def exec_inspect(self, exec_id: str) -> Mapping[str, Any]: ...
+
+
+def exit_code(api: Inspects, exec_id: str, within: float = EXIT_WAIT_SECONDS) -> int | None:
     """The exec's exit code once Docker records it; None if it has not
     within `within` seconds (the exec still runs, or the engine is stuck)."""
     deadline = time.monotonic() + within

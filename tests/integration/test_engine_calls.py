@@ -19,6 +19,7 @@ import pytest
 import requests
 from docker.errors import APIError, ImageNotFound, NotFound
 
+from shared.node import execs as node_execs
 from shared.node.engine import EngineCalls
 
 pytestmark = pytest.mark.docker
@@ -91,6 +92,29 @@ def test_errors_are_the_sdks(engine: EngineCalls, test_image: str,
         engine.remove_container(container_id, force=True)
     with pytest.raises(NotFound):
         engine.start(container_id)
+
+
+def test_an_exec_is_created_and_inspected_as_by_the_sdk(
+        engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
+        test_labels: dict[str, str]) -> None:
+    container_id = engine.create_container(test_image, ["sleep", "60"], labels=test_labels)
+    try:
+        engine.start(container_id)
+        exec_id = engine.exec_create(container_id, ["sh", "-c", "echo out; exit 3"])
+        by_sdk = docker_client.api.exec_create(container_id, ["sh", "-c", "echo out; exit 3"])
+        ours, theirs = (docker_client.api.exec_inspect(e) for e in (exec_id, by_sdk["Id"]))
+        for field in ("ProcessConfig", "OpenStdin", "OpenStdout", "OpenStderr", "ContainerID"):
+            assert ours[field] == theirs[field]
+
+        assert docker_client.api.exec_start(exec_id) == b"out\n"
+        assert node_execs.exit_code(engine, exec_id) == 3
+        assert engine.exec_inspect(exec_id)["Running"] is False
+        with pytest.raises(NotFound):
+            engine.exec_inspect("0" * 64)
+    finally:
+        engine.remove_container(container_id, force=True)
+    with pytest.raises(NotFound):
+        engine.exec_create(container_id, ["true"])
 
 
 def test_calls_go_over_one_kept_connection(engine: EngineCalls, test_image: str,
