@@ -261,8 +261,8 @@ class Launcher:
             if task is not None:
                 queue_live_task(pipe, task.job_id, task.attempt, task.role, task.index)
 
-        request, replies = self.claims.claim_beside(request_id, self.node.name,
-                                                    self.node.name, task_reads)
+        request, replies = self.claims.claim(request_id, self.node.name, self.node.name,
+                                             task_reads)
         if request is None:
             log.info("exec request %s: not for this node, gone, or taken before", request_id)
             return

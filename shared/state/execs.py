@@ -245,16 +245,12 @@ class Claims:
     def __init__(self, r: Any) -> None:
         self.r = r
 
-    def claim(self, request_id: str, node: str, claimer: str) -> ExecRequest | None:
-        """The request, if this call took it for `node`; None when it is gone,
-        names another node, or was taken before (a call read again)."""
-        fields = claim_hash(self.r, keys.exec_request(request_id), node, claimer)
-        return None if fields is None else ExecRequest.from_fields(request_id, fields)
-
-    def claim_beside(self, request_id: str, node: str, claimer: str,
-                     reads: Callable[[Any], None]) -> tuple[ExecRequest | None, list[Any]]:
-        """`claim`, with the reads `reads` queues on the same pipeline (one round
-        trip): the request, or None, and those reads' replies."""
+    def claim(self, request_id: str, node: str, claimer: str,
+              reads: Callable[[Any], None] = lambda pipe: None
+              ) -> tuple[ExecRequest | None, list[Any]]:
+        """The request, if this call took it for `node` (None when it is gone,
+        names another node, or was taken before: a call read again), and the
+        replies of the reads `reads` queues beside the claim, in its round trip."""
         pipe = self.r.pipeline(transaction=False)
         _claim(pipe, keys.exec_request(request_id), node, claimer)
         reads(pipe)

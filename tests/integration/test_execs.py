@@ -278,7 +278,8 @@ def test_an_answer_from_a_launcher_that_keeps_the_lease_leaves_it_to_the_api(
     def answer_as_before(stop: threading.Event) -> None:
         while not stop.is_set() and not named:
             for call in calls.take(1, 100):
-                request = launcher.claims.claim(call.request_id, launcher.node.name, "earlier")
+                request, _ = launcher.claims.claim(call.request_id, launcher.node.name,
+                                                   "earlier")
                 assert request is not None
                 named.append(request.lease)
                 redis_client.rpush(keys.exec_result(request.id), json.dumps(
