@@ -394,6 +394,9 @@ def _loaded(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InvalidJobConfig("job config must be an object",
                                {"_schema": ["Job config must be an object."]})
+    if raw.get("protocolVersion") not in (2, "2"):  # most often a v1 config that names it
+        raise InvalidJobConfig("job config has 1 invalid field(s)", {"protocolVersion": [
+            "Must be 2. A v1 config has no protocolVersion: remove it to submit as v1."]})
     try:
         job: dict[str, Any] = _SCHEMA.load(raw)
     except ValidationError as error:

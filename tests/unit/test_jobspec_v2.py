@@ -252,3 +252,16 @@ def test_a_registry_password_is_never_shown_back_even_in_clear() -> None:
 ])
 def test_is_v2(raw: Any, expected: bool) -> None:
     assert is_v2(raw) is expected
+
+
+@pytest.mark.parametrize("version", [1, "1", 3, None, "v2"])
+def test_a_protocol_version_other_than_2_is_the_only_error(version: Any) -> None:
+    """A v1 config that says `protocolVersion: 1` is told that one thing,
+    not every v2 field its v1 shape lacks."""
+    v1 = {"protocolVersion": version, "jobName": "x", "image": "busybox",
+          "taskRoles": [{"name": "a", "taskNumber": 1, "cpuNumber": 1, "memoryMB": 100,
+                         "command": "true"}]}
+    with pytest.raises(InvalidJobConfig) as refused:
+        convert(v1)
+    assert list(refused.value.fields) == ["protocolVersion"]
+    assert "remove" in refused.value.fields["protocolVersion"][0]
