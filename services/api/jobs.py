@@ -314,7 +314,7 @@ def _submit_decided(username: str, body: Any, remembered: bool,
     job = queued.job
     try:
         if queued.pass_claimed:
-            passwake.ring_now(pai.store.r)
+            passwake.ring_now(pai.store.r, new_work=True)
     except (RedisError, OperationalError) as error:
         # The job is stored and queued: the scheduler's periodic pass places
         # it. A 503 now would send the client back to submit it again, and

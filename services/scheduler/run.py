@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
 from services.scheduler.nodes import REPAIR_SECONDS
+from services.scheduler.pacing import new_work_delay
 from services.scheduler.service import Scheduler
 from services.scheduler.worker import create_scheduler_app
 from shared.infra.config import load_settings
@@ -28,11 +30,18 @@ RETRY_SECONDS = 1.0
 def wake_loop(scheduler: Scheduler, stop: threading.Event,
               block_seconds: float = BLOCK_CHUNK_SECONDS) -> None:
     """Answer the doorbell until `stop`: a pass for each ring taken (the pass
-    gate folds those that come during a pass into one more). A lost link is
-    waited out; the repair loop's passes go on meanwhile."""
+    gate folds those that come during a pass into one more), one for new
+    work paced by services/scheduler/pacing.py. A lost link is waited out;
+    the repair loop's passes go on meanwhile."""
+    r = scheduler.store.r
     while not stop.is_set():
         try:
-            if passwake.wait(scheduler.store.r, block_seconds):
+            ring = passwake.wait(r, block_seconds)
+            if ring == passwake.NEW_WORK:
+                passwake.wait_for_capacity(r, new_work_delay(
+                    scheduler.last_pass, time.monotonic(),
+                    scheduler.settings.new_work_pass_seconds))
+            if ring is not None:
                 scheduler.request_pass()
         except RedisError as error:  # Redis down or unreachable: one line a try
             log.warning("pass request not taken (%s); trying again in %.0f s", error,

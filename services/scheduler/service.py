@@ -27,6 +27,7 @@ from services.scheduler.decisions import Placed, Waiting
 from services.scheduler.gate import PASS_AGAIN, PASS_BEGUN, PASS_DEFERRED, PassGate
 from services.scheduler.heap import paused_gc
 from services.scheduler.nodes import NodeWarden
+from services.scheduler.pacing import LastPass
 from services.scheduler.policy import Las, Preemption, RunningJob
 from services.scheduler.reading import PassReader
 from shared.domain import gpuhealth
@@ -107,6 +108,7 @@ class Scheduler:
         # the doorbell's and the repair loop's threads ask for passes too
         self._handling = threading.local()
         self.warden = NodeWarden(settings, store, self.fail_node_tasks, self.fail_launch)
+        self.last_pass: LastPass | None = None  # this replica's (services/scheduler/pacing.py)
 
     # ------------------------------------------------------------ passes
 
@@ -164,8 +166,11 @@ class Scheduler:
         allocates so much that the collector walked the whole heap, the
         caches included, several times during it (a sixth of the commit's
         CPU in the placement bench's profile), and again after it."""
+        began = time.monotonic()
         with paused_gc(freeze_survivors=True):
-            return self._pass()
+            stats = self._pass()
+        self.last_pass = LastPass(began, left_waiting=stats.waiting > 0)
+        return stats
 
     def _pass(self) -> PassStats:
         started = time.perf_counter()

@@ -217,6 +217,11 @@ class Settings:
         "PAI_SCHEDULER_LAS_PREEMPT", True, types.flag,
         "a guaranteed job may preempt first-attempt work of its own VC and class that has "
         "attained more (0: never)")
+    new_work_pass_seconds: float = setting(
+        "PAI_SCHEDULER_NEW_WORK_SECONDS", 0.1, types.seconds,
+        "when the last pass left jobs waiting, a pass asked for only by new submits waits "
+        "until this long after it, and takes every job queued meanwhile (0: at once; "
+        "[scheduling](docs/scheduling.md))")
     heartbeat_seconds: float = setting(
         "PAI_HEARTBEAT_SECONDS", 5.0, types.seconds,
         "how often a node agent renews its lease ([docs/multi-node.md](docs/multi-node.md))")

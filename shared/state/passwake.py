@@ -21,31 +21,62 @@ A ring taken by a scheduler killed before its pass is lost; the jobs then wait
 for the repair loop's pass, every few seconds, as they do behind a scheduler
 of an earlier version that does not listen (it still takes the Celery
 message `pai.scheduler.schedule`, which the scheduler keeps handling).
+
+A ring says why, in its entry: CAPACITY (an exit, a GPU back: answered at
+once) or NEW_WORK (a submit: a scheduler whose last pass left jobs waiting
+may answer it a moment later, services/scheduler/pacing.py). CAPACITY is
+pushed at the head and NEW_WORK at the tail, and the trim keeps the head, so
+the one entry is CAPACITY whenever either ring asked for it. A scheduler of
+an earlier version passes for either; CAPACITY is the entry it knew.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from shared.state import keys
 
 KEY = keys.SCHEDULER_WAKE
+CAPACITY, NEW_WORK = "1", "new"  # why a ring was made: the entry it leaves
 
 
-def ring(pipe: Any) -> None:
-    """Queue on `pipe` a request for a pass."""
-    pipe.lpush(KEY, "1")
+def ring(pipe: Any, *, new_work: bool = False) -> None:
+    """Queue on `pipe` a request for a pass; `new_work`: asked only because
+    jobs were queued (a CAPACITY ring already there is kept)."""
+    if new_work:
+        pipe.rpush(KEY, NEW_WORK)
+    else:
+        pipe.lpush(KEY, CAPACITY)
     pipe.ltrim(KEY, 0, 0)
 
 
-def ring_now(client: Any) -> None:
+def ring_now(client: Any, *, new_work: bool = False) -> None:
     """Ask for a pass now: one round trip."""
     pipe = client.pipeline(transaction=False)
-    ring(pipe)
+    ring(pipe, new_work=new_work)
     pipe.execute()
 
 
-def wait(client: Any, seconds: float) -> bool:
-    """Whether a pass was asked for, waiting up to `seconds` for a ring;
-    the ring is taken."""
-    return client.blpop([KEY], timeout=seconds) is not None
+def wait(client: Any, seconds: float) -> str | None:
+    """The ring taken (CAPACITY or NEW_WORK), waiting up to `seconds` for
+    one; None if none came."""
+    taken = client.blpop([KEY], timeout=seconds)
+    if taken is None:
+        return None
+    entry = taken[1]
+    return NEW_WORK if entry in (NEW_WORK, NEW_WORK.encode()) else CAPACITY
+
+
+# BLPOP reads a timeout of 0 as "for ever": a wait this short is not made
+SHORTEST_WAIT_SECONDS = 0.001
+
+
+def wait_for_capacity(client: Any, seconds: float) -> bool:
+    """Whether a CAPACITY ring was taken within `seconds`; NEW_WORK rings
+    taken meanwhile are folded into the wait (the pass after it covers them)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) >= SHORTEST_WAIT_SECONDS:
+        if wait(client, left) == CAPACITY:
+            return True
+    return False

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from shared.domain.models import Gpu, Node
-from shared.state import keys
+from shared.state import keys, passwake
 from shared.state.store import Store
 from tests.support.api import AuthedClient, config
 
@@ -27,7 +27,8 @@ def test_submit_stores_a_waiting_job_and_asks_for_a_pass(
     assert resp.json == {"name": "mnist", "username": "alice", "state": "WAITING",
                          "url": "/api/v1/user/alice/jobs/mnist", "ignoredFields": ["authFile"]}
     assert redis_client.zrange(keys.QUEUE, 0, -1) == ["alice~mnist"]
-    assert redis_client.lrange(keys.SCHEDULER_WAKE, 0, -1) == ["1"]  # a pass asked for
+    # a pass asked for, for new work (shared/state/passwake.py)
+    assert redis_client.lrange(keys.SCHEDULER_WAKE, 0, -1) == [passwake.NEW_WORK]
 
 
 def test_detail_has_the_openpai_shape(client: AuthedClient) -> None:

@@ -11,6 +11,7 @@ that list one by one, as the worker would, and count the passes.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from shared.state.lifecycle import delete_job, mark_task_running, request_stop, 
 from shared.state.store import Store
 from shared.state.store.jobs import ASK_FIELD
 from shared.state.taskexits import record_task_exit
-from tests.support.polling import wait_for
+from tests.support.polling import WAIT_SECONDS, wait_for
 from tests.support.threads import looping
 
 GPUS = 4
@@ -376,3 +377,59 @@ def test_a_ring_during_a_pass_gets_a_pass_after_it(store: Store, worker: Worker,
                  "the GPU freed during the first pass taken by a second")
 
     assert len(passes) == 2
+
+
+@pytest.mark.parametrize("rings", [
+    pytest.param((passwake.CAPACITY, passwake.NEW_WORK), id="capacity-then-new-work"),
+    pytest.param((passwake.NEW_WORK, passwake.CAPACITY), id="new-work-then-capacity"),
+    pytest.param((passwake.NEW_WORK, passwake.NEW_WORK), id="new-work-only"),
+])
+def test_the_doorbell_keeps_a_capacity_ring_over_new_work(
+        redis_client: redis.Redis, rings: tuple[str, str]) -> None:
+    for ring in rings:
+        passwake.ring_now(redis_client, new_work=ring == passwake.NEW_WORK)
+    kept = passwake.CAPACITY if passwake.CAPACITY in rings else passwake.NEW_WORK
+    assert redis_client.lrange(passwake.KEY, 0, -1) == [kept]
+
+
+def test_a_wait_for_capacity_folds_new_work_in(redis_client: redis.Redis) -> None:
+    passwake.ring_now(redis_client, new_work=True)
+    assert passwake.wait_for_capacity(redis_client, 0.2) is False
+    assert redis_client.llen(passwake.KEY) == 0  # taken: the pass after the wait covers it
+    passwake.ring_now(redis_client, new_work=True)
+    passwake.ring_now(redis_client)
+    assert passwake.wait_for_capacity(redis_client, WAIT_SECONDS) is True
+
+
+def paced(settings: Settings, interval: float) -> Worker:
+    return Worker(dataclasses.replace(settings, new_work_pass_seconds=interval))
+
+
+def test_new_work_behind_a_pass_that_left_jobs_waiting_waits_for_capacity(
+        store: Store, settings: Settings, redis_client: redis.Redis) -> None:
+    """A submit into a full cluster does not pass at once: the freed GPU's
+    ring ends its wait, and one pass answers both."""
+    worker = paced(settings, WAIT_SECONDS * 10)  # no pass for new work within the test
+    running, waiting = fill_and_queue(store, worker, 1)
+    before = worker.passes
+    with answering(worker.scheduler):
+        later = submit_job(store, "alice", config("later")).id
+        passwake.ring_now(redis_client, new_work=True)
+        wait_for(lambda: redis_client.llen(passwake.KEY) == 0, "the new work's ring taken")
+        record_task_exit(store, running[0], 0, "main", 0, exit_code=0)
+        passwake.ring_now(redis_client)
+        wait_for(lambda: task_state(store, waiting[0]) == TaskState.LAUNCHING,
+                 "the freed GPU taken")
+    assert worker.passes - before == 1
+    assert task_state(store, later) == TaskState.WAITING
+
+
+def test_new_work_on_a_cluster_with_nothing_waiting_passes_at_once(
+        store: Store, settings: Settings, redis_client: redis.Redis) -> None:
+    worker = paced(settings, WAIT_SECONDS * 10)
+    add_node(store)
+    worker.scheduler.request_pass()  # it left nothing waiting
+    with answering(worker.scheduler):
+        job_id = submit_job(store, "alice", config("lone")).id
+        passwake.ring_now(redis_client, new_work=True)
+        wait_for(lambda: task_state(store, job_id) == TaskState.LAUNCHING, "the job placed")
