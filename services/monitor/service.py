@@ -366,8 +366,7 @@ class Monitor:
     def _event_stream(self, since_seconds: int, stop_event: threading.Event) -> Any:
         """Yield raw events until the stream ends or breaks."""
         try:
-            stream = self.docker.events(decode=True, filters=self.event_filters(),
-                                        since=since_seconds)
+            stream = self.engine.follow_events(self.event_filters(), since_seconds)
         except (DockerException, RequestException) as error:
             log.warning("cannot follow Docker events: %s", error)
             return

@@ -12,11 +12,13 @@ is still built by the SDK) and raises exactly the SDK's errors
 callers handle NotFound, ImageNotFound and conflicts as before.
 
 The monitor's passes over its node (reconcile, samples) list containers
-without the SDK's inspect of each one (`list_containers`).
+without the SDK's inspect of each one (`list_containers`), and its follow
+of the engine's events (`follow_events`, two a job) reads each event as a
+line parsed by orjson, not through the SDK's stream helpers.
 
 Only an engine on a unix socket is spoken to this way; any other (TCP, TLS,
-ssh) goes through the SDK unchanged. Everything else (events, an exec's
-start, whose connection becomes its stream, pulls) stays with the SDK.
+ssh) goes through the SDK unchanged. Everything else (an exec's start, whose
+connection becomes its stream, pulls) stays with the SDK.
 """
 
 from __future__ import annotations
@@ -26,17 +28,18 @@ import http.client
 import json
 import socket
 import threading
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, cast
 from urllib.parse import quote, urlencode
 
 import docker
+import orjson
 import requests
 from docker.errors import create_api_error_from_http_exception
 from docker.models.containers import Container
 from docker.transport.unixconn import UnixHTTPAdapter
 from docker.types.daemon import CancellableStream
-from docker.utils.utils import format_environment
+from docker.utils.utils import convert_filters, format_environment
 from requests.structures import CaseInsensitiveDict
 from urllib3.exceptions import ProtocolError
 
@@ -175,22 +178,18 @@ class EngineCalls:
             self.api._raise_for_status(response)
             self.api._disable_socket_timeout(self.api._get_raw_response_socket(response))
             return _SdkLogResponse(response)
-        url = f"{self._prefix}{path}?{urlencode(params)}"
-        conn = _UnixConnection10(self._socket, self._timeout)
-        try:
-            conn.request("GET", url)
-            sock = conn.sock  # the reply keeps it; the connection lets go (HTTP/1.0 closes)
-            reply = conn.getresponse()
-            failed = reply.read() if reply.status >= 400 else None
-        except (http.client.HTTPException, OSError) as error:
-            conn.close()
-            raise requests.exceptions.ConnectionError(error) from None
-        if failed is not None:
-            conn.close()
-            _raise_api_error(reply, failed, url)
-        assert sock is not None
-        sock.settimeout(None)
-        return _DirectLogResponse(sock, reply)
+        return self._open_stream(f"{self._prefix}{path}?{urlencode(params)}")
+
+    def follow_events(self, filters: Mapping[str, list[str]], since: int) -> EventStream:
+        """`docker events --since --filter`: each event (a dict) as the engine
+        sends it, until the stream is closed (from any thread) or ends. Its
+        connection is its own, with no read timeout."""
+        if self._socket is None:
+            return cast(EventStream, self.api.events(decode=True, filters=dict(filters),
+                                                     since=since))
+        url = f"{self._prefix}/events?" + urlencode({"since": since,
+                                                     "filters": convert_filters(filters)})
+        return _DirectEvents(self._open_stream(url))
 
     def close(self) -> None:
         with self._lock:
@@ -225,6 +224,26 @@ class EngineCalls:
                 _raise_api_error(response, data, url)
             return data
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _open_stream(self, url: str) -> _DirectLogResponse:
+        """GET `url` in HTTP/1.0 on a connection of its own: the open response,
+        with no read timeout."""
+        assert self._socket is not None
+        conn = _UnixConnection10(self._socket, self._timeout)
+        try:
+            conn.request("GET", url)
+            sock = conn.sock  # the reply keeps it; the connection lets go (HTTP/1.0 closes)
+            reply = conn.getresponse()
+            failed = reply.read() if reply.status >= 400 else None
+        except (http.client.HTTPException, OSError) as error:
+            conn.close()
+            raise requests.exceptions.ConnectionError(error) from None
+        if failed is not None:
+            conn.close()
+            _raise_api_error(reply, failed, url)
+        assert sock is not None
+        sock.settimeout(None)
+        return _DirectLogResponse(sock, reply)
 
     def _take(self) -> tuple[_UnixConnection, bool]:
         with self._lock:
@@ -290,6 +309,44 @@ class _DirectLogResponse:
         # The descriptor goes once the response's file lets go of it too;
         # the reply is not closed here, under a read that may be running.
         self._sock.close()
+
+
+class EventStream(Protocol):
+    """The engine's events as they come (each a dict), and `close` from any
+    thread, which ends the iteration (it then raises or stops)."""
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+# the most a read of the event stream takes at once
+EVENTS_READ_BYTES = 65536
+
+
+class _DirectEvents:
+    """Events over HTTP/1.0: the engine writes each as one line of JSON and
+    flushes it, so a read returns every event that has arrived."""
+
+    def __init__(self, response: _DirectLogResponse) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        pending = b""
+        while True:
+            try:
+                data = self._response.read1(EVENTS_READ_BYTES)
+            except http.client.HTTPException as error:
+                raise requests.exceptions.ConnectionError(error) from None
+            if not data:
+                return
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield orjson.loads(line)
+
+    def close(self) -> None:
+        self._response.close()
 
 
 class _SdkLogResponse:

@@ -9,10 +9,14 @@ connections that survive the engine closing one.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -179,3 +183,56 @@ def test_an_engine_not_on_a_unix_socket_goes_through_the_sdk() -> None:
     with pytest.raises(requests.exceptions.ConnectionError):
         engine.start("a" * 64)  # the SDK's own error: nobody listens there
     client.close()
+
+
+def _follow(engine: EngineCalls, labels: dict[str, str], since: int,
+            wanted: int) -> list[dict[str, Any]]:
+    """The first `wanted` events of the test's containers since `since`."""
+    stream = engine.follow_events({"type": ["container"], "event": ["start", "die"],
+                                   "label": [f"{k}={v}" for k, v in labels.items()]}, since)
+    seen: list[dict[str, Any]] = []
+    try:
+        for event in stream:
+            seen.append(event)
+            if len(seen) == wanted:
+                break
+    finally:
+        stream.close()
+    return seen
+
+
+def test_events_are_followed_as_by_the_sdk(
+        engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
+        test_labels: dict[str, str]) -> None:
+    since = int(time.time()) - 1
+    labels = {**test_labels, "pai.test.events": uuid.uuid4().hex}  # this test's alone
+    container = docker_client.containers.run(test_image, ["/bin/busybox", "true"],
+                                             labels=labels, detach=True)
+    try:
+        container.wait(timeout=60)
+        direct = _follow(engine, labels, since, 2)
+        sdk = _follow(EngineCalls(docker_client, direct=False), labels, since, 2)
+    finally:
+        container.remove(force=True)
+    assert [(e["status"], e["id"]) for e in direct] == [("start", container.id),
+                                                         ("die", container.id)]
+    assert direct == sdk
+    assert direct[1]["Actor"]["Attributes"]["exitCode"] == "0"
+
+
+def test_closing_the_event_stream_ends_a_waiting_read(engine: EngineCalls) -> None:
+    stream = engine.follow_events({"label": ["pai.test.never=1"]}, int(time.time()))
+    ended = threading.Event()
+
+    def read() -> None:
+        with contextlib.suppress(OSError, requests.exceptions.ConnectionError):
+            for _ in stream:
+                pass
+        ended.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stream.close()
+    reader.join(30)
+    assert ended.is_set()
+
