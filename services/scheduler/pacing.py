@@ -3,7 +3,7 @@ asked for only because jobs were queued.
 
 The rules:
 
-1. A ring for freed capacity (an exit, a node or GPU back; the doorbell's
+1. A ring for freed capacity (an exit, a GPU fault cleared; the doorbell's
    CAPACITY) is answered at once: a GPU must not idle behind it.
 2. A ring for new work (a submit; NEW_WORK) is answered at once unless this
    scheduler's last pass left jobs waiting: on an idle or unsaturated
