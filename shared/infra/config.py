@@ -218,7 +218,7 @@ class Settings:
         "a guaranteed job may preempt first-attempt work of its own VC and class that has "
         "attained more (0: never)")
     new_work_pass_seconds: float = setting(
-        "PAI_SCHEDULER_NEW_WORK_SECONDS", 0.1, types.seconds,
+        "PAI_SCHEDULER_NEW_WORK_SECONDS", 0.1, types.seconds_or_zero,
         "when the last pass left jobs waiting, a pass asked for only by new submits waits "
         "until this long after it, and takes every job queued meanwhile (0: at once; "
         "[scheduling](docs/scheduling.md))")

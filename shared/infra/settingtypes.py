@@ -66,6 +66,14 @@ def seconds(name: str, raw: str) -> float:
     return value
 
 
+def seconds_or_zero(name: str, raw: str) -> float:
+    """Zero (never waits) or a positive number of seconds."""
+    value = _number(name, raw, "a number of seconds")
+    if not value >= 0:  # NaN too
+        raise ConfigError(f"{name} must be 0 or positive, got {raw!r}")
+    return value
+
+
 def percent(name: str, raw: str) -> float:
     value = _number(name, raw, "a percent")
     if not 0 < value <= 100:

@@ -389,6 +389,21 @@ def test_bad_idle_gpu_settings_are_named(env: dict[str, str], message: str) -> N
     assert message in str(error.value)
 
 
+@pytest.mark.parametrize(("raw", "expected"), [
+    pytest.param(None, 0.1, id="default"), pytest.param("0", 0.0, id="never-waits"),
+    pytest.param("0.5", 0.5, id="set"),
+])
+def test_new_work_pass_seconds(raw: str | None, expected: float) -> None:
+    env = {} if raw is None else {"PAI_SCHEDULER_NEW_WORK_SECONDS": raw}
+    assert load_settings(env).new_work_pass_seconds == expected
+
+
+@pytest.mark.parametrize("raw", ["-0.1", "nan", "soon"])
+def test_a_bad_new_work_pass_seconds_is_named(raw: str) -> None:
+    with pytest.raises(ConfigError, match="PAI_SCHEDULER_NEW_WORK_SECONDS must be"):
+        load_settings({"PAI_SCHEDULER_NEW_WORK_SECONDS": raw})
+
+
 # ------------------------------------------------------------ Prometheus for the charts
 
 
