@@ -5,7 +5,10 @@ A pass request either takes the free lock (and passes) or marks the work for
 the holder, which passes again before it lets go; a request from a worker
 with more scheduler messages queued behind it may only mark the work, left
 to the last of them. `begin` and `end` are atomic with each other, so every
-request is seen by some pass.
+request is seen by some pass. A pass that begins (or goes again) also takes
+the doorbell's ring (shared/state/passwake.py): every ring is made after its
+ringer's write, so what rang before the pass is in what it reads, and no
+second pass follows for it.
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ class PassGate:
         messages queued behind this one)."""
         return int(self.store.run_script(scripts.BEGIN_PASS, [
             keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED,
-            messaging.broker_queue_key(messaging.SCHEDULER_QUEUE)],
+            messaging.broker_queue_key(messaging.SCHEDULER_QUEUE), keys.SCHEDULER_WAKE],
             [token, str(LOCK_SECONDS * 1000), "1" if defer else "0", "1" if if_dirty else "0"]))
 
     def end(self, token: str, *, let_go: bool = False) -> int:
         """PASS_AGAIN when asked again meanwhile (the lock kept); else the
         lock let go (with `let_go`, whatever was asked: the flag stays)."""
         return int(self.store.run_script(
-            scripts.END_PASS, [keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED],
+            scripts.END_PASS, [keys.SCHEDULER_LOCK, DIRTY, keys.PASS_REQUESTED,
+                               keys.SCHEDULER_WAKE],
             [token, "0" if let_go else str(LOCK_SECONDS * 1000)]))
 
     def look_again(self) -> None:

@@ -355,6 +355,17 @@ def test_rings_before_a_pass_cost_one_pass(store: Store, worker: Worker,
     assert all(task_state(store, j) == TaskState.WAITING for j in waiting[3:])
 
 
+def test_a_pass_takes_the_rings_made_before_it(store: Store, worker: Worker,
+                                               redis_client: redis.Redis) -> None:
+    running, waiting = fill_and_queue(store, worker, 2)
+    for job_id in running[:2]:
+        record_task_exit(store, job_id, 0, "main", 0, exit_code=0)
+        passwake.ring_now(redis_client)  # the second comes after the wake thread took the first
+    worker.scheduler.request_pass()
+    assert all(task_state(store, j) == TaskState.LAUNCHING for j in waiting)
+    assert redis_client.llen(passwake.KEY) == 0  # no pass left to find nothing
+
+
 def test_a_ring_during_a_pass_gets_a_pass_after_it(store: Store, worker: Worker,
                                                    redis_client: redis.Redis) -> None:
     running, waiting = fill_and_queue(store, worker, 1)

@@ -208,12 +208,14 @@ return bound
 # the queue after this: the next submit must ask again, see
 # lifecycle.take_pass_request); with ARGV[3] = "1" and messages waiting in the
 # scheduler's broker queue, the work is only marked (2: deferred); else the
-# lock is taken (1: begun, the dirty flag cleared: this pass sees it all) or,
+# lock is taken (1: begun, the dirty flag and the doorbell cleared: this pass
+# sees it all, each ring having been made after its ringer's write) or,
 # held by another, the work marked for its holder (0: held). With ARGV[4] =
 # "1" it does nothing unless the dirty flag is set.
 BEGIN_PASS = Script(
     "begin_pass",
-    keys=("scheduler lock", "dirty flag", "pass-request flag", "scheduler's broker queue"),
+    keys=("scheduler lock", "dirty flag", "pass-request flag", "scheduler's broker queue",
+          "doorbell"),
     args=("token", "lock ms", "'1' to defer while messages wait", "'1' only if dirty"),
     source="""
 if ARGV[4] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
@@ -223,7 +225,7 @@ if ARGV[3] == '1' and redis.call('LLEN', KEYS[4]) > 0 then
   return 2
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('DEL', KEYS[2])
+  redis.call('DEL', KEYS[2], KEYS[5])
   return 1
 end
 redis.call('SET', KEYS[2], '1')
@@ -231,14 +233,15 @@ return 0
 """)
 
 # After a pass, in one step: asked again meanwhile (the dirty flag) -> clear
-# it, keep (or retake) the lock, pass again (1); else let the lock go (0).
+# it and the doorbell, keep (or retake) the lock, pass again (1); else let
+# the lock go (0).
 # With ARGV[2] = "0" the lock is let go whatever the flag (which stays). A
 # lock that expired during the pass and that another took is left to that
 # holder, which sees the flag (-1). Atomic with BEGIN_PASS, so a request is
 # either seen here or takes the free lock itself: none is lost.
 END_PASS = Script(
     "end_pass",
-    keys=("scheduler lock", "dirty flag", "pass-request flag"),
+    keys=("scheduler lock", "dirty flag", "pass-request flag", "doorbell"),
     args=("token", "lock ms ('0': let go)"),
     source="""
 local mine = redis.call('GET', KEYS[1]) == ARGV[1]
@@ -250,7 +253,7 @@ if not mine and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) the
   return -1
 end
 if redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[3], KEYS[4])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
