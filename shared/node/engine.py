@@ -225,7 +225,7 @@ class EngineCalls:
             return data
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _open_stream(self, url: str) -> _DirectLogResponse:
+    def _open_stream(self, url: str) -> _DirectResponse:
         """GET `url` in HTTP/1.0 on a connection of its own: the open response,
         with no read timeout."""
         assert self._socket is not None
@@ -243,7 +243,7 @@ class EngineCalls:
             _raise_api_error(reply, failed, url)
         assert sock is not None
         sock.settimeout(None)
-        return _DirectLogResponse(sock, reply)
+        return _DirectResponse(sock, reply)
 
     def _take(self) -> tuple[_UnixConnection, bool]:
         with self._lock:
@@ -286,7 +286,9 @@ BROKEN_STREAM_ERRORS: tuple[type[BaseException], ...] = (
     http.client.HTTPException, ProtocolError, OSError)
 
 
-class _DirectLogResponse:
+class _DirectResponse:
+    """A long HTTP/1.0 response read as it comes (a log follow, the events)."""
+
     def __init__(self, sock: socket.socket, reply: http.client.HTTPResponse) -> None:
         self._sock, self._reply = sock, reply
         self._closed = False
@@ -328,7 +330,7 @@ class _DirectEvents:
     """Events over HTTP/1.0: the engine writes each as one line of JSON and
     flushes it, so a read returns every event that has arrived."""
 
-    def __init__(self, response: _DirectLogResponse) -> None:
+    def __init__(self, response: _DirectResponse) -> None:
         self._response = response
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

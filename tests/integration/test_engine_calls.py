@@ -68,16 +68,23 @@ def test_a_container_is_created_started_and_removed_as_by_the_sdk(
         docker_client.api.inspect_container(container_id)
 
 
+@contextlib.contextmanager
+def sleeping(engine: EngineCalls, image: str, labels: dict[str, str]) -> Iterator[str]:
+    """A running `sleep 60` container, made and started by `engine`, for the block."""
+    container_id = engine.create_container(image, ["sleep", "60"], labels=labels)
+    try:
+        engine.start(container_id)
+        yield container_id
+    finally:
+        engine.remove_container(container_id, force=True)
+
+
 def test_starting_a_running_container_again_is_no_error(
         engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
         test_labels: dict[str, str]) -> None:
-    container_id = engine.create_container(test_image, ["sleep", "60"], labels=test_labels)
-    try:
-        engine.start(container_id)
+    with sleeping(engine, test_image, test_labels) as container_id:
         engine.start(container_id)  # Docker answers 304
         assert docker_client.api.inspect_container(container_id)["State"]["Running"] is True
-    finally:
-        engine.remove_container(container_id, force=True)
 
 
 def test_errors_are_the_sdks(engine: EngineCalls, test_image: str,
@@ -101,9 +108,7 @@ def test_errors_are_the_sdks(engine: EngineCalls, test_image: str,
 def test_an_exec_is_created_and_inspected_as_by_the_sdk(
         engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
         test_labels: dict[str, str]) -> None:
-    container_id = engine.create_container(test_image, ["sleep", "60"], labels=test_labels)
-    try:
-        engine.start(container_id)
+    with sleeping(engine, test_image, test_labels) as container_id:
         exec_id = engine.exec_create(container_id, ["sh", "-c", "echo out; exit 3"])
         by_sdk = docker_client.api.exec_create(container_id, ["sh", "-c", "echo out; exit 3"])
         ours, theirs = (docker_client.api.exec_inspect(e) for e in (exec_id, by_sdk["Id"]))
@@ -115,8 +120,6 @@ def test_an_exec_is_created_and_inspected_as_by_the_sdk(
         assert engine.exec_inspect(exec_id)["Running"] is False
         with pytest.raises(NotFound):
             engine.exec_inspect("0" * 64)
-    finally:
-        engine.remove_container(container_id, force=True)
     with pytest.raises(NotFound):
         engine.exec_create(container_id, ["true"])
 
