@@ -194,8 +194,10 @@ class LeaseKeeper:
                       f"reach it)")
             if not self.contact.fenced:
                 log.error("%s: fencing: stopping its job containers", reason)
-            self.fencer.fence(reason)  # each round: a container that failed to stop again
+            # Fenced from the decision on: the containers may stop (and be
+            # seen stopped) before `fence` returns.
             self.contact.fenced = True
+            self.fencer.fence(reason)  # each round: a container that failed to stop again
         return action
 
     def _name_lost(self, error: NameLost) -> None:
