@@ -37,6 +37,9 @@ def make_folder(page: Page, platform: Platform, folder: Path) -> None:
     expect(page.locator(".flashes")).to_contain_text(f"Made folder {folder.name}.")
     page.locator("#files a.folder", has_text=folder.name).click()
     expect(page.locator("#where")).to_have_text(str(folder))
+    # The text shows before the deferred script has bound the upload handlers:
+    # a drop or a file chosen before "load" would reach no listener.
+    page.wait_for_load_state("load")
 
 
 def test_upload_in_parts_download_and_delete(page: Page, platform: Platform, folder: Path,
