@@ -218,26 +218,10 @@ class StopNotice:
 
     def reason(self) -> str:
         if self.notice_file and os.path.exists(self.notice_file) and not self.stale:
-            fields = read_notice(self.notice_file)
+            with open(self.notice_file, encoding="utf-8", errors="replace") as notice:
+                fields = dict(line.strip().split("=", 1) for line in notice if "=" in line)
             return f"preempted by {fields.get('PAI_PREEMPTED_BY', '?')}"
         return "SIGTERM"
-
-
-# The notice appears before all of it is written: read until its deadline
-# line (written after who preempts) is there, a moment at most.
-NOTICE_READS, NOTICE_READ_SECONDS = 50, 0.02
-
-
-def read_notice(path: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for _ in range(NOTICE_READS):
-        with open(path, encoding="utf-8", errors="replace") as notice:
-            text = notice.read()
-        fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-        if "PAI_PREEMPTION_DEADLINE" in fields and text.endswith("\n"):
-            break
-        time.sleep(NOTICE_READ_SECONDS)
-    return fields
 
 
 # ------------------------------------------------------------- checkpoints
