@@ -53,7 +53,7 @@ from shared.state.execsessions import (
     Start,
     TtyRequest,
 )
-from shared.state.store import Store, connect
+from shared.state.store import Store, connect, dedicated
 
 bp = Blueprint("exectty", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")
@@ -63,6 +63,10 @@ READ_BLOCK_MS = 1000
 RECEIVE_SECONDS = 1.0
 SEND_TIMEOUT_SECONDS = 30.0
 FULL_WAIT_SECONDS = 0.05
+# Output entries sent are deleted (room for the launcher) this many at a
+# time: a command for every keystroke's echo was a fifth of a session's CPU.
+# The stream's bound (OUTPUT_MAX_ENTRIES) counts them until then.
+DELETE_BATCH = 32
 # A client that keeps sending while the node is behind is cut off past this
 # many messages buffered in the API (the WebSocket reader does not stop).
 MAX_BUFFERED_MESSAGES = 2 * execsessions.INPUT_MAX_ENTRIES
@@ -95,12 +99,11 @@ def parse_control(text: str) -> Resize | Start:
 
 @dataclass
 class _Ttys:
-    """The sessions' caps, this process's sessions, and their Redis pool: each
-    session holds one connection in XREAD BLOCK and uses a second for its
-    input, never the connections requests need."""
+    """The sessions' caps and their Redis pool: each session holds two of its
+    connections for its whole life (`dedicated`), one for its output (XREAD
+    BLOCK) and one for its input, never the connections requests need."""
 
     caps: Caps
-    sessions: Sessions
     store: Store
 
 
@@ -114,7 +117,7 @@ def _ttys() -> _Ttys:
                     busy="this API process serves as many terminal sessions as it may",
                     capped="{user} already holds {cap} terminal sessions, the most one user "
                            "may at once; close one first")
-        return _Ttys(caps, Sessions(store.r), store)
+        return _Ttys(caps, store)
 
     return extension_of(current_app, EXTENSION, create)
 
@@ -187,9 +190,13 @@ class _Session:
                  request: TtyRequest) -> None:
         self.ws, self.state, self.username, self.lease = ws, state, username, lease
         self.request = request
-        self.sessions = state.sessions
+        # Each pump on a connection of its own, held for the session: the
+        # output's (read, delete, renew, close) and the input's (push)
+        self.sessions = Sessions(dedicated(state.store.r))
+        self.inputs = Sessions(dedicated(state.store.r))
         self.client_gone = threading.Event()
         self.last_id = "0-0"  # the last output entry sent
+        self.sent: list[str] = []  # output entries sent and not yet deleted
         self.sending = threading.Lock()  # both pumps send: one whole message at a time
 
     def run(self, wait_start: bool, answer_seconds: float) -> None:
@@ -210,7 +217,11 @@ class _Session:
             self._pump_output()
         finally:
             self.client_gone.set()
-            self.sessions.close(self.request.id)
+            try:
+                self.sessions.close(self.request.id)
+            finally:
+                self.sessions.r.close()  # the connections go back to the pool
+                self.inputs.r.close()
 
     def _start_message(self, pending: list[bytes | Resize]) -> TtyRequest | None:
         """The request the first message makes: a start message (its command
@@ -289,7 +300,10 @@ class _Session:
                     self._send(entry.data)
                 except (ConnectionClosed, OSError):  # gone, or not reading
                     return
-            self.sessions.delivered(self.request.id, [e.id for e in entries])
+            self.sent.extend(e.id for e in entries)
+            if len(self.sent) >= DELETE_BATCH:
+                self.sessions.delivered(self.request.id, self.sent)
+                self.sent = []
             if time.monotonic() - renewed_at >= execsessions.RENEW_SECONDS:
                 renewed_at = time.monotonic()
                 if not self._renew(started_ms):
@@ -339,7 +353,7 @@ class _Session:
         entry = execsessions.input_resize(item) if isinstance(item, Resize) \
             else execsessions.input_data(item)
         while not self.client_gone.is_set():
-            added = self.sessions.push_input(self.request.id, entry)
+            added = self.inputs.push_input(self.request.id, entry)
             if added != 0:
                 return added > 0
             if len(getattr(self.ws, "input_buffer", ())) > MAX_BUFFERED_MESSAGES:

@@ -33,7 +33,7 @@ from shared.infra.config import Settings
 from shared.state import execsessions
 from shared.state.execs import ExecRequest
 from shared.state.execsessions import EndReason, Refusal, Resize, Sessions, TtyRequest
-from shared.state.store import Store, connect
+from shared.state.store import Store, connect, dedicated
 
 log = logging.getLogger("pai.launcher")
 
@@ -60,8 +60,9 @@ class TtySessions:
         self.settings, self.store, self.runtime, self.node = settings, store, runtime, node
         self.running_container = running_container
         self.slots = threading.BoundedSemaphore(settings.exec_tty_slots_per_node)
-        # Each session holds one connection in BLMPOP and uses one to write:
-        # a pool of their own, so they never take the Celery threads'.
+        # Each session holds two connections for its life (`dedicated`), one
+        # in BLMPOP for its input and one to write its output: a pool of
+        # their own, so they never take the Celery threads'.
         self.sessions = Sessions(connect(settings.redis_url,
                                          pool_size=2 * settings.exec_tty_slots_per_node + 2))
 
@@ -93,32 +94,8 @@ class TtySessions:
         what = (f"{request.exec.job_id} attempt {request.exec.attempt} "
                 f"{request.exec.role}[{request.exec.index}]")
         try:
-            api = self.runtime.client.api
-            try:
-                exec_id = api.exec_create(container_id, request.exec.argv, stdout=True,
-                                          stderr=True, stdin=True, tty=True)["Id"]
-                sock = api.exec_start(exec_id, socket=True, tty=True)
-            except (NotFound, APIError) as error:
-                log.info("exec session in %s refused by Docker: %s", what, error)
-                self.sessions.refuse(request.id, Refusal.NOT_RUNNING,
-                                     f"its container does not run on {self.node}: "
-                                     f"Docker refused: {error}")
-                return
-            self._resize(exec_id, Resize(request.cols, request.rows))
-            started = time.monotonic()
-            log.info("exec session %s by %s in %s started: %s", request.id[:12],
-                     request.exec.user, what, request.exec.argv)
-            self.sessions.put_output(request.id, {"started": "1"})
-            try:
-                reason = self._pump(request, exec_id, sock)
-            finally:
-                close_exec_socket(sock)
-            exit_code = self._finish(exec_id, reason)
-            self.sessions.end(request.id, exit_code, reason)
-            self._audit_end(request, exit_code, reason, time.monotonic() - started)
-            log.info("exec session %s by %s in %s ended (%s): exit %s after %.0f s",
-                     request.id[:12], request.exec.user, what, reason.value, exit_code,
-                     time.monotonic() - started)
+            with dedicated(self.sessions.r) as link:  # its output's, given back at the end
+                self._run(Sessions(link), request, container_id, what)
         except Exception:
             log.exception("exec session %s in %s failed", request.id[:12], what)
             with contextlib.suppress(Exception):
@@ -126,6 +103,35 @@ class TtySessions:
                                   "the node failed to serve the session")
         finally:
             self.slots.release()
+
+    def _run(self, output: Sessions, request: TtyRequest, container_id: str,
+             what: str) -> None:
+        """The session from the exec's start to its end entry; `output` writes it."""
+        api = self.runtime.client.api
+        try:
+            exec_id = api.exec_create(container_id, request.exec.argv, stdout=True,
+                                      stderr=True, stdin=True, tty=True)["Id"]
+            sock = api.exec_start(exec_id, socket=True, tty=True)
+        except (NotFound, APIError) as error:
+            log.info("exec session in %s refused by Docker: %s", what, error)
+            output.refuse(request.id, Refusal.NOT_RUNNING,
+                          f"its container does not run on {self.node}: Docker refused: {error}")
+            return
+        self._resize(exec_id, Resize(request.cols, request.rows))
+        started = time.monotonic()
+        log.info("exec session %s by %s in %s started: %s", request.id[:12],
+                 request.exec.user, what, request.exec.argv)
+        output.put_output(request.id, {"started": "1"})
+        try:
+            reason = self._pump(request, exec_id, sock, output)
+        finally:
+            close_exec_socket(sock)
+        exit_code = self._finish(exec_id, reason)
+        output.end(request.id, exit_code, reason)
+        self._audit_end(request, exit_code, reason, time.monotonic() - started)
+        log.info("exec session %s by %s in %s ended (%s): exit %s after %.0f s",
+                 request.id[:12], request.exec.user, what, reason.value, exit_code,
+                 time.monotonic() - started)
 
     def _finish(self, exec_id: str, reason: EndReason) -> int | None:
         """Kill the program unless it ended by itself; its exit code."""
@@ -137,7 +143,8 @@ class TtySessions:
             log.info("exec %s: no exit code: %s", exec_id[:12], error)
             return None
 
-    def _pump(self, request: TtyRequest, exec_id: str, sock: Any) -> EndReason:
+    def _pump(self, request: TtyRequest, exec_id: str, sock: Any,
+              output: Sessions) -> EndReason:
         """Carry bytes both ways until the session must end; why it ended."""
         activity, stop = _Activity(), threading.Event()
         typing = threading.Thread(target=self._pump_input, daemon=True,
@@ -157,7 +164,7 @@ class TtySessions:
                     return reason
                 if now - beat_at >= POLL_SECONDS:
                     beat_at = now
-                    if not self.sessions.beat(request.id, now_ms()):
+                    if not output.beat(request.id, now_ms()):
                         return EndReason.CLIENT_GONE
                 if not poller.poll(POLL_SECONDS * 1000):
                     continue
@@ -165,19 +172,19 @@ class TtySessions:
                 if not chunk:
                     return EndReason.EXITED  # the program closed its terminal: it ended
                 activity.touch()
-                if not self._put(request, chunk, activity, started):
+                if not self._put(output, request, chunk, activity, started):
                     return EndReason.CLIENT_GONE
         finally:
             stop.set()
             typing.join(INPUT_WAIT_SECONDS * 2)
 
-    def _put(self, request: TtyRequest, chunk: bytes, activity: _Activity,
+    def _put(self, output: Sessions, request: TtyRequest, chunk: bytes, activity: _Activity,
              started: float) -> bool:
         """Append output, waiting while the stream is full (the API is behind:
         the program waits too, as on a slow link); False when the session is
         gone. The wait ends with the session's limits."""
         while True:
-            added = self.sessions.put_data(request.id, chunk)
+            added = output.put_data(request.id, chunk)
             if added != 0:
                 return added > 0
             if execsessions.end_reason(time.monotonic(), started, activity.last,
@@ -190,17 +197,22 @@ class TtySessions:
                     stop: threading.Event) -> None:
         raw = getattr(sock, "_sock", sock)  # docker-py's SocketIO wraps the socket
         try:
-            while not stop.is_set():
-                for item in self.sessions.take_input(request.id, INPUT_WAIT_SECONDS):
-                    if isinstance(item, Resize):
-                        self._resize(exec_id, item)
-                        continue
-                    activity.touch()
-                    raw.sendall(item)
+            with dedicated(self.sessions.r) as link:  # its input's, given back at the end
+                self._pump_input_on(Sessions(link), request, exec_id, raw, activity, stop)
         except OSError as error:  # the program ended and its socket with it
             log.debug("exec session %s: input stopped: %s", request.id[:12], error)
         except Exception:
             log.exception("exec session %s: input failed", request.id[:12])
+
+    def _pump_input_on(self, inputs: Sessions, request: TtyRequest, exec_id: str, raw: Any,
+                       activity: _Activity, stop: threading.Event) -> None:
+        while not stop.is_set():
+            for item in inputs.take_input(request.id, INPUT_WAIT_SECONDS):
+                if isinstance(item, Resize):
+                    self._resize(exec_id, item)
+                    continue
+                activity.touch()
+                raw.sendall(item)
 
     def _resize(self, exec_id: str, size: Resize) -> None:
         try:

@@ -15,8 +15,9 @@ node's launcher (which holds Docker's exec socket):
   past that the API stops reading the WebSocket until the launcher catches
   up (back-pressure, nothing dropped).
 - keys.exec_session_output: a stream the launcher appends the terminal's
-  output to, the API reads (XREAD BLOCK) and deletes once sent. At most
-  OUTPUT_MAX_ENTRIES entries wait: past that the launcher stops reading the
+  output to, the API reads (XREAD BLOCK) and deletes once sent (a batch at
+  a time, services/api/exectty.py). At most OUTPUT_MAX_ENTRIES entries, sent
+  or not, are kept: past that the launcher stops reading the
   exec's socket (back-pressure: the program blocks on its terminal, as on a
   slow ssh link). Its first entry says the session started (or why not),
   its last one the exit code and why the session ended.

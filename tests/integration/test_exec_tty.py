@@ -44,7 +44,7 @@ from services.launcher.service import Launcher
 from services.launcher.worker import create_launcher_app
 from shared.infra.config import Settings
 from shared.node.containers import LABEL_NODE, TaskRef
-from shared.state import keys, telemetry
+from shared.state import execsessions, keys, telemetry
 from shared.state.store import Store
 from shared.state.taskexits import record_task_exit
 from tests.support.api import AuthedClient, served
@@ -373,6 +373,34 @@ def test_a_vanished_client_leaves_no_process_and_no_keys(
         assert time.monotonic() < deadline, (processes(launcher, running),
                                              session_keys(redis_client))
         time.sleep(0.2)
+
+
+def test_more_output_entries_than_the_stream_keeps_all_arrive(
+        api: str, running: str, alice: AuthedClient) -> None:
+    """Each keystroke's echo is an output entry of its own: past
+    OUTPUT_MAX_ENTRIES of them the session goes on only if the API deletes
+    what it sent (in batches) and the launcher finds room again."""
+    screen = Screen(connect(api, alice, command=["cat"]))
+    rounds = execsessions.OUTPUT_MAX_ENTRIES + 2 * api_exectty.DELETE_BATCH
+    for n in range(rounds):
+        key = bytes([ord("a") + n % 26])
+        screen.output = b""
+        screen.ws.send(key)
+        screen.shows(key)
+    screen.ws.close()
+
+
+@pytest.mark.parametrize("settings", [{"api_worker_connections": 4}], indirect=True)
+def test_sessions_one_after_another_give_their_connections_back(
+        api: str, running: str, alice: AuthedClient) -> None:
+    """With room for one session (its two connections held for its life),
+    each session after the first needs the connections the last one gave
+    back."""
+    for n in range(3):
+        ws = connect(api, alice, command=["sh", "-c", f"echo session-{n}; exit {n}"])
+        screen = Screen(ws)
+        assert screen.exit() == {"type": "exit", "exitCode": n, "reason": "exited"}
+        assert f"session-{n}".encode() in screen.output
 
 
 def test_a_terminal_under_gunicorn_s_gevent_worker(running: str, alice: AuthedClient,

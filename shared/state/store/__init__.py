@@ -113,6 +113,14 @@ def connect(url: str, pool_size: int = POOL_SIZE) -> redis.Redis:
     return client
 
 
+def dedicated(client: redis.Redis) -> redis.Redis:
+    """A client that holds one connection of `client`'s pool until its
+    `close()`, for one caller sending command after command (a terminal
+    session's pump): no check-out and check-in of the pool around each.
+    Its class is `client`'s, so a failover client stays one."""
+    return type(client)(connection_pool=client.connection_pool, single_connection_client=True)
+
+
 # redis-py types every reply as a union of bytes, str and awaitables, which
 # helps no one here (the client decodes replies): a pipeline or client is Any.
 Pipe = Any
