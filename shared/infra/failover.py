@@ -34,7 +34,6 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from shared.infra import links
-from shared.infra.checkout import quick_checkout
 from shared.infra.redisurl import SentinelTarget
 
 T = TypeVar("T")
@@ -178,5 +177,4 @@ def sentinel_client(target: SentinelTarget, *, pool_size: int,
         max_connections=pool_size, timeout=pool_wait_seconds,
         retry=Retry(NoBackoff(), 0))
     assert isinstance(client, FailoverRedis)
-    quick_checkout(client.connection_pool)
     return client

@@ -28,7 +28,6 @@ from redis.client import NEVER_DECODE
 from shared.domain.archive import Archive
 from shared.domain.models import Job, Task
 from shared.infra import links
-from shared.infra.checkout import quick_checkout
 from shared.infra.config import parse_sentinel_url
 from shared.infra.failover import SWITCH_ERRORS, FailoverWait, failover_seconds, sentinel_client
 from shared.state import keys, scripts
@@ -107,7 +106,6 @@ def connect(url: str, pool_size: int = POOL_SIZE) -> redis.Redis:
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=pool_size, timeout=POOL_WAIT_SECONDS,
         decode_responses=True, **links.redis_options())
-    quick_checkout(pool)
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # close() closes the pool, as from_url's does
     return client
