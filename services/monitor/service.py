@@ -198,7 +198,7 @@ class Monitor:
             exit_code=observation.exit_code, diagnostics=observation.diagnostics,
             platform_failure=platform_failure, task_retry=ref.retry,
             relaunch_deadline_ms=now_ms() + int(self.settings.launch_timeout_seconds * 1000),
-            submission=ref.submission)
+            submission=ref.submission, ring=True, node=self.node)
         if report is not None:
             log.info("%s ended: %s -> task %s, job %s%s", describe(ref), observation.diagnostics,
                      report.task_state, report.job_state, " (retried)" if report.retried else
@@ -213,10 +213,13 @@ class Monitor:
             # they hold once they are settled: Scheduler.stop_attempt).
             self.messenger.attempt_ended(ref.job_id, ref.attempt)
             return report
-        # The exit's own transaction freed the task's allocation (and queued
-        # the retry, if any): what is left is a pass. Asked for a repeated
-        # report too, for a monitor that died between settling and asking.
-        passwake.ring_now(self.store.r)
+        if report is None or report.relaunched:
+            # A repeated report (its first rang in its own transaction; the
+            # ring is asked for again, as cheap as it is harmless) or a retry
+            # with no node to start on: a pass decides.
+            passwake.ring_now(self.store.r)
+        # Otherwise the exit's own transaction freed the task's allocation
+        # (and queued the retry, if any) and rang for the pass that follows.
         return report
 
     def handle_created(self, container: Container) -> bool:

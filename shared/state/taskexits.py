@@ -33,9 +33,10 @@ from shared.domain.models import (
 )
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
-from shared.state import keys, telemetry, usage
+from shared.state import keys, passwake, telemetry, usage
 from shared.state.lifecycle import clear_placement, closed_attempt, move_task
 from shared.state.store import Pipe, Store, task_is_live
+from shared.state.store.jobs import JobView
 
 # A task retry's launch lease when the caller names none: the scheduler sends
 # the start again once it is over (retry_stale_launches)
@@ -63,7 +64,7 @@ def record_task_exit(
     store: Store, job_id: str, attempt: int, role: str, index: int, *,
     exit_code: int, diagnostics: str = "", platform_failure: bool = False,
     task_retry: int | None = None, relaunch_deadline_ms: int | None = None,
-    submission: str | None = None,
+    submission: str | None = None, ring: bool = False, node: str | None = None,
 ) -> ExitReport | None:
     """A task's container ended (or can never run): settle the task and job
     as shared/domain/exits.py `decide_exit` says, on the records read under
@@ -76,13 +77,22 @@ def record_task_exit(
     relaunched task (its role's `taskRetryCount`) goes back to LAUNCHING on
     its allocation under a launch lease to `relaunch_deadline_ms`.
 
+    `node`: the node the task is known to run on (the reporting node's own),
+    so that its allocation is read with the records, not after them.
+
+    `ring`: a settled task whose attempt leaves no task live on a node (so
+    nothing is left to stop first) rings the schedulers' doorbell for the
+    pass its freed allocation asks for, in the same transaction: no round
+    trip of its own, and never a settled exit without its ring.
+
     Returns None when the report is stale (the task settled already).
     """
     seen = TaskExit(exit_code, diagnostics, platform_failure, task_retry, submission)
     key = task_key(role, index)
 
     def decide(pipe: Pipe) -> ExitReport | None:
-        view = store.read_job_view(pipe, job_id, attempt, config=True)
+        view = store.read_job_view(pipe, job_id, attempt, config=True,
+                                   held_on=(node, role, index) if node else None)
         job, tasks = view.job, view.tasks
         spec = None
         if job is not None and key in tasks and is_live(job, attempt) and view.config:
@@ -94,7 +104,7 @@ def record_task_exit(
             deadline = relaunch_deadline_ms or now_ms() + RELAUNCH_LEASE_MS
             return _relaunch(store, pipe, job, tasks[key], attempt, seen, deadline)
         return _settle_exit(store, pipe, job, tasks, tasks[key], attempt, decision, seen,
-                            view.attempt)
+                            view, ring)
 
     return store.transact(decide, keys.job(job_id), keys.job_tasks(job_id, attempt))
 
@@ -121,16 +131,17 @@ def _relaunch(store: Store, pipe: Pipe, job: Job, task: Task, attempt: int, seen
 
 def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], task: Task,
                  attempt: int, decision: ExitDecision, seen: TaskExit,
-                 attempt_record: Attempt | None) -> ExitReport:
+                 view: JobView, ring: bool) -> ExitReport:
     """Write what `decision` says of a settled task, its attempt and its job
-    (`attempt_record`: the attempt's record as read with them)."""
+    (`view`: what was read with them), and the ring `record_task_exit`
+    describes."""
     assert decision.task_state is not None
     now = now_ms()
     move_task(task, decision.task_state)
     task.exit_code, task.diagnostics = seen.exit_code, seen.diagnostics
     task.platform_failure, task.completed_ms = seen.platform_failure, now
     previous = job.state
-    closed = _ended_attempt(store, pipe, job, decision.attempt_end, attempt_record)
+    closed = _ended_attempt(store, pipe, job, decision.attempt_end, view.attempt)
     new_tasks = _apply_to_job(store, job, tasks, decision, now)
     # Tasks a partial placement (no gang allocation) had not placed yet
     # never run in an attempt that ended.
@@ -139,7 +150,7 @@ def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], tas
     for waiting in unplaced:
         move_task(waiting, TaskState.STOPPED)
         waiting.completed_ms = now
-    held = usage.held_allocation(pipe, job.id, attempt, task)
+    held = usage.held_allocation(pipe, job.id, attempt, task, view.held)
 
     pipe.multi()
     store.write_tasks(pipe, job.id, attempt, [task, *unplaced])
@@ -167,6 +178,8 @@ def _settle_exit(store: Store, pipe: Pipe, job: Job, tasks: dict[str, Task], tas
                         retried=decision.retry is not None)
     live_left = decision.attempt_ended and any(
         other is not task and other.node and task_is_live(other) for other in tasks.values())
+    if ring and not live_left:
+        passwake.ring(pipe)
     return ExitReport(task.state, job.state, decision.attempt_ended, decision.retry is not None,
                       task.node, live_left=live_left)
 

@@ -322,12 +322,18 @@ def record_interval(pipe: Any, interval: Interval, retention_days: int | None = 
     scripts.run(pipe, scripts.RECORD_USAGE_ONCE, record_keys, args)
 
 
-def held_allocation(reader: Any, job_id: str, attempt: int, task: Task) -> Allocation | None:
-    """The allocation `task` holds on its node, if it was placed and holds one."""
+def held_allocation(reader: Any, job_id: str, attempt: int, task: Task,
+                    read: tuple[str, str | None] | None = None) -> Allocation | None:
+    """The allocation `task` holds on its node, if it was placed and holds one;
+    `read`: (node, raw value) read already with the task (JobView.held),
+    used when it is the task's node."""
     if task.node is None or task.launched_ms is None:
         return None
-    raw = reader.hget(keys.node_alloc(task.node),
-                      attempt_task_key(job_id, attempt, task.role, task.index))
+    if read is not None and read[0] == task.node:
+        raw = read[1]
+    else:
+        raw = reader.hget(keys.node_alloc(task.node),
+                          attempt_task_key(job_id, attempt, task.role, task.index))
     return Allocation.from_dict(json.loads(raw)) if raw else None
 
 

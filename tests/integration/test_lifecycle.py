@@ -24,7 +24,7 @@ from shared.domain.models import (
     parse_attempt_task_key,
 )
 from shared.domain.states import JobState, TaskState
-from shared.state import keys, lifecycle
+from shared.state import keys, lifecycle, passwake
 from shared.state.lifecycle import (
     ModeChange,
     delete_job,
@@ -578,6 +578,42 @@ def test_a_start_and_an_exit_read_what_they_decide_on_in_one_round_trip(
     assert (attempt.state, attempt.exit_code, attempt.started_ms) == (
         JobState.SUCCEEDED, 0, started)
     client.close()
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_an_exit_rings_for_its_pass_in_its_own_transaction(
+        store: Store, redis_server: str, redis_client: redis.Redis, ring: bool) -> None:
+    """The ring for the pass a freed allocation asks for costs no round trip
+    of its own, nor does the allocation on the reporter's node (read with the
+    records): the exit's count is the same with the ring or without, and the
+    doorbell holds it only when asked."""
+    job = submit_job(store, "alice", config())
+    place(store, job.id)
+    assert mark_task_running(store, job.id, 0, "main", 0, "c-main-0")
+    redis_client.delete(passwake.KEY)
+    client, counter = counting_client(redis_server)
+    client.ping()
+    counter.sent = 0
+    report = record_task_exit(Store(client), job.id, 0, "main", 0, exit_code=0, ring=ring,
+                              node="n1")
+    assert report is not None and report.job_state == JobState.SUCCEEDED
+    assert counter.sent == 3  # WATCH, the read (the allocation on n1 with it), MULTI/EXEC
+    assert redis_client.lrange(passwake.KEY, 0, -1) == ([passwake.CAPACITY] if ring else [])
+    client.close()
+
+
+def test_an_exit_that_leaves_tasks_to_stop_does_not_ring(
+        store: Store, redis_client: redis.Redis) -> None:
+    """One failed task ends the attempt while another runs: the scheduler is
+    told to stop it (the caller's message), and the pass waits for that."""
+    job = submit_job(store, "alice", config(roles=[role("main", 2)]))
+    place(store, job.id)
+    for index in range(2):
+        assert mark_task_running(store, job.id, 0, "main", index, f"c-main-{index}")
+    redis_client.delete(passwake.KEY)
+    report = record_task_exit(store, job.id, 0, "main", 0, exit_code=3, ring=True)
+    assert report is not None and report.attempt_ended and report.live_left
+    assert redis_client.llen(passwake.KEY) == 0
 
 
 def test_exit_of_an_unknown_task_or_job_is_none(store: Store) -> None:

@@ -76,10 +76,15 @@ def write(r: redis.Redis, *spans: usage.Interval) -> None:
 # ------------------------------------------------------------- recording
 
 
-def test_a_task_exit_records_its_hold_from_placement_to_exit_once(store: Store) -> None:
+# The reporter's node: none named (the allocation is read after the task),
+# the task's own (read with it), or another one (read after it all the same)
+@pytest.mark.parametrize("node", [None, "n1", "n2"])
+def test_a_task_exit_records_its_hold_from_placement_to_exit_once(store: Store,
+                                                                  node: str | None) -> None:
     job_id = run_job(store, "alice", "train", gpus=2, cpus=3, memory_mb=1000)
-    assert record_task_exit(store, job_id, 0, "main", 0, exit_code=0) is not None
-    assert record_task_exit(store, job_id, 0, "main", 0, exit_code=0) is None  # redelivered
+    assert record_task_exit(store, job_id, 0, "main", 0, exit_code=0, node=node) is not None
+    assert record_task_exit(store, job_id, 0, "main", 0, exit_code=0,
+                            node=node) is None  # redelivered
     task = store.get_task(job_id, 0, "main", 0)
     assert task is not None and task.launched_ms is not None and task.completed_ms is not None
     held = task.completed_ms - task.launched_ms

@@ -103,17 +103,23 @@ return out
 
 # What a compare-and-set on a job's attempt reads under WATCH, in one round
 # trip instead of one a key: the job's record and the attempt's tasks (each
-# HGETALL's flat list), the attempt's record (ARGV[1]: its index) and, when
-# ARGV[2] is "1", the job's config (false where a value is not there).
+# HGETALL's flat list), the attempt's record (ARGV[1]: its index), when
+# ARGV[2] is "1" the job's config, and given a node's allocations (KEYS[5])
+# one task's allocation there (ARGV[3]: its field); false where a value is
+# not there.
 READ_JOB_VIEW = Script(
     "read_job_view",
-    keys=("job record", "the attempt's tasks", "the job's attempts", "the job's config"),
-    args=("attempt index", "\"1\": read the config too"),
+    keys=("job record", "the attempt's tasks", "the job's attempts", "the job's config",
+          "a node's allocations (optional)..."),
+    args=("attempt index", "\"1\": read the config too",
+          "a task's field in the node's allocations (with KEYS[5])..."),
     source="""#!lua flags=no-writes
 local config = false
 if ARGV[2] == '1' then config = redis.call('GET', KEYS[4]) end
+local held = false
+if KEYS[5] then held = redis.call('HGET', KEYS[5], ARGV[3]) end
 return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
-        redis.call('HGET', KEYS[3], ARGV[1]), config}
+        redis.call('HGET', KEYS[3], ARGV[1]), config, held}
 """)
 
 # The fields named after the stamps of each queued job's record (HMGET's

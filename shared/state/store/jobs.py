@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.archive import Archive
-from shared.domain.models import Attempt, Job, Task, task_key
+from shared.domain.models import Attempt, Job, Task, attempt_task_key, task_key
 from shared.domain.priority import PriorityClass, queue_order
 from shared.domain.states import JobState, check_job_move
 from shared.infra.clock import now_ms
@@ -45,6 +45,9 @@ class JobView:
     tasks: dict[str, Task]
     attempt: Attempt | None
     config: dict[str, Any] | None
+    # The allocation asked for (`held_on`), as read with the rest: the node
+    # and the raw value (None where the node holds none for the task)
+    held: tuple[str, str | None] | None = None
 
 
 class JobsMixin(StoreCore):
@@ -187,22 +190,29 @@ class JobsMixin(StoreCore):
         return _archived_job(job_id, self.read_archive(reader, job_id))
 
     def read_job_view(self, reader: Reader, job_id: str, attempt: int, *,
-                      config: bool = False) -> JobView:
+                      config: bool = False,
+                      held_on: tuple[str, str, int] | None = None) -> JobView:
         """What a compare-and-set on an attempt decides on, in one round trip
         (a script, so it is one under WATCH too, where a pipeline's commands
         each go alone): the job's record (`read_job`'s, the archive read
         only for a job without a hash), the attempt's tasks and its record,
-        and the job's config when asked for."""
-        raw_job, raw_tasks, raw_attempt, raw_config = scripts.run(
-            reader, scripts.READ_JOB_VIEW,
-            [keys.job(job_id), keys.job_tasks(job_id, attempt), keys.job_attempts(job_id),
-             keys.job_config(job_id)],
-            [str(attempt), "1" if config else ""])
+        the job's config when asked for, and with `held_on` (node, role,
+        index) what that task of the attempt holds on that node."""
+        script_keys = [keys.job(job_id), keys.job_tasks(job_id, attempt),
+                       keys.job_attempts(job_id), keys.job_config(job_id)]
+        args = [str(attempt), "1" if config else ""]
+        if held_on is not None:
+            node, role, index = held_on
+            script_keys.append(keys.node_alloc(node))
+            args.append(attempt_task_key(job_id, attempt, role, index))
+        raw_job, raw_tasks, raw_attempt, raw_config, raw_held = scripts.run(
+            reader, scripts.READ_JOB_VIEW, script_keys, args)
         job = Job.from_fields({"id": job_id, **_pairs(raw_job)}) if raw_job \
             else _archived_job(job_id, self.read_archive(reader, job_id))
         return JobView(job, _tasks_from(_pairs(raw_tasks)),
                        Attempt.from_dict(json.loads(raw_attempt)) if raw_attempt else None,
-                       json.loads(raw_config) if raw_config else None)
+                       json.loads(raw_config) if raw_config else None,
+                       (held_on[0], raw_held or None) if held_on is not None else None)
 
     def get_job(self, job_id: str) -> Job | None:
         return self.read_job(self.r, job_id)
