@@ -192,7 +192,7 @@ class _Session:
         self.request = request
         # Each pump on a connection of its own, held for the session: the
         # output's (read, delete, renew, close) and the input's (push)
-        self.sessions = Sessions(dedicated(state.store.r))
+        self.output = Sessions(dedicated(state.store.r))
         self.inputs = Sessions(dedicated(state.store.r))
         self.client_gone = threading.Event()
         self.last_id = "0-0"  # the last output entry sent
@@ -218,9 +218,9 @@ class _Session:
         finally:
             self.client_gone.set()
             try:
-                self.sessions.close(self.request.id)
+                self.output.close(self.request.id)
             finally:
-                self.sessions.r.close()  # the connections go back to the pool
+                self.output.r.close()  # the connections go back to the pool
                 self.inputs.r.close()
 
     def _start_message(self, pending: list[bytes | Resize]) -> TtyRequest | None:
@@ -270,8 +270,8 @@ class _Session:
         """Whether the node started the session (it tells the client why not)."""
         deadline = time.monotonic() + answer_seconds
         while time.monotonic() < deadline:
-            for entry in self.sessions.read_output(self.request.id, "0-0", READ_BLOCK_MS):
-                self.sessions.delivered(self.request.id, [entry.id])
+            for entry in self.output.read_output(self.request.id, "0-0", READ_BLOCK_MS):
+                self.output.delivered(self.request.id, [entry.id])
                 if entry.started:
                     self.last_id = entry.id
                     return True
@@ -279,7 +279,7 @@ class _Session:
                 self._close(CLOSE_TRY_LATER if status == 503 else CLOSE_POLICY,
                             execsessions.error_message(status, entry.message or "refused"))
                 return False
-            self.sessions.renew(self.request.id)
+            self.output.renew(self.request.id)
         self._close(CLOSE_TRY_LATER, execsessions.error_message(
             504, f"node {self.request.exec.node} did not answer in time"))
         return False
@@ -289,7 +289,7 @@ class _Session:
         renewed_at = time.monotonic()
         started_ms = now_ms()
         while not self.client_gone.is_set():
-            entries = self.sessions.read_output(self.request.id, self.last_id, READ_BLOCK_MS)
+            entries = self.output.read_output(self.request.id, self.last_id, READ_BLOCK_MS)
             for entry in entries:
                 self.last_id = entry.id
                 if entry.ended is not None:
@@ -302,7 +302,7 @@ class _Session:
                     return
             self.sent.extend(e.id for e in entries)
             if len(self.sent) >= DELETE_BATCH:
-                self.sessions.delivered(self.request.id, self.sent)
+                self.output.delivered(self.request.id, self.sent)
                 self.sent = []
             if time.monotonic() - renewed_at >= execsessions.RENEW_SECONDS:
                 renewed_at = time.monotonic()
@@ -312,7 +312,7 @@ class _Session:
     def _renew(self, started_ms: int) -> bool:
         """Keep the session and its lease; False when it must end here."""
         self.state.caps.leases.renew(self.username, self.lease)
-        fields = self.sessions.renew(self.request.id)
+        fields = self.output.renew(self.request.id)
         beat = (fields or {}).get(execsessions.BEAT)
         if fields is None or execsessions.node_lost(now_ms(), started_ms,
                                                      int(beat) if beat else None):
