@@ -107,11 +107,11 @@ class TtySessions:
     def _run(self, output: Sessions, request: TtyRequest, container_id: str,
              what: str) -> None:
         """The session from the exec's start to its end entry; `output` writes it."""
-        api = self.runtime.client.api
+        engine = self.runtime.engine
         try:
-            exec_id = api.exec_create(container_id, request.exec.argv, stdout=True,
-                                      stderr=True, stdin=True, tty=True)["Id"]
-            sock = api.exec_start(exec_id, socket=True, tty=True)
+            exec_id = engine.exec_create(container_id, request.exec.argv, stdout=True,
+                                         stderr=True, stdin=True, tty=True)
+            sock, early = engine.exec_attach(exec_id, tty=True)
         except (NotFound, APIError) as error:
             log.info("exec session in %s refused by Docker: %s", what, error)
             output.refuse(request.id, Refusal.NOT_RUNNING,
@@ -123,7 +123,7 @@ class TtySessions:
                  request.exec.user, what, request.exec.argv)
         output.put_output(request.id, {"started": "1"})
         try:
-            reason = self._pump(request, exec_id, sock, output)
+            reason = self._pump(request, exec_id, sock, early, output)
         finally:
             close_exec_socket(sock)
         exit_code = self._finish(exec_id, reason)
@@ -143,9 +143,10 @@ class TtySessions:
             log.info("exec %s: no exit code: %s", exec_id[:12], error)
             return None
 
-    def _pump(self, request: TtyRequest, exec_id: str, sock: Any,
+    def _pump(self, request: TtyRequest, exec_id: str, sock: Any, early: bytes,
               output: Sessions) -> EndReason:
-        """Carry bytes both ways until the session must end; why it ended."""
+        """Carry bytes both ways until the session must end (`early`: output
+        that came with the engine's answer, the first sent); why it ended."""
         activity, stop = _Activity(), threading.Event()
         typing = threading.Thread(target=self._pump_input, daemon=True,
                                   args=(request, exec_id, sock, activity, stop),
@@ -155,6 +156,8 @@ class TtySessions:
         poller = select.poll()
         poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLHUP)
         try:
+            if early and not self._put(output, request, early, activity, started):
+                return EndReason.CLIENT_GONE
             while True:
                 now = time.monotonic()
                 reason = execsessions.end_reason(now, started, activity.last,

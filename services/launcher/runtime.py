@@ -296,11 +296,13 @@ class DockerRuntime:
         stopped)."""
         exec_id = self.engine.exec_create(container_id, argv, stdout=True, stderr=True,
                                           stdin=False, tty=False)
-        sock = self.client.api.exec_start(exec_id, socket=True)
+        sock, early = self.engine.exec_attach(exec_id)
         cap = execs.OutputCap(max_output)
         deadline = time.monotonic() + timeout
         timed_out = False
-        pending = b""
+        frames, pending = execs.demux(early)  # output that came with the engine's answer
+        for _, payload in frames:
+            cap.feed(payload)
         try:
             poller = select.poll()
             poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLHUP)

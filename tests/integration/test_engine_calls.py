@@ -23,8 +23,10 @@ import pytest
 import requests
 from docker.errors import APIError, ImageNotFound, NotFound
 
+from services.launcher.runtime import close_exec_socket
 from shared.node import execs as node_execs
-from shared.node.engine import EngineCalls
+from shared.node.engine import MAX_HEAD_BYTES, EngineCalls
+from shared.state import execs
 
 pytestmark = pytest.mark.docker
 
@@ -122,6 +124,88 @@ def test_an_exec_is_created_and_inspected_as_by_the_sdk(
             engine.exec_inspect("0" * 64)
     with pytest.raises(NotFound):
         engine.exec_create(container_id, ["true"])
+
+
+def _drain(sock: Any, early: bytes) -> bytes:
+    """Everything an exec's socket carries, after what came with its answer."""
+    data, raw = early, getattr(sock, "_sock", sock)  # the SDK's is a SocketIO over it
+    raw.settimeout(30)
+    try:
+        while chunk := raw.recv(65536):
+            data += chunk
+    finally:
+        close_exec_socket(sock)
+    return data
+
+
+def test_an_exec_is_attached_as_by_the_sdk(
+        engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
+        test_labels: dict[str, str]) -> None:
+    """The same multiplexed output, stdout and stderr apart, on a socket of
+    its own; a TTY's raw output alike; the exit code after."""
+    script = "echo out; echo err >&2; head -c 200000 /dev/zero; exit 3"
+    with sleeping(engine, test_image, test_labels) as container_id:
+        streams = []
+        for attach in (engine.exec_attach,
+                       lambda e, tty=False: (docker_client.api.exec_start(
+                           e, tty=tty, socket=True), b"")):
+            exec_id = engine.exec_create(container_id, ["sh", "-c", script])
+            frames, rest = execs.demux(_drain(*attach(exec_id)))
+            assert rest == b""
+            streams.append(([(n, p) for n, p in frames if n == 1],
+                            b"".join(p for n, p in frames if n == 2)))
+            assert node_execs.exit_code(engine, exec_id) == 3
+        ours, theirs = streams
+        assert b"".join(p for _, p in ours[0]) == b"out\n" + b"\0" * 200000
+        assert ours[1] == theirs[1] == b"err\n"
+        assert b"".join(p for _, p in ours[0]) == b"".join(p for _, p in theirs[0])
+
+        exec_id = engine.exec_create(container_id, ["sh", "-c", "printf 'a\\nb'"], tty=True)
+        assert _drain(*engine.exec_attach(exec_id, tty=True)) == b"a\r\nb"  # a terminal's
+
+
+def test_an_exec_attach_answers_the_sdks_errors(
+        engine: EngineCalls, docker_client: docker.DockerClient, test_image: str,
+        test_labels: dict[str, str]) -> None:
+    with pytest.raises(NotFound):
+        engine.exec_attach("0" * 64)
+    with sleeping(engine, test_image, test_labels) as container_id:
+        ours, theirs = (engine.exec_create(container_id, ["true"]) for _ in range(2))
+        docker_client.api.kill(container_id)
+        docker_client.api.wait(container_id, timeout=30)
+        with pytest.raises(APIError) as by_us:  # its container no longer runs
+            engine.exec_attach(ours)
+        with pytest.raises(APIError) as by_sdk:
+            docker_client.api.exec_start(theirs, socket=True)
+        assert type(by_us.value) is type(by_sdk.value)
+        assert by_us.value.status_code == by_sdk.value.status_code
+        assert by_us.value.explanation == by_sdk.value.explanation.replace(theirs, ours)
+
+
+def test_an_exec_answer_that_never_ends_its_head_is_refused(tmp_path: Path) -> None:
+    """An engine (or what took its socket's place) that answers without a
+    blank line: refused once MAX_HEAD_BYTES came, not read forever."""
+    path = tmp_path / "engine.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            with contextlib.suppress(OSError):
+                conn.sendall(b"HTTP/1.1 101 UPGRADED\r\nX: " + b"y" * (2 * MAX_HEAD_BYTES))
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    calls = EngineCalls(docker.DockerClient(base_url=f"unix://{path}", version="1.41"))
+    try:
+        with pytest.raises(requests.exceptions.ConnectionError, match="no end"):
+            calls.exec_attach("0" * 64)
+    finally:
+        thread.join(10)
+        server.close()
 
 
 def test_calls_go_over_one_kept_connection(engine: EngineCalls, test_image: str,
