@@ -33,7 +33,7 @@ from redis.client import Pipeline
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from shared.infra import links
+from shared.infra import links, packing
 from shared.infra.redisurl import SentinelTarget
 
 T = TypeVar("T")
@@ -174,6 +174,7 @@ def sentinel_client(target: SentinelTarget, *, pool_size: int,
         target.master, redis_class=FailoverRedis, connection_pool_class=BlockingSentinelPool,
         db=target.db, **login, decode_responses=True,
         **{**links.redis_options(), "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS},
+        **packing.options(),
         max_connections=pool_size, timeout=pool_wait_seconds,
         retry=Retry(NoBackoff(), 0))
     assert isinstance(client, FailoverRedis)

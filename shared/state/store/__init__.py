@@ -27,7 +27,7 @@ from redis.client import NEVER_DECODE
 
 from shared.domain.archive import Archive
 from shared.domain.models import Job, Task
-from shared.infra import links
+from shared.infra import links, packing
 from shared.infra.config import parse_sentinel_url
 from shared.infra.failover import SWITCH_ERRORS, FailoverWait, failover_seconds, sentinel_client
 from shared.state import keys, scripts
@@ -105,7 +105,7 @@ def connect(url: str, pool_size: int = POOL_SIZE) -> redis.Redis:
         return sentinel_client(target, pool_size=pool_size, pool_wait_seconds=POOL_WAIT_SECONDS)
     pool = redis.BlockingConnectionPool.from_url(
         url, max_connections=pool_size, timeout=POOL_WAIT_SECONDS,
-        decode_responses=True, **links.redis_options())
+        decode_responses=True, **links.redis_options(), **packing.options())
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # close() closes the pool, as from_url's does
     return client
