@@ -9,9 +9,10 @@ PAI_PROXY_TOKEN, and the proxy sends it with every request it forwards
 asks for it (Jupyter's `--IdentityProvider.token=$PAI_PROXY_TOKEN`) answers
 the proxy and nobody else on the network.
 
-Made by the launcher when it first starts one of the job's tasks (SET NX:
-every task of the job gets the same one), read by the API for each proxied
-request, removed with the job (retention.job_keys, compaction).
+Made by the launcher when it first starts one of the job's tasks (SET NX
+GET, one round trip: every task of the job gets the same one), read by the
+API for each proxied request, removed with the job (retention.job_keys,
+compaction).
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ TOKEN_BYTES = 24
 
 
 def ensure_token(r: Any, job_id: str) -> str:
-    """The job's secret, made now if it has none (idempotent)."""
-    key = keys.job_proxy_token(job_id)
-    r.set(key, secrets.token_urlsafe(TOKEN_BYTES), nx=True)
-    return read_token(r, job_id) or ""
+    """The job's secret, made now if it has none (idempotent), in one round
+    trip: the secret there was, else the one this call set."""
+    fresh = secrets.token_urlsafe(TOKEN_BYTES)
+    there = r.set(keys.job_proxy_token(job_id), fresh, nx=True, get=True)
+    if not there:
+        return fresh
+    return there.decode() if isinstance(there, bytes) else str(there)
 
 
 def read_token(r: Any, job_id: str) -> str | None:
