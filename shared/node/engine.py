@@ -167,7 +167,7 @@ class EngineCalls:
         """`APIClient.exec_start(exec_id, tty=tty, socket=True)`: the socket the
         exec's output comes on (and its input goes to), and what of that
         output came with the engine's answer (to be read before the socket).
-        The socket has no timeout: its reader waits as it chooses. The
+        The socket keeps the engine client's timeout, as the SDK's does. The
         caller closes it."""
         if self._socket is None:
             return self.api.exec_start(exec_id, tty=tty, socket=True), b""
@@ -197,7 +197,6 @@ class EngineCalls:
         if failed is not None:
             sock.close()
             _raise_api_error(*failed, url)  # as the SDK raises it
-        sock.settimeout(None)
         return sock, rest
 
     def list_containers(self, **query: Any) -> list[Container]:

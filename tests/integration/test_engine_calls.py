@@ -161,7 +161,9 @@ def test_an_exec_is_attached_as_by_the_sdk(
         assert b"".join(p for _, p in ours[0]) == b"".join(p for _, p in theirs[0])
 
         exec_id = engine.exec_create(container_id, ["sh", "-c", "printf 'a\\nb'"], tty=True)
-        assert _drain(*engine.exec_attach(exec_id, tty=True)) == b"a\r\nb"  # a terminal's
+        sock, early = engine.exec_attach(exec_id, tty=True)
+        assert sock.gettimeout() == engine._timeout  # the client's, as the SDK's socket keeps
+        assert _drain(sock, early) == b"a\r\nb"  # a terminal's
 
 
 def test_an_exec_attach_answers_the_sdks_errors(
