@@ -19,14 +19,15 @@ from typing import Any
 
 from flask import Blueprint, current_app
 
-from services.api.auth import current_user
+from services.api.auth import current_user, require_self_or_admin
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
 from services.api.execschemas import ExecRequestSchema
 from services.api.follows import Caps, FollowLeases, _ProcessSlots
-from services.api.jobs import get_job_or_404
+from services.api.jobs import checked_job
 from services.api.platform import extension_of, platform
-from shared.domain.models import Job, split_job_id
+from shared.domain.jobspec import is_job_name
+from shared.domain.models import Job, Task, job_id_of, split_job_id
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.state import execs, keys, nodecalls, telemetry
@@ -37,6 +38,7 @@ bp = Blueprint("execs", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")
 
 EXTENSION = "pai.execs"
+FIRST_ATTEMPT = 0  # the attempt whose task is read beside the job
 RETRY_AFTER_SECONDS = 5
 
 
@@ -78,11 +80,11 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
       errors: [403, 404, 409, 429, 503, 504]
       responses: {200: ExecResult}
     """
-    job = get_job_or_404(username, name, owner_only=True, action="run commands in the tasks")
+    job, task = job_and_task(username, name, role, index)
     pai = platform()
     body = load(ExecRequestSchema(max_timeout=pai.settings.exec_max_timeout_seconds),
                 read_json())
-    node = running_node(job, role, index)
+    node = running_node(job, task, role, index)
     caller = current_user()
     state = _execs()
     wait = execs.answer_seconds(body["timeoutSec"], pai.settings.exec_answer_margin_seconds)
@@ -111,10 +113,27 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
             "truncated": result.truncated, "timedOut": result.timed_out}
 
 
-def running_node(job: Job, role: str, index: int) -> str:
-    """The node of the job's task `role`[`index`] in its current attempt, if
-    it runs now: else 404 (no such task) or 409 (not running)."""
-    task = platform().store.get_task(job.id, job.attempt, role, index)
+def job_and_task(username: str, name: str, role: str, index: int) -> tuple[Job, Task | None]:
+    """The job, answered as `get_job_or_404(owner_only=True)` answers it, and
+    its task `role`[`index`] of the attempt it is on: read in one round trip
+    for a job on its first attempt (most are), the task of a later attempt
+    read after the job says which. A job without a record (gone, or
+    compacted: its archive is read) is read the general way."""
+    username = username.lower()  # user names are case-insensitive
+    caller = require_self_or_admin(username, "run commands in the tasks for this job")
+    if not is_job_name(name):
+        return checked_job(None, username, name, caller), None
+    store, job_id = platform().store, job_id_of(username, name)
+    found, task = store.read_live_task(job_id, FIRST_ATTEMPT, role, index)
+    job = checked_job(found or store.get_job(job_id), username, name, caller)
+    if found is None or job.attempt != FIRST_ATTEMPT:
+        task = store.get_task(job.id, job.attempt, role, index)
+    return job, task
+
+
+def running_node(job: Job, task: Task | None, role: str, index: int) -> str:
+    """The node of the job's task `role`[`index`] (`task`, of its current
+    attempt), if it runs now: else 404 (no such task) or 409 (not running)."""
     name = split_job_id(job.id)[1]
     if task is None:
         raise ApiError("NoTaskError", f"job {name} has no task {role}[{index}]", 404)

@@ -35,10 +35,9 @@ from wsproto.utilities import LocalProtocolError
 
 from services.api.auth import current_user
 from services.api.errors import ApiError
-from services.api.execs import running_node
+from services.api.execs import job_and_task, running_node
 from services.api.execschemas import ControlMessageSchema
 from services.api.follows import Caps, FollowLeases, _ProcessSlots
-from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.api.queries import ExecTtyQuerySchema, load_query, takes_query
 from shared.domain.jobspec import flat_errors
@@ -155,13 +154,13 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
       responses:
         101: {description: the WebSocket is open}
     """
-    job = get_job_or_404(username, name, owner_only=True, action="run commands in the tasks")
+    job, task = job_and_task(username, name, role, index)
     pai = platform()
     query = load_query()
     if request.environ.get("HTTP_UPGRADE", "").lower() != "websocket":
         raise ApiError("BadRequestError", "this is the interactive exec: open a WebSocket "
                        "(Upgrade: websocket); run one command with POST on this path", 400)
-    node = running_node(job, role, index)
+    node = running_node(job, task, role, index)
     caller = current_user()
     state = _ttys()
     with state.caps.held(caller.username) as lease:

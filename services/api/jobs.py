@@ -89,6 +89,12 @@ def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
     username = username.lower()  # user names are case-insensitive
     caller = require_self_or_admin(username, f"{action} for this job") if owner_only else None
     job = platform().store.get_job(job_id_of(username, name)) if is_job_name(name) else None
+    return checked_job(job, username, name, caller)
+
+
+def checked_job(job: Job | None, username: str, name: str, caller: User | None) -> Job:
+    """`get_job_or_404`'s answer for the job as read (None: there is none):
+    404, or 403 when `caller` (None: anyone may) owns it not, else the job."""
     if job is None:
         raise ApiError("NoJobError", f"job {name} of user {username} not found", 404)
     if caller is not None and not caller.admin and job.user_id and job.user_id != caller.uid:
