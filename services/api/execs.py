@@ -19,15 +19,14 @@ from typing import Any
 
 from flask import Blueprint, current_app
 
-from services.api.auth import current_user, require_self_or_admin
+from services.api.auth import current_user
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
 from services.api.execschemas import ExecRequestSchema
 from services.api.follows import Caps, FollowLeases, _ProcessSlots
-from services.api.jobs import checked_job
+from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
-from shared.domain.jobspec import is_job_name
-from shared.domain.models import Job, Task, job_id_of, split_job_id
+from shared.domain.models import Job, Task, split_job_id
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.state import execs, keys, nodecalls, telemetry
@@ -119,16 +118,20 @@ def job_and_task(username: str, name: str, role: str, index: int) -> tuple[Job, 
     for a job on its first attempt (most are), the task of a later attempt
     read after the job says which. A job without a record (gone, or
     compacted: its archive is read) is read the general way."""
-    username = username.lower()  # user names are case-insensitive
-    caller = require_self_or_admin(username, "run commands in the tasks for this job")
-    if not is_job_name(name):
-        return checked_job(None, username, name, caller), None
-    store, job_id = platform().store, job_id_of(username, name)
-    found, task = store.read_live_task(job_id, FIRST_ATTEMPT, role, index)
-    job = checked_job(found or store.get_job(job_id), username, name, caller)
-    if found is None or job.attempt != FIRST_ATTEMPT:
-        task = store.get_task(job.id, job.attempt, role, index)
-    return job, task
+    store = platform().store
+    first: list[Task | None] = []  # the first attempt's task, read with its job
+
+    def read(job_id: str) -> Job | None:
+        found, task = store.read_live_task(job_id, FIRST_ATTEMPT, role, index)
+        if found is None:
+            return store.get_job(job_id)
+        if found.attempt == FIRST_ATTEMPT:
+            first.append(task)
+        return found
+
+    job = get_job_or_404(username, name, owner_only=True, action="run commands in the tasks",
+                         read=read)
+    return job, first[0] if first else store.get_task(job.id, job.attempt, role, index)
 
 
 def running_node(job: Job, task: Task | None, role: str, index: int) -> str:

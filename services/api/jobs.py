@@ -82,19 +82,17 @@ def _config_body(read: Callable[[], Any] = read_document) -> Any:
 
 
 def get_job_or_404(username: str, name: str, *, owner_only: bool = False,
-                   action: str = "do this") -> Job:
+                   action: str = "do this",
+                   read: Callable[[str], Job | None] | None = None) -> Job:
     """The job, or 404; with owner_only, 403 unless the caller owns it or is
     admin. Owning is being the user the job was submitted by (its immutable
-    id), not merely a later user of the same name."""
+    id), not merely a later user of the same name. `read`: how the job's
+    record is read, given its id (the store's `get_job` unless a view reads
+    more with it)."""
     username = username.lower()  # user names are case-insensitive
     caller = require_self_or_admin(username, f"{action} for this job") if owner_only else None
-    job = platform().store.get_job(job_id_of(username, name)) if is_job_name(name) else None
-    return checked_job(job, username, name, caller)
-
-
-def checked_job(job: Job | None, username: str, name: str, caller: User | None) -> Job:
-    """`get_job_or_404`'s answer for the job as read (None: there is none):
-    404, or 403 when `caller` (None: anyone may) owns it not, else the job."""
+    reader = read or platform().store.get_job
+    job = reader(job_id_of(username, name)) if is_job_name(name) else None
     if job is None:
         raise ApiError("NoJobError", f"job {name} of user {username} not found", 404)
     if caller is not None and not caller.admin and job.user_id and job.user_id != caller.uid:

@@ -177,11 +177,12 @@ class EngineCalls:
         request = (f"POST {url} HTTP/1.1\r\nHost: docker\r\n"
                    "Content-Type: application/json\r\nConnection: Upgrade\r\n"
                    f"Upgrade: tcp\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn = _UnixConnection(self._socket, self._timeout)  # its own: it becomes the stream
         failed: tuple[http.client.HTTPResponse, bytes] | None = None
         try:
-            sock.settimeout(self._timeout)
-            sock.connect(self._socket)
+            conn.connect()
+            sock = conn.sock
+            assert sock is not None
             sock.sendall(request)
             head, rest = _read_head(sock)
             if _status_of(head) >= 400:  # an ordinary answer, parsed whole
@@ -189,13 +190,13 @@ class EngineCalls:
                 reply.begin()
                 failed = reply, reply.read()
         except (http.client.HTTPException, OSError) as error:
-            sock.close()
+            conn.close()
             raise requests.exceptions.ConnectionError(error) from None
         except BaseException:
-            sock.close()
+            conn.close()
             raise
         if failed is not None:
-            sock.close()
+            conn.close()
             _raise_api_error(*failed, url)  # as the SDK raises it
         return sock, rest
 

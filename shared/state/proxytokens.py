@@ -29,14 +29,15 @@ def ensure_token(r: Any, job_id: str) -> str:
     """The job's secret, made now if it has none (idempotent), in one round
     trip: the secret there was, else the one this call set."""
     fresh = secrets.token_urlsafe(TOKEN_BYTES)
-    there = r.set(keys.job_proxy_token(job_id), fresh, nx=True, get=True)
-    if not there:
-        return fresh
-    return there.decode() if isinstance(there, bytes) else str(there)
+    return _text(r.set(keys.job_proxy_token(job_id), fresh, nx=True, get=True)) or fresh
 
 
 def read_token(r: Any, job_id: str) -> str | None:
-    raw = r.get(keys.job_proxy_token(job_id))
+    return _text(r.get(keys.job_proxy_token(job_id)))
+
+
+def _text(raw: Any) -> str | None:
+    """A stored secret as text, whatever the client decodes (None: none)."""
     if not raw:
         return None
     return raw.decode() if isinstance(raw, bytes) else str(raw)
