@@ -34,9 +34,10 @@ bp = Blueprint("auth", __name__, url_prefix="/api/v1")
 ALGORITHM = "HS256"
 PUBLIC_ENDPOINTS = {"auth.login", "cluster.healthz", "cluster.metrics",
                     "cluster.prometheus_targets", "openapi.spec", "static"}
-# The endpoints whose writes hold to the token check (`submit_expectations`),
+# The endpoints whose writes hold to the token check (`token_expectations`),
 # so they may use one remembered for VERIFIED_TOKEN_SECONDS.
-CONDITIONAL_ENDPOINTS = frozenset({"jobs.submit", "jobs.submit_for_user", "jobs_v2.submit"})
+CONDITIONAL_ENDPOINTS = frozenset({"jobs.submit", "jobs.submit_for_user", "jobs_v2.submit",
+                                   "execs.run"})
 # The endpoints a browser reaches by navigating, which cannot send a bearer
 # token: without one, the portal's session cookie logs the caller in, and
 # `g.via_session` tells the view (the task port proxy, services/api/proxy.py).
@@ -76,12 +77,13 @@ def _claims(token: str) -> dict[str, Any]:
 def authenticate() -> None:
     """Before every API request: resolve the bearer token to a user in `g`.
 
-    A submit may use a check of the same token this process made within
-    VERIFIED_TOKEN_SECONDS instead of reading Redis again: its write then
-    holds to what that check read (`submit_expectations`), in the same
-    atomic step, so a token revoked, a password changed or a user deleted or
-    changed meanwhile writes nothing and the submit checks the token afresh
-    (`reverify`). Every other request reads Redis.
+    A submit or an exec (CONDITIONAL_ENDPOINTS) may use a check of the same
+    token this process made within VERIFIED_TOKEN_SECONDS instead of reading
+    Redis again: its write then holds to what that check read
+    (`token_expectations`), in the same atomic step, so a token revoked, a
+    password changed or a user deleted or changed meanwhile writes nothing
+    and the request checks the token afresh (`reverify`), as it does before
+    any other answer. Every other request reads Redis.
     """
     if request.endpoint in PUBLIC_ENDPOINTS or not request.path.startswith("/api/"):
         return
@@ -102,7 +104,7 @@ def authenticate() -> None:
         remembered = verified.get(token, time.time())
         if remembered is not None:
             g.user, g.claims, g.token_remembered = remembered.user, remembered.claims, True
-            g.token_expectations = remembered.expectations  # made at its first submit
+            g.token_expectations = remembered.expectations  # made at its first use
             return
     _check_token(token, verified)
 
@@ -125,15 +127,16 @@ def _check_token(token: str, verified: VerifiedTokens) -> None:
 
 def reverify() -> None:
     """Check this request's token against Redis now (401 if it no longer
-    holds): after a submit's expectations failed."""
+    holds): after a write's expectations failed, or before an answer
+    decided on a remembered check that wrote nothing."""
     _, _, token = request.headers.get("Authorization", "").partition(" ")
     _check_token(token.strip(), _verified_tokens())
 
 
-def submit_expectations() -> list[Expect]:
-    """What a submit's write must find unchanged when this request's token
-    check was remembered rather than read: the user's identity, admin flag
-    and VCs as read, the token not revoked, no revocation of all the user's
+def token_expectations() -> list[Expect]:
+    """What a submit's or exec's write must find unchanged when this
+    request's token check was remembered rather than read: the user's
+    identity, admin flag and VCs as read, the token not revoked, no revocation of all the user's
     tokens since it was issued. Empty when the check read Redis just now."""
     if not g.get("token_remembered"):
         return []
@@ -149,8 +152,8 @@ class _Verified:
 
     @functools.cached_property
     def expectations(self) -> tuple[Expect, ...]:
-        """`submit_expectations` of this check: made once, by the first
-        submit that uses it, not again for each submit after it."""
+        """`token_expectations` of this check: made once, by the first
+        write that uses it, not again for each one after it."""
         record = keys.user(self.claims["sub"])
         return (
             Expect.field_equals(record, "uid", self.user.uid),
@@ -164,7 +167,7 @@ class _Verified:
 
 
 class VerifiedTokens:
-    """Tokens this process checked against Redis lately, for submits only
+    """Tokens this process checked against Redis lately, for the writes
     (see `authenticate`). Bounded; a lock because threads may serve requests."""
 
     def __init__(self, seconds: float = VERIFIED_TOKEN_SECONDS,

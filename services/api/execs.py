@@ -1,14 +1,16 @@
 """Exec: run a command in a task's running container and answer its output.
 
-The view checks who may (the job's owner and admins, as for the job's logs),
-that the task runs now, and the caller's cap of concurrent execs (a lease
-per exec, services/api/follows.py's leases under keys.exec_leases); then it
-writes the request, its call to the task's node (shared/state/nodecalls.py)
-and the audit record (the job's "exec" event and the counter) in one
-transaction, and waits for the node's answer (shared/state/execs.py). The
-answer gives the caller's lease back in its own transaction (the API gives it
-back only when no answer came, or one from a launcher that did not). The API
-never reaches a node's Docker engine itself.
+The view checks who may (the job's owner and admins, as for the job's logs)
+and that the task runs now; then, in one atomic step (shared/state/gated.py),
+it takes a lease of the caller's cap of concurrent execs
+(services/api/follows.py's leases under keys.exec_leases) and writes the
+request, its call to the task's node (shared/state/nodecalls.py) and the
+audit record (the job's "exec" event and the counter), held to the token
+check when this process remembered it (as a submit's write is); and it waits
+for the node's answer (shared/state/execs.py). The answer gives the caller's
+lease back in its own transaction (the API gives it back only when no answer
+came, or one from a launcher that did not). The API never reaches a node's
+Docker engine itself.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Blueprint, current_app
+from flask import Blueprint, current_app, g
 
-from services.api.auth import current_user
+from services.api.auth import current_user, reverify, token_expectations
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
 from services.api.execschemas import ExecRequestSchema
@@ -29,9 +31,9 @@ from services.api.platform import extension_of, platform
 from shared.domain.models import Job, Task, split_job_id
 from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
-from shared.state import execs, keys, nodecalls, telemetry
+from shared.state import execs, followleases, gated, keys, nodecalls, telemetry
 from shared.state.execs import ExecRequest, Outcome
-from shared.state.store import Store, connect
+from shared.state.store import Expect, ExpectationFailed, Store, connect
 
 bp = Blueprint("execs", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")
@@ -79,25 +81,18 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
       errors: [403, 404, 409, 429, 503, 504]
       responses: {200: ExecResult}
     """
-    job, task = job_and_task(username, name, role, index)
     pai = platform()
     body = load(ExecRequestSchema(max_timeout=pai.settings.exec_max_timeout_seconds),
                 read_json())
-    node = running_node(job, task, role, index)
-    caller = current_user()
     state = _execs()
     wait = execs.answer_seconds(body["timeoutSec"], pai.settings.exec_answer_margin_seconds)
-    lease, result = state.caps.open(caller.username), None
+    request, result = _sent(username, name, role, index, body, wait), None
     try:
-        request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
-                                  node=node, argv=body["command"],
-                                  timeout_seconds=body["timeoutSec"], user=caller.username,
-                                  answer_by_ms=now_ms() + int(wait * 1000), lease=lease)
-        _record(pai.store, request)
         result = execs.wait_result(state.waits.r, request.id, wait)
     finally:
-        state.caps.close(caller.username, lease,
+        state.caps.close(request.user, request.lease,
                          returned=result is not None and result.lease_returned)
+    node = request.node
     if result is None:
         raise ApiError("GatewayTimeoutError", f"node {node} did not answer in time; the "
                        "command may still have run", 504)
@@ -110,6 +105,53 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
                        f"on node {node}: {result.message}", 409)
     return {"exitCode": result.exit_code, "output": result.output,
             "truncated": result.truncated, "timedOut": result.timed_out}
+
+
+def _sent(username: str, name: str, role: str, index: int, body: dict[str, Any],
+          wait: float) -> ExecRequest:
+    """The request, written, its slot and lease held: decided on the token
+    check this process remembers, with the write holding to it
+    (services/api/auth.py `authenticate`), as a submit is. What is not
+    written does not hold to anything, so a refusal decided on a remembered
+    check is decided again after a fresh one: a revoked token answers 401,
+    not what the job holds."""
+    if g.get("token_remembered"):
+        try:
+            return _send(username, name, role, index, body, wait, token_expectations())
+        except ExpectationFailed:
+            pass
+        except ApiError as error:
+            if error.status == 429:  # the write's own refusal: everything held
+                raise
+        reverify()  # 401 if the token no longer holds
+    return _send(username, name, role, index, body, wait, [])
+
+
+def _send(username: str, name: str, role: str, index: int, body: dict[str, Any],
+          wait: float, expectations: list[Expect]) -> ExecRequest:
+    """Write the request, its call to the node and its audit, with the
+    caller's lease, in one step held to `expectations`: the request; or
+    FollowRefused (the caller's cap, this process's slots)."""
+    job, task = job_and_task(username, name, role, index)
+    node = running_node(job, task, role, index)
+    caller = current_user()
+    store = platform().store
+    sent: list[ExecRequest] = []
+
+    def take(lease: followleases.Lease) -> bool:
+        request = ExecRequest.new(job_id=job.id, attempt=job.attempt, role=role, index=index,
+                                  node=node, argv=body["command"],
+                                  timeout_seconds=body["timeoutSec"], user=caller.username,
+                                  answer_by_ms=now_ms() + int(wait * 1000), lease=lease.lease)
+        sent.append(request)
+        return gated.write(store, lease, lambda batch: _record(store, batch, request),
+                           expectations)
+
+    _execs().caps.open(caller.username, take)
+    request = sent[-1]
+    log.info("exec by %s in %s attempt %d %s[%d] on %s: %s", request.user, request.job_id,
+             request.attempt, request.role, request.index, request.node, request.argv)
+    return request
 
 
 def job_and_task(username: str, name: str, role: str, index: int) -> tuple[Job, Task | None]:
@@ -146,15 +188,11 @@ def running_node(job: Job, task: Task | None, role: str, index: int) -> str:
     return task.node
 
 
-def _record(store: Store, request: ExecRequest) -> None:
-    """The request, the call to its node and the audit of it, written together."""
-    pipe = store.pipeline(atomic=True)
+def _record(store: Store, pipe: Any, request: ExecRequest) -> None:
+    """Queue the request, the call to its node and the audit of it on `pipe`."""
     execs.write_request(pipe, request)
     nodecalls.send(pipe, request.node, nodecalls.Kind.EXEC, request.id,
                    nodecalls.TaskAt(request.job_id, request.attempt, request.role, request.index))
     store.add_event(pipe, request.job_id, "exec", user=request.user, attempt=request.attempt,
                     role=request.role, index=request.index, argv=request.argv)
     telemetry.record(pipe, telemetry.TASK_EXECS, {"user": request.user})
-    pipe.execute()
-    log.info("exec by %s in %s attempt %d %s[%d] on %s: %s", request.user, request.job_id,
-             request.attempt, request.role, request.index, request.node, request.argv)

@@ -83,10 +83,19 @@ class FollowLeases:
 
     def acquire(self, username: str, now: float | None = None) -> str | None:
         """A new lease id, or None when the user holds `per_user` live leases."""
-        lease, now_ms = uuid.uuid4().hex, cluster_now_ms() if now is None else _ms(now)
-        taken = followleases.acquire(self.store, self.key(username), lease, now_ms,
-                                     now_ms + _ms(self.lease_seconds), self.per_user)
-        return lease if taken else None
+        ask = self.ask(username, now)
+        return ask.lease if self.take(ask) else None
+
+    def ask(self, username: str, now: float | None = None) -> followleases.Lease:
+        """A new lease for `username`, not yet taken: `take` takes it alone, a
+        write beside it takes it with its writes (shared/state/gated.py)."""
+        now_ms = cluster_now_ms() if now is None else _ms(now)
+        return followleases.Lease(self.key(username), uuid.uuid4().hex, now_ms,
+                           now_ms + _ms(self.lease_seconds), self.per_user)
+
+    def take(self, ask: followleases.Lease) -> bool:
+        """Take the lease `ask` names alone: False when the user holds the cap."""
+        return followleases.acquire(self.store, ask)
 
     def renew(self, username: str, lease: str, now: float | None = None) -> bool:
         """Extend the lease; False when it is gone (expired and dropped, or released)."""
@@ -116,20 +125,23 @@ class Caps:
     busy: str
     capped: str
 
-    def open(self, username: str) -> str:
+    def open(self, username: str,
+             take: Callable[[followleases.Lease], bool] | None = None) -> str:
         """A slot and a lease (its id) for one more request by `username`, until
-        `close`; or FollowRefused."""
+        `close`; or FollowRefused. `take` takes the lease (by default alone):
+        whether it was, as shared/state/gated.py `write` answers with writes beside it."""
         if not self.slots.take():
             raise FollowRefused(f"{self.busy}; try again shortly", 503)
         try:
-            lease = self.leases.acquire(username)
+            ask = self.leases.ask(username)
+            taken = take(ask) if take is not None else self.leases.take(ask)
         except BaseException:
             self.slots.give_back()
             raise
-        if lease is None:
+        if not taken:
             self.slots.give_back()
             raise FollowRefused(self.capped.format(user=username, cap=self.leases.per_user))
-        return lease
+        return ask.lease
 
     def close(self, username: str, lease: str, *, returned: bool = False) -> None:
         """Give back the slot, and the lease unless it was `returned` already

@@ -15,7 +15,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.api import jobmetrics
-from services.api.auth import current_user, require_self_or_admin, reverify, submit_expectations
+from services.api.auth import current_user, require_self_or_admin, reverify, token_expectations
 from services.api.bodies import View, load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
 from services.api.platform import extension_of, platform
@@ -311,7 +311,7 @@ def _submit_decided(username: str, body: Any, remembered: bool,
         # the scheduler's pass flag (shared/state/store/jobs.py `insert_job`).
         with sshkeys.key_kept(pai.store.r, job_id_of(username, spec.name), spec.ssh):
             queued = queue_new_job(pai.store, username, stored, spec=spec, user_id=owner.uid,
-                                   expectations=[*submit_expectations(), *expected]
+                                   expectations=[*token_expectations(), *expected]
                                    if remembered else [])
     except JobConflict as error:
         raise ApiError("ConflictJobError", str(error), 409) from None

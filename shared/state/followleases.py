@@ -7,15 +7,30 @@ checks before it writes is one script (shared/state/scripts/follows.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from shared.state import scripts
 from shared.state.store import Store
 
 
-def acquire(store: Store, key: str, lease: str, now_ms: int, expiry_ms: int, cap: int) -> bool:
-    """Take `lease` unless the set holds `cap` live ones (expired ones dropped)."""
-    return bool(store.run_script(scripts.ACQUIRE_FOLLOW, [key], [lease, now_ms, expiry_ms, cap]))
+@dataclass(frozen=True)
+class Lease:
+    """One more lease in a user's set `key`: taken unless the set holds `cap`
+    live ones."""
+
+    key: str
+    lease: str
+    now_ms: int
+    expiry_ms: int
+    cap: int
+
+
+def acquire(store: Store, lease: Lease) -> bool:
+    """Take `lease` unless its set holds its cap of live ones (expired ones
+    dropped); shared/state/gated.py takes one beside other writes."""
+    return bool(store.run_script(scripts.ACQUIRE_FOLLOW, [lease.key],
+                                 [lease.lease, lease.now_ms, lease.expiry_ms, lease.cap]))
 
 
 def renew(store: Store, key: str, lease: str, now_ms: int, expiry_ms: int) -> bool:

@@ -221,6 +221,82 @@ def test_past_the_users_cap_is_429(worker: Launcher, running: str, alice: Authed
     assert redis_client.zcard(keys.exec_leases("alice")) == settings.exec_per_user - 1
 
 
+def _exec_writes(redis_client: redis.Redis, job_id: str, node: str) -> tuple[int, int, int]:
+    """What an exec writes, counted: the job's exec events, the calls ever
+    sent to the node (taken ones are deleted: the stream's own count of
+    entries added), the leases alice holds."""
+    events = [e for e in Store(redis_client).get_events(job_id) if e["kind"] == "exec"]
+    calls = keys.node_calls(node)
+    sent = redis_client.xinfo_stream(calls)["entries-added"] if redis_client.exists(calls) else 0
+    return len(events), int(sent), redis_client.zcard(keys.exec_leases("alice"))
+
+
+TOKEN_CHANGES: list[Any] = [
+    pytest.param(lambda alice, admin: alice.delete("/api/v1/token"), id="the token logged out"),
+    pytest.param(lambda alice, admin: admin.delete("/api/v1/user/alice/tokens"),
+                 id="every token of the user revoked"),
+    pytest.param(lambda alice, admin: admin.put("/api/v1/user/alice/password",
+                                                json={"newPassword": "another-pw"}),
+                 id="the password changed"),
+]
+
+
+@pytest.mark.parametrize("change", TOKEN_CHANGES)
+def test_a_token_revoked_since_the_last_exec_runs_nothing(
+        worker: Launcher, running: str, alice: AuthedClient, admin: AuthedClient,
+        redis_client: redis.Redis, settings: Settings, change: Any) -> None:
+    """An exec may decide on the token check this process remembers (as a
+    submit does); its write holds to it, so a token revoked a moment ago
+    writes nothing: no request, no call to the node, no audit, no lease."""
+    assert exec_(alice, ["true"]).status_code == 200  # the check is remembered now
+    before = _exec_writes(redis_client, running, settings.node_name)
+    assert change(alice, admin).status_code < 300
+
+    assert error_of(exec_(alice, ["id"]), 401) == "UnauthorizedUserError"
+    assert _exec_writes(redis_client, running, settings.node_name) == before
+
+
+@pytest.mark.parametrize("url", [
+    "/api/v1/user/alice/jobs/no-such-job/tasks/main/0/exec",  # 404 on a fresh check
+    f"/api/v1/user/alice/jobs/{JOB}/tasks/no-such-role/0/exec",  # 404
+    f"/api/v1/user/root/jobs/{JOB}/tasks/main/0/exec",  # 404 or 403: another user's name
+], ids=["no such job", "no such task", "another user's name"])
+def test_a_revoked_token_learns_nothing_of_the_jobs(worker: Launcher, running: str,
+                                                    alice: AuthedClient, url: str) -> None:
+    """What the job holds is answered only on a token that holds now: a
+    refusal decided on a remembered check is decided again on a fresh one."""
+    assert exec_(alice, ["true"]).status_code == 200
+    assert alice.delete("/api/v1/token").status_code == 200
+    assert error_of(alice.post(url, json={"command": ["id"]}), 401) == "UnauthorizedUserError"
+
+
+def test_a_change_that_leaves_the_exec_allowed_still_runs_it(
+        worker: Launcher, running: str, alice: AuthedClient, admin: AuthedClient,
+        redis_client: redis.Redis, settings: Settings) -> None:
+    """The user's record changed (so the remembered check does not hold), but
+    the token does and alice still owns the job: decided again on a fresh
+    check, the exec runs, once."""
+    assert exec_(alice, ["true"]).status_code == 200
+    events, calls, _ = _exec_writes(redis_client, running, settings.node_name)
+    assert admin.put("/api/v1/user/alice/admin", json={"value": True}).status_code == 200
+
+    resp = exec_(alice, ["echo", "again"])
+    assert resp.status_code == 200 and resp.json["output"] == "again\n"
+    assert _exec_writes(redis_client, running, settings.node_name) == (events + 1, calls + 1, 0)
+
+
+def test_past_the_cap_on_a_remembered_check_is_429_and_takes_nothing(
+        worker: Launcher, running: str, alice: AuthedClient, settings: Settings,
+        redis_client: redis.Redis) -> None:
+    assert exec_(alice, ["true"]).status_code == 200
+    leases = FollowLeases(Store(redis_client), settings.exec_per_user, key=keys.exec_leases)
+    assert all(leases.acquire("alice") for _ in range(settings.exec_per_user))
+    before = _exec_writes(redis_client, running, settings.node_name)
+
+    assert error_of(exec_(alice, ["id"]), 429) == "TooManyRequestsError"
+    assert _exec_writes(redis_client, running, settings.node_name) == before
+
+
 def test_a_node_with_every_exec_slot_taken_is_503(worker: Launcher, running: str,
                                                   alice: AuthedClient,
                                                   settings: Settings) -> None:

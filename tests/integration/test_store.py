@@ -26,6 +26,7 @@ from shared.state.store import (
     Pipe,
     Store,
 )
+from tests.support.texts import AWKWARD_TEXTS
 
 pytestmark = pytest.mark.redis
 
@@ -248,12 +249,8 @@ def test_insert_job_replayed_finds_its_own_job_and_writes_nothing_twice(
     assert store.queued_job_ids() == [job.id]
 
 
-# Texts the script's one JSON array must carry as they are: quotes,
-# backslashes, line ends, NUL, other scripts, and strings that read as numbers.
+# Texts the script's one JSON array must carry as they are (AWKWARD_TEXTS)
 _TEXT_JOBS = itertools.count()
-AWKWARD_TEXTS = ["", "0", "007", "1e3", "-0.0", "12345678901234567890", 'say "hi"',
-                 "back\\slash", "line\nend\r\n", "tab\tnul\x00", "gr\u00fc\u00dfe",
-                 "\u65e5\u672c", "\U0001f680", "[1,2]", '{"a":null}', "null"]
 
 
 @settings(max_examples=25, deadline=None,

@@ -73,6 +73,7 @@ from shared.state.scripts.follows import (  # noqa: E402
     ACQUIRE_FOLLOW,
     RENEW_FOLLOW,
 )
+from shared.state.scripts.gated import LEASED_WRITE  # noqa: E402
 from shared.state.scripts.hashes import HSET_IF_EXISTS  # noqa: E402
 from shared.state.scripts.jobs import (  # noqa: E402
     CREATE_JOB,
@@ -143,6 +144,7 @@ ALL: tuple[Script, ...] = (
     END_TERMINAL,
     ACQUIRE_FOLLOW,
     RENEW_FOLLOW,
+    LEASED_WRITE,
     HSET_IF_EXISTS,
     APPEND_LOG_LINES,
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from shared.state.jobfeed import MAX_LEN as FEED_MAX_LEN
 from shared.state.scripts import Script
+from shared.state.scripts.gated import HOLDS
 
 # A new job: its record, config, tasks, first attempt, indexes, queue places,
 # "submitted" event and feed entry (shared/state/jobfeed.py), written only if
@@ -37,7 +38,7 @@ CREATE_JOB = Script(
           "the job's feed row (jobfeed.SortRow)",
           "JSON array: each expectation's kind, field, value; task field/value pairs; "
           "job field/value pairs"),
-    source="""#!lua
+    source="#!lua" + HOLDS + """
 local function claim()
   if ARGV[9] == '0' then return 0 end
   if redis.call('SET', KEYS[13], '1', 'NX', 'PX', ARGV[9]) then return 1 end
@@ -47,16 +48,7 @@ local expected = tonumber(ARGV[11])
 local rest = cjson.decode(ARGV[13])
 for i = 1, expected do
   local kind, field, value = rest[3 * i - 2], rest[3 * i - 1], rest[3 * i]
-  local key = KEYS[13 + i]
-  local holds
-  if kind == 'equal' then
-    holds = redis.call('HGET', key, field) == value
-  elseif kind == 'absent' then
-    holds = redis.call('EXISTS', key) == 0
-  else -- 'below'
-    holds = tonumber(redis.call('GET', key) or '0') < tonumber(value)
-  end
-  if not holds then return {'changed', 0} end
+  if not holds(kind, KEYS[13 + i], field, value) then return {'changed', 0} end
 end
 local id, created = ARGV[1], ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 1 then
