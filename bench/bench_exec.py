@@ -5,9 +5,10 @@ throwaway Redis and the Docker engine DOCKER_HOST names. One job of one task
 (`sleep 3600`) runs; then, alternating, one at a time:
 
 - platform: `POST /api/v1/user/alice/jobs/<job>/tasks/main/0/exec` with
-  `["true"]`, timed from just before the request to the answer (API, Redis
-  request, Celery message to the node's launcher, claim, checks, Docker exec,
-  answer through Redis, BLPOP);
+  `["true"]`, timed from just before the request to the answer (API, the
+  request and its call on the node's stream written with the caller's lease
+  in one script, the launcher's claim, checks, Docker exec, answer through
+  Redis, BLPOP);
 - reference: the Docker SDK's exec_create + exec_start + exec_inspect of the
   same command in the same container, as the launcher makes them.
 

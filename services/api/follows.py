@@ -91,7 +91,7 @@ class FollowLeases:
         write beside it takes it with its writes (shared/state/gated.py)."""
         now_ms = cluster_now_ms() if now is None else _ms(now)
         return followleases.Lease(self.key(username), uuid.uuid4().hex, now_ms,
-                           now_ms + _ms(self.lease_seconds), self.per_user)
+                                  now_ms + _ms(self.lease_seconds), self.per_user)
 
     def take(self, ask: followleases.Lease) -> bool:
         """Take the lease `ask` names alone: False when the user holds the cap."""
@@ -128,8 +128,9 @@ class Caps:
     def open(self, username: str,
              take: Callable[[followleases.Lease], bool] | None = None) -> str:
         """A slot and a lease (its id) for one more request by `username`, until
-        `close`; or FollowRefused. `take` takes the lease (by default alone):
-        whether it was, as shared/state/gated.py `write` answers with writes beside it."""
+        `close`; or FollowRefused. `take` takes the lease (by default alone)
+        and says whether it did, as shared/state/gated.py `write` does for a
+        lease taken with writes beside it."""
         if not self.slots.take():
             raise FollowRefused(f"{self.busy}; try again shortly", 503)
         try:
