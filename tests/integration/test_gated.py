@@ -21,13 +21,14 @@ from tests.support.texts import AWKWARD_TEXTS
 
 pytestmark = pytest.mark.redis
 
-NOW = now_ms()
 LEASES = "pai:test:leases"
 _BATCHES = itertools.count()
 
 
-def lease(cap: int = 2, name: str = "") -> Lease:
-    return Lease(LEASES, name or f"lease-{next(_BATCHES)}", NOW, NOW + 60_000, cap)
+def lease(cap: int = 2, now: int | None = None) -> Lease:
+    """A new lease of a minute, asked for at `now` (by default now)."""
+    now = now_ms() if now is None else now
+    return Lease(LEASES, f"lease-{next(_BATCHES)}", now, now + 60_000, cap)
 
 
 def queue_writes(pipe: Any, prefix: str, text: str) -> None:
@@ -117,17 +118,17 @@ def test_an_expectation_that_fails_writes_nothing_and_takes_no_lease(
 
 
 def test_past_the_cap_nothing_is_written(redis_client: redis.Redis) -> None:
-    store = Store(redis_client)
+    store, now = Store(redis_client), now_ms()
     for _ in range(2):
-        assert gated.write(store, lease(cap=2), lambda writes: None)
-    assert not gated.write(store, lease(cap=2),
+        assert gated.write(store, lease(cap=2, now=now), lambda writes: None)
+    assert not gated.write(store, lease(cap=2, now=now),
                            lambda writes: queue_writes(writes, "pai:test:capped", "x"))
     assert not any(redis_client.exists(f"pai:test:capped:{kind}") for kind in KINDS)
     assert redis_client.zcard(LEASES) == 2
-    # an expired lease no longer counts
-    later = Lease(LEASES, "later", NOW + 60_001, NOW + 120_000, 2)
+    # expired leases no longer count
+    later = lease(cap=2, now=now + 60_001)
     assert gated.write(store, later, lambda writes: writes.set("pai:test:later", "1"))
-    assert redis_client.zrange(LEASES, 0, -1) == ["later"]
+    assert redis_client.zrange(LEASES, 0, -1) == [later.lease]
 
 
 @pytest.mark.parametrize("queue", [
