@@ -52,6 +52,7 @@ class _Execs:
 
     caps: Caps
     waits: Store
+    body: ExecRequestSchema  # made once: a schema costs more to make than to load
 
 
 def _execs() -> _Execs:
@@ -67,7 +68,8 @@ def _execs() -> _Execs:
                     busy="this API process waits for as many execs as it may",
                     capped="{user} already holds {cap} execs, the most one user may at once; "
                            "try again when one ends")
-        return _Execs(caps, Store(connect(settings.redis_url, pool_size=slots)))
+        return _Execs(caps, Store(connect(settings.redis_url, pool_size=slots)),
+                      ExecRequestSchema(max_timeout=settings.exec_max_timeout_seconds))
 
     return extension_of(current_app, EXTENSION, create)
 
@@ -81,11 +83,10 @@ def run(username: str, name: str, role: str, index: int) -> dict[str, Any]:
       errors: [403, 404, 409, 429, 503, 504]
       responses: {200: ExecResult}
     """
-    pai = platform()
-    body = load(ExecRequestSchema(max_timeout=pai.settings.exec_max_timeout_seconds),
-                read_json())
     state = _execs()
-    wait = execs.answer_seconds(body["timeoutSec"], pai.settings.exec_answer_margin_seconds)
+    body = load(state.body, read_json())
+    wait = execs.answer_seconds(body["timeoutSec"],
+                                platform().settings.exec_answer_margin_seconds)
     request, result = _sent(username, name, role, index, body, wait), None
     try:
         result = execs.wait_result(state.waits.r, request.id, wait)
