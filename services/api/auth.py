@@ -136,8 +136,9 @@ def reverify() -> None:
 def token_expectations() -> list[Expect]:
     """What a submit's or exec's write must find unchanged when this
     request's token check was remembered rather than read: the user's
-    identity, admin flag and VCs as read, the token not revoked, no revocation of all the user's
-    tokens since it was issued. Empty when the check read Redis just now."""
+    identity, admin flag and VCs as read, the token not revoked, no
+    revocation of all the user's tokens since it was issued. Empty when the
+    check read Redis just now."""
     if not g.get("token_remembered"):
         return []
     expectations: tuple[Expect, ...] = g.token_expectations
