@@ -270,6 +270,22 @@ def test_a_revoked_token_learns_nothing_of_the_jobs(worker: Launcher, running: s
     assert error_of(alice.post(url, json={"command": ["id"]}), 401) == "UnauthorizedUserError"
 
 
+def test_an_admin_demoted_since_the_last_exec_cannot_exec_into_others_jobs(
+        worker: Launcher, running: str, bob: AuthedClient, admin: AuthedClient,
+        redis_client: redis.Redis, settings: Settings) -> None:
+    """bob's remembered check says admin; the write holds to the admin flag
+    it read, so once it is taken away the exec into alice's job is decided
+    again on a fresh check: 403, nothing written."""
+    assert admin.put("/api/v1/user/bob/admin", json={"value": True}).status_code == 200
+    assert exec_(bob, ["true"]).status_code == 200  # alice's job, as an admin
+    before = _exec_writes(redis_client, running, settings.node_name)
+    assert admin.put("/api/v1/user/bob/admin", json={"value": False}).status_code == 200
+
+    assert error_of(exec_(bob, ["id"]), 403) == "ForbiddenUserError"
+    assert _exec_writes(redis_client, running, settings.node_name) == before
+    assert redis_client.zcard(keys.exec_leases("bob")) == 0
+
+
 def test_a_change_that_leaves_the_exec_allowed_still_runs_it(
         worker: Launcher, running: str, alice: AuthedClient, admin: AuthedClient,
         redis_client: redis.Redis, settings: Settings) -> None:
