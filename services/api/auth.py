@@ -26,7 +26,7 @@ from services.api.schemas import TokenRequestSchema
 from shared.infra.clock import now_ms
 from shared.state import keys
 from shared.state.accounts import Accounts, User
-from shared.state.store import Expect
+from shared.state.store import Expect, ExpectationFailed
 from shared.state.throttle import LoginLimits, record_failure, retry_after
 
 bp = Blueprint("auth", __name__, url_prefix="/api/v1")
@@ -131,6 +131,38 @@ def reverify() -> None:
     decided on a remembered check that wrote nothing."""
     _, _, token = request.headers.get("Authorization", "").partition(" ")
     _check_token(token.strip(), _verified_tokens())
+
+
+Decided = TypeVar("Decided")
+
+
+def decide_on_remembered(decide: Callable[[bool], Decided], *, write_refusal: int,
+                         also_remembered: Callable[[], bool] = lambda: False) -> Decided:
+    """`decide(True)`: a conditional endpoint's answer decided on the token
+    check this process remembers (and on whatever else the view remembers:
+    `also_remembered` says whether it did), its write holding to all of it
+    (`token_expectations` and the view's own). What is not written holds to
+    nothing, so when something decided on changed (ExpectationFailed) or the
+    answer is a refusal decided on something remembered (any but
+    `write_refusal`, the write's own, given once everything held), it is
+    decided again by `decided_fresh`."""
+    try:
+        return decide(True)
+    except ExpectationFailed:
+        pass
+    except ApiError as error:
+        if error.status == write_refusal or not (g.get("token_remembered")
+                                                 or also_remembered()):
+            raise
+    return decided_fresh(decide)
+
+
+def decided_fresh(decide: Callable[[bool], Decided]) -> Decided:
+    """`decide(False)` after checking a remembered token afresh (401 if it
+    no longer holds): decided on fresh reads only."""
+    if g.get("token_remembered"):
+        reverify()
+    return decide(False)
 
 
 def token_expectations() -> list[Expect]:

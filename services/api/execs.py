@@ -19,9 +19,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Blueprint, current_app, g
+from flask import Blueprint, current_app
 
-from services.api.auth import current_user, reverify, token_expectations
+from services.api.auth import current_user, decide_on_remembered, token_expectations
 from services.api.bodies import load, read_json, takes
 from services.api.errors import ApiError
 from services.api.execschemas import ExecRequestSchema
@@ -33,7 +33,7 @@ from shared.domain.states import JobState, TaskState
 from shared.infra.clock import now_ms
 from shared.state import execs, followleases, gated, keys, nodecalls, telemetry
 from shared.state.execs import ExecRequest, Outcome
-from shared.state.store import Expect, ExpectationFailed, Store, connect
+from shared.state.store import Expect, Store, connect
 
 bp = Blueprint("execs", __name__, url_prefix="/api/v1")
 log = logging.getLogger("pai.api")
@@ -116,16 +116,12 @@ def _sent(username: str, name: str, role: str, index: int, body: dict[str, Any],
     written does not hold to anything, so a refusal decided on a remembered
     check is decided again after a fresh one: a revoked token answers 401,
     not what the job holds."""
-    if g.get("token_remembered"):
-        try:
-            return _send(username, name, role, index, body, wait, token_expectations())
-        except ExpectationFailed:
-            pass
-        except ApiError as error:
-            if error.status == 429:  # the write's own refusal: everything held
-                raise
-        reverify()  # 401 if the token no longer holds
-    return _send(username, name, role, index, body, wait, [])
+    def decide(remembered: bool) -> ExecRequest:
+        return _send(username, name, role, index, body, wait,
+                     token_expectations() if remembered else [])
+
+    # a 429 comes from the write itself, once everything held
+    return decide_on_remembered(decide, write_refusal=429)
 
 
 def _send(username: str, name: str, role: str, index: int, body: dict[str, Any],

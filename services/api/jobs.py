@@ -15,7 +15,13 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from services.api import jobmetrics
-from services.api.auth import current_user, require_self_or_admin, reverify, token_expectations
+from services.api.auth import (
+    current_user,
+    decide_on_remembered,
+    decided_fresh,
+    require_self_or_admin,
+    token_expectations,
+)
 from services.api.bodies import View, load_body, read_document, read_yaml, takes
 from services.api.errors import ApiError
 from services.api.platform import extension_of, platform
@@ -49,7 +55,7 @@ from shared.state import checkpoints, idle, keys, passwake, sshkeys, tasksamples
 from shared.state.accounts import DEFAULT_VC, Accounts, User, VirtualCluster
 from shared.state.lifecycle import delete_job, queue_new_job, request_stop
 from shared.state.retention import remove_logs
-from shared.state.store import Expect, ExpectationFailed, JobConflict
+from shared.state.store import Expect, JobConflict
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1")
 bp_v2 = Blueprint("jobs_v2", __name__, url_prefix="/api/v2")
@@ -251,19 +257,14 @@ def _submit(username: str, body: Any, dry_run: bool) -> tuple[dict[str, Any], in
     not written does not hold to anything, so a refusal decided on
     remembered records, and a dry run, are decided again on fresh reads: a
     VC granted a moment ago is usable, a revoked token answers 401."""
-    if not dry_run:
-        try:
-            return _submit_decided(username, body, remembered=True, dry_run=False)
-        except ExpectationFailed:
-            pass
-        except ApiError as error:
-            # a 409 comes from the write itself, once everything held
-            if error.status == 409 or not (g.get("token_remembered")
-                                           or g.get("vc_remembered")):
-                raise
-    if g.get("token_remembered"):
-        reverify()  # 401 if the token no longer holds
-    return _submit_decided(username, body, remembered=False, dry_run=dry_run)
+    def decide(remembered: bool) -> tuple[dict[str, Any], int]:
+        return _submit_decided(username, body, remembered=remembered, dry_run=dry_run)
+
+    if dry_run:
+        return decided_fresh(decide)
+    # a 409 comes from the write itself, once everything held
+    return decide_on_remembered(decide, write_refusal=409,
+                                also_remembered=lambda: bool(g.get("vc_remembered")))
 
 
 def _submit_decided(username: str, body: Any, remembered: bool,
