@@ -144,7 +144,8 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
         "error", "status": 409 | 503 | 504, "message": ...}` when the node
         did not start the session. A session with no byte either way for
         PAI_EXEC_IDLE_SECONDS, or older than PAI_EXEC_MAX_SESSION_SECONDS,
-        is closed.
+        is closed. By its last message the session counts against no cap:
+        the next may open at once.
       parameters:
       - {in: header, name: Upgrade, required: true, schema: {type: string, enum: [websocket]}}
       - {in: header, name: Sec-WebSocket-Version, schema: {type: string, enum: ["13"]}}
@@ -163,21 +164,28 @@ def terminal(username: str, name: str, role: str, index: int) -> Response:
     node = running_node(job, task, role, index)
     caller = current_user()
     state = _ttys()
-    with state.caps.held(caller.username) as lease:
-        try:
-            ws = Server(request.environ, max_message_size=execsessions.MAX_CONTROL_BYTES)
-        except Exception as error:  # a handshake wsproto refused, or a server without sockets
-            raise ApiError("BadRequestError", f"not a WebSocket handshake this server can "
-                           f"accept: {error or type(error).__name__}", 400) from None
-        try:
-            _Session(ws, state, caller.username, lease, TtyRequest.new(
+    ws: Server | None = None
+    session: _Session | None = None
+    try:
+        with state.caps.held(caller.username) as lease:
+            try:
+                ws = Server(request.environ, max_message_size=execsessions.MAX_CONTROL_BYTES)
+            except Exception as error:  # a handshake wsproto refused, or no sockets
+                raise ApiError("BadRequestError", f"not a WebSocket handshake this server "
+                               f"can accept: {error or type(error).__name__}", 400) from None
+            session = _Session(ws, state, caller.username, lease, TtyRequest.new(
                 job_id=job.id, attempt=job.attempt, role=role, index=index, node=node,
                 argv=query.get("command") or [], user=caller.username,
                 timeout_seconds=int(pai.settings.exec_max_session_seconds),
                 cols=query["cols"], rows=query["rows"],
-                idle_seconds=pai.settings.exec_idle_seconds)).run(
-                    "command" not in query, pai.settings.exec_answer_margin_seconds)
-        finally:
+                idle_seconds=pai.settings.exec_idle_seconds))
+            session.run("command" not in query, pai.settings.exec_answer_margin_seconds)
+    finally:
+        # The slot, the lease and the session's connections are back before
+        # the client hears the end, so it may open the next session at once.
+        if session is not None:
+            session.hang_up()
+        elif ws is not None:
             _close_ws(ws, CLOSE_NORMAL)
     return _upgraded(ws)
 
@@ -193,12 +201,25 @@ class _Session:
         # output's (read, delete, renew, close) and the input's (push)
         self.output = Sessions(dedicated(state.store.r))
         self.inputs = Sessions(dedicated(state.store.r))
-        self.client_gone = threading.Event()
+        self.over = threading.Event()  # the client left, or the session said its last
         self.last_id = "0-0"  # the last output entry sent
         self.sent: list[str] = []  # output entries sent and not yet deleted
         self.sending = threading.Lock()  # both pumps send: one whole message at a time
+        self.last: tuple[int, str] | None = None  # the close code and message `hang_up` sends
 
     def run(self, wait_start: bool, answer_seconds: float) -> None:
+        """The session, until it is over; its connections are back in the
+        pool when this returns (its last message is `hang_up`'s)."""
+        try:
+            self._run(wait_start, answer_seconds)
+        finally:
+            self.over.set()
+            try:
+                self.output.r.close()
+            finally:
+                self.inputs.r.close()
+
+    def _run(self, wait_start: bool, answer_seconds: float) -> None:
         pending: list[bytes | Resize] = []
         if wait_start:
             started = self._start_message(pending)
@@ -215,12 +236,8 @@ class _Session:
             typing.start()
             self._pump_output()
         finally:
-            self.client_gone.set()
-            try:
-                self.output.close(self.request.id)
-            finally:
-                self.output.r.close()  # the connections go back to the pool
-                self.inputs.r.close()
+            self.over.set()
+            self.output.close(self.request.id)
 
     def _start_message(self, pending: list[bytes | Resize]) -> TtyRequest | None:
         """The request the first message makes: a start message (its command
@@ -287,7 +304,7 @@ class _Session:
         """The node's output to the client, until the session ends."""
         renewed_at = time.monotonic()
         started_ms = now_ms()
-        while not self.client_gone.is_set():
+        while not self.over.is_set():
             entries = self.output.read_output(self.request.id, self.last_id, READ_BLOCK_MS)
             for entry in entries:
                 self.last_id = entry.id
@@ -323,7 +340,7 @@ class _Session:
     def _pump_input(self) -> None:
         """The client's keystrokes and resizes to the node, until it leaves."""
         try:
-            while not self.client_gone.is_set():
+            while not self.over.is_set():
                 message = self.ws.receive(timeout=RECEIVE_SECONDS)
                 if message is None:
                     continue
@@ -344,14 +361,14 @@ class _Session:
         except (ConnectionClosed, OSError):
             pass
         finally:
-            self.client_gone.set()
+            self.over.set()
 
     def _push(self, item: bytes | Resize) -> bool:
         """Queue input for the node, waiting while its list is full; False
         when the session is over (or the client floods while it waits)."""
         entry = execsessions.input_resize(item) if isinstance(item, Resize) \
             else execsessions.input_data(item)
-        while not self.client_gone.is_set():
+        while not self.over.is_set():
             added = self.inputs.push_input(self.request.id, entry)
             if added != 0:
                 return added > 0
@@ -367,9 +384,19 @@ class _Session:
             _send(self.ws, data)
 
     def _close(self, code: int, text: str) -> None:
-        """The last message, then the close frame."""
-        with contextlib.suppress(ConnectionClosed, OSError), self.sending:
-            _send(self.ws, text)
+        """End the session with this last message (the first one said wins),
+        sent by `hang_up` once the session has given back what it holds."""
+        with self.sending:
+            self.last = self.last or (code, text)
+        self.over.set()
+
+    def hang_up(self) -> None:
+        """The last message, if the session said one, then the close frame."""
+        with self.sending:
+            code, text = self.last or (CLOSE_NORMAL, None)
+            if text is not None:
+                with contextlib.suppress(ConnectionClosed, OSError):
+                    _send(self.ws, text)
             _close_ws(self.ws, code)
 
 

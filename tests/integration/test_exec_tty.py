@@ -257,6 +257,21 @@ def test_a_user_past_the_cap_gets_429(api: str, running: str, alice: AuthedClien
     assert screen.exit()["exitCode"] == 0
 
 
+@pytest.mark.parametrize("settings", [{"exec_tty_per_user": 1}], indirect=True)
+def test_a_session_s_lease_is_back_before_its_end_is_told(
+        api: str, running: str, alice: AuthedClient, redis_client: redis.Redis) -> None:
+    """A client that heard its session end may open the next at once, even
+    at a cap of one: the lease (and this process's slot) go back before the
+    last message is sent."""
+    for code in (0, 3):
+        screen = Screen(connect(api, alice, command=["sh", "-c", f"exit {code}"]))
+        assert screen.exit() == {"type": "exit", "exitCode": code, "reason": "exited"}
+        assert redis_client.zcard(keys.exec_tty_leases("alice")) == 0
+    screen = Screen(connect(api, alice, query="tty=1&command=cat&command=/nonexistent"))
+    assert screen.exit()["exitCode"] == 1
+    assert redis_client.zcard(keys.exec_tty_leases("alice")) == 0
+
+
 def test_an_idle_session_closes(settings: Settings, running: str,
                                 alice: AuthedClient) -> None:
     with served(create_app(dataclasses.replace(settings, exec_idle_seconds=1.0))) as url:
