@@ -4,8 +4,9 @@ A follow is a stream that stays open until the task ends, so without a cap
 one user could hold every connection the API has. Each follow holds a lease
 in Redis (keys.follow_leases: lease id -> expiry), so the cap holds across
 processes and replicas; the follow renews its lease while it runs and drops
-it when the response closes. A lease whose process died is not renewed and
-stops counting when it expires. Beyond the cap: 429 with `Retry-After`.
+it before its end event, or when the response closes (its client gone). A
+lease whose process died is not renewed and stops counting when it expires.
+Beyond the cap: 429 with `Retry-After`.
 
 Each process also keeps at most half of its connections for follows, so
 that requests always find a free connection however many users follow, and
@@ -153,6 +154,10 @@ class Caps:
         finally:
             self.slots.give_back()
 
+    def hold(self, username: str) -> Held:
+        """`open`, as a Held that gives back once."""
+        return Held(self, username, self.open(username))
+
     @contextlib.contextmanager
     def held(self, username: str) -> Iterator[str]:
         """`open` for the block (the lease id), then `close`."""
@@ -161,6 +166,28 @@ class Caps:
             yield lease
         finally:
             self.close(username, lease)
+
+
+@dataclass
+class Held:
+    """One request's slot and lease (`Caps.hold`), for a request that may end
+    on more than one path: `close` gives them back once, however often it is
+    called (a stream gives them back before its last frame, so that a client
+    may open the next at once, and its response's close does again)."""
+
+    caps: Caps
+    username: str
+    lease: str
+    closed: bool = False
+
+    def renew(self) -> bool:
+        """Extend the lease; False when it is gone."""
+        return self.caps.leases.renew(self.username, self.lease)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.caps.close(self.username, self.lease)
 
 
 @dataclass

@@ -50,7 +50,7 @@ from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from services.api import proxyrelay
 from services.api.auth import current_user
 from services.api.errors import ApiError
-from services.api.follows import RENEW_SECONDS, Caps, FollowLeases, _ProcessSlots
+from services.api.follows import RENEW_SECONDS, Caps, FollowLeases, Held, _ProcessSlots
 from services.api.jobs import get_job_or_404
 from services.api.platform import extension_of, platform
 from services.launcher.environment import proxy_path
@@ -145,7 +145,7 @@ def forward(username: str, name: str, role: str, index: int, label: str,
     try:
         mode = proxyrelay.relay_upgrade(
             request.environ, (target.host, target.port), _upstream_target(target),
-            _forward_headers(target), admission.renew, session_cookie=_session_cookie(),
+            _forward_headers(target), _renewer(admission), session_cookie=_session_cookie(),
             idle_seconds=platform().settings.proxy_idle_seconds, send_seconds=SEND_SECONDS)
     except proxyrelay.Unreachable as error:
         raise ApiError("BadGatewayError", f"nothing answers on the task's port "
@@ -194,7 +194,7 @@ def _target(username: str, name: str, role: str, index: int, label: str) -> Targ
                   proxytokens.read_token(store.r, job.id))
 
 
-def _renewer(leases: FollowLeases, username: str, lease: str) -> Callable[[], None]:
+def _renewer(held: Held) -> Callable[[], None]:
     """A call that renews the lease, at most every RENEW_SECONDS."""
     renewed = [time.monotonic()]
 
@@ -202,7 +202,7 @@ def _renewer(leases: FollowLeases, username: str, lease: str) -> Callable[[], No
         now = time.monotonic()
         if now - renewed[0] >= RENEW_SECONDS:
             renewed[0] = now
-            leases.renew(username, lease)
+            held.renew()
 
     return renew
 
@@ -270,7 +270,7 @@ def _forward_http(state: _Proxy, target: Target, caller: str) -> Response:
     except BaseException:
         kept.close()
         raise
-    response = Response(_body(upstream, kept.renew), status=upstream.status,
+    response = Response(_body(upstream, _renewer(kept)), status=upstream.status,
                         headers=proxyrelay.response_headers(upstream.headers.items(),
                                                             _session_cookie()))
     response.call_on_close(kept.close)  # (a direct_passthrough answer would never call it)
@@ -278,28 +278,11 @@ def _forward_http(state: _Proxy, target: Target, caller: str) -> Response:
     return response
 
 
-@dataclass
-class _Admission:
-    """One of this process's slots and one of the user's leases, held until
-    the connection ends (a streamed answer's close, a WebSocket's end)."""
-
-    state: _Proxy
-    caller: str
-    lease: str
-    renew: Callable[[], None]
-    open: bool = True
-
-    def close(self) -> None:
-        if self.open:
-            self.open = False
-            self.state.caps.close(self.caller, self.lease)
-
-
-def _admit(state: _Proxy, caller: str) -> _Admission:
-    """A slot and a lease, or the refusal: 503 when this process proxies as
-    many connections as it may, 429 past the user's PAI_PROXY_PER_USER."""
-    lease = state.caps.open(caller)
-    return _Admission(state, caller, lease, _renewer(state.caps.leases, caller, lease))
+def _admit(state: _Proxy, caller: str) -> Held:
+    """A slot and a lease, held until the connection ends (a streamed
+    answer's close, a WebSocket's end), or the refusal: 503 when this process
+    proxies as many connections as it may, 429 past the user's PAI_PROXY_PER_USER."""
+    return state.caps.hold(caller)
 
 
 def _body(upstream: Any, renew: Callable[[], None]) -> Iterator[bytes]:

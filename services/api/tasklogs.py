@@ -9,14 +9,14 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from flask import Blueprint, Response, current_app, request, stream_with_context
 
 from services.api import sse
 from services.api.auth import current_user
 from services.api.errors import ApiError
-from services.api.follows import RENEW_SECONDS, Follows, follows_of
+from services.api.follows import RENEW_SECONDS, Follows, Held, follows_of
 from services.api.jobs import task_asked
 from services.api.loghub import TaskLog
 from services.api.platform import platform
@@ -116,27 +116,26 @@ def _follow_response(job_id: str, attempt: int, role: str, index: int, tail: int
                      resume: str | None) -> Response:
     """The follow stream, once the caller holds a follow lease (else 429/503).
 
-    The lease goes back when the response closes: when the stream ends, and
-    when the server finds the client gone and closes it (services/api/follows.py).
+    The lease goes back before the end event, and when the response closes
+    (the server found the client gone): services/api/follows.py.
     """
-    username = current_user().username
     follows = follows_of(current_app, platform().settings)
-    lease = follows.open(username)  # or FollowRefused, rendered as any ApiError
+    held = follows.hold(current_user().username)  # or FollowRefused, as any ApiError
     try:
         response = Response(
             stream_with_context(_follow(follows, job_id, attempt, role, index, tail, resume,
-                                        renew=lambda: follows.leases.renew(username, lease))),
+                                        held)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        response.call_on_close(lambda: follows.close(username, lease))
+        response.call_on_close(held.close)
     except BaseException:
-        follows.close(username, lease)
+        held.close()
         raise
     return response
 
 
 def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, tail: int,
-            resume_after: str | None, renew: Callable[[], bool]) -> Iterator[str]:
+            resume_after: str | None, held: Held) -> Iterator[str]:
     """Server-sent events: the last lines, then new ones until the task ends.
 
     Each line carries its stream id, so a client that reconnects with
@@ -175,7 +174,7 @@ def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, 
         renewed = quiet_since - random.uniform(0, RENEW_SECONDS)
         while time.monotonic() < deadline:
             if time.monotonic() - renewed >= RENEW_SECONDS:
-                if not renew():
+                if not held.renew():
                     return
                 renewed = time.monotonic()
             with feed.cond:
@@ -204,4 +203,5 @@ def _follow(follows: Follows, job_id: str, attempt: int, role: str, index: int, 
                 yield sse.comment("keep-alive")
     finally:
         hub.leave(feed)
+    held.close()  # before the end event: its client may follow the next log at once
     yield sse.frame("", event="end")

@@ -135,6 +135,18 @@ def test_follows_beyond_the_cap_get_429_with_retry_after(
     assert redis_client.zcard("pai:follows:alice") == 1  # only the one held elsewhere
 
 
+def test_a_follow_gives_its_lease_back_before_its_end_event(
+        alice: AuthedClient, redis_client: redis.Redis) -> None:
+    """A client that saw its follow end may follow the next log at once, even
+    at its cap: the lease is back before the end event is sent."""
+    settle(alice, "alice", "loud", redis_client)
+    resp = alice.get(log_of("alice", "loud"), query_string={"follow": "1"})
+    held_at_end = [redis_client.zcard("pai:follows:alice")
+                   for chunk in resp.response if b"event: end" in chunk]
+    resp.close()
+    assert held_at_end == [0]
+
+
 def test_a_process_serves_follows_on_at_most_its_share_of_connections(
         redis_client: redis.Redis) -> None:
     """Threat: many users' follows fill a process's connections, leaving none
