@@ -18,13 +18,20 @@ the platform's Redis client and answers 202. The ratio is pai-api's
 accepted jobs/s over the floor's requests/s: what a submit costs beyond
 gunicorn, Flask and one Redis round trip.
 
+Beside them, the write's ceiling: the floor's app whose endpoint makes a
+submit's own write instead of its one `HSET` (`queue_new_job`, the record,
+its indexes, its queue place, its event and the pass flag in one script),
+with the config validated once at start and no token, checks or hooks.
+No submit that writes what pai writes can beat it, so its ratio to the floor
+is what the write alone leaves of the floor's rate.
+
 Also printed: CPU milliseconds per request of each server's processes
 (master and workers, from /proc), steadier than rates on a shared machine.
 
 Environment:
 - PAI_BENCH_SUBMITS: measured submits per server (default 10,000);
 - PAI_BENCH_ROUNDS: floor/pai-api pairs, alternating (default 1);
-- PAI_BENCH_API_WORKERS: PAI_API_WORKERS for both servers (default: its default);
+- PAI_BENCH_API_WORKERS: PAI_API_WORKERS for every server (default: its default);
 - PAI_BENCH_PYSPY: a path prefix; py-spy records pai-api's processes during
   the (last) measured round into `<prefix>.raw` (collapsed stacks, what
   flame graph tools read).
@@ -281,25 +288,54 @@ def floor_app() -> Any:
     return app
 
 
-def serve_floor() -> None:
-    """The floor under pai-api's own server: run as `python -c` after gevent's
-    patching, served exactly as services/api/run.py serves the API."""
+def ceiling_app() -> Any:
+    """The floor's app with a submit's own write for its one `HSET`: what no
+    submit writing what pai writes can beat."""
+    from flask import Flask, request
+
+    from shared.domain.jobspec import validate_job_config
+    from shared.domain.models import JobSpec
+    from shared.infra.config import load_settings
+    from shared.state.lifecycle import queue_new_job
+    from shared.state.store import Store, connect
+
+    settings = load_settings()
+    store = Store(connect(settings.redis_url))
+    validated = validate_job_config(json.loads(job_body("ceiling")), username=USER,
+                                    storage_roots=settings.storage_roots).config
+    app = Flask("ceiling")
+
+    @app.post("/api/v1/user/<username>/jobs")
+    def accept(username: str) -> tuple[dict[str, Any], int]:
+        body = json.loads(request.data)
+        config = {**validated, "jobName": body["jobName"]}
+        queue_new_job(store, username, config, spec=JobSpec.from_config(config))
+        return {"name": body["jobName"], "username": username, "state": "WAITING"}, 202
+
+    return app
+
+
+APPS = {"floor": floor_app, "ceiling": ceiling_app}
+
+
+def serve_floor(app: str = "floor") -> None:
+    """The floor (or the write's ceiling) under pai-api's own server: run as
+    `python -c` after gevent's patching, served exactly as
+    services/api/run.py serves the API."""
     from services.api.run import serve
 
-    serve(lambda _settings: floor_app())
-
-
-FLOOR_COMMAND = ("from gevent import monkey; monkey.patch_all(); "
-                 "from bench.bench_api_submit import serve_floor; serve_floor()")
+    serve(lambda _settings: APPS[app]())
 
 
 @contextmanager
-def running_floor(env: Mapping[str, str], work_dir: Path) -> Iterator[tuple[int, int]]:
-    """The floor server: (port, master pid)."""
+def running_floor(env: Mapping[str, str], work_dir: Path,
+                  app: str = "floor") -> Iterator[tuple[int, int]]:
+    """The floor server (or the write's ceiling, `app`): (port, master pid)."""
     port = free_port()
     processes = Processes(work_dir)
-    processes.start("floor", [sys.executable, "-c", FLOOR_COMMAND],
-                    {**env, "PAI_API_PORT": str(port)})
+    command = ("from gevent import monkey; monkey.patch_all(); "
+               f"from bench.bench_api_submit import serve_floor; serve_floor({app!r})")
+    processes.start(app, [sys.executable, "-c", command], {**env, "PAI_API_PORT": str(port)})
     try:
         def answers() -> bool:
             processes.check_alive()
@@ -308,8 +344,8 @@ def running_floor(env: Mapping[str, str], work_dir: Path) -> Iterator[tuple[int,
                     return True
             except OSError:
                 return False
-        wait_for(answers, 30, "the floor's gunicorn", interval=0.05)
-        yield port, processes.pid("floor")
+        wait_for(answers, 30, f"the {app}'s gunicorn", interval=0.05)
+        yield port, processes.pid(app)
     finally:
         processes.stop_all()
 
@@ -334,13 +370,15 @@ def run() -> Figures:
     path = f"/api/v1/user/{USER}/jobs"
     table: dict[str, dict[str, Figure]] = {}
     ratios: list[float] = []
+    ceilings: list[float] = []  # the write's ceiling over the floor, each round
     with throwaway_redis() as url, tempfile.TemporaryDirectory(prefix="pai-bench-") as tmp:
         work = Path(tmp)
         env = platform_env(url, work, node=f"bench-{run_id()}")
-        if os.environ.get("PAI_BENCH_API_WORKERS"):  # both servers: they share the settings
+        if os.environ.get("PAI_BENCH_API_WORKERS"):  # every server: they share the settings
             env["PAI_API_WORKERS"] = os.environ["PAI_BENCH_API_WORKERS"]
         with running(env, work, services=("api",)) as pai, \
-                running_floor(env, work) as (floor_port, floor_pid):
+                running_floor(env, work) as (floor_port, floor_pid), \
+                running_floor(env, work, "ceiling") as (ceiling_port, ceiling_pid):
             store = Store.from_url(url)
             store.register_node(Node(
                 "gpu-node-0", "127.0.0.1", cpus=64, memory_mb=512 * 1024,
@@ -351,14 +389,20 @@ def run() -> Figures:
                 last = n == rounds - 1
                 floor = measure(Load(floor_port, path, "none", CLIENTS, per_client,
                                      WARMUP_PER_CLIENT, f"floor{n}"), floor_pid)
+                ceiling = measure(Load(ceiling_port, path, "none", CLIENTS, per_client,
+                                       WARMUP_PER_CLIENT, f"ceiling{n}"), ceiling_pid)
                 ours = measure(Load(pai_port, path, token, CLIENTS, per_client,
                                     WARMUP_PER_CLIENT, f"bench{n}"), pai_pid,
                                profile if last else None)
                 suffix = f", round {n + 1}" if rounds > 1 else ""
                 table["pai-api" + suffix] = _row(ours)
                 table["floor: Flask + 1 Redis write" + suffix] = _row(floor)
+                table["ceiling: the floor + a submit's write" + suffix] = _row(ceiling)
                 ratios.append(float(table["pai-api" + suffix]["per s"])
                               / float(table["floor: Flask + 1 Redis write" + suffix]["per s"]))
+                ceilings.append(float(table["ceiling: the floor + a submit's write" + suffix]
+                                      ["per s"])
+                                / float(table["floor: Flask + 1 Redis write" + suffix]["per s"]))
             stored = int(store.r.zcard("pai:jobs"))
             store.r.close()
     ours_rows = [row for label, row in table.items() if label.startswith("pai-api")]
@@ -370,12 +414,13 @@ def run() -> Figures:
         "client": f"1 process, asyncio, {CLIENTS} keep-alive connections, "
                   f"{per_client * CLIENTS} submits per server per round",
         "server": "the pai-api entry point's gunicorn settings (services/api/serving.py), "
-                  f"for both; PAI_API_WORKERS={env.get('PAI_API_WORKERS', 'default')}",
+                  f"for all three; PAI_API_WORKERS={env.get('PAI_API_WORKERS', 'default')}",
         "load average at the end": " ".join(f"{x:.2f}" for x in load_average),
         "jobs stored": stored,
         "POST /api/v1/user/alice/jobs": table,
         "ratio jobs/s vs floor": min(ratios),
         f"ratio vs target {TARGET_RATIO}": min(ratios) / TARGET_RATIO,
+        "the write's ceiling vs floor (its best round)": max(ceilings),
         "errors": errors,
         f"jobs/s vs target {TARGET_RATE:.0f}": rate / TARGET_RATE,
         f"p99 vs target {TARGET_P99_MS:.0f} ms": p99 / TARGET_P99_MS,
