@@ -30,7 +30,7 @@ Also printed: CPU milliseconds per request of each server's processes
 
 Environment:
 - PAI_BENCH_SUBMITS: measured submits per server (default 10,000);
-- PAI_BENCH_ROUNDS: floor/pai-api pairs, alternating (default 1);
+- PAI_BENCH_ROUNDS: rounds of the three servers, one after another (default 1);
 - PAI_BENCH_API_WORKERS: PAI_API_WORKERS for every server (default: its default);
 - PAI_BENCH_PYSPY: a path prefix; py-spy records pai-api's processes during
   the (last) measured round into `<prefix>.raw` (collapsed stacks, what
