@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -269,30 +269,34 @@ def measure(load: Load, server_pid: int, profile: str | None = None) -> Measured
 # ---------------------------------------------------------------- the floor
 
 
-def floor_app() -> Any:
-    """Flask, one JSON parse, one Redis write, 202: what any submit must pay."""
+def _submit_app(name: str, write: Callable[[str, dict[str, Any]], Any]) -> Any:
+    """Flask, one JSON parse, `write(username, body)`, 202."""
     from flask import Flask, request
 
-    from shared.infra.config import load_settings
-    from shared.state.store import connect
-
-    app = Flask("floor")
-    redis_client = connect(load_settings().redis_url)
+    app = Flask(name)
 
     @app.post("/api/v1/user/<username>/jobs")
     def accept(username: str) -> tuple[dict[str, Any], int]:
         body = json.loads(request.data)
-        redis_client.hset(FLOOR_KEY, f"{username}~{body['jobName']}", "WAITING")
+        write(username, body)
         return {"name": body["jobName"], "username": username, "state": "WAITING"}, 202
 
     return app
 
 
+def floor_app() -> Any:
+    """Flask, one JSON parse, one Redis write, 202: what any submit must pay."""
+    from shared.infra.config import load_settings
+    from shared.state.store import connect
+
+    redis_client = connect(load_settings().redis_url)
+    return _submit_app("floor", lambda username, body: redis_client.hset(
+        FLOOR_KEY, f"{username}~{body['jobName']}", "WAITING"))
+
+
 def ceiling_app() -> Any:
     """The floor's app with a submit's own write for its one `HSET`: what no
     submit writing what pai writes can beat."""
-    from flask import Flask, request
-
     from shared.domain.jobspec import validate_job_config
     from shared.domain.models import JobSpec
     from shared.infra.config import load_settings
@@ -303,16 +307,12 @@ def ceiling_app() -> Any:
     store = Store(connect(settings.redis_url))
     validated = validate_job_config(json.loads(job_body("ceiling")), username=USER,
                                     storage_roots=settings.storage_roots).config
-    app = Flask("ceiling")
 
-    @app.post("/api/v1/user/<username>/jobs")
-    def accept(username: str) -> tuple[dict[str, Any], int]:
-        body = json.loads(request.data)
+    def write(username: str, body: dict[str, Any]) -> None:
         config = {**validated, "jobName": body["jobName"]}
         queue_new_job(store, username, config, spec=JobSpec.from_config(config))
-        return {"name": body["jobName"], "username": username, "state": "WAITING"}, 202
 
-    return app
+    return _submit_app("ceiling", write)
 
 
 APPS = {"floor": floor_app, "ceiling": ceiling_app}
